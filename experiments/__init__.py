@@ -1,0 +1,1 @@
+"""Model specs and search configs that ship with the project (``MODEL=<name>``)."""

@@ -1,0 +1,258 @@
+"""Devices and what each one can do: the one place that knows device kinds.
+
+Stages, the evaluator and the search read :class:`Capabilities`; nothing else
+branches on ``device.type``. Synchronization, timing and memory go through
+``torch.accelerator`` / ``torch.Event`` so that MPS and CUDA share one path and
+the CPU path differs only in its clock and memory source.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from pipeline.errors import DeviceError, InfeasibleConfig
+
+DEVICE_CHOICES = ("auto", "mps", "cuda", "cpu")
+#: Order in which ``auto`` picks a device.
+AUTO_ORDER = ("mps", "cuda", "cpu")
+
+#: Quantization methods the project knows, by the names used in recipes.
+QUANT_METHODS = (
+    "int8_weight_only",
+    "int8_dynamic",
+    "int4_weight_only",
+    "intx_weight_only",
+    "float8_weight_only",
+    "float8_dynamic",
+    "int8_static_pt2e",
+)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one device can run, and what is worth running there."""
+
+    kind: str
+    #: Reduced floating dtypes that run at all.
+    reduced_dtypes: tuple[torch.dtype, ...]
+    #: Reduced dtypes that are expected to be faster than fp32 (measured in STACK.md).
+    fast_dtypes: tuple[torch.dtype, ...]
+    #: Quantization methods with kernels here, each to the reason it is missing otherwise.
+    quant_methods: frozenset[str]
+    quant_unavailable: dict[str, str] = field(default_factory=dict)
+    compile: bool = True
+    cuda_graphs: bool = False
+    #: Device events for timing (False: host clock).
+    event_timing: bool = False
+    #: Core ML predictions can be made (macOS only).
+    coreml_predict: bool = False
+
+    def preferred_reduced_dtype(self) -> torch.dtype | None:
+        """The reduced dtype to try first: the first fast one, else the first available."""
+        if self.fast_dtypes:
+            return self.fast_dtypes[0]
+        return self.reduced_dtypes[0] if self.reduced_dtypes else None
+
+    def require_quant(self, method: str) -> None:
+        """Raise :class:`InfeasibleConfig` if ``method`` has no kernel here."""
+        if method not in QUANT_METHODS:
+            raise ValueError(f"unknown quantization method '{method}': known are {', '.join(QUANT_METHODS)}")
+        if method not in self.quant_methods:
+            why = self.quant_unavailable.get(method, "no kernel on this device")
+            raise InfeasibleConfig(f"{method} cannot run on {self.kind}: {why}")
+
+    def require_dtype(self, dtype: torch.dtype) -> None:
+        """Raise :class:`InfeasibleConfig` if ``dtype`` cannot run here."""
+        if dtype not in self.reduced_dtypes and dtype != torch.float32:
+            raise InfeasibleConfig(f"{dtype} is not supported on {self.kind}")
+
+
+def available_kinds() -> list[str]:
+    """Device kinds present on this machine, in ``auto`` order."""
+    kinds = []
+    if torch.backends.mps.is_available():
+        kinds.append("mps")
+    if torch.cuda.is_available():
+        kinds.append("cuda")
+    kinds.append("cpu")
+    return kinds
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto|mps|cuda|cpu`` -> a torch.device; an absent device is a :class:`DeviceError`."""
+    name = name.strip().lower()
+    if name not in DEVICE_CHOICES:
+        raise DeviceError(f"unknown device '{name}': choose one of {', '.join(DEVICE_CHOICES)}")
+    present = available_kinds()
+    if name == "auto":
+        name = next(kind for kind in AUTO_ORDER if kind in present)
+    elif name not in present:
+        raise DeviceError(f"device '{name}' is not available here (available: {', '.join(present)}); use --device auto")
+    return torch.device(name)
+
+
+@cache
+def capabilities(device: torch.device) -> Capabilities:
+    """The capability table row for ``device`` (probed once per process)."""
+    kind = device.type
+    if kind == "cuda":
+        return _cuda_capabilities()
+    if kind == "mps":
+        return _mps_capabilities()
+    if kind == "cpu":
+        return _cpu_capabilities()
+    raise DeviceError(f"no capability table for device type '{kind}'")
+
+
+def _cpu_capabilities() -> Capabilities:
+    bf16_fast = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return Capabilities(
+        kind="cpu",
+        reduced_dtypes=(torch.bfloat16, torch.float16),
+        # fp16 runs on CPU but was ~6x slower than fp32 (STACK.md).
+        fast_dtypes=(torch.bfloat16,) if bf16_fast else (),
+        quant_methods=frozenset(
+            {"int8_weight_only", "int8_dynamic", "intx_weight_only", "float8_weight_only", "int8_static_pt2e"}
+        ),
+        quant_unavailable={
+            "int4_weight_only": "torchao's int4 tile-packed kernel is CUDA-only (use intx_weight_only on CPU)",
+            "float8_dynamic": "float8 dynamic activation needs CUDA compute capability >= 8.9",
+        },
+        compile=True,
+        cuda_graphs=False,
+        event_timing=False,
+        coreml_predict=platform.system() == "Darwin",
+    )
+
+
+def _cuda_capabilities() -> Capabilities:
+    major, minor = torch.cuda.get_device_capability()
+    fp8 = (major, minor) >= (8, 9)
+    bf16 = torch.cuda.is_bf16_supported()
+    methods = {"int8_weight_only", "int8_dynamic", "int4_weight_only", "intx_weight_only"}
+    unavailable = {"int8_static_pt2e": "the PT2E x86 inductor quantizer targets CPUs"}
+    if fp8:
+        methods |= {"float8_weight_only", "float8_dynamic"}
+    else:
+        reason = f"float8 needs compute capability >= 8.9 (this GPU: {major}.{minor})"
+        unavailable |= {"float8_weight_only": reason, "float8_dynamic": reason}
+    return Capabilities(
+        kind="cuda",
+        reduced_dtypes=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
+        fast_dtypes=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
+        quant_methods=frozenset(methods),
+        quant_unavailable=unavailable,
+        compile=True,
+        cuda_graphs=True,
+        event_timing=True,
+    )
+
+
+def _mps_capabilities() -> Capabilities:
+    mac_version = tuple(int(p) for p in (platform.mac_ver()[0] or "0").split(".")[:2])
+    bf16 = mac_version >= (14, 0)
+    return Capabilities(
+        kind="mps",
+        # fp16 is the fast path on Apple GPUs; bf16 needs macOS 14+.
+        reduced_dtypes=(torch.float16, torch.bfloat16) if bf16 else (torch.float16,),
+        fast_dtypes=(torch.float16,),
+        quant_methods=frozenset({"int8_weight_only"}),
+        quant_unavailable={
+            m: "torchao ships no MPS kernel for it" for m in QUANT_METHODS if m != "int8_weight_only"
+        },
+        compile=True,
+        cuda_graphs=False,
+        event_timing=True,
+        coreml_predict=True,
+    )
+
+
+# --------------------------------------------------------------------------- timing and memory
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for all queued work on ``device`` (no-op on the CPU)."""
+    if device.type != "cpu":
+        torch.accelerator.synchronize()
+
+
+class Stopwatch:
+    """Times one region: device events on accelerators, ``perf_counter_ns`` on the CPU.
+
+    ``start()`` and ``stop()`` record without synchronizing; ``elapsed_ms()``
+    synchronizes once, so a loop of timed regions has no host sync inside.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._events = capabilities(device).event_timing
+        self._start_event: torch.Event | None = None
+        self._stop_event: torch.Event | None = None
+        self._start_ns = 0
+        self._stop_ns = 0
+
+    def start(self) -> None:
+        if self._events:
+            self._start_event = torch.Event(device=self.device, enable_timing=True)
+            self._stop_event = torch.Event(device=self.device, enable_timing=True)
+            self._start_event.record()
+        else:
+            self._start_ns = time.perf_counter_ns()
+
+    def stop(self) -> None:
+        if self._events:
+            assert self._stop_event is not None, "stop() before start()"
+            self._stop_event.record()
+        else:
+            self._stop_ns = time.perf_counter_ns()
+
+    def elapsed_ms(self) -> float:
+        if self._events:
+            assert self._start_event is not None and self._stop_event is not None, "elapsed before start/stop"
+            self._stop_event.synchronize()
+            return float(self._start_event.elapsed_time(self._stop_event))
+        return (self._stop_ns - self._start_ns) / 1e6
+
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory window (device allocator, or process RSS on the CPU)."""
+    if device.type != "cpu":
+        torch.accelerator.reset_peak_memory_stats()
+    elif _CLEAR_REFS.exists():
+        # Writing 5 resets the kernel's peak-RSS mark (VmHWM) for this process.
+        _CLEAR_REFS.write_text("5")
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory since :func:`reset_peak_memory`: allocator bytes on accelerators,
+    peak resident set size of the process on the CPU."""
+    if device.type != "cpu":
+        return int(torch.accelerator.max_memory_allocated())
+    if _STATUS.exists():
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource
+
+    scale = 1 if platform.system() == "Darwin" else 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
+def describe(device: torch.device) -> str:
+    """A short human description: 'cuda (NVIDIA H100, sm 9.0)', 'cpu (AVX512, 2 threads)'."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability()
+        return f"cuda ({torch.cuda.get_device_name()}, sm {major}.{minor})"
+    if device.type == "mps":
+        return f"mps (macOS {platform.mac_ver()[0]})"
+    return f"cpu ({torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)"

@@ -1,0 +1,48 @@
+"""How a model is run for measurement: eager, torch.compile, or compile with CUDA graphs.
+
+The runtime is part of a recipe and a searched dimension. Compilation happens
+on the first call of each input shape; the evaluator reports that time as
+``compile_seconds`` and never counts it in latency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.device import capabilities
+from pipeline.errors import InfeasibleConfig
+
+RuntimeName = Literal["eager", "compile", "compile_cudagraphs"]
+RUNTIMES: tuple[RuntimeName, ...] = ("eager", "compile", "compile_cudagraphs")
+
+
+def available_runtimes(device: torch.device) -> list[RuntimeName]:
+    """Runtimes that can run on ``device`` (from the capability table)."""
+    caps = capabilities(device)
+    names: list[RuntimeName] = ["eager"]
+    if caps.compile:
+        names.append("compile")
+    if caps.cuda_graphs:
+        names.append("compile_cudagraphs")
+    return names
+
+
+def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Callable[..., Tensor]:
+    """Wrap ``model`` (already on ``device``) for ``runtime``; compilation is lazy."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime '{runtime}': choose one of {', '.join(RUNTIMES)}")
+    if runtime not in available_runtimes(device):
+        raise InfeasibleConfig(f"runtime {runtime} is not available on {device.type}")
+    if runtime == "eager":
+        return model
+    mode = "reduce-overhead" if runtime == "compile_cudagraphs" else None
+    compiled: Callable[..., Tensor] = torch.compile(model, mode=mode, dynamic=False)
+    return compiled
+
+
+def is_compiled(runtime: str) -> bool:
+    return runtime != "eager"
