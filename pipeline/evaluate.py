@@ -151,10 +151,14 @@ def measure_latency(
     )
 
 
+#: torch.save stores the file's stem inside the archive, so the size depends on the name.
+STATE_DICT_FILENAME = "model.pt"
+
+
 def serialized_size_bytes(model: nn.Module) -> int:
-    """Bytes of ``torch.save(model.state_dict())`` (what a user would ship)."""
+    """Bytes of ``torch.save(model.state_dict(), "model.pt")`` (what a user would ship)."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "state_dict.pt"
+        path = Path(tmp) / STATE_DICT_FILENAME
         torch.save(model.state_dict(), path)
         return path.stat().st_size
 

@@ -1,0 +1,73 @@
+"""Device selection and the capability table on this (CPU-only) machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.device import (
+    QUANT_METHODS,
+    Stopwatch,
+    available_kinds,
+    capabilities,
+    peak_memory_bytes,
+    reset_peak_memory,
+    resolve_device,
+)
+from pipeline.errors import DeviceError, InfeasibleConfig
+
+
+def test_auto_picks_first_available_in_order() -> None:
+    expected = "mps" if torch.backends.mps.is_available() else "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+
+
+def test_cpu_is_always_available() -> None:
+    assert "cpu" in available_kinds()
+    assert resolve_device("CPU").type == "cpu"
+
+
+@pytest.mark.parametrize("kind", ["cuda", "mps"])
+def test_absent_device_is_a_clear_error(kind: str) -> None:
+    if kind in available_kinds():
+        assert resolve_device(kind).type == kind
+        return
+    with pytest.raises(DeviceError, match=f"device '{kind}' is not available here .*use --device auto"):
+        resolve_device(kind)
+
+
+def test_unknown_device_name() -> None:
+    with pytest.raises(DeviceError, match="unknown device 'tpu': choose one of auto, mps, cuda, cpu"):
+        resolve_device("tpu")
+
+
+def test_cpu_capabilities_match_stack_facts() -> None:
+    caps = capabilities(torch.device("cpu"))
+    assert torch.float16 in caps.reduced_dtypes and torch.float16 not in caps.fast_dtypes
+    assert caps.cuda_graphs is False and caps.event_timing is False
+    assert set(caps.quant_methods) <= set(QUANT_METHODS)
+    assert "int8_dynamic" in caps.quant_methods
+    with pytest.raises(InfeasibleConfig, match="float8_dynamic cannot run on cpu: .*8.9"):
+        caps.require_quant("float8_dynamic")
+    with pytest.raises(InfeasibleConfig, match="int4_weight_only cannot run on cpu"):
+        caps.require_quant("int4_weight_only")
+    with pytest.raises(ValueError, match="unknown quantization method 'int3'"):
+        caps.require_quant("int3")
+
+
+def test_stopwatch_measures_elapsed_time() -> None:
+    watch = Stopwatch(torch.device("cpu"))
+    watch.start()
+    torch.randn(256, 256) @ torch.randn(256, 256)
+    watch.stop()
+    assert watch.elapsed_ms() > 0
+
+
+def test_peak_memory_sees_a_large_allocation() -> None:
+    device = torch.device("cpu")
+    reset_peak_memory(device)
+    before = peak_memory_bytes(device)
+    block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
+    after = peak_memory_bytes(device)
+    assert after - before >= 48 * 1024 * 1024
+    del block
