@@ -91,12 +91,12 @@ class ModelReport:
 # --------------------------------------------------------------------------- pieces
 
 
-def compute_metric(
-    fn: Callable[..., Tensor], batches: Sequence[LabelledBatch], metric: Metric, device: torch.device
-) -> float:
-    """Run ``fn`` over the evaluation batches and compute the metric on the device.
+def compute_metrics(
+    fn: Callable[..., Tensor], batches: Sequence[LabelledBatch], metrics: Sequence[Metric], device: torch.device
+) -> dict[str, float]:
+    """Run ``fn`` once over the evaluation batches and compute every metric on the device.
 
-    Outputs and targets stay on the device; the only host read is the final value.
+    Outputs and targets stay on the device; the only host reads are the final values.
     """
     outputs: list[Tensor] = []
     targets: list[Tensor] = []
@@ -104,8 +104,16 @@ def compute_metric(
         for inputs, target in batches:
             outputs.append(fn(*move_batch(inputs, device)).float())
             targets.append(target.to(device))
-    value = metric.compute(torch.cat(outputs), torch.cat(targets))
-    return float(value.item())
+    all_outputs, all_targets = torch.cat(outputs), torch.cat(targets)
+    values = [metric.compute(all_outputs, all_targets) for metric in metrics]
+    return {metric.name: float(value.item()) for metric, value in zip(metrics, values, strict=True)}
+
+
+def compute_metric(
+    fn: Callable[..., Tensor], batches: Sequence[LabelledBatch], metric: Metric, device: torch.device
+) -> float:
+    """Run ``fn`` over the evaluation batches and compute one metric on the device."""
+    return compute_metrics(fn, batches, (metric,), device)[metric.name]
 
 
 def measure_latency(
@@ -203,7 +211,8 @@ def evaluate_model(
         if is_compiled(runtime):
             compile_ms += max(0.0, stats.first_call_ms - stats.p50_ms)
     peak = peak_memory_bytes(device)
-    metric_value = compute_metric(fn, spec.evaluation(), spec.metric, device)
+    values = compute_metrics(fn, spec.evaluation(), (spec.metric, *spec.extra_metrics), device)
+    metric_value = values.pop(spec.metric.name)
     macs = count_macs(model, move_batch(spec.example_inputs(1), device))
     return ModelReport(
         metric_name=spec.metric.name,
@@ -216,4 +225,5 @@ def evaluate_model(
         runtime=runtime,
         compile_seconds=compile_ms / 1000.0,
         device=describe(device),
+        extra=values,
     )

@@ -29,6 +29,8 @@ def evaluation_table(title: str, report: ModelReport) -> Table:
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row(report.metric_name, f"{report.metric_value:.4f}")
+    for name, value in report.extra.items():
+        table.add_row(name, f"{value:.4f}")
     for batch, stats in report.latency.items():
         table.add_row(
             f"latency batch {batch} (p50 / p90)",

@@ -4,7 +4,10 @@ Accepted forms:
 
 * a built-in name: ``digits`` -> ``experiments/digits.py``'s ``spec``;
 * ``path/to/file.py:attr``;
-* ``package.module:attr``.
+* ``package.module:attr``;
+* a TorchScript file (``model.pt``), a ``.pt2`` ExportedProgram, or
+  ``hf:path/to/dir`` (see :mod:`pipeline.sources`; these take
+  :class:`~pipeline.sources.SourceOptions`: ``--input-shape`` / ``--inputs-file``).
 
 ``attr`` is a :class:`ModelSpec` or a zero-argument callable returning one.
 Every failure raises :class:`SpecError` with one line saying what was tried and
@@ -26,14 +29,15 @@ import torch
 from torch import nn
 
 from pipeline.errors import SpecError
+from pipeline.sources import SourceOptions, resolve_source
 from pipeline.spec import ModelSpec
 
 BUILTIN_PACKAGE = "experiments"
 BUILTIN_ATTR = "spec"
 
-#: Extra resolvers for other model sources (TorchScript, .pt2, hf:...):
-#: each takes the reference and returns a spec, or None if it is not theirs.
-SOURCE_RESOLVERS: list[Callable[[str], ModelSpec | None]] = []
+#: Resolvers for other model sources (TorchScript, .pt2, hf:...): each takes the
+#: reference and the source options and returns a spec, or None if it is not theirs.
+SOURCE_RESOLVERS: list[Callable[[str, SourceOptions], ModelSpec | None]] = [resolve_source]
 
 
 def builtin_names() -> list[str]:
@@ -46,18 +50,29 @@ def builtin_names() -> list[str]:
     )
 
 
-def resolve_spec(ref: str) -> ModelSpec:
-    """Resolve ``ref`` to a ModelSpec (not yet built; see :func:`load_model`)."""
+def resolve_spec(ref: str, options: SourceOptions | None = None) -> ModelSpec:
+    """Resolve ``ref`` to a ModelSpec (not yet built; see :func:`load_model`).
+
+    ``options`` (``--input-shape``, ``--inputs-file``, ``--output-kind``) apply
+    only to the file and directory sources; given with a Python spec they are
+    an error rather than silently ignored.
+    """
     ref = ref.strip()
+    options = options or SourceOptions()
     if not ref:
         raise SpecError(f"no model given: pass MODEL=<name> (built-ins: {', '.join(builtin_names())})")
     for resolver in SOURCE_RESOLVERS:
-        spec = resolver(ref)
+        spec = resolver(ref, options)
         if spec is not None:
             return spec
+    if options.given:
+        raise SpecError(
+            f"{' and '.join(options.given)}: only for TorchScript (.pt), .pt2 and hf: models, "
+            f"not for '{ref}' (a Python spec brings its own data)"
+        )
     if ":" in ref:
         target, _, attr = ref.rpartition(":")
-        if target.endswith(".py") or "/" in target or Path(target).suffix:
+        if target.endswith(".py") or "/" in target or "\\" in target or Path(target).exists():
             module = _import_file(target)
         else:
             module = _import_module(target)
@@ -66,7 +81,9 @@ def resolve_spec(ref: str) -> ModelSpec:
         module = _import_module(f"{BUILTIN_PACKAGE}.{ref}")
         return _spec_from_attr(module, BUILTIN_ATTR, ref)
     if ref.endswith(".py") or Path(ref).exists():
-        raise SpecError(f"model '{ref}' names a file but no attribute: use '{ref}:<attr>' (a ModelSpec or a function returning one)")
+        raise SpecError(
+            f"model '{ref}' names a file but no attribute: use '{ref}:<attr>' (a ModelSpec or a function returning one)"
+        )
     raise SpecError(
         f"unknown model '{ref}': built-ins are {', '.join(builtin_names())}; "
         "or pass path/to/file.py:attr or package.module:attr"

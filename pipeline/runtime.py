@@ -39,6 +39,8 @@ def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Cal
         raise InfeasibleConfig(f"runtime {runtime} is not available on {device.type}")
     if runtime == "eager":
         return model
+    if isinstance(model, torch.jit.ScriptModule):
+        raise InfeasibleConfig(f"runtime {runtime}: torch.compile cannot compile a TorchScript module (use eager)")
     mode = "reduce-overhead" if runtime == "compile_cudagraphs" else None
     compiled: Callable[..., Tensor] = torch.compile(model, mode=mode, dynamic=False)
     return compiled

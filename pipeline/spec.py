@@ -65,6 +65,9 @@ class ModelSpec:
     training: Callable[[], Sequence[LabelledBatch]] | None = None
     loss: Callable[[Tensor, Tensor], Tensor] | None = None
     protected_layers: tuple[str, ...] = ()
+    #: Further metrics on the same outputs and targets, reported (ModelReport.extra) but not optimized,
+    #: e.g. KL divergence next to top-1 agreement (see pipeline.fidelity).
+    extra_metrics: tuple[Metric, ...] = ()
     description: str = ""
     #: Where the spec came from (filled in by resolution; shown in reports).
     source: str = field(default="", compare=False)

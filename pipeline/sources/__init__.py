@@ -1,0 +1,111 @@
+"""Model sources beyond Python specs: TorchScript files, ``.pt2`` programs, local Hugging Face directories.
+
+``MODEL=`` forms handled here (see :func:`resolve_source`):
+
+* ``path/model.pt`` (``.pth``, ``.ts``, ``.jit``, ``.torchscript``): a TorchScript file;
+* ``path/model.pt2``: a ``torch.export`` ExportedProgram;
+* ``hf:path/to/dir``: a local Hugging Face directory.
+
+None of them carries data, so each becomes a *fidelity* spec (see
+:mod:`pipeline.fidelity`): the targets are the unoptimized model's own outputs
+on generated inputs (``--input-shape``), on the samples of ``--inputs-file``
+(a ``.pt`` file for TorchScript / ``.pt2``, a text file for ``hf:``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from pipeline.errors import SpecError
+from pipeline.fidelity import OUTPUT_KINDS
+from pipeline.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Options for file and directory sources (``--input-shape``, ``--inputs-file``, ``--output-kind``)."""
+
+    input_shape: str | None = None
+    inputs_file: str | None = None
+    output_kind: str = "auto"
+
+    @property
+    def given(self) -> list[str]:
+        """The options set to something other than their default, as CLI flags."""
+        names = []
+        if self.input_shape:
+            names.append("--input-shape")
+        if self.inputs_file:
+            names.append("--inputs-file")
+        if self.output_kind != "auto":
+            names.append("--output-kind")
+        return names
+
+
+def source_kind(ref: str) -> str | None:
+    """``"torchscript"``, ``"pt2"``, ``"hf"``, or None when ``ref`` is not one of these sources."""
+    from pipeline.sources import exported, huggingface, torchscript
+
+    if ref.startswith(huggingface.PREFIX):
+        return "hf"
+    if ":" in ref:  # path/file.py:attr and package.module:attr belong to the Python resolver
+        return None
+    suffix = Path(ref).suffix.lower()
+    if suffix in exported.SUFFIXES:
+        return "pt2"
+    if suffix in torchscript.SUFFIXES:
+        return "torchscript"
+    return None
+
+
+def resolve_source(ref: str, options: SourceOptions = SourceOptions()) -> ModelSpec | None:
+    """The spec for a TorchScript / ``.pt2`` / ``hf:`` reference, or None if ``ref`` is none of these."""
+    kind = source_kind(ref)
+    if kind is None:
+        return None
+    if options.output_kind not in OUTPUT_KINDS:
+        raise SpecError(f"unknown --output-kind '{options.output_kind}': choose one of {', '.join(OUTPUT_KINDS)}")
+    if kind == "hf":
+        from pipeline.sources.huggingface import hf_spec
+
+        if options.input_shape:
+            raise SpecError("--input-shape does not apply to hf: models: pass --inputs-file with one text per line")
+        spec = hf_spec(ref, options.inputs_file, options.output_kind)
+    elif kind == "pt2":
+        from pipeline.sources.exported import exported_spec
+
+        spec = exported_spec(ref, options.input_shape, options.inputs_file, options.output_kind)
+    else:
+        from pipeline.sources.torchscript import torchscript_spec
+
+        spec = torchscript_spec(ref, options.input_shape, options.inputs_file, options.output_kind)
+    object.__setattr__(spec, "source", ref)
+    return spec
+
+
+def layer_access_problem(model: nn.Module) -> str | None:
+    """Why stages that rewrite layer modules (structured pruning, torchao quantization,
+    ``torch.nn.utils.prune``) cannot act on ``model``, or None if they can.
+
+    TorchScript modules hold compiled code; a ``.pt2`` program's module holds
+    graph operations on parameters, with no ``nn.Linear`` / ``nn.Conv*`` modules.
+    Those stages silently do nothing on them (torchao, torch-pruning) or crash
+    (``torch.nn.utils.prune`` on TorchScript), so they should raise
+    ``InfeasibleConfig`` with this reason.
+    """
+    import torch
+
+    if isinstance(model, torch.jit.ScriptModule) or any(
+        isinstance(m, torch.jit.ScriptModule) for m in model.modules()
+    ):
+        return "the model is TorchScript (compiled code, no Python layers to rewrite)"
+    layer_types = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    if isinstance(model, torch.fx.GraphModule) and not any(isinstance(m, layer_types) for m in model.modules()):
+        return "the model is a torch.export program (its layers are graph ops, not nn.Linear/nn.Conv modules)"
+    return None
+
+
+__all__ = ["SourceOptions", "layer_access_problem", "resolve_source", "source_kind"]

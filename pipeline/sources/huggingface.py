@@ -1,0 +1,202 @@
+"""Local Hugging Face directories: ``MODEL=hf:path/to/dir`` with ``--inputs-file lines.txt``.
+
+Loaded offline with ``transformers`` (``HF_HUB_OFFLINE=1``, ``local_files_only``):
+
+* a sequence-classification checkpoint (``config.json`` architectures ending in
+  ``ForSequenceClassification``) -> its logits; fidelity by top-1 agreement;
+* anything else -> ``AutoModel`` plus pooling of the last hidden state: mean
+  over real tokens (or the CLS token when a sentence-transformers
+  ``1_Pooling/config.json`` says so), L2-normalized when the directory's
+  ``modules.json`` lists a ``Normalize`` module; fidelity by mean cosine.
+
+The pipeline's model is ``forward(input_ids, attention_mask) -> tensor``; inputs
+are int64 token ids padded to :data:`SEQUENCE_LENGTH`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.errors import SpecError
+from pipeline.fidelity import fidelity_spec
+from pipeline.sources.archive import one_line
+from pipeline.sources.inputs import read_text_inputs, split_batches, tile
+from pipeline.spec import Batch, ModelSpec
+
+PREFIX = "hf:"
+SEQUENCE_LENGTH = 128
+MAX_CALIBRATION_LINES = 64
+
+
+def set_offline() -> None:
+    """Make sure nothing in transformers / huggingface_hub reaches for the network
+    (and that loading prints no progress bars); call before loading anything."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
+class PooledEmbedding(nn.Module):
+    """An encoder plus pooling: ``forward(input_ids, attention_mask) -> (batch, hidden)`` embeddings.
+
+    An encoder's own ``pooler`` (BERT's dense + tanh on the CLS token) is unused and removed."""
+
+    def __init__(self, encoder: nn.Module, pooling: str = "mean", normalize: bool = False) -> None:
+        super().__init__()
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"unknown pooling '{pooling}': choose mean or cls")
+        if isinstance(getattr(encoder, "pooler", None), nn.Module):
+            # BERT-style encoders compute a pooled CLS output that this pooling never reads:
+            # drop it, so that no time is spent on it and no stage prunes or quantizes it.
+            encoder.pooler = None  # type: ignore[assignment]
+        self.encoder = encoder
+        self.pooling = pooling
+        self.normalize = normalize
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:  # mean over real tokens, as the sentence-transformers model cards define it
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1e-9)
+        if self.normalize:
+            pooled = nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled
+
+
+class ClassifierLogits(nn.Module):
+    """A sequence-classification model: ``forward(input_ids, attention_mask) -> (batch, classes)`` logits."""
+
+    def __init__(self, classifier: nn.Module) -> None:
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.classifier(input_ids=input_ids, attention_mask=attention_mask)[0]
+
+
+@dataclass(frozen=True)
+class HFLayout:
+    """What a local directory holds and how its output is formed."""
+
+    directory: Path
+    classifier: bool
+    pooling: str
+    normalize: bool
+
+
+def inspect_directory(directory: Path) -> HFLayout:
+    """Check a local HF directory and read how to pool its output (no weights loaded)."""
+    if not directory.is_dir():
+        raise SpecError(f"hf: directory not found: {directory} (pass hf:path/to/a/local/model/directory)")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise SpecError(
+            f"hf:{directory} has no config.json: point hf: at the directory that holds config.json, the weights "
+            "and the tokenizer files (e.g. one written by save_pretrained)"
+        )
+    config = _read_json(config_path)
+    architectures = config.get("architectures") or []
+    classifier = any(str(a).endswith("ForSequenceClassification") for a in architectures)
+    pooling, normalize = "mean", False
+    modules_path = directory / "modules.json"
+    if modules_path.is_file():
+        modules = _read_json(modules_path)
+        if isinstance(modules, list):
+            types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)]
+            normalize = any(t.endswith(".Normalize") for t in types)
+            pooling_path = next(
+                (directory / str(m.get("path", "")) / "config.json" for m in modules
+                 if isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling")),
+                None,
+            )
+            if pooling_path is not None and pooling_path.is_file():
+                pooling = "cls" if _read_json(pooling_path).get("pooling_mode_cls_token") else "mean"
+    return HFLayout(directory=directory, classifier=classifier, pooling=pooling, normalize=normalize)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecError(f"cannot read {path}: {exc}") from exc
+
+
+def load_tokenizer(directory: Path) -> Any:
+    """The directory's tokenizer, offline."""
+    set_offline()
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a broken directory
+        raise SpecError(f"hf:{directory}: cannot load a tokenizer from it ({one_line(exc)})") from exc
+
+
+def load_hf_model(layout: HFLayout) -> nn.Module:
+    """The directory's model in eval mode, wrapped so that ``forward(input_ids, attention_mask)`` returns one tensor."""
+    set_offline()
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    auto = AutoModelForSequenceClassification if layout.classifier else AutoModel
+    try:
+        model = auto.from_pretrained(str(layout.directory), local_files_only=True)
+    except Exception as exc:  # missing weights, unknown architecture, corrupt files
+        raise SpecError(f"hf:{layout.directory}: cannot load the model ({one_line(exc)})") from exc
+    wrapped = ClassifierLogits(model) if layout.classifier else PooledEmbedding(model, layout.pooling, layout.normalize)
+    return wrapped.eval()
+
+
+def tokenize(tokenizer: Any, texts: list[str], sequence_length: int = SEQUENCE_LENGTH) -> Batch:
+    """``(input_ids, attention_mask)`` as int64, padded and truncated to ``sequence_length``."""
+    encoded = tokenizer(
+        texts, padding="max_length", truncation=True, max_length=sequence_length, return_tensors="pt"
+    )
+    return (encoded["input_ids"].to(torch.int64), encoded["attention_mask"].to(torch.int64))
+
+
+def hf_spec(ref: str, inputs_file: str | None = None, output_kind: str = "auto") -> ModelSpec:
+    """A fidelity spec for ``hf:path/to/dir``; ``inputs_file`` is a text file, one input per line.
+
+    The last quarter of the lines (at most :data:`MAX_CALIBRATION_LINES`) is for
+    calibration, the rest for evaluation.
+    """
+    directory = Path(ref.removeprefix(PREFIX)).expanduser()
+    layout = inspect_directory(directory)
+    if not inputs_file:
+        raise SpecError(f"hf:{directory} needs --inputs-file: a UTF-8 text file with one input per line")
+    lines = read_text_inputs(inputs_file)
+    calibration_count = max(1, min(MAX_CALIBRATION_LINES, len(lines) // 4))
+    evaluation_lines, calibration_lines = lines[:-calibration_count], lines[-calibration_count:]
+    tokenizer = load_tokenizer(directory)
+    load_hf_model(layout)  # a directory whose weights cannot load fails here, before any search
+
+    @cache
+    def tokens(split: str) -> Batch:
+        return tokenize(tokenizer, evaluation_lines if split == "evaluation" else calibration_lines)
+
+    if output_kind == "auto":
+        output_kind = "logits" if layout.classifier else "embedding"
+    return fidelity_spec(
+        name=directory.name or "hf_model",
+        build=lambda: load_hf_model(layout),
+        example_inputs=lambda batch_size: tile(tokens("evaluation"), batch_size),
+        calibration=lambda: split_batches(tokens("calibration")),
+        evaluation_inputs=lambda: split_batches(tokens("evaluation")),
+        output_kind=output_kind,
+        description=(
+            f"Hugging Face model from {directory} ({'classifier logits' if layout.classifier else layout.pooling}"
+            f"-pooled embeddings), fidelity on {len(evaluation_lines)} lines of {inputs_file}"
+        ),
+    )
