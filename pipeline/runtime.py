@@ -41,6 +41,12 @@ def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Cal
         return model
     if isinstance(model, torch.jit.ScriptModule):
         raise InfeasibleConfig(f"runtime {runtime}: torch.compile cannot compile a TorchScript module (use eager)")
+    # Inference only: freezing folds weights into the graph as constants, which the
+    # PT2E int8 kernels need (onednn prepacking) and which costs nothing for float models.
+    # Dynamo reads the global flag while tracing, so a per-call options dict is not enough.
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
     mode = "reduce-overhead" if runtime == "compile_cudagraphs" else None
     compiled: Callable[..., Tensor] = torch.compile(model, mode=mode, dynamic=False)
     return compiled
