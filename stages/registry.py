@@ -88,6 +88,12 @@ class StageContext:
     #: the model handed to the stage.
     float_model: nn.Module | None = None
 
+    def __post_init__(self) -> None:
+        if isinstance(self.device, str):  # scripted use: StageContext(spec, "cpu")
+            self.device = torch.device(self.device)
+        if isinstance(self.output_dir, str):
+            self.output_dir = Path(self.output_dir)
+
     @property
     def capabilities(self) -> Capabilities:
         return capabilities(self.device)

@@ -1,0 +1,197 @@
+"""Calibrate a precision policy: output error vs float32, per-layer sensitivity, greedy choice.
+
+The **relative output error** of a model on the calibration batches ``B`` is
+
+    error = sqrt( sum_b sum_k ||y_bk - r_bk||_2^2 ) / sqrt( sum_b sum_k ||r_bk||_2^2 )
+
+where ``r_bk`` is the k-th floating tensor of the float32 model's output on batch
+``b`` (outputs flattened with ``torch.utils._pytree``; integer outputs ignored)
+and ``y_bk`` the same tensor of the mixed-precision model, cast to float32: the
+Frobenius norm of the difference over all batches and outputs, relative to the
+norm of the float32 outputs. A non-finite output gives ``inf``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.errors import InfeasibleConfig, PipelineError
+from pipeline.spec import Batch
+from stages.mixed_precision.switch import PrecisionSwitch
+from stages.mixed_precision.units import floating_output_leaves
+
+#: The greedy phase re-measures the whole model at most this many times: bigger
+#: models move ceil(groups / MAX_MOVES) groups back to float32 per step.
+MAX_MOVES = 32
+#: The sensitivity phase reads about this many full passes over the calibration batches
+#: at most: a model with more candidates ranks them on its first batches only (the
+#: budget is always checked on every batch).
+SENSITIVITY_PASSES = 64
+
+
+class PolicyForwardError(InfeasibleConfig):
+    """The model's forward pass failed under some precision policy."""
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """The chosen policy and how it was found."""
+
+    fp32_units: tuple[str, ...]
+    output_error: float
+    #: Whole-model error with each candidate's group alone reduced (group members share it).
+    sensitivity: dict[str, float]
+    #: Units switched together because one alone broke the forward pass (e.g. the query,
+    #: key and value projections that feed one attention op must share a dtype).
+    groups: list[tuple[str, ...]] = field(default_factory=list)
+    #: Units that break the forward pass in the reduced dtype even with their siblings: float32.
+    unreducible: dict[str, str] = field(default_factory=dict)
+    #: ``(number of units moved back to float32, whole-model error)`` per measurement.
+    steps: list[tuple[int, float]] = field(default_factory=list)
+
+
+def run_forward(model: nn.Module, batch: Batch, what: str) -> list[Tensor]:
+    """The floating outputs of ``model(*batch)``; a failing forward is a :class:`PolicyForwardError`."""
+    try:
+        with torch.no_grad():
+            return floating_output_leaves(model(*batch))
+    except PipelineError:
+        raise
+    except Exception as exc:  # any error of a model's own forward: the policy cannot run here
+        raise PolicyForwardError(f"amp: forward {what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def reference_outputs(model: nn.Module, batches: Sequence[Batch]) -> list[list[Tensor]]:
+    """The float32 model's floating outputs on every batch (detached, float32)."""
+    reference = [[t.detach().float() for t in run_forward(model, batch, "of the float32 model")] for batch in batches]
+    if not any(reference):
+        raise InfeasibleConfig("amp: the model output has no floating tensor to compare against float32")
+    return reference
+
+
+def relative_output_error(
+    model: nn.Module, batches: Sequence[Batch], reference: Sequence[Sequence[Tensor]], what: str = "in mixed precision"
+) -> float:
+    """The relative output error of ``model`` vs ``reference`` (module docstring)."""
+    device = reference[0][0].device if reference and reference[0] else torch.device("cpu")
+    diff_sq = torch.zeros((), device=device)
+    ref_sq = torch.zeros((), device=device)
+    for batch, expected in zip(batches, reference, strict=True):
+        outputs = run_forward(model, batch, what)
+        if len(outputs) != len(expected):
+            raise PolicyForwardError(
+                f"amp: the model gave {len(outputs)} floating outputs {what}, {len(expected)} in float32"
+            )
+        for output, ref in zip(outputs, expected, strict=True):
+            diff_sq += (output.float() - ref).square().sum()
+            ref_sq += ref.square().sum()
+    num, den = math.sqrt(float(diff_sq.item())), math.sqrt(float(ref_sq.item()))
+    if not math.isfinite(num):
+        return math.inf
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def calibrate_policy(switch: PrecisionSwitch, batches: Sequence[Batch], error_budget: float) -> CalibrationResult:
+    """Measure every candidate's sensitivity (whole-model error with that unit alone
+    reduced; on the first batches only past :data:`SENSITIVITY_PASSES`), then start from
+    every candidate reduced and move the most sensitive back to float32 until the
+    whole-model error over all batches is within ``error_budget``.
+
+    A unit whose forward breaks when it alone is reduced is tried together with the
+    sibling units (same parent module) that follow it, one more at a time, until the
+    forward runs; that group is then switched as one. If no such group runs, the unit
+    stays float32. Leaves ``switch.model`` in the chosen
+    policy (the one last measured)."""
+    switch.set_reduced(())
+    reference = reference_outputs(switch.model, batches)
+
+    def measure(reduced: Sequence[str], what: str, batch_count: int = len(batches)) -> float:
+        switch.set_reduced(reduced)
+        return relative_output_error(switch.model, batches[:batch_count], reference[:batch_count], what)
+
+    candidates = switch.units.candidates
+    ranking_batches = max(1, min(len(batches), len(batches) * SENSITIVITY_PASSES // max(1, len(candidates))))
+
+    def measure_for_ranking(reduced: Sequence[str], what: str) -> float:
+        return measure(reduced, what, ranking_batches)
+
+    groups, sensitivity, unreducible = _group_sensitivities(candidates, measure_for_ranking)
+    # Most sensitive first; module order breaks ties, so the result is deterministic.
+    order = sorted(range(len(groups)), key=lambda index: (-_sortable(sensitivity[groups[index][0]]), index))
+    ranked = [groups[index] for index in order]
+    step = max(1, math.ceil(len(ranked) / MAX_MOVES))
+    moved = 0
+    error = measure(_flatten(ranked), "with every layer reduced")
+    steps = [(0, error)]
+    while error > error_budget and moved < len(ranked):
+        moved = min(len(ranked), moved + step)
+        kept = _flatten(ranked[:moved])
+        error = measure(_flatten(ranked[moved:]), f"with {len(kept)} layers kept in float32")
+        steps.append((len(kept), error))
+    return CalibrationResult(
+        fp32_units=switch.fp32_units(),
+        output_error=error,
+        sensitivity=sensitivity,
+        groups=[group for group in groups if len(group) > 1],
+        unreducible=unreducible,
+        steps=steps,
+    )
+
+
+def _group_sensitivities(
+    candidates: Sequence[str], measure: Callable[[Sequence[str], str], float]
+) -> tuple[list[tuple[str, ...]], dict[str, float], dict[str, str]]:
+    """The switchable groups (single units, or siblings that must share a dtype), the
+    sensitivity of every unit in them, and the units that cannot be reduced (with why)."""
+    groups: list[tuple[str, ...]] = []
+    sensitivity: dict[str, float] = {}
+    unreducible: dict[str, str] = {}
+    for index, name in enumerate(candidates):
+        if name in sensitivity or name in unreducible:
+            continue
+        group: tuple[str, ...] = (name,)
+        error = _try_measure(measure, group, f"with only {name} reduced")
+        if isinstance(error, PolicyForwardError):
+            alone = error
+            parent = name.rpartition(".")[0]
+            later_siblings = [
+                unit
+                for unit in candidates[index + 1 :]
+                if unit.rpartition(".")[0] == parent and unit not in sensitivity and unit not in unreducible
+            ]
+            # Grow the group over the following siblings until the forward runs.
+            for sibling in later_siblings:
+                group = (*group, sibling)
+                error = _try_measure(measure, group, f"with {', '.join(group)} reduced")
+                if not isinstance(error, PolicyForwardError):
+                    break
+            if isinstance(error, PolicyForwardError):
+                unreducible[name] = alone.reason
+                continue
+        groups.append(group)
+        sensitivity.update(dict.fromkeys(group, error))
+    return groups, sensitivity, unreducible
+
+
+def _try_measure(
+    measure: Callable[[Sequence[str], str], float], group: Sequence[str], what: str
+) -> float | PolicyForwardError:
+    try:
+        return measure(group, what)
+    except PolicyForwardError as exc:
+        return exc
+
+
+def _flatten(groups: Sequence[tuple[str, ...]]) -> list[str]:
+    return [unit for group in groups for unit in group]
+
+
+def _sortable(value: float) -> float:
+    return math.inf if math.isnan(value) else value
