@@ -11,17 +11,21 @@ DEVICE      ?= auto
 RESULTS     ?= runs
 TRIALS      ?= 20
 MAX_DROP    ?= 0.01
+UI_PORT     ?= 5000
+# Extra options for optimize/report, e.g. ARGS="--latency-budget quick --runtimes eager --threads 1"
+ARGS        ?=
 TORCH_PIN   := $(shell grep -E '^torch==' constraints.txt)
 
 export PARETORCH_RESULTS_DIR := $(abspath $(RESULTS))
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup evaluate test lint clean help
+.PHONY: setup evaluate optimize report ui test lint clean help
 
 help:
 	@echo "make optimize MODEL=digits   search prune/quantize/AMP/export trade-offs, log to MLflow, print the Pareto table"
 	@echo "make evaluate MODEL=digits   measure the unoptimized model"
-	@echo "make ui                      MLflow UI over the results"
+	@echo "make report MODEL=digits     print the Pareto table of that study again, from storage"
+	@echo "make ui                      MLflow UI over the results (http://127.0.0.1:$(UI_PORT))"
 	@echo "make test                    the test suite"
 	@echo "make lint                    ruff + mypy"
 	@echo "make clean                   remove results and caches (keeps .venv)"
@@ -38,6 +42,21 @@ $(STAMP): pyproject.toml constraints.txt
 
 evaluate: $(STAMP)
 	$(PY) -m pipeline evaluate --model $(MODEL) --device $(DEVICE)
+
+# Searches (or resumes: TRIALS is the study's total) and prints the Pareto table.
+optimize: $(STAMP)
+	$(PY) -m pipeline optimize --model $(MODEL) --device $(DEVICE) --trials $(TRIALS) --max-drop $(MAX_DROP) $(ARGS)
+
+report: $(STAMP)
+	$(PY) -m pipeline report --model $(MODEL) --device $(DEVICE) --max-drop $(MAX_DROP) $(ARGS)
+
+# Foreground MLflow UI over the results' store; stop with Ctrl-C.
+ui: $(STAMP)
+	mkdir -p $(PARETORCH_RESULTS_DIR)/mlartifacts
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(PARETORCH_RESULTS_DIR)/mlflow.db \
+		--default-artifact-root $(PARETORCH_RESULTS_DIR)/mlartifacts \
+		--artifacts-destination $(PARETORCH_RESULTS_DIR)/mlartifacts \
+		--host 127.0.0.1 --port $(UI_PORT) --workers 1
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

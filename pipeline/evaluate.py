@@ -102,7 +102,8 @@ def compute_metrics(
     targets: list[Tensor] = []
     with torch.no_grad():
         for inputs, target in batches:
-            outputs.append(fn(*move_batch(inputs, device)).float())
+            # clone: a CUDA-graph runtime reuses its output buffer on the next call
+            outputs.append(fn(*move_batch(inputs, device)).float().clone())
             targets.append(target.to(device))
     all_outputs, all_targets = torch.cat(outputs), torch.cat(targets)
     values = [metric.compute(all_outputs, all_targets) for metric in metrics]

@@ -49,7 +49,20 @@ def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Cal
     inductor_config.freezing = True
     mode = "reduce-overhead" if runtime == "compile_cudagraphs" else None
     compiled: Callable[..., Tensor] = torch.compile(model, mode=mode, dynamic=False)
+    if runtime == "compile_cudagraphs":
+        return _graph_steps(compiled)
     return compiled
+
+
+def _graph_steps(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """Each call is a new CUDA-graph step, so a replay never waits on (or errors about)
+    outputs of the previous one; callers that keep outputs must clone them."""
+
+    def run(*inputs: Tensor) -> Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*inputs)
+
+    return run
 
 
 def is_compiled(runtime: str) -> bool:

@@ -27,3 +27,6 @@ __all__ = [
     "registered_stages",
     "run_chain",
 ]
+
+# Importing the built-in stages registers them (order is the default pipeline order).
+from stages import amp, export, prune, quantize  # noqa: E402, F401  (registration side effect)

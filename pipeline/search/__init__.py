@@ -1,0 +1,33 @@
+"""The Optuna search over composed stages (see :mod:`pipeline.search.study` for the trial objective).
+
+One study per (model spec, search config), resumable from its storage; MLflow
+tracking of every trial; the Pareto trials exported and logged at the end.
+"""
+
+from __future__ import annotations
+
+from pipeline.search.config import (
+    DEFAULT_SEARCH_CONFIG,
+    LATENCY_BUDGETS,
+    SearchConfig,
+    SeedRecipe,
+    default_storage,
+    make_sampler,
+    study_name,
+)
+from pipeline.search.loop import SearchOutcome, run_search
+from pipeline.search.study import Search, SearchTimes
+
+__all__ = [
+    "DEFAULT_SEARCH_CONFIG",
+    "LATENCY_BUDGETS",
+    "Search",
+    "SearchConfig",
+    "SearchOutcome",
+    "SearchTimes",
+    "SeedRecipe",
+    "default_storage",
+    "make_sampler",
+    "run_search",
+    "study_name",
+]

@@ -1,0 +1,123 @@
+"""The search config (``experiments/search.yaml`` + CLI overrides), the study's name, storage and sampler."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import ConfigError
+from pipeline.evaluate import LatencySettings
+from pipeline.graph import Pipeline
+from pipeline.objectives import ObjectiveName
+from pipeline.paths import results_dir
+
+if TYPE_CHECKING:
+    import optuna
+
+    from pipeline.spec import ModelSpec
+
+#: Latency measurement effort per trial: quick measures only the objective batch size.
+LATENCY_BUDGETS: dict[str, LatencySettings] = {
+    # Samples spread over 0.2 s at least, so one scheduling hiccup does not move the median.
+    "quick": LatencySettings(warmup_runs=3, min_runs=10, min_seconds=0.2),
+    "normal": LatencySettings(warmup_runs=5, min_runs=20, min_seconds=0.3),
+    "thorough": LatencySettings(warmup_runs=10, min_runs=50, min_seconds=1.0),
+}
+DEFAULT_SEARCH_CONFIG = Path(__file__).resolve().parents[2] / "experiments" / "search.yaml"
+
+
+class SeedRecipe(BaseModel):
+    """A trial enqueued before the sampler starts: named stage configs and a runtime."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    runtime: str = "eager"
+    stages: tuple[dict[str, Any], ...] = ()
+
+
+class SearchConfig(BaseModel):
+    """What is searched and how (``experiments/search.yaml``; CLI flags override fields)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    pipeline: str = "default"
+    objectives: tuple[ObjectiveName, ...] = ("metric", "latency")
+    max_drop: float = Field(default=0.01, ge=0.0)
+    sampler: Literal["tpe", "nsga2", "random"] = "tpe"
+    seed: int = 0
+    runtimes: tuple[str, ...] = ("eager", "compile", "compile_cudagraphs")
+    latency_budget: Literal["quick", "normal", "thorough"] = "normal"
+    latency_batch: int | None = Field(default=None, ge=1)
+    disabled: tuple[str, ...] = ()
+    exports: Literal["pareto", "every_trial", "none"] = "pareto"
+    seeds: tuple[SeedRecipe, ...] = ()
+    cache_mb: int = Field(default=2048, ge=0)
+
+    #: Fields that do not change what a trial measures (left out of the study's name).
+    RUN_ONLY_FIELDS: ClassVar[frozenset[str]] = frozenset({"exports", "cache_mb"})
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> SearchConfig:
+        """Read a YAML search config (default ``experiments/search.yaml``) and apply overrides (None = keep)."""
+        import yaml
+
+        from stages.registry import format_validation_error
+
+        source = Path(path) if path else DEFAULT_SEARCH_CONFIG
+        data: dict[str, Any] = {}
+        if source.is_file():
+            try:
+                data = yaml.safe_load(source.read_text()) or {}
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+        elif path:
+            raise ConfigError(f"search config not found: {source}")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid search config ({source.name}): {format_validation_error(exc)}") from exc
+
+    def identity(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude=set(self.RUN_ONLY_FIELDS))
+
+
+def study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipeline: Pipeline) -> str:
+    """``<spec>-<device type>-<hash of spec source, pipeline and search config>``."""
+    payload = {"spec": spec.source or spec.name, "pipeline": pipeline.to_dict(), "search": config.identity()}
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"{spec.name}-{device.type}-{digest}"
+
+
+def default_storage() -> str:
+    """``sqlite:///<results>/optuna.db``."""
+    return f"sqlite:///{results_dir() / 'optuna.db'}"
+
+
+def finished_states() -> tuple[Any, ...]:
+    from optuna.trial import TrialState
+
+    return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def make_sampler(config: SearchConfig, finished: int) -> optuna.samplers.BaseSampler:
+    """The sampler; its seed moves with the number of finished trials so a resumed
+    study does not replay the first run's random start-up trials."""
+    import optuna
+
+    seed = config.seed + finished
+    if config.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if config.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # multivariate + group: a joint model per set of co-occurring params (stages switch on and off).
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8)
+
+

@@ -1,0 +1,284 @@
+"""The trial loop: progress, per-trial tracking, then Pareto exports and the study summary."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.errors import InfeasibleConfig
+from pipeline.objectives import (
+    ATTR_CACHE,
+    ATTR_CONFIGS,
+    ATTR_INFEASIBLE,
+    ATTR_METRICS,
+    ATTR_RECIPE,
+    ATTR_RECIPE_LINE,
+    ATTR_RUNTIME,
+    ATTR_SECONDS,
+    ATTR_SEED,
+    ATTR_TRACEBACK,
+    Baseline,
+)
+from pipeline.pareto import (
+    distinct_front,
+    export_attr,
+    pareto_figure_html,
+    pareto_figure_png,
+    pareto_rows,
+    pareto_table,
+    pareto_trials,
+    table_columns,
+)
+from pipeline.paths import results_dir
+from pipeline.recipe import Recipe, configs_from_json, flatten_node_configs
+from pipeline.search.config import finished_states
+from pipeline.search.study import Search, SearchTimes
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+    from rich.table import Table
+
+    from pipeline.tracking import Tracker
+    from stages.registry import StageConfig
+
+
+@dataclass
+class SearchOutcome:
+    """What ``optimize`` prints and tests read."""
+
+    study: Any
+    study_name: str
+    baseline: Baseline
+    pareto: list[Any]
+    table: Table
+    recipes: dict[int, Path]
+    times: SearchTimes
+    cache: str
+    parent_run_id: str | None
+    tracking_uri: str | None
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def study_dir(name: str) -> Path:
+    """``<results>/studies/<study>``: recipes of the Pareto trials."""
+    path = results_dir() / "studies" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class TrialLogger:
+    """Study callback: logs each finished trial to MLflow and moves the progress bar."""
+
+    def __init__(self, search: Search, tracker: Tracker | None, console: Console) -> None:
+        from pipeline.device import describe
+
+        self.search = search
+        self.tracker = tracker
+        self.console = console
+        self.device = describe(search.device)
+        self.progress: Progress | None = None
+        self.task: Any = None
+        self.best = ""
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.log(trial)
+        self._update_best(study)
+        self.console.print(self._line(trial), soft_wrap=True, highlight=False)
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1, best=self.best)
+
+    def log(self, trial: FrozenTrial) -> None:
+        if self.tracker is None:
+            return
+        attrs = trial.user_attrs
+        configs = configs_from_json(attrs.get(ATTR_CONFIGS, {}))
+        params = flatten_node_configs(configs, attrs.get(ATTR_RUNTIME, "?")) if ATTR_CONFIGS in attrs else {}
+        metrics: dict[str, float] = dict(attrs.get(ATTR_METRICS, {}))
+        metrics.update({f"seconds_{k}": v for k, v in attrs.get(ATTR_SECONDS, {}).items()})
+        metrics.update({f"cache_{k}": v for k, v in attrs.get(ATTR_CACHE, {}).items()})
+        tags = {"device": self.device, "pareto": "false", "sampler": self.search.config.sampler,
+                "optuna.trial_number": str(trial.number)}
+        if ATTR_SEED in attrs:
+            tags["seed"] = str(attrs[ATTR_SEED])
+        if ATTR_RECIPE_LINE in attrs:
+            tags["recipe"] = str(attrs[ATTR_RECIPE_LINE])
+        if ATTR_INFEASIBLE in attrs:
+            tags["infeasible_reason"] = str(attrs[ATTR_INFEASIBLE])
+        texts = {}
+        error = attrs.get(ATTR_TRACEBACK) or trial.system_attrs.get("fail_reason")
+        if trial.state.name == "FAIL" and error:
+            texts["traceback.txt"] = str(error)
+            tags["error"] = str(error).strip().splitlines()[-1][:500]
+        start_ms = int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None
+        self.tracker.log_trial(trial.number, trial.state.name, params, metrics, tags, start_ms, texts)
+
+    def _update_best(self, study: optuna.Study) -> None:
+        front = pareto_trials(study)
+        if not front:
+            self.best = "no feasible trial yet"
+            return
+        metric = self.search.spec.metric.name
+        fastest = max(front, key=lambda t: t.user_attrs.get(ATTR_METRICS, {}).get("speedup", 0.0))
+        values = fastest.user_attrs.get(ATTR_METRICS, {})
+        self.best = (f"front {len(front)} | best {values.get('speedup', 0):.2f}x at {metric} "
+                     f"{values.get(metric, float('nan')):.4f} (trial {fastest.number})")
+
+    def _line(self, trial: FrozenTrial) -> str:
+        attrs = trial.user_attrs
+        state = trial.state.name
+        head = f"trial {trial.number:3d} {state:8s}"
+        if state == "COMPLETE":
+            values = attrs.get(ATTR_METRICS, {})
+            metric = self.search.spec.metric.name
+            cache = attrs.get(ATTR_CACHE, {})
+            seconds = attrs.get(ATTR_SECONDS, {}).get("trial", 0.0)
+            return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {values.get('metric_drop', 0):+.4f}) | "
+                    f"{values.get(self.search.objectives.latency_key, 0):.3f} ms ({values.get('speedup', 0):.2f}x) | "
+                    f"{attrs.get(ATTR_RECIPE_LINE, '')} [{seconds:.1f} s, cache {cache.get('hits', 0)} hit(s)]")
+        if state == "PRUNED":
+            return f"{head} infeasible: {attrs.get(ATTR_INFEASIBLE, '?')}"
+        error = str(attrs.get(ATTR_TRACEBACK) or trial.system_attrs.get("fail_reason") or "?")
+        return f"{head} {error.strip().splitlines()[-1][:200]}"
+
+
+def run_search(search: Search, trials: int, timeout: float | None = None,
+               console: Console | None = None) -> SearchOutcome:
+    """Run ``search``'s study up to ``trials`` finished trials, export and log the Pareto front."""
+    from optuna.study import MaxTrialsCallback
+
+    from pipeline.tracking import Tracker
+
+    console = console or Console()
+    wall_start = time.perf_counter()
+    search.runner  # noqa: B018  (load and check the model before any study is created)
+    study = search.open_study()
+    baseline = search.ensure_baseline(study)
+    tracker = Tracker(search.tracking_uri) if search.track else None
+    parent = None
+    if tracker is not None:
+        parent = tracker.open_study(
+            search.spec.name, search.study_name,
+            params={"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
+            tags={"storage": search.storage, "pipeline": search.pipeline.describe()},
+        )
+    logger = TrialLogger(search, tracker, console)
+    done = study.get_trials(deepcopy=False, states=finished_states())
+    for trial in done:  # catch up trials a previous process finished but did not log
+        if tracker is not None and trial.number not in tracker.children:
+            logger.log(trial)
+    remaining = trials - len(done)
+    interrupted = False
+    if remaining > 0:
+        console.print(f"study {search.study_name}: {len(done)} trial(s) done, running {remaining} more "
+                      f"on {logger.device} (runtimes: {', '.join(search.runtimes)})")
+        progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("{task.fields[best]}"), console=console, transient=True)
+        logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, best="")
+        try:
+            with progress:
+                study.optimize(search.objective, n_trials=remaining, timeout=timeout, catch=(Exception,),
+                               callbacks=[logger, MaxTrialsCallback(trials, states=finished_states())])
+        except KeyboardInterrupt:
+            interrupted = True
+            console.print("interrupted: exporting and logging what is done")
+    recipes, notes = finish_study(search, study, tracker, console)
+    search.times.by_category = dict(search.runner.totals)
+    search.times.wall = time.perf_counter() - wall_start
+    rows = pareto_rows(study, search.objectives)
+    total = len(study.get_trials(deepcopy=False, states=finished_states()))
+    title = f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials ({logger.device})"
+    table = pareto_table(rows, search.objectives, title)
+    if tracker is not None:
+        metrics = {"trials": float(total), "pareto_trials": float(len(rows)), "seconds_wall": search.times.wall,
+                   **{f"seconds_{k}": v for k, v in search.times.by_category.items()},
+                   **{f"baseline_{k}": float(v) for k, v in vars(baseline).items() if isinstance(v, int | float)}}
+        tracker.log_study_summary(table_columns(rows, search.objectives),
+                                  {"pareto.png": pareto_figure_png(study, search.objectives, baseline),
+                                   "pareto.html": pareto_figure_html(study, search.objectives, baseline)},
+                                  metrics)
+        tracker.close_study("KILLED" if interrupted else "FINISHED")
+    return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, search.times,
+                         search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
+                         interrupted, notes)
+
+
+def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
+                 console: Console) -> tuple[dict[int, Path], list[str]]:
+    """Export the Pareto trials (unless done before), save their recipes, tag them in MLflow."""
+    front = pareto_trials(study)
+    numbers = {t.number for t in front}
+    notes: list[str] = []
+    if tracker is not None:
+        for number in tracker.children:
+            tracker.set_trial_tags(number, {"pareto": str(number in numbers).lower()})
+    recipes: dict[int, Path] = {}
+    for trial, _repeats in distinct_front(study):
+        folder = study_dir(search.study_name) / f"trial-{trial.number:03d}"
+        recipe_path = folder / "recipe.json"
+        already = export_attr(trial.number) in study.user_attrs and recipe_path.is_file()
+        if already and (tracker is None or tracker.trial_tags(trial.number).get("exported") == "true"):
+            recipes[trial.number] = recipe_path
+            continue
+        recipe = Recipe.from_dict(trial.user_attrs[ATTR_RECIPE])
+        files: dict[str, list[Path]] = {}
+        metrics: dict[str, float] = {}
+        if search.config.exports == "pareto":
+            console.print(f"exporting Pareto trial {trial.number}: {recipe.describe()}")
+            recipe, files, metrics, status = export_trial(search, trial, recipe)
+            study.set_user_attr(export_attr(trial.number), status)
+            notes.extend(f"trial {trial.number} {k}: {v}" for k, v in status.items() if v != "ok")
+        elif export_attr(trial.number) not in study.user_attrs:
+            study.set_user_attr(export_attr(trial.number), {})
+        recipes[trial.number] = recipe.save(recipe_path)
+        if tracker is not None:
+            tracker.log_trial_files(trial.number, {"": [recipe_path], **files})
+            tracker.log_trial_metrics(trial.number, metrics)
+            tracker.set_trial_tags(trial.number, {"exported": "true"})
+    return recipes, notes
+
+
+def export_trial(search: Search, trial: FrozenTrial,
+                 recipe: Recipe) -> tuple[Recipe, dict[str, list[Path]], dict[str, float], dict[str, str]]:
+    """Run each export of ``trial`` on its (cached) model; one failing export does not stop the others."""
+    configs = configs_from_json(trial.user_attrs[ATTR_CONFIGS])
+    runtime = str(trial.user_attrs.get(ATTR_RUNTIME, recipe.runtime))
+    export_nodes = search.pipeline.export_nodes()
+    files: dict[str, list[Path]] = {}
+    metrics: dict[str, float] = {}
+    status: dict[str, str] = {}
+    resolved: list[StageConfig] = []
+    for node in export_nodes:
+        if configs.get(node.name) is None:
+            continue
+        only = {**configs, **{other.name: None for other in export_nodes if other.name != node.name}}
+        try:
+            result = search.runner.run(only, runtime, exports=True, evaluate=False)
+        except InfeasibleConfig as exc:
+            status[node.name] = f"infeasible: {exc.reason}"
+            continue
+        except Exception as exc:  # recorded on the trial's run; the other exports still run
+            status[node.name] = f"failed: {type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            continue
+        export = result.nodes[node.name]
+        status[node.name] = "ok"
+        applied = export.resolved or export.config
+        if applied is not None:
+            resolved.append(applied)
+        entry = search.runner.cache.export_dir / export.key if search.runner.cache.export_dir else Path(".")
+        files[node.name] = sorted(p for p in entry.iterdir() if p.name != "manifest.json")
+        for name, value in (result.export_evaluations.items()):
+            for key, number in (value or {}).items():
+                if isinstance(number, int | float) and not isinstance(number, bool):
+                    metrics[f"{name}.{key}"] = float(number)
+    final = Recipe(stages=(*recipe.model_stages(), *resolved), runtime=recipe.runtime, model=recipe.model,
+                   metadata={**recipe.metadata, "exports": status})
+    return final, files, metrics, status

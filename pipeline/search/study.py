@@ -1,0 +1,261 @@
+"""One study: the trial objective (suggest, run, measure, constrain), the baseline and the seeds."""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from pipeline.errors import ConfigError, InfeasibleConfig, PipelineError
+from pipeline.graph import load_pipeline
+from pipeline.objectives import (
+    ATTR_BASELINE,
+    ATTR_CACHE,
+    ATTR_CONFIGS,
+    ATTR_INFEASIBLE,
+    ATTR_METRICS,
+    ATTR_RECIPE,
+    ATTR_RECIPE_LINE,
+    ATTR_RUNTIME,
+    ATTR_SEARCH,
+    ATTR_SECONDS,
+    ATTR_SEED,
+    ATTR_SEED_RECIPE,
+    ATTR_TRACEBACK,
+    CONSTRAINT_NAME,
+    Baseline,
+    Objectives,
+)
+from pipeline.paths import results_dir
+from pipeline.recipe import configs_to_json
+from pipeline.runner import TIME_CATEGORIES, Runner
+from pipeline.search.config import (
+    LATENCY_BUDGETS,
+    SearchConfig,
+    SeedRecipe,
+    default_storage,
+    finished_states,
+    make_sampler,
+    study_name,
+)
+
+if TYPE_CHECKING:
+    import optuna
+
+    from pipeline.spec import ModelSpec
+    from stages.registry import StageConfig
+
+
+@dataclass
+class SearchTimes:
+    """Where the wall time went (seconds)."""
+
+    wall: float = 0.0
+    by_category: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_CATEGORIES, 0.0))
+
+    @property
+    def work(self) -> float:
+        return sum(self.by_category.values())
+
+    @property
+    def other(self) -> float:
+        return max(0.0, self.wall - self.work)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.by_category.items())
+        share = 100.0 * self.other / self.wall if self.wall else 0.0
+        return f"{self.wall:.1f} s in all: {parts}; search, tracking and I/O {self.other:.1f} s ({share:.1f}%)"
+
+
+class Search:
+    """One study: its objectives, runner, tracker and the trial loop."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device, config: SearchConfig, storage: str | None = None,
+                 tracking_uri: str | None = None, track: bool = True, name: str | None = None) -> None:
+        from pipeline.runtime import available_runtimes
+
+        self.spec = spec
+        self.device = device
+        self.config = config
+        self.pipeline = load_pipeline(config.pipeline)
+        stage_names = {n.name for n in self.pipeline.stage_nodes()}
+        unknown = sorted(set(config.disabled) - stage_names)
+        if unknown:
+            raise ConfigError(f"cannot disable {unknown}: the pipeline's stage nodes are {sorted(stage_names)}")
+        self.objectives = Objectives.create(spec, config.objectives, config.max_drop, config.latency_batch)
+        possible = available_runtimes(device)
+        self.runtimes = [r for r in config.runtimes if r in possible]
+        if not self.runtimes:
+            raise ConfigError(f"none of the runtimes {list(config.runtimes)} runs on {device.type} "
+                              f"(available: {', '.join(possible)})")
+        self.study_name = name or study_name(spec, device, config, self.pipeline)
+        self.storage = storage or default_storage()
+        self.tracking_uri = tracking_uri
+        self.track = track
+        self.times = SearchTimes()
+        self._runner: Runner | None = None
+        self._storage: optuna.storages.BaseStorage | None = None
+        self.baseline: Baseline | None = None
+        #: Seeds enqueued on every run (``--enqueue RECIPE``), after the config's seeds; duplicates skipped.
+        self.extra_seeds: list[SeedRecipe] = []
+
+    # ------------------------------------------------------------------ study
+
+    def storage_backend(self) -> optuna.storages.BaseStorage:
+        """The Optuna storage, opened once (each open of a URL re-checks the schema: seconds)."""
+        import optuna
+
+        if self._storage is None:
+            try:
+                self._storage = optuna.storages.get_storage(self.storage)
+            except Exception as exc:  # a bad URL or an unreachable database
+                raise PipelineError(f"cannot open the Optuna storage {self.storage}: {type(exc).__name__}: {exc}") \
+                    from exc
+        return self._storage
+
+    def study_names(self) -> list[str]:
+        return [s.study_name for s in self.storage_backend().get_all_studies()]
+
+    def open_study(self, create: bool = True) -> optuna.Study:
+        """Create or load the study (``create=False``: it must exist)."""
+        import warnings
+
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = self.storage_backend()
+        exists = self.study_name in self.study_names()
+        if not exists and not create:
+            raise PipelineError(f"no study '{self.study_name}' in {self.storage}")
+        if exists:
+            study = optuna.load_study(study_name=self.study_name, storage=storage)
+            if [d.name.lower() for d in study.directions] != self.objectives.directions():
+                raise ConfigError(f"study '{self.study_name}' optimizes {study.metric_names} "
+                                  f"({[d.name.lower() for d in study.directions]}), not "
+                                  f"{self.objectives.metric_names()}: choose another --study-name")
+        else:
+            study = optuna.create_study(study_name=self.study_name, storage=storage,
+                                        directions=self.objectives.directions())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names(self.objectives.metric_names())
+            study.set_user_attr(ATTR_SEARCH, self.config.model_dump(mode="json"))
+        finished = len(study.get_trials(deepcopy=False, states=finished_states()))
+        study.sampler = make_sampler(self.config, finished)
+        return study
+
+    @property
+    def runner(self) -> Runner:
+        if self._runner is None:
+            from pipeline.cache import NodeCache
+            from pipeline.paths import cache_dir
+
+            quick = self.config.latency_budget == "quick"
+            self._runner = Runner(
+                self.pipeline, self.spec, self.device,
+                cache=NodeCache(self.config.cache_mb * 1024**2, export_dir=cache_dir("exports")),
+                latency=LATENCY_BUDGETS[self.config.latency_budget],
+                batch_sizes=(self.objectives.latency_batch,) if quick else None,
+                work_dir=results_dir() / "work" / self.study_name,
+            )
+        return self._runner
+
+    def ensure_baseline(self, study: optuna.Study) -> Baseline:
+        """The stored baseline, or measure it now, store it and enqueue the baseline and seed trials."""
+        stored = study.user_attrs.get(ATTR_BASELINE)
+        if stored is not None:
+            self.baseline = Baseline(**stored)
+        else:
+            result = self.runner.run({}, "eager", exports=False)
+            self.baseline = self.objectives.baseline_from(result.report, trial=None)
+            study.set_user_attr(ATTR_BASELINE, json.loads(self.baseline.to_json()))
+        if not study.trials:
+            self.enqueue(study, SeedRecipe(name="baseline"))
+            for seed in self.config.seeds:
+                self.enqueue(study, seed)
+        for seed in self.extra_seeds:
+            self.enqueue(study, seed)
+        return self.baseline
+
+    def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
+        """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped
+        (its stages are not in the pipeline or are disabled)."""
+        from stages.registry import config_from_dict
+
+        available = {n.op for n in self.pipeline.stage_nodes() if n.name not in self.config.disabled}
+        if any(raw.get("stage") not in available for raw in seed.stages):
+            return False
+        configs = [config_from_dict(dict(raw)) for raw in seed.stages]  # validates the seed's fields
+        payload = {"runtime": seed.runtime, "stages": [c.to_dict() for c in configs]}
+        if any(t.user_attrs.get(ATTR_SEED_RECIPE) == payload for t in study.get_trials(deepcopy=False)):
+            return False
+        study.enqueue_trial({}, user_attrs={ATTR_SEED: seed.name, ATTR_SEED_RECIPE: payload})
+        return True
+
+    # ------------------------------------------------------------------ one trial
+
+    def choose(self, trial: optuna.Trial) -> tuple[dict[str, StageConfig | None], str]:
+        """Per-node configs and the runtime: from the trial's seed, else each stage's ``suggest``."""
+        from stages.registry import StageContext, config_from_dict
+
+        seed = trial.user_attrs.get(ATTR_SEED_RECIPE)
+        seeded = [config_from_dict(raw) for raw in seed["stages"]] if seed else None
+        ctx = StageContext(spec=self.spec, device=self.device)
+        configs: dict[str, StageConfig | None] = {}
+        upstream: list[StageConfig] = []
+        for node in self.pipeline.stage_nodes():
+            exporting = self.pipeline.kind(node.name) == "export"
+            if node.config is not None:
+                config: StageConfig | None = node.config
+            elif node.name in self.config.disabled:
+                config = None
+            elif seeded is not None and (not exporting or any(c.stage == node.op for c in seeded)):
+                config = next((c for c in seeded if c.stage == node.op), None)
+                if config is not None:
+                    seeded.remove(config)
+            else:
+                ctx.upstream = tuple(upstream)
+                config = self.pipeline.stage(node.name).config_type.suggest(trial, ctx)
+            configs[node.name] = config
+            if config is not None and not exporting:
+                upstream.append(config)
+        if seed:
+            runtime = str(seed["runtime"])
+        elif len(self.runtimes) > 1:
+            runtime = str(trial.suggest_categorical("runtime", self.runtimes))
+        else:
+            runtime = self.runtimes[0]
+        return configs, runtime
+
+    def objective(self, trial: optuna.Trial) -> tuple[float, ...]:
+        import optuna
+
+        if self.baseline is None:
+            raise PipelineError("the baseline must be measured before trials run (call ensure_baseline)")
+        start = time.perf_counter()
+        configs, runtime = self.choose(trial)
+        trial.set_user_attr(ATTR_CONFIGS, configs_to_json(configs))
+        trial.set_user_attr(ATTR_RUNTIME, runtime)
+        try:
+            result = self.runner.run(configs, runtime, exports=self.config.exports == "every_trial")
+        except InfeasibleConfig as exc:
+            trial.set_user_attr(ATTR_INFEASIBLE, exc.reason)
+            raise optuna.TrialPruned(exc.reason) from exc
+        except Exception:
+            trial.set_user_attr(ATTR_TRACEBACK, traceback.format_exc()[-20000:])
+            raise
+        report = result.report
+        exports = {n.name: configs.get(n.name) for n in self.pipeline.export_nodes()}
+        recipe = result.recipe(self.spec.name, deferred_exports=exports,
+                               metadata={"study": self.study_name, "trial": trial.number})
+        trial.set_user_attr(ATTR_RECIPE, recipe.to_dict())
+        trial.set_user_attr(ATTR_RECIPE_LINE, recipe.describe())
+        trial.set_user_attr(ATTR_METRICS, self.objectives.trial_metrics(report, self.baseline))
+        trial.set_user_attr(ATTR_SECONDS, {**result.seconds, "trial": time.perf_counter() - start})
+        trial.set_user_attr(ATTR_CACHE, {"hits": result.cache_hits, "misses": result.cache_misses})
+        trial.set_constraint(CONSTRAINT_NAME, self.objectives.constraint(self.baseline, report.metric_value))
+        return self.objectives.values(report)

@@ -1,0 +1,226 @@
+"""End to end on the digits spec, CPU: `make optimize`, resume, MLflow (store and UI), report, apply.
+
+The study: baseline, the three default seeds, two enqueued recipes (a second trial on the
+prune-0.3 model, to hit the cache, and int4 weight-only quantization, infeasible on a CPU),
+then sampled trials. Quick latency settings, eager runtime, one thread: a few minutes in all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+from torch import nn
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SEARCH_ARGS = "--latency-budget quick --runtimes eager"
+OPTIMIZE_ARGS = f"{SEARCH_ARGS} --threads 1"
+
+
+@dataclass
+class Study:
+    results: Path
+    optimize_output: str = ""
+    resume_output: str = ""
+    trials_after_first: int = 0
+    parents_after_first: tuple[str, ...] = ()
+
+    @property
+    def study(self) -> optuna.Study:
+        storage = f"sqlite:///{self.results / 'optuna.db'}"
+        names = optuna.get_all_study_names(storage)
+        assert len(names) == 1, names
+        return optuna.load_study(study_name=names[0], storage=storage)
+
+    @property
+    def mlflow(self) -> MlflowClient:
+        return MlflowClient(tracking_uri=f"sqlite:///{self.results / 'mlflow.db'}")
+
+    def experiment_id(self) -> str:
+        experiment = self.mlflow.get_experiment_by_name("paretorch/digits")
+        assert experiment is not None
+        return str(experiment.experiment_id)
+
+    def runs(self, role: str) -> list[Any]:
+        return self.mlflow.search_runs([self.experiment_id()], filter_string=f"tags.`paretorch.role` = '{role}'")
+
+
+def run(command: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}:\n{result.stdout[-4000:]}\n" \
+                                   f"{result.stderr[-6000:]}"
+    return result
+
+
+def make(target: str, results: Path, *variables: str) -> subprocess.CompletedProcess[str]:
+    return run(["make", "--no-print-directory", target, "MODEL=digits", f"RESULTS={results}", *variables])
+
+
+def write_recipe(path: Path, stages: list[dict[str, Any]]) -> Path:
+    path.write_text(json.dumps({"format": "paretorch-recipe/1", "model": "digits", "runtime": "eager",
+                                "stages": stages}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory: pytest.TempPathFactory, digits_model: nn.Module, results_dir: Path) -> Study:
+    """`make optimize TRIALS=6`, then `make optimize TRIALS=8` (resume), into one temporary results dir."""
+    results = tmp_path_factory.mktemp("e2e-results")
+    # Reuse the session's trained digits weights instead of training again.
+    shutil.copytree(results_dir / "cache" / "weights", results / "cache" / "weights")
+    recipes = tmp_path_factory.mktemp("e2e-recipes")
+    shared = write_recipe(recipes / "prune-0.3-int8.json", [{"stage": "prune", "ratio": 0.3},
+                                                            {"stage": "quantize", "method": "int8_dynamic"}])
+    infeasible = write_recipe(recipes / "int4-weight-only.json", [{"stage": "quantize", "method": "int4_weight_only"}])
+    args = f"ARGS={OPTIMIZE_ARGS} --enqueue {shared} --enqueue {infeasible}"
+    state = Study(results, optimize_output=make("optimize", results, "TRIALS=6", args).stdout)
+    state.trials_after_first = len(state.study.trials)
+    state.parents_after_first = tuple(r.info.run_id for r in state.runs("study"))
+    state.resume_output = make("optimize", results, "TRIALS=8", args).stdout
+    return state
+
+
+def test_first_run_made_six_trials_baseline_first(optimized: Study) -> None:
+    assert optimized.trials_after_first == 6
+    trials = optimized.study.trials
+    assert trials[0].user_attrs["paretorch.seed"] == "baseline"
+    assert trials[0].state.name == "COMPLETE"
+    assert "Pareto front" in optimized.optimize_output and "speed-up" in optimized.optimize_output
+    assert "search, tracking and I/O" in optimized.optimize_output
+
+
+def test_resume_continues_to_eight_under_the_same_parent(optimized: Study) -> None:
+    assert len(optimized.study.trials) == 8
+    parents = optimized.runs("study")
+    assert tuple(r.info.run_id for r in parents) == optimized.parents_after_first
+    assert "6 trial(s) done, running 2 more" in optimized.resume_output
+
+
+def test_mlflow_children_carry_the_trial_values(optimized: Study) -> None:
+    parent = optimized.runs("study")[0]
+    children = optimized.runs("trial")
+    assert len(children) == 8
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    by_number = {int(r.data.tags["paretorch.trial"]): r for r in children}
+    names = optimized.study.metric_names
+    assert names == ["accuracy", "latency_ms_p50_b1"]
+    for trial in optimized.study.trials:
+        child = by_number[trial.number]
+        assert child.data.tags["state"] == trial.state.name
+        if trial.state.name == "COMPLETE":
+            assert [child.data.metrics[name] for name in names] == trial.values
+            assert child.data.params["runtime"] == "eager"
+            assert "version.torch" in child.data.tags
+
+
+def test_a_pareto_trial_has_coreml_and_onnx_artifacts(optimized: Study) -> None:
+    client = optimized.mlflow
+    pareto = [r for r in optimized.runs("trial") if r.data.tags.get("pareto") == "true"]
+    assert pareto
+    found = []
+    for run_info in pareto:
+        run_id = run_info.info.run_id
+        coreml = [a.path for a in client.list_artifacts(run_id, "export.coreml")]
+        onnx = [a.path for a in client.list_artifacts(run_id, "export.onnx")]
+        root = [a.path for a in client.list_artifacts(run_id)]
+        if any(p.endswith(".mlpackage") for p in coreml) and any(p.endswith(".onnx") for p in onnx):
+            assert "recipe.json" in root
+            found.append(run_id)
+    assert found, "no Pareto trial carries both a .mlpackage and an .onnx artifact"
+    parent = optimized.runs("study")[0].info.run_id
+    assert {"pareto_table.json", "pareto.png", "pareto.html"} <= {a.path for a in client.list_artifacts(parent)}
+
+
+def test_shared_prune_config_hits_the_cache(optimized: Study) -> None:
+    trial = next(t for t in optimized.study.trials if t.user_attrs.get("paretorch.seed") == "prune-0.3-int8")
+    assert trial.state.name == "COMPLETE"
+    assert trial.user_attrs["paretorch.cache"]["hits"] > 0
+
+
+def test_infeasible_config_is_a_pruned_trial_with_its_reason(optimized: Study) -> None:
+    trial = next(t for t in optimized.study.trials if t.user_attrs.get("paretorch.seed") == "int4-weight-only")
+    assert trial.state.name == "PRUNED"
+    reason = trial.user_attrs["paretorch.infeasible"]
+    assert "int4_weight_only cannot run on cpu" in reason
+    child = next(r for r in optimized.runs("trial") if r.data.tags["paretorch.trial"] == str(trial.number))
+    assert child.data.tags["infeasible_reason"] == reason
+
+
+def test_report_prints_the_table_again(optimized: Study) -> None:
+    output = make("report", optimized.results, f"ARGS={SEARCH_ARGS}").stdout
+    assert "Pareto front of digits-cpu-" in output
+    front = optimized.study.best_trials
+    assert all(f"│ {t.number:>5} │" in output for t in front)
+
+
+def test_pareto_recipe_replays_to_the_same_metric(optimized: Study, tmp_path: Path) -> None:
+    study = optimized.study
+    trial = max(study.best_trials, key=lambda t: len(t.user_attrs["paretorch.recipe"]["stages"]))
+    recipe = optimized.results / "studies" / study.study_name / f"trial-{trial.number:03d}" / "recipe.json"
+    assert recipe.is_file()
+    run([sys.executable, "-m", "pipeline", "apply", "--recipe", str(recipe), "--model", "digits",
+                  "--results-dir", str(optimized.results), "--output", str(tmp_path), "--json", "--threads", "1",
+                  "--latency-budget", "quick"])
+    summary = json.loads((tmp_path / "apply.json").read_text())
+    assert summary["metrics"]["accuracy"] == pytest.approx(trial.values[0], abs=1e-9)
+    assert {Path(e["path"]).suffix for e in summary["exports"].values()} == {".mlpackage", ".onnx"}
+    assert all(Path(e["path"]).exists() for e in summary["exports"].values())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_mlflow_ui_answers_a_rest_search(optimized: Study) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        ["make", "--no-print-directory", "ui", f"RESULTS={optimized.results}", f"UI_PORT={port}"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert process.poll() is None, "make ui exited before answering"
+            assert time.monotonic() < deadline, "the MLflow UI did not come up in 240 s"
+            time.sleep(2)
+        body = json.dumps({"experiment_ids": [optimized.experiment_id()],
+                           "filter": "tags.`paretorch.role` = 'trial'", "max_results": 100}).encode()
+        request = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            runs = json.loads(response.read())["runs"]
+        assert len(runs) == 8
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):  # workers that outlived make
+            os.killpg(process.pid, signal.SIGKILL)
