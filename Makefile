@@ -26,6 +26,7 @@ help:
 	@echo "make evaluate MODEL=digits   measure the unoptimized model"
 	@echo "make report MODEL=digits     print the Pareto table of that study again, from storage"
 	@echo "make ui                      MLflow UI over the results (http://127.0.0.1:$(UI_PORT))"
+	@echo "make bench                   baseline vs single techniques vs search; BENCHMARKS.md"
 	@echo "make test                    the test suite"
 	@echo "make lint                    ruff + mypy"
 	@echo "make clean                   remove results and caches (keeps .venv)"
@@ -57,6 +58,13 @@ ui: $(STAMP)
 		--default-artifact-root $(PARETORCH_RESULTS_DIR)/mlartifacts \
 		--artifacts-destination $(PARETORCH_RESULTS_DIR)/mlartifacts \
 		--host 127.0.0.1 --port $(UI_PORT) --workers 1
+
+# Benchmarks: baseline, each single technique, and a search per model; raw JSON in
+# experiments/benchmarks/, tables in BENCHMARKS.md. Objective batch: 32 on CPU, 1 on GPUs.
+BENCH_TRIALS ?= 30
+BENCH_MODELS ?= digits minilm
+bench: $(STAMP)
+	for model in $(BENCH_MODELS); do $(PY) -m experiments.bench --model $$model --device $(DEVICE) --trials $(BENCH_TRIALS) || exit 1; done
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
