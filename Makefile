@@ -19,7 +19,7 @@ TORCH_PIN   := $(shell grep -E '^torch==' constraints.txt)
 export PARETORCH_RESULTS_DIR := $(abspath $(RESULTS))
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup evaluate optimize report ui test lint clean help
+.PHONY: setup evaluate optimize report ui bench test lint clean help
 
 help:
 	@echo "make optimize MODEL=digits   search prune/quantize/AMP/export trade-offs, log to MLflow, print the Pareto table"

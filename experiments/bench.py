@@ -172,7 +172,7 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: float
 
 def _fmt_ratio(base: float | None, value: float | None) -> str:
     if not base or not value or value != value:
-        return "–"
+        return "-"
     return f"{base / value:.2f}x"
 
 
@@ -202,12 +202,12 @@ def render_table(result: dict[str, Any]) -> str:
         if r["kind"] == "search" and best_single:
             note = (note + "; " if note else "") + (
                 f"{_fmt_ratio(best_single['latency_ms_p50'][batch], ms)} vs best single ({best_single['name']})")
-        size = f"{r['size_bytes'] / 1024:.0f} KiB" if r["size_bytes"] else "–"
-        metric = f"{r['metric']:.4f}" if r["metric"] == r["metric"] else "–"
-        drop = f"{r['drop']:+.4f}" if r["drop"] == r["drop"] else "–"
+        size = f"{r['size_bytes'] / 1024:.0f} KiB" if r["size_bytes"] else "-"
+        metric = f"{r['metric']:.4f}" if r["metric"] == r["metric"] else "-"
+        drop = f"{r['drop']:+.4f}" if r["drop"] == r["drop"] else "-"
         lines.append(f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | "
                      f"{ms:.3f} | {_fmt_ratio(base_ms, ms)} | {others} | {size} | {note} |" if ms else
-                     f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | – | – | {others} | {size} | {note} |")
+                     f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | - | - | {others} | {size} | {note} |")
     if result.get("search"):
         s = result["search"]
         lines += ["", f"Search: {s['trials']} trials in {s['search_seconds']:.0f} s; best trial #{s['best_trial']} "

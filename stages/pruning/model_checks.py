@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from pipeline.errors import ConfigError, InfeasibleConfig
 from pipeline.spec import Batch
+from stages.layer_outputs import forward_with_layer_outputs
 
 #: Layers that pruning removes channels from or zeroes weights in.
 WEIGHT_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.modules.conv._ConvNd)
@@ -25,17 +26,8 @@ def find_output_head(model: nn.Module, inputs: Batch) -> str | None:
     last Linear/Conv layer called in forward order is the head. None when the
     model has no such layer.
     """
-    calls: list[tuple[str, Any]] = []
-    handles = []
-    for name, module in model.named_modules():
-        if isinstance(module, WEIGHT_LAYERS):
-            handles.append(module.register_forward_hook(_recorder(name, calls)))
-    try:
-        with torch.no_grad():
-            output = model(*inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, WEIGHT_LAYERS)}
+    output, calls = forward_with_layer_outputs(model, inputs, layers)
     if not calls:
         return None
     first_output = next(iter(tensors_in(output)), None)
@@ -43,13 +35,6 @@ def find_output_head(model: nn.Module, inputs: Batch) -> str | None:
         if layer_output is output or (first_output is not None and layer_output is first_output):
             return name
     return calls[-1][0]
-
-
-def _recorder(name: str, calls: list[tuple[str, Any]]) -> Any:
-    def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
-        calls.append((name, output))
-
-    return hook
 
 
 def protected_modules(model: nn.Module, names: Iterable[str]) -> dict[str, nn.Module]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor, nn
-from torch.utils import _pytree as pytree
 
 from pipeline.spec import Batch
+from stages.layer_outputs import forward_with_layer_outputs, tensor_leaves
 
 #: Layer types that ``torchao.quantization.quantize_`` quantizes.
 LINEAR_TYPES: tuple[type[nn.Module], ...] = (nn.Linear,)
@@ -43,18 +42,9 @@ def output_layer_names(model: nn.Module, inputs: Batch, layer_types: tuple[type[
     Runs one forward with hooks. If no layer output reaches the model output
     unchanged (e.g. ``softmax(head(x))``), the last such layer executed is the head.
     """
-    executed: list[tuple[str, object]] = []
-    handles = []
-    for name, module in model.named_modules():
-        if is_candidate(module, layer_types):
-            handles.append(module.register_forward_hook(lambda _m, _i, out, name=name: executed.append((name, out))))
-    try:
-        with torch.no_grad():
-            output = model(*inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    output_tensors = [leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, Tensor)]
+    layers = {name: m for name, m in model.named_modules() if is_candidate(m, layer_types)}
+    output, executed = forward_with_layer_outputs(model, inputs, layers)
+    output_tensors = tensor_leaves(output)
     heads = {name for name, out in executed if any(out is tensor for tensor in output_tensors)}
     if not heads and executed:
         heads = {executed[-1][0]}

@@ -47,7 +47,7 @@ def test_cpu_capabilities_match_stack_facts() -> None:
     assert caps.cuda_graphs is False and caps.event_timing is False
     assert set(caps.quant_methods) <= set(QUANT_METHODS)
     assert "int8_dynamic" in caps.quant_methods
-    with pytest.raises(InfeasibleConfig, match="float8_dynamic cannot run on cpu: .*8.9"):
+    with pytest.raises(InfeasibleConfig, match=r"float8_dynamic cannot run on cpu: .*8\.9"):
         caps.require_quant("float8_dynamic")
     with pytest.raises(InfeasibleConfig, match="int4_weight_only cannot run on cpu"):
         caps.require_quant("int4_weight_only")

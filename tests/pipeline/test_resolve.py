@@ -116,7 +116,7 @@ def test_callable_returning_wrong_type(spec_file: Path) -> None:
 
 
 def test_missing_module() -> None:
-    with pytest.raises(SpecError, match="module 'no_such_pkg.models' not found"):
+    with pytest.raises(SpecError, match=r"module 'no_such_pkg\.models' not found"):
         resolve_spec("no_such_pkg.models:spec")
 
 
@@ -124,12 +124,12 @@ def test_build_raises() -> None:
     def build() -> nn.Module:
         raise FileNotFoundError("checkpoint.pt")
 
-    with pytest.raises(SpecError, match="building model 'broken' failed: FileNotFoundError: checkpoint.pt"):
+    with pytest.raises(SpecError, match=r"building model 'broken' failed: FileNotFoundError: checkpoint\.pt"):
         load_model(_tiny_spec(build))
 
 
 def test_build_returns_non_module() -> None:
-    with pytest.raises(SpecError, match="build\\(\\) returned a dict, not a torch.nn.Module"):
+    with pytest.raises(SpecError, match=r"build\(\) returned a dict, not a torch\.nn\.Module"):
         load_model(_tiny_spec(lambda: {"weights": 1}))
 
 
