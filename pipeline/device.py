@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 
@@ -23,7 +24,7 @@ DEVICE_CHOICES = ("auto", "mps", "cuda", "cpu")
 AUTO_ORDER = ("mps", "cuda", "cpu")
 
 #: Quantization methods the project knows, by the names used in recipes.
-QUANT_METHODS = (
+QuantMethod = Literal[
     "int8_weight_only",
     "int8_dynamic",
     "int4_weight_only",
@@ -31,7 +32,8 @@ QUANT_METHODS = (
     "float8_weight_only",
     "float8_dynamic",
     "int8_static_pt2e",
-)
+]
+QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
 
 
 @dataclass(frozen=True)
