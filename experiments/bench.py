@@ -208,6 +208,8 @@ def render_table(result: dict[str, Any]) -> str:
         lines.append(f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | "
                      f"{ms:.3f} | {_fmt_ratio(base_ms, ms)} | {others} | {size} | {note} |" if ms else
                      f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | - | - | {others} | {size} | {note} |")
+    if result.get("note"):
+        lines += ["", f"Note: {result['note']}"]
     if result.get("search"):
         s = result["search"]
         lines += ["", f"Search: {s['trials']} trials in {s['search_seconds']:.0f} s; best trial #{s['best_trial']} "
