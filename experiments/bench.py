@@ -66,7 +66,8 @@ def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any],
     dtype = caps.preferred_reduced_dtype()
     if dtype is not None:
         name = str(dtype).removeprefix("torch.")
-        rows.append((f"{name} mixed precision (amp)", [AmpConfig(dtype=name, error_budget=0.01)], "eager"))
+        amp = AmpConfig.model_validate({"dtype": name, "error_budget": 0.01})
+        rows.append((f"{name} mixed precision (amp)", [amp], "eager"))
     rows.append(("structured prune 0.3", [PruneConfig(ratio=0.3)], "eager"))
     runtimes = available_runtimes(device)
     if "compile" in runtimes:

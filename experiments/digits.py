@@ -20,7 +20,8 @@ from torch import Tensor, nn
 from pipeline.paths import cache_dir
 from pipeline.spec import ACCURACY, Batch, LabelledBatch, ModelSpec
 
-SETTINGS = {"seed": 0, "epochs": 40, "batch_size": 64, "lr": 2e-3, "train": 1200, "calibration": 200}
+SETTINGS: dict[str, int] = {"seed": 0, "epochs": 40, "batch_size": 64, "train": 1200, "calibration": 200}
+LEARNING_RATE = 2e-3
 EVAL_BATCH = 128
 
 
@@ -76,7 +77,8 @@ def _batches(split: str, batch_size: int) -> list[LabelledBatch]:
 
 def _weights_path() -> Path:
     source = Path(__file__).read_bytes()
-    digest = hashlib.sha256(source + json.dumps(SETTINGS, sort_keys=True).encode()).hexdigest()[:16]
+    settings = json.dumps({**SETTINGS, "lr": LEARNING_RATE}, sort_keys=True).encode()
+    digest = hashlib.sha256(source + settings).hexdigest()[:16]
     return cache_dir("weights") / f"digits-{digest}.pt"
 
 
@@ -84,7 +86,7 @@ def train() -> nn.Module:
     """Train the CNN from scratch on the train split (deterministic on the CPU)."""
     torch.manual_seed(SETTINGS["seed"])
     model = DigitsCNN()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=SETTINGS["lr"], weight_decay=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=SETTINGS["epochs"])
     images, labels = _splits()["train"]
     generator = torch.Generator().manual_seed(SETTINGS["seed"])
@@ -103,7 +105,7 @@ def train() -> nn.Module:
 def build() -> nn.Module:
     """The trained CNN in eval mode: from the weight cache, or trained once and cached."""
     path = _weights_path()
-    model = DigitsCNN()
+    model: nn.Module = DigitsCNN()
     if path.exists():
         model.load_state_dict(torch.load(path, weights_only=True))
         return model.eval()

@@ -83,7 +83,8 @@ class QuantizeConfig(StageConfig):
         mapping = "symmetric"
         if method in MAPPING_TARGET:
             mapping = trial.suggest_categorical("quantize.mapping", ["symmetric", "asymmetric"])
-        return cls(method=method, group_size=group_size, mapping=mapping)
+        # model_validate: the values come from Optuna as plain str/int; pydantic checks them.
+        return cls.model_validate({"method": method, "group_size": group_size, "mapping": mapping})
 
 
 def _quantize_error(config: QuantizeConfig, what: str, exc: Exception) -> InfeasibleConfig:

@@ -46,7 +46,9 @@ def torchao_config(method: str, group_size: int, mapping: str) -> Any:
         return Int4WeightOnlyConfig(group_size=group_size, **inductor)
     if method == "intx_weight_only":
         return IntxWeightOnlyConfig(
-            weight_dtype=torch.int4, granularity=PerGroup(group_size), mapping_type=mapping_type
+            weight_dtype=torch.int4,  # type: ignore[attr-defined]  # real at runtime, absent from the stubs
+            granularity=PerGroup(group_size),
+            mapping_type=mapping_type,
         )
     if method == "float8_weight_only":
         return Float8WeightOnlyConfig(**inductor)
