@@ -206,7 +206,6 @@ class Runner:
                             upstream=parent.chain, records={}, float_model=float_model)
 
     def _stage(self, name: str, kind: str, config: StageConfig | None, parent: NodeResult) -> NodeResult:
-        from stages.registry import apply_stage
 
         if config is None:
             # Off: pass the input through under its own key (so "off" shares every cache entry).
@@ -221,13 +220,7 @@ class Runner:
         cached = self.cache.get(key, "model")
         if cached is None:
             ctx = self._context(parent, self.work_dir / "stages" / key, with_float_model=False)
-            try:
-                model = apply_stage(parent.value, config, ctx)
-            except InfeasibleConfig as exc:
-                raise _with_node(exc, name) from exc
-            except Exception as exc:
-                exc.add_note(f"while running pipeline node '{name}' ({stage.name}) with {config.describe()}")
-                raise
+            model = _apply_node(name, config, parent, ctx)
             if not isinstance(model, nn.Module):
                 raise TypeError(f"stage '{stage.name}' returned a {type(model).__name__}, not a torch.nn.Module")
             cached = CachedOutput(model, ctx.resolved_config, dict(ctx.records), model_bytes(model))
@@ -241,20 +234,14 @@ class Runner:
                           chain=(*parent.chain, resolved), float_model=float_model, records=cached.records)
 
     def _export(self, name: str, key: str, config: StageConfig, parent: NodeResult) -> NodeResult:
-        from stages.registry import ExportResult, apply_stage
+        from stages.registry import ExportResult
 
         cached = self.cache.get_export(key)
         hit = cached is not None
         if cached is None:
             staging = self.cache.staging_dir(key)
             ctx = self._context(parent, staging, with_float_model=True)
-            try:
-                result = apply_stage(parent.value, config, ctx)
-            except InfeasibleConfig as exc:
-                raise _with_node(exc, name) from exc
-            except Exception as exc:
-                exc.add_note(f"while running pipeline node '{name}' ({config.stage}) with {config.describe()}")
-                raise
+            result = _apply_node(name, config, parent, ctx)
             if not isinstance(result, ExportResult):
                 raise TypeError(f"export stage '{config.stage}' returned a {type(result).__name__}, "
                                 "not an ExportResult")
@@ -289,6 +276,19 @@ def _export_evaluation(result: ExportResult | None) -> dict[str, Any] | None:
         return None
     return {"format": result.format, "size_bytes": result.size_bytes, "validation": result.validation,
             **result.metrics}
+
+
+def _apply_node(name: str, config: StageConfig, parent: NodeResult, ctx: Any) -> Any:
+    """Apply one node's stage; errors say which node and config they came from."""
+    from stages.registry import apply_stage
+
+    try:
+        return apply_stage(parent.value, config, ctx)
+    except InfeasibleConfig as exc:
+        raise _with_node(exc, name) from exc
+    except Exception as exc:
+        exc.add_note(f"while running pipeline node '{name}' ({config.stage}) with {config.describe()}")
+        raise
 
 
 def _with_node(exc: InfeasibleConfig, node: str) -> InfeasibleConfig:

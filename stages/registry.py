@@ -207,9 +207,8 @@ def apply_stage(model: nn.Module, config: StageConfig, ctx: StageContext) -> Any
     return stage.apply(copy.deepcopy(model), config, ctx)
 
 
-def apply(model: nn.Module, config: StageConfig, ctx: StageContext) -> Any:
-    """Scripted reuse of one stage: ``apply(model, PruneConfig(ratio=0.3), ctx)``."""
-    return apply_stage(model, config, ctx)
+#: Scripted reuse of one stage: ``apply(model, PruneConfig(ratio=0.3), ctx)``.
+apply = apply_stage
 
 
 def run_chain(
