@@ -175,6 +175,24 @@ def _mps_capabilities() -> Capabilities:
     )
 
 
+def on_device(tensor: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``tensor`` lives on ``device`` ("cuda" matches "cuda:0"; an index must match)."""
+    return tensor.device.type == device.type and (device.index is None or tensor.device.index == device.index)
+
+
+def move_module(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` on ``device``, moved only when some parameter or buffer is elsewhere.
+
+    ``Module.to`` swaps tensor-subclass parameters (torchao's quantized weights) even
+    when nothing moves, and the swap fails once ``torch.compile`` holds a weak reference
+    to them (a cached model compiled in an earlier trial): skipping the no-op move keeps
+    such a model reusable."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(on_device(t, device) for t in tensors):
+        return model
+    return model.to(device)
+
+
 # --------------------------------------------------------------------------- timing and memory
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import statistics
 import tempfile
 import time
@@ -13,9 +14,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.device import Stopwatch, describe, peak_memory_bytes, reset_peak_memory, synchronize
+from pipeline.device import Stopwatch, describe, move_module, peak_memory_bytes, reset_peak_memory, synchronize
 from pipeline.runtime import is_compiled, prepare_runtime
 from pipeline.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class ModelReport:
     peak_memory_bytes: int
     size_bytes: int
     params: int
-    macs: int
+    macs: int | None  # None: torch's flop counter could not run this model (see count_macs)
     runtime: str
     compile_seconds: float
     device: str
@@ -73,9 +76,10 @@ class ModelReport:
             "peak_memory_bytes": float(self.peak_memory_bytes),
             "size_bytes": float(self.size_bytes),
             "params": float(self.params),
-            "macs": float(self.macs),
             "compile_seconds": self.compile_seconds,
         }
+        if self.macs is not None:
+            metrics["macs"] = float(self.macs)
         for batch, stats in self.latency.items():
             metrics[f"latency_ms_p50_b{batch}"] = stats.p50_ms
             metrics[f"latency_ms_p90_b{batch}"] = stats.p90_ms
@@ -205,11 +209,20 @@ def count_params(model: nn.Module) -> int:
     return sum(t.numel() for t in model.state_dict().values() if isinstance(t, Tensor))
 
 
-def count_macs(model: nn.Module, inputs: Batch) -> int:
-    """Multiply-accumulates of one forward on ``inputs`` (FLOPs / 2, torch's flop counter)."""
+def count_macs(model: nn.Module, inputs: Batch) -> int | None:
+    """Multiply-accumulates of one forward on ``inputs`` (FLOPs / 2, torch's flop counter).
+
+    None, with a logged warning, when the counter cannot run the model: the counter is a
+    dispatch mode, and some operators do not pass through one (torch 2.11's ``out_dtype``,
+    which torchao's int8 matmul uses on CUDA, returns NotImplemented under it). The
+    model's own forward has already run by then, so only the count is lost."""
     counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(*inputs)
+    try:
+        with torch.no_grad(), counter:
+            model(*inputs)
+    except Exception as exc:  # the counter's failure, not the model's: reported, MACs left unknown
+        logger.warning("MACs not counted: torch's flop counter cannot run this model (%s: %s)", type(exc).__name__, exc)
+        return None
     return int(counter.get_total_flops() // 2)
 
 
@@ -225,7 +238,7 @@ def evaluate_model(
     batch_sizes: Sequence[int] | None = None,
 ) -> ModelReport:
     """Measure ``model`` (not modified; moved to ``device``) under ``runtime``."""
-    model = model.to(device).eval()
+    model = move_module(model, device).eval()
     fn = prepare_runtime(model, runtime, device)
     compile_ms = 0.0
     latency: dict[int, LatencyStats] = {}

@@ -40,7 +40,7 @@ def evaluation_table(title: str, report: ModelReport) -> Table:
                   format_bytes(report.peak_memory_bytes))
     table.add_row("serialized size", format_bytes(report.size_bytes))
     table.add_row("parameters", format_count(report.params))
-    table.add_row("MACs (batch 1)", format_count(report.macs))
+    table.add_row("MACs (batch 1)", "not counted (see log)" if report.macs is None else format_count(report.macs))
     table.add_row("runtime", report.runtime)
     if report.compile_seconds:
         table.add_row("compile time (not in latency)", f"{report.compile_seconds:.2f} s")

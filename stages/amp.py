@@ -31,7 +31,7 @@ import torch
 from pydantic import Field, StringConstraints, field_validator
 from torch import nn
 
-from pipeline.device import Capabilities
+from pipeline.device import Capabilities, move_module
 from pipeline.errors import InfeasibleConfig
 from stages.mixed_precision.calibrate import calibrate_policy, run_forward
 from stages.mixed_precision.casting import REDUCED_DTYPES, cast_floating_outputs_to_float32, dtype_name
@@ -115,7 +115,7 @@ def apply(model: nn.Module, config: AmpConfig, ctx: StageContext) -> nn.Module:
     has no layer to reduce, calibration has no batches, or a forward pass fails; a
     ``fp32_layers`` name that is no module of the model is a ``ConfigError``."""
     dtype = reduced_dtype(config, ctx.capabilities)
-    model = model.to(ctx.device).eval()
+    model = move_module(model, ctx.device).eval()
     units = find_precision_units(model, ctx.spec.protected_layers)
     if not units.candidates:
         why = "; ".join(f"{name}: {reason}" for name, reason in units.pinned.items()) or (

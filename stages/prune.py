@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal, Self
 from pydantic import Field, model_validator
 from torch import nn
 
+from pipeline.device import move_module
 from pipeline.evaluate import count_params
 from stages.pruning.model_checks import find_output_head, protected_modules, reference_shapes
 from stages.pruning.structured import prune_structured
@@ -106,7 +107,7 @@ def apply_prune(model: nn.Module, config: PruneConfig, ctx: StageContext) -> nn.
     """
     if config.finetune_steps > 0:
         require_training(ctx.spec, "recovery fine-tuning (finetune_steps > 0)")
-    model = model.to(ctx.device).eval()
+    model = move_module(model, ctx.device).eval()
     inputs = ctx.example_inputs()
     expected_shapes = reference_shapes(model, inputs)
     head_name = find_output_head(model, inputs)

@@ -32,7 +32,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from pipeline.device import QuantMethod
+from pipeline.device import QuantMethod, move_module
 from pipeline.errors import InfeasibleConfig, PipelineError
 from stages.quantization.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, LayerSelection, select_layers
 from stages.quantization.weight_methods import GROUPED_METHODS, MAPPING_TARGET
@@ -118,7 +118,7 @@ def apply(model: nn.Module, config: QuantizeConfig, ctx: StageContext) -> nn.Mod
     if the method has no kernel here, no layer passes the filter, torchao rejects the model,
     or the quantized model's forward fails."""
     ctx.capabilities.require_quant(config.method)
-    model = model.to(ctx.device).eval()
+    model = move_module(model, ctx.device).eval()
     selection = _select(model, config, ctx)
     try:
         if config.method == STATIC_PT2E:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from pipeline.device import move_module
 from pipeline.errors import InfeasibleConfig
 from pipeline.spec import Batch
 from stages.exporters.atomic import artifact_size_bytes, atomic_artifact
@@ -37,7 +38,7 @@ def extra_file_name(key: str) -> str:
 def export_pt2(model: nn.Module, config: PT2ExportConfig, ctx: StageContext) -> ExportResult:
     """Write ``<spec name>.pt2`` (``torch.export.save``) and check that it reloads and matches."""
     output_dir = ctx.require_output_dir()
-    model = model.to(ctx.device).eval()
+    model = move_module(model, ctx.device).eval()
     inputs = ctx.example_inputs(EXAMPLE_BATCH)
     dynamic_shapes = None
     if config.dynamic_batch:

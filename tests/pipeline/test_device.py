@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
+from torch import nn
 
 from pipeline.device import (
     QUANT_METHODS,
     Stopwatch,
     available_kinds,
     capabilities,
+    move_module,
+    on_device,
     peak_memory_bytes,
     reset_peak_memory,
     resolve_device,
@@ -71,3 +76,23 @@ def test_peak_memory_sees_a_large_allocation() -> None:
     after = peak_memory_bytes(device)
     assert after - before >= 48 * 1024 * 1024
     del block
+
+
+def test_move_module_skips_a_no_op_move_of_weakly_referenced_subclass_weights() -> None:
+    # A torchao-quantized model that torch.compile has seen holds weak references to its
+    # weights; Module.to would try to swap them even on the same device, and fail.
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    model = nn.Sequential(nn.Linear(64, 64))
+    quantize_(model, Int8WeightOnlyConfig())
+    held = weakref.ref(model[0].weight)
+    with pytest.raises(RuntimeError, match="swap"):
+        model.to("cpu")  # what move_module avoids
+    assert move_module(model, torch.device("cpu")) is model
+    assert held() is model[0].weight
+
+
+def test_move_module_moves_when_a_tensor_is_elsewhere() -> None:
+    meta = torch.device("meta")  # the one other device every machine has
+    moved = move_module(nn.Linear(2, 2), meta)
+    assert on_device(moved.weight, meta) and not on_device(moved.weight, torch.device("cpu"))

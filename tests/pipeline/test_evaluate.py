@@ -29,6 +29,23 @@ def test_macs_of_known_layers_are_exact() -> None:
     assert count_macs(conv, (torch.randn(1, 3, 16, 16),)) == 8 * 16 * 16 * 27
 
 
+class _FailsUnderDispatchMode(nn.Linear):
+    """Stands in for an operator that does not pass through a dispatch mode (torchao's
+    int8 matmul on CUDA under torch's flop counter): runs alone, fails under the counter."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.utils._python_dispatch._get_current_dispatch_mode() is not None:
+            raise TypeError("unsupported operand type(s) for *: 'NotImplementedType' and 'Tensor'")
+        return super().forward(x)
+
+
+def test_macs_unknown_when_the_flop_counter_cannot_run_the_model(caplog: pytest.LogCaptureFixture) -> None:
+    model, inputs = _FailsUnderDispatchMode(4, 2), (torch.randn(1, 4),)
+    model(*inputs)  # the model itself runs
+    assert count_macs(model, inputs) is None
+    assert "MACs not counted" in caplog.text and "NotImplementedType" in caplog.text
+
+
 def test_params_counted() -> None:
     assert count_params(nn.Linear(10, 20)) == 10 * 20 + 20
 
