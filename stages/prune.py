@@ -103,7 +103,8 @@ def apply_prune(model: nn.Module, config: PruneConfig, ctx: StageContext) -> nn.
 
     Records ``prune.params_before`` / ``prune.params_after`` (and, for
     unstructured pruning, ``prune.sparsity`` over the pruned layers; for Taylor
-    importance, ``prune.taylor_loss``: which loss gave the gradients).
+    importance, ``prune.taylor_loss``: which loss gave the gradients; when attention
+    heads were pruned, ``prune.attention_heads``: {attention module: heads left}).
     """
     if config.finetune_steps > 0:
         require_training(ctx.spec, "recovery fine-tuning (finetune_steps > 0)")

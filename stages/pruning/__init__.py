@@ -6,6 +6,8 @@
   Taylor importance needs.
 * :mod:`stages.pruning.structured`: channel pruning with torch-pruning's
   dependency graph.
+* :mod:`stages.pruning.attention`: which projections hold attention heads, so
+  that structured pruning removes whole heads.
 * :mod:`stages.pruning.unstructured`: weight pruning with ``torch.nn.utils.prune``.
 """
 

@@ -4,7 +4,8 @@ The dependency graph groups every layer whose channels must shrink together
 (a residual sum ties the widths of both branches and of every layer reading
 it), so a traced model stays consistent. The output head keeps its output
 channels; protected layers keep every weight (no group that touches them is
-pruned, neither their outputs nor their inputs).
+pruned, neither their outputs nor their inputs). Attention projections lose
+whole heads, never channels inside a head (:mod:`stages.pruning.attention`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 
 from pipeline.errors import InfeasibleConfig
 from pipeline.spec import Batch
+from stages.pruning.attention import attention_heads, sync_head_counts
 from stages.pruning.model_checks import check_pruned_forward
 from stages.pruning.training import clear_gradients, split_steps, taylor_gradients
 
@@ -64,6 +66,7 @@ def prune_structured(
     ):
         raise InfeasibleConfig("bn_scale importance needs BatchNorm layers (their scale factors), the model has none")
     ignored = [m for m in (head, *protected) if m is not None]
+    heads = attention_heads(model)
     try:
         pruner = tp.pruner.BasePruner(
             model,
@@ -73,6 +76,11 @@ def prune_structured(
             pruning_ratio=config.ratio,
             iterative_steps=config.iterative_steps,
             ignored_layers=ignored,
+            # attention: remove whole heads (same ratio), never channels inside a head
+            num_heads=heads,
+            prune_num_heads=bool(heads),
+            prune_head_dims=False,
+            head_pruning_ratio=config.ratio if heads else 0.0,
         )
     except Exception as exc:  # torch-pruning could not trace this graph
         raise InfeasibleConfig(
@@ -94,6 +102,8 @@ def prune_structured(
             raise InfeasibleConfig(f"{what}: torch-pruning failed: {type(exc).__name__}: {exc}") from exc
         finally:
             clear_gradients(model)
+        if heads:
+            ctx.record("prune.attention_heads", sync_head_counts(model, pruner.num_heads))
         check_pruned_forward(model, inputs, expected_shapes, what)
         finetune(finetune_steps)
 

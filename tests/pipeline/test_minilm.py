@@ -114,3 +114,23 @@ def test_targets_are_cached_on_disk(minilm: tuple[ModelSpec, nn.Module], results
     inputs = [batch for batch, _ in spec.evaluation()]
     cached = reference_embeddings(inputs)
     assert all(torch.equal(a, b) for a, (_, b) in zip(cached, spec.evaluation(), strict=True))
+
+
+def test_structured_pruning_removes_whole_attention_heads(minilm: tuple[ModelSpec, nn.Module]) -> None:
+    from stages.prune import PruneConfig
+    from stages.registry import StageContext, apply_stage
+
+    spec, model = minilm
+    ctx = StageContext(spec=spec, device=CPU)
+    pruned = apply_stage(model, PruneConfig(method="structured", ratio=0.3), ctx)
+    attentions = [m for m in pruned.modules() if type(m).__name__ == "BertSelfAttention"]
+    assert len(attentions) == 6
+    for attention in attentions:
+        # 12 heads of 32: ceil(0.3 * 12) = 4 removed, from query, key and value alike
+        assert attention.num_attention_heads == 8
+        assert attention.query.out_features == attention.key.out_features == attention.value.out_features == 8 * 32
+        assert attention.attention_head_size == 32
+    assert set(ctx.records["prune.attention_heads"].values()) == {8}
+    assert ctx.records["prune.params_after"] < ctx.records["prune.params_before"]
+    with torch.inference_mode():
+        assert pruned(*spec.example_inputs(2)).shape == (2, 384)  # the embedding width is kept
