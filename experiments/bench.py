@@ -7,7 +7,9 @@ For one model spec on one device this measures, under identical latency settings
   (the AMP stage: bf16 or fp16 from the capability table), structured prune 0.3,
   torch.compile, and compile with CUDA graphs where the device has them;
 * the best recipe a search of N trials finds within the allowed metric drop,
-  re-measured here like every other row (search-time numbers are not reused).
+  re-measured here like every other row (search-time numbers are not reused);
+* the baseline once more at the end, to show how far the machine drifted
+  (a discarded warm-up pass precedes the first row).
 
 Raw numbers go to ``experiments/benchmarks/<model>-<device>.json``; every JSON
 there is rendered into ``BENCHMARKS.md``. Run::
@@ -137,6 +139,10 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: float
     batch_sizes = tuple(dict.fromkeys((*spec.latency_batch_sizes, batch)))
     rows: list[Row] = []
     baseline_metric: float | None = None
+    # The first measurement of a process can run slow (lazy initialization, clocks
+    # ramping up): one discarded pass of the baseline, so the baseline row is not it.
+    print(f"[bench] {spec.name}: warm-up (fp32 eager, discarded)", file=sys.stderr, flush=True)
+    measure_recipe(spec, device, [], "eager", batch_sizes)
     for name, configs, runtime in single_technique_recipes(device):
         print(f"[bench] {spec.name}: {name}", file=sys.stderr, flush=True)
         try:
@@ -159,12 +165,15 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: float
         report = measure_recipe(spec, device, configs, runtime, batch_sizes)
         rows.append(row_from_report(f"search best ({trials} trials)", "search", describe_chain(configs, runtime),
                                     report, baseline_metric, spec))
+    # The baseline again, last: how much the machine drifted over the run.
+    recheck = measure_recipe(spec, device, [], "eager", batch_sizes)
     return {
         "model": spec.name, "metric": spec.metric.name, "device": describe(device), "device_kind": device.type,
         "objective_batch": batch, "max_drop": max_drop, "latency_settings": asdict(BENCH_LATENCY),
         "torch": torch.__version__, "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "search": search_info,
         "rows": [asdict(r) for r in rows],
+        "baseline_recheck_ms_p50": {str(b): stats.p50_ms for b, stats in recheck.latency.items()},
     }
 
 
@@ -209,6 +218,10 @@ def render_table(result: dict[str, Any]) -> str:
         lines.append(f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | "
                      f"{ms:.3f} | {_fmt_ratio(base_ms, ms)} | {others} | {size} | {note} |" if ms else
                      f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | - | - | {others} | {size} | {note} |")
+    recheck = result.get("baseline_recheck_ms_p50", {}).get(batch)
+    if recheck and base_ms:
+        lines += ["", f"Drift: fp32 eager measured again after the search: {recheck:.3f} ms at batch {batch} "
+                  f"(first: {base_ms:.3f} ms); speed-ups use the first."]
     if result.get("note"):
         lines += ["", f"Note: {result['note']}"]
     if result.get("search"):
