@@ -15,7 +15,9 @@ come back as float32; integer inputs are never cast. The casts are forward hooks
 bound with ``functools.partial``, so the model survives ``copy.deepcopy``,
 ``torch.compile`` and ``torch.export.export``; the module names do not change.
 
-Records: ``amp.sensitivity`` ({layer: error with that layer alone reduced}),
+Records: ``amp.calibration`` ("measured", or "reused": the sensitivities of an earlier
+calibration of the same input model and dtype in this process, see ``CALIBRATIONS``),
+``amp.sensitivity`` ({layer: error with that layer alone reduced}),
 ``amp.output_error`` (the chosen policy's error), ``amp.steps`` ([layers kept in
 float32, error] per measurement); when they apply, ``amp.groups`` (sibling layers
 switched together because one alone breaks the forward pass, e.g. the query / key /
@@ -33,7 +35,7 @@ from torch import nn
 
 from pipeline.device import Capabilities, move_module
 from pipeline.errors import InfeasibleConfig
-from stages.mixed_precision.calibrate import calibrate_policy, run_forward
+from stages.mixed_precision.calibrate import RankingMemo, calibrate_policy, run_forward
 from stages.mixed_precision.casting import REDUCED_DTYPES, cast_floating_outputs_to_float32, dtype_name
 from stages.mixed_precision.switch import PrecisionSwitch
 from stages.mixed_precision.units import find_precision_units, output_units
@@ -45,6 +47,10 @@ if TYPE_CHECKING:
 LayerName = Annotated[str, StringConstraints(min_length=1, strip_whitespace=True)]
 #: Probe batch size for the forward that finds the output layers and checks the result.
 PROBE_BATCH = 2
+#: Sensitivity rankings of this process's calibrations: a search's trials that calibrate
+#: the same input model in the same dtype with another error budget reuse them (only
+#: greedy steps not measured before are measured). Keyed by :func:`_ranking_key`.
+CALIBRATIONS = RankingMemo()
 
 
 class AmpConfig(StageConfig):
@@ -132,7 +138,12 @@ def apply(model: nn.Module, config: AmpConfig, ctx: StageContext) -> nn.Module:
         batches = ctx.calibration_batches
         if not batches:
             raise InfeasibleConfig("amp: calibration needs batches; the spec's calibration() gave none")
-        result = calibrate_policy(switch, batches, config.error_budget)
+        key = _ranking_key(ctx, dtype)
+        known = CALIBRATIONS.get(key) if key is not None else None
+        result = calibrate_policy(switch, batches, config.error_budget, known)
+        if key is not None:
+            CALIBRATIONS.put(key, result.ranking)
+        ctx.record("amp.calibration", "reused" if known is not None else "measured")
         ctx.record("amp.sensitivity", result.sensitivity)
         ctx.record("amp.output_error", result.output_error)
         ctx.record("amp.steps", [list(step) for step in result.steps])
@@ -149,6 +160,14 @@ def apply(model: nn.Module, config: AmpConfig, ctx: StageContext) -> nn.Module:
     resolved = {"dtype": dtype_name(dtype), "error_budget": config.error_budget, "fp32_layers": switch.fp32_units()}
     ctx.resolve(AmpConfig.model_validate(resolved))
     return model
+
+
+def _ranking_key(ctx: StageContext, dtype: torch.dtype) -> tuple[str, ...] | None:
+    """What a calibration ranking depends on: the input model (by content key), the
+    dtype, the spec (its calibration batches and protected layers) and the device kind."""
+    if ctx.input_key is None:
+        return None
+    return (ctx.input_key, dtype_name(dtype), ctx.spec.name, ctx.device.type)
 
 
 def _ensure_float32_outputs(model: nn.Module, probe: tuple[torch.Tensor, ...]) -> None:

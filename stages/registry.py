@@ -87,6 +87,9 @@ class StageContext:
     #: and ONNX convert before mirroring the recipe's compression. None: same as
     #: the model handed to the stage.
     float_model: nn.Module | None = None
+    #: Content key of the input model (the runner's cache key: same key, same model),
+    #: so a stage may reuse work it did on that model before. None: unknown (scripted use).
+    input_key: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.device, str):  # scripted use: StageContext(spec, "cpu")

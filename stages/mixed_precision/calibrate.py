@@ -14,7 +14,8 @@ norm of the float32 outputs. A non-finite output gives ``inf``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -38,21 +39,72 @@ class PolicyForwardError(InfeasibleConfig):
     """The model's forward pass failed under some precision policy."""
 
 
+@dataclass
+class SensitivityRanking:
+    """What calibration learns about one model, reduced dtype and set of calibration
+    batches, whatever the error budget: reusable by a later calibration of the same
+    model with another budget (:class:`RankingMemo`)."""
+
+    #: The switchable groups in module order: single units, or siblings that must share a
+    #: dtype because one alone broke the forward pass (e.g. the query, key and value
+    #: projections that feed one attention op).
+    groups: list[tuple[str, ...]]
+    #: Whole-model error with each candidate's group alone reduced (group members share it).
+    sensitivity: dict[str, float]
+    #: Units that break the forward pass in the reduced dtype even with their siblings: float32.
+    unreducible: dict[str, str]
+    #: Whole-model error over all batches with the ``k`` most sensitive groups moved back
+    #: to float32, for each ``k`` measured so far.
+    errors: dict[int, float] = field(default_factory=dict)
+
+    def ranked(self) -> list[tuple[str, ...]]:
+        """The groups, most sensitive first; module order breaks ties (deterministic)."""
+        order = sorted(range(len(self.groups)), key=lambda i: (-_sortable(self.sensitivity[self.groups[i][0]]), i))
+        return [self.groups[i] for i in order]
+
+
+class RankingMemo:
+    """The last ``capacity`` rankings by key (least recently used dropped first)."""
+
+    def __init__(self, capacity: int = 32) -> None:
+        self.capacity = capacity
+        self._rankings: OrderedDict[Hashable, SensitivityRanking] = OrderedDict()
+
+    def get(self, key: Hashable) -> SensitivityRanking | None:
+        ranking = self._rankings.get(key)
+        if ranking is not None:
+            self._rankings.move_to_end(key)
+        return ranking
+
+    def put(self, key: Hashable, ranking: SensitivityRanking) -> None:
+        self._rankings[key] = ranking
+        self._rankings.move_to_end(key)
+        while len(self._rankings) > self.capacity:
+            self._rankings.popitem(last=False)
+
+
 @dataclass(frozen=True)
 class CalibrationResult:
     """The chosen policy and how it was found."""
 
     fp32_units: tuple[str, ...]
     output_error: float
-    #: Whole-model error with each candidate's group alone reduced (group members share it).
-    sensitivity: dict[str, float]
-    #: Units switched together because one alone broke the forward pass (e.g. the query,
-    #: key and value projections that feed one attention op must share a dtype).
-    groups: list[tuple[str, ...]] = field(default_factory=list)
-    #: Units that break the forward pass in the reduced dtype even with their siblings: float32.
-    unreducible: dict[str, str] = field(default_factory=dict)
-    #: ``(number of units moved back to float32, whole-model error)`` per measurement.
+    ranking: SensitivityRanking
+    #: ``(number of units moved back to float32, whole-model error)`` per step of the greedy phase.
     steps: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def sensitivity(self) -> dict[str, float]:
+        return self.ranking.sensitivity
+
+    @property
+    def groups(self) -> list[tuple[str, ...]]:
+        """The groups of more than one unit, in module order."""
+        return [group for group in self.ranking.groups if len(group) > 1]
+
+    @property
+    def unreducible(self) -> dict[str, str]:
+        return self.ranking.unreducible
 
 
 def run_forward(model: nn.Module, batch: Batch, what: str) -> list[Tensor]:
@@ -98,7 +150,9 @@ def relative_output_error(
     return num / den
 
 
-def calibrate_policy(switch: PrecisionSwitch, batches: Sequence[Batch], error_budget: float) -> CalibrationResult:
+def calibrate_policy(
+    switch: PrecisionSwitch, batches: Sequence[Batch], error_budget: float, known: SensitivityRanking | None = None
+) -> CalibrationResult:
     """Measure every candidate's sensitivity (whole-model error with that unit alone
     reduced; on the first batches only past :data:`SENSITIVITY_PASSES`), then start from
     every candidate reduced and move the most sensitive back to float32 until the
@@ -107,42 +161,48 @@ def calibrate_policy(switch: PrecisionSwitch, batches: Sequence[Batch], error_bu
     A unit whose forward breaks when it alone is reduced is tried together with the
     sibling units (same parent module) that follow it, one more at a time, until the
     forward runs; that group is then switched as one. If no such group runs, the unit
-    stays float32. Leaves ``switch.model`` in the chosen
-    policy (the one last measured)."""
-    switch.set_reduced(())
-    reference = reference_outputs(switch.model, batches)
+    stays float32. Leaves ``switch.model`` in the chosen policy.
+
+    ``known``: the ranking of an earlier calibration of the same model, dtype and batches:
+    its sensitivities and already measured greedy steps are reused (only steps it lacks
+    are measured, and added to it), with the same result as calibrating afresh."""
+    reference: list[list[Tensor]] = []
 
     def measure(reduced: Sequence[str], what: str, batch_count: int = len(batches)) -> float:
+        if not reference:
+            switch.set_reduced(())
+            reference.extend(reference_outputs(switch.model, batches))
         switch.set_reduced(reduced)
         return relative_output_error(switch.model, batches[:batch_count], reference[:batch_count], what)
 
-    candidates = switch.units.candidates
-    ranking_batches = max(1, min(len(batches), len(batches) * SENSITIVITY_PASSES // max(1, len(candidates))))
+    ranking = known
+    if ranking is None:
+        candidates = switch.units.candidates
+        ranking_batches = max(1, min(len(batches), len(batches) * SENSITIVITY_PASSES // max(1, len(candidates))))
 
-    def measure_for_ranking(reduced: Sequence[str], what: str) -> float:
-        return measure(reduced, what, ranking_batches)
+        def measure_for_ranking(reduced: Sequence[str], what: str) -> float:
+            return measure(reduced, what, ranking_batches)
 
-    groups, sensitivity, unreducible = _group_sensitivities(candidates, measure_for_ranking)
-    # Most sensitive first; module order breaks ties, so the result is deterministic.
-    order = sorted(range(len(groups)), key=lambda index: (-_sortable(sensitivity[groups[index][0]]), index))
-    ranked = [groups[index] for index in order]
+        ranking = SensitivityRanking(*_group_sensitivities(candidates, measure_for_ranking))
+    ranked = ranking.ranked()
+
+    def error_with(moved: int) -> float:
+        if moved not in ranking.errors:
+            kept = len(_flatten(ranked[:moved]))
+            what = f"with {kept} layers kept in float32" if moved else "with every layer reduced"
+            ranking.errors[moved] = measure(_flatten(ranked[moved:]), what)
+        return ranking.errors[moved]
+
     step = max(1, math.ceil(len(ranked) / MAX_MOVES))
     moved = 0
-    error = measure(_flatten(ranked), "with every layer reduced")
+    error = error_with(0)
     steps = [(0, error)]
     while error > error_budget and moved < len(ranked):
         moved = min(len(ranked), moved + step)
-        kept = _flatten(ranked[:moved])
-        error = measure(_flatten(ranked[moved:]), f"with {len(kept)} layers kept in float32")
-        steps.append((len(kept), error))
-    return CalibrationResult(
-        fp32_units=switch.fp32_units(),
-        output_error=error,
-        sensitivity=sensitivity,
-        groups=[group for group in groups if len(group) > 1],
-        unreducible=unreducible,
-        steps=steps,
-    )
+        error = error_with(moved)
+        steps.append((len(_flatten(ranked[:moved])), error))
+    switch.set_reduced(_flatten(ranked[moved:]))
+    return CalibrationResult(fp32_units=switch.fp32_units(), output_error=error, ranking=ranking, steps=steps)
 
 
 def _group_sensitivities(

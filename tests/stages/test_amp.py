@@ -185,6 +185,43 @@ def test_replay_gives_identical_outputs_without_calibrating(bf16_tight: Calibrat
             assert torch.equal(replay.model(*inputs), bf16_tight.model(*inputs))
 
 
+def test_another_budget_on_the_same_input_model_reuses_the_calibration(
+    digits_spec: ModelSpec, digits_model: nn.Module, bf16_loose: Calibrated
+) -> None:
+    source = copy.deepcopy(digits_model)
+    forwards: list[int] = []
+    source.register_forward_hook(lambda *_: forwards.append(1))  # kept by the stage's copies
+    key = f"test-input-{id(source)}"  # the runner passes its cache key of the input model
+    first = StageContext(spec=digits_spec, device=CPU, input_key=key)
+    apply(source, AmpConfig(dtype="bfloat16", error_budget=TIGHT), first)
+    calibrating = len(forwards)
+    forwards.clear()
+    second = StageContext(spec=digits_spec, device=CPU, input_key=key)
+    apply(source, AmpConfig(dtype="bfloat16", error_budget=LOOSE), second)
+    assert (first.records["amp.calibration"], second.records["amp.calibration"]) == ("measured", "reused")
+    # The same policy, steps and sensitivities as calibrating afresh (bf16_loose has no key) ...
+    assert second.resolved_config == bf16_loose.resolved
+    assert second.records["amp.steps"] == bf16_loose.ctx.records["amp.steps"]
+    assert second.records["amp.sensitivity"] == bf16_loose.ctx.records["amp.sensitivity"]
+    # ... with no calibration forward at all: the tight budget measured every step the
+    # loose one needs (what is left: the stage's probe forwards).
+    assert len(forwards) <= 3 < calibrating
+
+
+def test_a_tighter_budget_measures_only_the_missing_steps(
+    digits_spec: ModelSpec, digits_model: nn.Module, bf16_tight: Calibrated
+) -> None:
+    key = f"test-input-{id(bf16_tight)}"
+    loose = StageContext(spec=digits_spec, device=CPU, input_key=key)
+    apply(digits_model, AmpConfig(dtype="bfloat16", error_budget=LOOSE), loose)
+    tight = StageContext(spec=digits_spec, device=CPU, input_key=key)
+    apply(digits_model, AmpConfig(dtype="bfloat16", error_budget=TIGHT), tight)
+    assert tight.records["amp.calibration"] == "reused"
+    assert len(tight.records["amp.steps"]) > len(loose.records["amp.steps"])  # steps were added
+    assert tight.resolved_config == bf16_tight.resolved
+    assert tight.records["amp.steps"] == bf16_tight.ctx.records["amp.steps"]
+
+
 def test_replay_accepts_containers_and_rejects_unknown_layers(bf16_loose: Calibrated) -> None:
     replay = _calibrate(bf16_loose.spec, bf16_loose.source, AmpConfig(dtype="bfloat16", fp32_layers=("classifier",)))
     assert replay.resolved.fp32_layers == ("classifier.1", "classifier.3")
