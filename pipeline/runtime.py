@@ -48,10 +48,38 @@ def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Cal
 
     inductor_config.freezing = True
     mode = "reduce-overhead" if runtime == "compile_cudagraphs" else None
-    compiled: Callable[..., Tensor] = torch.compile(model, mode=mode, dynamic=False)
+    compiled: Callable[..., Tensor] = known_limits_infeasible(torch.compile(model, mode=mode, dynamic=False), runtime)
     if runtime == "compile_cudagraphs":
         return _graph_steps(compiled)
     return compiled
+
+
+#: Errors of compiled code that are a known limit of a kernel, not a bug: (message
+#: fragment, what it means for the user). Raised as :class:`InfeasibleConfig`.
+KNOWN_COMPILED_LIMITS = (
+    (
+        "needs to be greater than 16",
+        "torchao's int8 dynamic matmul compiles to torch._int_mm, which on CUDA needs more than 16 rows "
+        "(batch x sequence) per matmul and this input has fewer: run int8_dynamic in eager, use a larger "
+        "batch, or int8_weight_only",
+    ),
+)
+
+
+def known_limits_infeasible(fn: Callable[..., Tensor], runtime: str) -> Callable[..., Tensor]:
+    """``fn`` whose errors matching :data:`KNOWN_COMPILED_LIMITS` become infeasible configs
+    with the known reason (other errors pass through unchanged)."""
+
+    def run(*inputs: Tensor) -> Tensor:
+        try:
+            return fn(*inputs)
+        except RuntimeError as exc:
+            for fragment, reason in KNOWN_COMPILED_LIMITS:
+                if fragment in str(exc):
+                    raise InfeasibleConfig(f"runtime {runtime}: {reason} ({str(exc).splitlines()[0]})") from exc
+            raise
+
+    return run
 
 
 def _graph_steps(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:

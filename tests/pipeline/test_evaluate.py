@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.errors import InfeasibleConfig
 from pipeline.evaluate import (
     STATE_DICT_FILENAME,
     LatencySettings,
@@ -17,6 +18,7 @@ from pipeline.evaluate import (
     measure_latency,
     serialized_size_bytes,
 )
+from pipeline.runtime import known_limits_infeasible
 from pipeline.spec import ModelSpec
 
 QUICK = LatencySettings(warmup_runs=1, min_runs=5, min_seconds=0.0)
@@ -89,3 +91,19 @@ def test_digits_evaluation_report(digits_model: nn.Module, digits_spec: ModelSpe
 def test_unknown_runtime_is_rejected(digits_model: nn.Module, digits_spec: ModelSpec) -> None:
     with pytest.raises(ValueError, match="unknown runtime 'jit'"):
         evaluate_model(digits_model, digits_spec, torch.device("cpu"), runtime="jit", settings=QUICK)
+
+
+def test_a_known_kernel_limit_of_compiled_code_is_infeasible_with_what_to_do() -> None:
+    def small_int_mm(*_: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("self.size(0) needs to be greater than 16, but got 1")
+
+    with pytest.raises(InfeasibleConfig, match=r"runtime compile: .*int8_dynamic in eager.*greater than 16"):
+        known_limits_infeasible(small_int_mm, "compile")(torch.zeros(1))
+
+
+def test_other_errors_of_compiled_code_pass_through_unchanged() -> None:
+    def broken(*_: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match=r"^a bug$"):
+        known_limits_infeasible(broken, "compile")(torch.zeros(1))
