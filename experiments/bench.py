@@ -210,7 +210,10 @@ def render_table(result: dict[str, Any]) -> str:
         others = ", ".join(f"b{b}: {v:.3f}" for b, v in r["latency_ms_p50"].items() if b != batch)
         note = r["note"]
         if r["kind"] == "search" and best_single:
+            same = next((s["name"] for s in rows if s["kind"] == "single" and s["recipe"] == r["recipe"]), None)
             note = (note + "; " if note else "") + (
+                f"the same recipe as the '{same}' row: the search found nothing faster, and the ratio between "
+                "the two rows is measurement spread" if same else
                 f"{_fmt_ratio(best_single['latency_ms_p50'][batch], ms)} vs best single ({best_single['name']})")
         size = f"{r['size_bytes'] / 1024:.0f} KiB" if r["size_bytes"] else "-"
         metric = f"{r['metric']:.4f}" if r["metric"] == r["metric"] else "-"

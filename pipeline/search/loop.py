@@ -185,7 +185,8 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
         try:
             with progress:
                 study.optimize(search.objective, n_trials=remaining, timeout=timeout, catch=(Exception,),
-                               callbacks=[logger, MaxTrialsCallback(trials, states=finished_states())])
+                               callbacks=[logger, search.sweep_runtimes,
+                                          MaxTrialsCallback(trials, states=finished_states())])
         except KeyboardInterrupt:
             interrupted = True
             console.print("interrupted: exporting and logging what is done")

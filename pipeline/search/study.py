@@ -6,6 +6,7 @@ import json
 import time
 import traceback
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,7 +46,9 @@ from pipeline.search.config import (
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
+    from pipeline.recipe import Recipe
     from pipeline.spec import ModelSpec
     from stages.registry import StageConfig
 
@@ -196,6 +199,46 @@ class Search:
         study.enqueue_trial({}, user_attrs={ATTR_SEED: seed.name, ATTR_SEED_RECIPE: payload})
         return True
 
+    def sweep_runtimes(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """When ``trial`` is the fastest trial within the allowed drop so far, enqueue its
+        resolved recipe under each runtime not yet tried with the same stages (a calibrated
+        AMP policy replays, with no calibration). A study callback.
+
+        The runtime barely interacts with the stages, yet a sampler needs many trials to
+        pair the best stages with the best runtime: with MiniLM on one CPU core, a
+        30-trial TPE search never tried its best stages (bf16 AMP) under torch.compile."""
+        from optuna.trial import TrialState
+
+        from pipeline.recipe import Recipe
+
+        latency = self._feasible_latency(trial)
+        if latency is None or len(self.runtimes) < 2 or ATTR_RECIPE not in trial.user_attrs:
+            return
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if any((faster := self._feasible_latency(t)) is not None and faster < latency for t in done):
+            return
+        recipe = Recipe.from_dict(trial.user_attrs[ATTR_RECIPE])
+        stages = _model_stages_key(recipe)
+        tried = {recipe.runtime}
+        for other in study.get_trials(deepcopy=False):
+            if ATTR_RECIPE in other.user_attrs:
+                other_recipe = Recipe.from_dict(other.user_attrs[ATTR_RECIPE])
+                if _model_stages_key(other_recipe) == stages:
+                    tried.add(other_recipe.runtime)
+        seed = partial(SeedRecipe, name=f"runtime-sweep-of-trial-{trial.number}",
+                       stages=tuple(c.to_dict() for c in recipe.model_stages()))
+        for runtime in self.runtimes:
+            if runtime not in tried:
+                self.enqueue(study, seed(runtime=runtime))
+
+    def _feasible_latency(self, trial: FrozenTrial) -> float | None:
+        """The trial's objective latency if it completed within the allowed drop, else None."""
+        metrics = trial.user_attrs.get(ATTR_METRICS, {})
+        if trial.state.name != "COMPLETE" or metrics.get("metric_drop", float("inf")) > self.config.max_drop:
+            return None
+        latency = metrics.get(self.objectives.latency_key)
+        return float(latency) if latency is not None else None
+
     # ------------------------------------------------------------------ one trial
 
     def choose(self, trial: optuna.Trial) -> tuple[dict[str, StageConfig | None], str]:
@@ -259,3 +302,8 @@ class Search:
         trial.set_user_attr(ATTR_CACHE, {"hits": result.cache_hits, "misses": result.cache_misses})
         trial.set_constraint(CONSTRAINT_NAME, self.objectives.constraint(self.baseline, report.metric_value))
         return self.objectives.values(report)
+
+
+def _model_stages_key(recipe: Recipe) -> str:
+    """The recipe's resolved model stages as one comparable string (runtime and exports left out)."""
+    return json.dumps([c.to_dict() for c in recipe.model_stages()], sort_keys=True, default=str)

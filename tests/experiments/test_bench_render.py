@@ -34,3 +34,11 @@ def test_speed_ups_and_the_search_against_the_best_single_within_the_drop() -> N
 def test_the_baseline_re_measured_last_is_shown_beside_the_first() -> None:
     table = render_table(_result(baseline_recheck_ms_p50={"1": 3.5, "32": 35.0}))
     assert "measured again after the search: 3.500 ms at batch 1 (first: 4.000 ms)" in table
+
+
+def test_a_search_that_lands_on_a_single_technique_says_so() -> None:
+    result = _result()
+    result["rows"][-1]["recipe"] = "compile"  # the search's best is the compile row's recipe
+    table = render_table(result)
+    assert "the same recipe as the 'compile' row: the search found nothing faster" in table
+    assert "vs best single" not in table

@@ -173,3 +173,24 @@ def test_enqueued_recipe_runs_once(searched: Search, residual_spec: ModelSpec) -
     assert again.enqueue(study, seed) is True
     assert again.enqueue(study, seed) is False
     assert again.enqueue(study, SeedRecipe(name="no-amp-here", stages=({"stage": "amp"},))) is False
+
+
+def test_the_fastest_feasible_recipe_is_tried_under_the_other_runtimes(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    config = SearchConfig.load(None, pipeline="default", sampler="random", runtimes=("eager", "compile"),
+                               latency_budget="quick", exports="none", disabled=("amp",), seeds=[])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+                    track=False)
+    trials = run_search(search, trials=3).study.trials
+    # The baseline (eager) is the first fastest feasible trial: its recipe runs next under compile.
+    assert trials[1].user_attrs[ATTR_SEED] == "runtime-sweep-of-trial-0"
+    first_sweep = Recipe.from_dict(trials[1].user_attrs[ATTR_RECIPE])
+    assert (first_sweep.runtime, first_sweep.model_stages()) == ("compile", ())
+    # No (model stages, runtime) pair runs twice through a sweep, whichever trial leads afterwards.
+    recipes = [Recipe.from_dict(t.user_attrs[ATTR_RECIPE]) for t in trials if ATTR_RECIPE in t.user_attrs]
+    pairs = [(str(r.model_stages()), r.runtime) for r in recipes]
+    swept = [(str(r.model_stages()), r.runtime) for t, r in
+             ((t, Recipe.from_dict(t.user_attrs[ATTR_RECIPE])) for t in trials if ATTR_RECIPE in t.user_attrs)
+             if t.user_attrs.get(ATTR_SEED, "").startswith("runtime-sweep")]
+    assert swept and all(pairs.count(pair) == 1 for pair in swept)
