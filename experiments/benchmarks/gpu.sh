@@ -27,7 +27,7 @@ start)
   ;;
 wait)
   end=$((SECONDS + ${1:-500}))
-  while pgrep -f experiments.bench > /dev/null && [ $SECONDS -lt $end ]; do sleep 10; done
+  while pgrep -f "^python3 -m experiments.bench" > /dev/null && [ $SECONDS -lt $end ]; do sleep 10; done
   for f in "$LOGS"/*.log; do echo "== $f"; grep -v "Failed to load\|^W1\|warn" "$f" | tail -8; done
   ;;
 collect)
