@@ -32,7 +32,7 @@ from pipeline.objectives import (
     Objectives,
 )
 from pipeline.paths import results_dir
-from pipeline.recipe import configs_to_json
+from pipeline.recipe import Recipe, configs_to_json
 from pipeline.runner import TIME_CATEGORIES, Runner
 from pipeline.search.config import (
     LATENCY_BUDGETS,
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from pipeline.recipe import Recipe
     from pipeline.spec import ModelSpec
     from stages.registry import StageConfig
 
@@ -208,8 +207,6 @@ class Search:
         pair the best stages with the best runtime: with MiniLM on one CPU core, a
         30-trial TPE search never tried its best stages (bf16 AMP) under torch.compile."""
         from optuna.trial import TrialState
-
-        from pipeline.recipe import Recipe
 
         latency = self._feasible_latency(trial)
         if latency is None or len(self.runtimes) < 2 or ATTR_RECIPE not in trial.user_attrs:
