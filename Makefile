@@ -28,7 +28,7 @@ help:
 	@echo "make ui                      MLflow UI over the results (http://127.0.0.1:$(UI_PORT))"
 	@echo "make bench                   baseline vs single techniques vs search; BENCHMARKS.md"
 	@echo "make test                    the test suite"
-	@echo "make lint                    ruff + mypy"
+	@echo "make lint                    ruff + import-linter layer contracts + mypy"
 	@echo "make clean                   remove results and caches (keeps .venv)"
 
 setup: $(STAMP)
@@ -59,7 +59,7 @@ ui: $(STAMP)
 		--host 127.0.0.1 --port $(UI_PORT) --workers 1
 
 # Benchmarks: baseline, each single technique, and a search per model; raw JSON in
-# experiments/benchmarks/, tables in BENCHMARKS.md. Objective batch: 32 on CPU, 1 on GPUs.
+# experiments/bench/results/, tables in BENCHMARKS.md. Objective batch: 32 on CPU, 1 on GPUs.
 BENCH_TRIALS ?= 30
 BENCH_MODELS ?= digits minilm
 bench: $(STAMP)
@@ -70,6 +70,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline stages experiments tests
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy pipeline stages experiments
 
 clean:

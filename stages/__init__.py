@@ -1,32 +1,8 @@
-"""Pipeline stages. Importing this package registers every built-in stage."""
+"""The built-in stages, one package each: :mod:`stages.prune`, :mod:`stages.quantize`,
+:mod:`stages.amp` and :mod:`stages.export` (Core ML, ONNX, ``.pt2``), plus helpers they
+share in :mod:`stages.common`.
 
-from __future__ import annotations
-
-from stages.registry import (
-    ExportResult,
-    StageConfig,
-    StageContext,
-    apply,
-    apply_stage,
-    config_from_dict,
-    get_stage,
-    register_stage,
-    registered_stages,
-    run_chain,
-)
-
-__all__ = [
-    "ExportResult",
-    "StageConfig",
-    "StageContext",
-    "apply",
-    "apply_stage",
-    "config_from_dict",
-    "get_stage",
-    "register_stage",
-    "registered_stages",
-    "run_chain",
-]
-
-# Importing the built-in stages registers them (order is the default pipeline order).
-from stages import amp, export, prune, quantize  # noqa: F401  (registration side effect)
+Every stage module ends with ``STAGE = Stage(...)`` (see :mod:`pipeline.core.stage`) and
+is declared once in ``pyproject.toml`` under ``[project.entry-points."paretorch.stages"]``;
+the registry finds it there. Importing this package registers nothing.
+"""

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from pipeline.paths import RESULTS_ENV_VAR
-from pipeline.spec import ACCURACY, ModelSpec
+from pipeline.core.paths import RESULTS_ENV_VAR
+from pipeline.core.spec import ACCURACY, ModelSpec
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,7 +29,7 @@ def results_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def digits_spec(results_dir: Path) -> ModelSpec:
-    from experiments.digits import spec
+    from experiments.models.digits import spec
 
     return spec()
 
@@ -37,7 +37,7 @@ def digits_spec(results_dir: Path) -> ModelSpec:
 @pytest.fixture(scope="session")
 def digits_model(digits_spec: ModelSpec) -> nn.Module:
     """The trained digits CNN (trained once per session, then cached). Do not mutate."""
-    from pipeline.resolve import load_model
+    from pipeline.core.spec import load_model
 
     return load_model(digits_spec)
 

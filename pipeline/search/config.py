@@ -1,4 +1,4 @@
-"""The search config (``experiments/search.yaml`` + CLI overrides), the study's name, storage and sampler."""
+"""The search config (``experiments/configs/search.yaml`` + CLI overrides), the study's name, storage and sampler."""
 
 from __future__ import annotations
 
@@ -8,19 +8,23 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+import optuna
 import torch
+import yaml
+from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.errors import ConfigError
-from pipeline.evaluate import LatencySettings
-from pipeline.graph import Pipeline
-from pipeline.objectives import ObjectiveName
-from pipeline.paths import results_dir
+from pipeline.core.errors import ConfigError
+from pipeline.core.evaluate import LatencySettings
+from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
+from pipeline.core.stage import format_validation_error
+from pipeline.engine.graph import Pipeline
+from pipeline.search.objectives import ObjectiveName
 
 if TYPE_CHECKING:
     import optuna
 
-    from pipeline.spec import ModelSpec
+    from pipeline.core.spec import ModelSpec
 
 #: Latency measurement effort per trial: quick measures only the objective batch size.
 LATENCY_BUDGETS: dict[str, LatencySettings] = {
@@ -29,7 +33,6 @@ LATENCY_BUDGETS: dict[str, LatencySettings] = {
     "normal": LatencySettings(warmup_runs=5, min_runs=20, min_seconds=0.3),
     "thorough": LatencySettings(warmup_runs=10, min_runs=50, min_seconds=1.0),
 }
-DEFAULT_SEARCH_CONFIG = Path(__file__).resolve().parents[2] / "experiments" / "search.yaml"
 
 
 class SeedRecipe(BaseModel):
@@ -42,7 +45,7 @@ class SeedRecipe(BaseModel):
 
 
 class SearchConfig(BaseModel):
-    """What is searched and how (``experiments/search.yaml``; CLI flags override fields)."""
+    """What is searched and how (``experiments/configs/search.yaml``; CLI flags override fields)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     pipeline: str = "default"
@@ -63,10 +66,7 @@ class SearchConfig(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> SearchConfig:
-        """Read a YAML search config (default ``experiments/search.yaml``) and apply overrides (None = keep)."""
-        import yaml
-
-        from stages.registry import format_validation_error
+        """Read a YAML search config (default ``experiments/configs/search.yaml``) and apply overrides (None = keep)."""
 
         source = Path(path) if path else DEFAULT_SEARCH_CONFIG
         data: dict[str, Any] = {}
@@ -100,16 +100,12 @@ def default_storage() -> str:
 
 
 def finished_states() -> tuple[Any, ...]:
-    from optuna.trial import TrialState
-
     return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
 def make_sampler(config: SearchConfig, finished: int) -> optuna.samplers.BaseSampler:
     """The sampler; its seed moves with the number of finished trials so a resumed
     study does not replay the first run's random start-up trials."""
-    import optuna
-
     seed = config.seed + finished
     if config.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)

@@ -6,26 +6,26 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import optuna
+from optuna.study import MaxTrialsCallback
+from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from pipeline.errors import InfeasibleConfig
-from pipeline.objectives import (
-    ATTR_CACHE,
-    ATTR_CONFIGS,
-    ATTR_INFEASIBLE,
+from pipeline.core.device import describe
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.paths import results_dir
+from pipeline.core.stage import StageConfig
+from pipeline.engine.recipe import Recipe
+from pipeline.search.config import finished_states
+from pipeline.search.objectives import (
     ATTR_METRICS,
-    ATTR_RECIPE,
-    ATTR_RECIPE_LINE,
-    ATTR_RUNTIME,
-    ATTR_SECONDS,
-    ATTR_SEED,
-    ATTR_TRACEBACK,
     Baseline,
 )
-from pipeline.pareto import (
+from pipeline.search.pareto import (
     distinct_front,
     export_attr,
     pareto_figure_html,
@@ -35,18 +35,9 @@ from pipeline.pareto import (
     pareto_trials,
     table_columns,
 )
-from pipeline.paths import results_dir
-from pipeline.recipe import Recipe, configs_from_json, flatten_node_configs
-from pipeline.search.config import finished_states
+from pipeline.search.record import TrialRecord
 from pipeline.search.study import Search, SearchTimes
-
-if TYPE_CHECKING:
-    import optuna
-    from optuna.trial import FrozenTrial
-    from rich.table import Table
-
-    from pipeline.tracking import Tracker
-    from stages.registry import StageConfig
+from pipeline.tracking.tracker import Tracker
 
 
 @dataclass
@@ -78,8 +69,6 @@ class TrialLogger:
     """Study callback: logs each finished trial to MLflow and moves the progress bar."""
 
     def __init__(self, search: Search, tracker: Tracker | None, console: Console) -> None:
-        from pipeline.device import describe
-
         self.search = search
         self.tracker = tracker
         self.console = console
@@ -96,29 +85,13 @@ class TrialLogger:
             self.progress.update(self.task, advance=1, best=self.best)
 
     def log(self, trial: FrozenTrial) -> None:
+        """Write the trial's child run from its record, in one call (params = the resolved recipe)."""
         if self.tracker is None:
             return
-        attrs = trial.user_attrs
-        configs = configs_from_json(attrs.get(ATTR_CONFIGS, {}))
-        params = flatten_node_configs(configs, attrs.get(ATTR_RUNTIME, "?")) if ATTR_CONFIGS in attrs else {}
-        metrics: dict[str, float] = dict(attrs.get(ATTR_METRICS, {}))
-        metrics.update({f"seconds_{k}": v for k, v in attrs.get(ATTR_SECONDS, {}).items()})
-        metrics.update({f"cache_{k}": v for k, v in attrs.get(ATTR_CACHE, {}).items()})
-        tags = {"device": self.device, "pareto": "false", "sampler": self.search.config.sampler,
-                "optuna.trial_number": str(trial.number)}
-        if ATTR_SEED in attrs:
-            tags["seed"] = str(attrs[ATTR_SEED])
-        if ATTR_RECIPE_LINE in attrs:
-            tags["recipe"] = str(attrs[ATTR_RECIPE_LINE])
-        if ATTR_INFEASIBLE in attrs:
-            tags["infeasible_reason"] = str(attrs[ATTR_INFEASIBLE])
-        texts = {}
-        error = attrs.get(ATTR_TRACEBACK) or trial.system_attrs.get("fail_reason")
-        if trial.state.name == "FAIL" and error:
-            texts["traceback.txt"] = str(error)
-            tags["error"] = str(error).strip().splitlines()[-1][:500]
-        start_ms = int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None
-        self.tracker.log_trial(trial.number, trial.state.name, params, metrics, tags, start_ms, texts)
+        record = self.search.record(trial)
+        common = {"device": self.device, "sampler": self.search.config.sampler}
+        self.tracker.log_trial(record.number, record.state, record.params(), record.tracking_metrics(),
+                               record.tracking_tags(common), record.start_ms, record.texts())
 
     def _update_best(self, study: optuna.Study) -> None:
         front = pareto_trials(study)
@@ -132,29 +105,23 @@ class TrialLogger:
                      f"{values.get(metric, float('nan')):.4f} (trial {fastest.number})")
 
     def _line(self, trial: FrozenTrial) -> str:
-        attrs = trial.user_attrs
-        state = trial.state.name
-        head = f"trial {trial.number:3d} {state:8s}"
-        if state == "COMPLETE":
-            values = attrs.get(ATTR_METRICS, {})
+        record = self.search.record(trial)
+        head = f"trial {trial.number:3d} {record.state:8s}"
+        if record.state == "COMPLETE":
+            values = record.metrics
             metric = self.search.spec.metric.name
-            cache = attrs.get(ATTR_CACHE, {})
-            seconds = attrs.get(ATTR_SECONDS, {}).get("trial", 0.0)
+            line = record.recipe.describe() if record.recipe else ""
             return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {values.get('metric_drop', 0):+.4f}) | "
                     f"{values.get(self.search.objectives.latency_key, 0):.3f} ms ({values.get('speedup', 0):.2f}x) | "
-                    f"{attrs.get(ATTR_RECIPE_LINE, '')} [{seconds:.1f} s, cache {cache.get('hits', 0)} hit(s)]")
-        if state == "PRUNED":
-            return f"{head} infeasible: {attrs.get(ATTR_INFEASIBLE, '?')}"
-        error = str(attrs.get(ATTR_TRACEBACK) or trial.system_attrs.get("fail_reason") or "?")
-        return f"{head} {error.strip().splitlines()[-1][:200]}"
+                    f"{line} [{record.seconds.get('trial', 0.0):.1f} s, cache {record.cache.get('hits', 0)} hit(s)]")
+        if record.state == "PRUNED":
+            return f"{head} infeasible: {record.infeasible or '?'}"
+        return f"{head} {(record.error or '?').strip().splitlines()[-1][:200]}"
 
 
 def run_search(search: Search, trials: int, timeout: float | None = None,
                console: Console | None = None) -> SearchOutcome:
     """Run ``search``'s study up to ``trials`` finished trials, export and log the Pareto front."""
-    from optuna.study import MaxTrialsCallback
-
-    from pipeline.tracking import Tracker
 
     console = console or Console()
     wall_start = time.perf_counter()
@@ -228,12 +195,15 @@ def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
         if already and (tracker is None or tracker.trial_tags(trial.number).get("exported") == "true"):
             recipes[trial.number] = recipe_path
             continue
-        recipe = Recipe.from_dict(trial.user_attrs[ATTR_RECIPE])
+        record = search.record(trial)
+        if record.recipe is None:
+            continue
+        recipe = record.recipe
         files: dict[str, list[Path]] = {}
         metrics: dict[str, float] = {}
         if search.config.exports == "pareto":
             console.print(f"exporting Pareto trial {trial.number}: {recipe.describe()}")
-            recipe, files, metrics, status = export_trial(search, trial, recipe)
+            recipe, files, metrics, status = export_trial(search, record)
             study.set_user_attr(export_attr(trial.number), status)
             notes.extend(f"trial {trial.number} {k}: {v}" for k, v in status.items() if v != "ok")
         elif export_attr(trial.number) not in study.user_attrs:
@@ -246,11 +216,12 @@ def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
     return recipes, notes
 
 
-def export_trial(search: Search, trial: FrozenTrial,
-                 recipe: Recipe) -> tuple[Recipe, dict[str, list[Path]], dict[str, float], dict[str, str]]:
-    """Run each export of ``trial`` on its (cached) model; one failing export does not stop the others."""
-    configs = configs_from_json(trial.user_attrs[ATTR_CONFIGS])
-    runtime = str(trial.user_attrs.get(ATTR_RUNTIME, recipe.runtime))
+def export_trial(search: Search,
+                 record: TrialRecord) -> tuple[Recipe, dict[str, list[Path]], dict[str, float], dict[str, str]]:
+    """Run each export of a complete trial on its (cached) model; one failing export does not stop the others."""
+    if record.recipe is None:
+        raise ValueError(f"trial {record.number} has no recipe: only complete trials export")
+    recipe, configs, runtime = record.recipe, record.configs, record.runtime
     export_nodes = search.pipeline.export_nodes()
     files: dict[str, list[Path]] = {}
     metrics: dict[str, float] = {}

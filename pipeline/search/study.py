@@ -5,35 +5,22 @@ from __future__ import annotations
 import json
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
 
+import optuna
 import torch
+from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.errors import ConfigError, InfeasibleConfig, PipelineError
-from pipeline.graph import load_pipeline
-from pipeline.objectives import (
-    ATTR_BASELINE,
-    ATTR_CACHE,
-    ATTR_CONFIGS,
-    ATTR_INFEASIBLE,
-    ATTR_METRICS,
-    ATTR_RECIPE,
-    ATTR_RECIPE_LINE,
-    ATTR_RUNTIME,
-    ATTR_SEARCH,
-    ATTR_SECONDS,
-    ATTR_SEED,
-    ATTR_SEED_RECIPE,
-    ATTR_TRACEBACK,
-    CONSTRAINT_NAME,
-    Baseline,
-    Objectives,
-)
-from pipeline.paths import results_dir
-from pipeline.recipe import Recipe, configs_to_json
-from pipeline.runner import TIME_CATEGORIES, Runner
+from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
+from pipeline.core.paths import cache_dir, results_dir
+from pipeline.core.runtime import available_runtimes
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import StageConfig, StageContext, config_from_dict
+from pipeline.engine.cache import NodeCache
+from pipeline.engine.graph import load_pipeline
+from pipeline.engine.runner import TIME_CATEGORIES, Runner
 from pipeline.search.config import (
     LATENCY_BUDGETS,
     SearchConfig,
@@ -43,13 +30,16 @@ from pipeline.search.config import (
     make_sampler,
     study_name,
 )
-
-if TYPE_CHECKING:
-    import optuna
-    from optuna.trial import FrozenTrial
-
-    from pipeline.spec import ModelSpec
-    from stages.registry import StageConfig
+from pipeline.search.objectives import (
+    ATTR_BASELINE,
+    ATTR_SEARCH,
+    ATTR_SEED,
+    ATTR_SEED_RECIPE,
+    CONSTRAINT_NAME,
+    Baseline,
+    Objectives,
+)
+from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
 
 
 @dataclass
@@ -78,8 +68,6 @@ class Search:
 
     def __init__(self, spec: ModelSpec, device: torch.device, config: SearchConfig, storage: str | None = None,
                  tracking_uri: str | None = None, track: bool = True, name: str | None = None) -> None:
-        from pipeline.runtime import available_runtimes
-
         self.spec = spec
         self.device = device
         self.config = config
@@ -102,6 +90,9 @@ class Search:
         self._runner: Runner | None = None
         self._storage: optuna.storages.BaseStorage | None = None
         self.baseline: Baseline | None = None
+        #: Records of the trials this process ran, by number (see :meth:`record`).
+        self.records: dict[int, TrialRecord] = {}
+        self._sweep: RuntimeSweepIndex | None = None
         #: Seeds enqueued on every run (``--enqueue RECIPE``), after the config's seeds; duplicates skipped.
         self.extra_seeds: list[SeedRecipe] = []
 
@@ -109,8 +100,6 @@ class Search:
 
     def storage_backend(self) -> optuna.storages.BaseStorage:
         """The Optuna storage, opened once (each open of a URL re-checks the schema: seconds)."""
-        import optuna
-
         if self._storage is None:
             try:
                 self._storage = optuna.storages.get_storage(self.storage)
@@ -124,9 +113,6 @@ class Search:
 
     def open_study(self, create: bool = True) -> optuna.Study:
         """Create or load the study (``create=False``: it must exist)."""
-        import warnings
-
-        import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = self.storage_backend()
@@ -153,9 +139,6 @@ class Search:
     @property
     def runner(self) -> Runner:
         if self._runner is None:
-            from pipeline.cache import NodeCache
-            from pipeline.paths import cache_dir
-
             quick = self.config.latency_budget == "quick"
             self._runner = Runner(
                 self.pipeline, self.spec, self.device,
@@ -186,8 +169,6 @@ class Search:
     def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
         """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped
         (its stages are not in the pipeline or are disabled)."""
-        from stages.registry import config_from_dict
-
         available = {n.op for n in self.pipeline.stage_nodes() if n.name not in self.config.disabled}
         if any(raw.get("stage") not in available for raw in seed.stages):
             return False
@@ -205,43 +186,40 @@ class Search:
 
         The runtime barely interacts with the stages, yet a sampler needs many trials to
         pair the best stages with the best runtime: with MiniLM on one CPU core, a
-        30-trial TPE search never tried its best stages (bf16 AMP) under torch.compile."""
-        from optuna.trial import TrialState
-
-        latency = self._feasible_latency(trial)
-        if latency is None or len(self.runtimes) < 2 or ATTR_RECIPE not in trial.user_attrs:
+        30-trial TPE search never tried its best stages (bf16 AMP) under torch.compile.
+        The sweep keeps its own index (stages -> runtimes tried, fastest feasible latency),
+        updated once per trial, so it does not re-read the study."""
+        index = self._sweep_index(study)
+        record = self.record(trial)
+        latency = index.add(record, self._feasible_latency(record))
+        if latency is None or latency > index.fastest or len(self.runtimes) < 2 or record.recipe is None:
             return
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if any((faster := self._feasible_latency(t)) is not None and faster < latency for t in done):
-            return
-        recipe = Recipe.from_dict(trial.user_attrs[ATTR_RECIPE])
-        stages = _model_stages_key(recipe)
-        tried = {recipe.runtime}
-        for other in study.get_trials(deepcopy=False):
-            if ATTR_RECIPE in other.user_attrs:
-                other_recipe = Recipe.from_dict(other.user_attrs[ATTR_RECIPE])
-                if _model_stages_key(other_recipe) == stages:
-                    tried.add(other_recipe.runtime)
+        tried = index.runtimes.get(record.stages_key or "", set())
         seed = partial(SeedRecipe, name=f"runtime-sweep-of-trial-{trial.number}",
-                       stages=tuple(c.to_dict() for c in recipe.model_stages()))
+                       stages=tuple(c.to_dict() for c in record.recipe.model_stages()))
         for runtime in self.runtimes:
             if runtime not in tried:
                 self.enqueue(study, seed(runtime=runtime))
 
-    def _feasible_latency(self, trial: FrozenTrial) -> float | None:
+    def _sweep_index(self, study: optuna.Study) -> RuntimeSweepIndex:
+        if self._sweep is None:
+            self._sweep = RuntimeSweepIndex()
+            for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                record = self.record(done)
+                self._sweep.add(record, self._feasible_latency(record))
+        return self._sweep
+
+    def _feasible_latency(self, record: TrialRecord) -> float | None:
         """The trial's objective latency if it completed within the allowed drop, else None."""
-        metrics = trial.user_attrs.get(ATTR_METRICS, {})
-        if trial.state.name != "COMPLETE" or metrics.get("metric_drop", float("inf")) > self.config.max_drop:
+        if record.state != COMPLETE or record.metrics.get("metric_drop", float("inf")) > self.config.max_drop:
             return None
-        latency = metrics.get(self.objectives.latency_key)
+        latency = record.metrics.get(self.objectives.latency_key)
         return float(latency) if latency is not None else None
 
     # ------------------------------------------------------------------ one trial
 
     def choose(self, trial: optuna.Trial) -> tuple[dict[str, StageConfig | None], str]:
         """Per-node configs and the runtime: from the trial's seed, else each stage's ``suggest``."""
-        from stages.registry import StageContext, config_from_dict
-
         seed = trial.user_attrs.get(ATTR_SEED_RECIPE)
         seeded = [config_from_dict(raw) for raw in seed["stages"]] if seed else None
         ctx = StageContext(spec=self.spec, device=self.device)
@@ -272,35 +250,60 @@ class Search:
         return configs, runtime
 
     def objective(self, trial: optuna.Trial) -> tuple[float, ...]:
-        import optuna
-
+        """Run one trial; its :class:`TrialRecord` is kept in :attr:`records` and written to Optuna."""
         if self.baseline is None:
             raise PipelineError("the baseline must be measured before trials run (call ensure_baseline)")
         start = time.perf_counter()
         configs, runtime = self.choose(trial)
-        trial.set_user_attr(ATTR_CONFIGS, configs_to_json(configs))
-        trial.set_user_attr(ATTR_RUNTIME, runtime)
+        record = partial(TrialRecord, number=trial.number, runtime=runtime, configs=configs,
+                         seed=trial.user_attrs.get(ATTR_SEED),
+                         start_ms=int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None)
         try:
             result = self.runner.run(configs, runtime, exports=self.config.exports == "every_trial")
         except InfeasibleConfig as exc:
-            trial.set_user_attr(ATTR_INFEASIBLE, exc.reason)
+            self._store(trial, record(state=PRUNED, infeasible=exc.reason))
             raise optuna.TrialPruned(exc.reason) from exc
         except Exception:
-            trial.set_user_attr(ATTR_TRACEBACK, traceback.format_exc()[-20000:])
+            self._store(trial, record(state=FAIL, error=traceback.format_exc()))
             raise
         report = result.report
         exports = {n.name: configs.get(n.name) for n in self.pipeline.export_nodes()}
         recipe = result.recipe(self.spec.name, deferred_exports=exports,
                                metadata={"study": self.study_name, "trial": trial.number})
-        trial.set_user_attr(ATTR_RECIPE, recipe.to_dict())
-        trial.set_user_attr(ATTR_RECIPE_LINE, recipe.describe())
-        trial.set_user_attr(ATTR_METRICS, self.objectives.trial_metrics(report, self.baseline))
-        trial.set_user_attr(ATTR_SECONDS, {**result.seconds, "trial": time.perf_counter() - start})
-        trial.set_user_attr(ATTR_CACHE, {"hits": result.cache_hits, "misses": result.cache_misses})
+        self._store(trial, record(
+            state=COMPLETE, recipe=recipe, metrics=self.objectives.trial_metrics(report, self.baseline),
+            seconds={**result.seconds, "trial": time.perf_counter() - start},
+            cache={"hits": result.cache_hits, "misses": result.cache_misses},
+        ))
         trial.set_constraint(CONSTRAINT_NAME, self.objectives.constraint(self.baseline, report.metric_value))
         return self.objectives.values(report)
 
+    def _store(self, trial: optuna.Trial, record: TrialRecord) -> None:
+        self.records[record.number] = record
+        for key, value in record.user_attrs().items():
+            trial.set_user_attr(key, value)
 
-def _model_stages_key(recipe: Recipe) -> str:
-    """The recipe's resolved model stages as one comparable string (runtime and exports left out)."""
-    return json.dumps([c.to_dict() for c in recipe.model_stages()], sort_keys=True, default=str)
+    def record(self, trial: FrozenTrial) -> TrialRecord:
+        """The record of a finished trial: the one this process built, else read from storage."""
+        return self.records.get(trial.number) or TrialRecord.from_trial(trial)
+
+
+@dataclass
+class RuntimeSweepIndex:
+    """For the runtime sweep: which runtimes each resolved stage list has run under, and the
+    fastest feasible latency so far."""
+
+    runtimes: dict[str, set[str]] = field(default_factory=dict)
+    fastest: float = float("inf")
+    seen: set[int] = field(default_factory=set)
+
+    def add(self, record: TrialRecord, latency: float | None) -> float | None:
+        """Index ``record`` (once); returns ``latency`` for the caller's convenience."""
+        if record.number in self.seen:
+            return latency
+        self.seen.add(record.number)
+        if record.stages_key is not None:
+            self.runtimes.setdefault(record.stages_key, set()).add(record.runtime)
+        if latency is not None:
+            self.fastest = min(self.fastest, latency)
+        return latency

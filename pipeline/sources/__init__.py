@@ -7,7 +7,7 @@
 * ``hf:path/to/dir``: a local Hugging Face directory.
 
 None of them carries data, so each becomes a *fidelity* spec (see
-:mod:`pipeline.fidelity`): the targets are the unoptimized model's own outputs
+:mod:`pipeline.core.fidelity`): the targets are the unoptimized model's own outputs
 on generated inputs (``--input-shape``), on the samples of ``--inputs-file``
 (a ``.pt`` file for TorchScript / ``.pt2``, a text file for ``hf:``).
 """
@@ -17,11 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
-from pipeline.errors import SpecError
-from pipeline.fidelity import OUTPUT_KINDS
-from pipeline.spec import ModelSpec
+from pipeline.core.errors import SpecError
+from pipeline.core.fidelity import OUTPUT_KINDS
+from pipeline.core.spec import ModelSpec
+from pipeline.sources import exported, huggingface, torchscript
+from pipeline.sources.exported import exported_spec
+from pipeline.sources.huggingface import hf_spec
+from pipeline.sources.torchscript import torchscript_spec
 
 
 @dataclass(frozen=True)
@@ -47,8 +52,6 @@ class SourceOptions:
 
 def source_kind(ref: str) -> str | None:
     """``"torchscript"``, ``"pt2"``, ``"hf"``, or None when ``ref`` is not one of these sources."""
-    from pipeline.sources import exported, huggingface, torchscript
-
     if ref.startswith(huggingface.PREFIX):
         return "hf"
     if ":" in ref:  # path/file.py:attr and package.module:attr belong to the Python resolver
@@ -69,18 +72,12 @@ def resolve_source(ref: str, options: SourceOptions = SourceOptions()) -> ModelS
     if options.output_kind not in OUTPUT_KINDS:
         raise SpecError(f"unknown --output-kind '{options.output_kind}': choose one of {', '.join(OUTPUT_KINDS)}")
     if kind == "hf":
-        from pipeline.sources.huggingface import hf_spec
-
         if options.input_shape:
             raise SpecError("--input-shape does not apply to hf: models: pass --inputs-file with one text per line")
         spec = hf_spec(ref, options.inputs_file, options.output_kind)
     elif kind == "pt2":
-        from pipeline.sources.exported import exported_spec
-
         spec = exported_spec(ref, options.input_shape, options.inputs_file, options.output_kind)
     else:
-        from pipeline.sources.torchscript import torchscript_spec
-
         spec = torchscript_spec(ref, options.input_shape, options.inputs_file, options.output_kind)
     object.__setattr__(spec, "source", ref)
     return spec
@@ -96,8 +93,6 @@ def layer_access_problem(model: nn.Module) -> str | None:
     (``torch.nn.utils.prune`` on TorchScript), so they should raise
     ``InfeasibleConfig`` with this reason.
     """
-    import torch
-
     if isinstance(model, torch.jit.ScriptModule) or any(
         isinstance(m, torch.jit.ScriptModule) for m in model.modules()
     ):

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from torch import nn
 
-from pipeline.errors import SpecError
+from pipeline.core.errors import SpecError
+from pipeline.core.spec import ModelSpec
 from pipeline.sources.archive import SAVE_HINT, archive_kind, file_model_spec, one_line
 from pipeline.sources.inputs import TensorInputs
-from pipeline.spec import ModelSpec
 
 SUFFIXES = (".pt2",)
 

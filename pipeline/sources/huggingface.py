@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipeline.errors import SpecError
-from pipeline.fidelity import fidelity_spec
+from pipeline.core.errors import SpecError
+from pipeline.core.fidelity import fidelity_spec
+from pipeline.core.spec import Batch, ModelSpec
 from pipeline.sources.archive import one_line
 from pipeline.sources.inputs import read_text_inputs, split_batches, tile
-from pipeline.spec import Batch, ModelSpec
 
 PREFIX = "hf:"
 SEQUENCE_LENGTH = 128

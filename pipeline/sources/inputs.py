@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from pipeline.errors import SpecError
-from pipeline.spec import Batch
+from pipeline.core.errors import SpecError
+from pipeline.core.spec import Batch
 
 #: Generated evaluation set size for models without data (fixed seed).
 MIN_EVALUATION_SAMPLES = 128

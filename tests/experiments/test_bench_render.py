@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments.bench import render_table
+from experiments.bench.harness import render_table
 
 
 def _row(name: str, kind: str, ms: float, drop: float = 0.0) -> dict[str, Any]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from experiments import digits
-from pipeline.evaluate import compute_metric
-from pipeline.spec import ModelSpec
+from experiments.models import digits
+from pipeline.core.evaluate import compute_metric
+from pipeline.core.spec import ModelSpec
 
 
 def test_splits_never_overlap() -> None:

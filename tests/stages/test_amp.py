@@ -15,13 +15,14 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
 
-import stages.registry
-from pipeline.device import Capabilities
-from pipeline.errors import ConfigError, InfeasibleConfig
-from pipeline.evaluate import compute_metric, serialized_size_bytes
-from pipeline.spec import ACCURACY, Batch, ModelSpec
-from stages.amp import AmpConfig
-from stages.registry import StageContext, apply, config_from_dict, run_chain
+import pipeline.core.stage
+from pipeline.api import run_chain
+from pipeline.core.device import Capabilities
+from pipeline.core.errors import ConfigError, InfeasibleConfig
+from pipeline.core.evaluate import compute_metric, serialized_size_bytes
+from pipeline.core.spec import ACCURACY, Batch, ModelSpec
+from pipeline.core.stage import StageContext, apply, config_from_dict
+from stages.amp.stage import AmpConfig
 
 CPU = torch.device("cpu")
 DIGITS_LAYERS = {
@@ -367,8 +368,8 @@ def test_residual_mlp_calibrates_within_budget(residual_spec: ModelSpec) -> None
 
 
 def test_applies_after_prune_and_pins_quantized_layers(digits_spec: ModelSpec, digits_model: nn.Module) -> None:
-    from stages.prune import PruneConfig
-    from stages.quantize import QuantizeConfig
+    from stages.prune.stage import PruneConfig
+    from stages.quantize.stage import QuantizeConfig
 
     recipe = [PruneConfig(ratio=0.5), QuantizeConfig(method="int8_weight_only", min_weight_elements=0, skip_head=False)]
     upstream_model, _, upstream = run_chain(digits_model, recipe, StageContext(spec=digits_spec, device=CPU))
@@ -388,7 +389,7 @@ def test_applies_after_prune_and_pins_quantized_layers(digits_spec: ModelSpec, d
 
 
 def _capabilities(reduced: tuple[torch.dtype, ...]) -> Capabilities:
-    return Capabilities(kind="testdevice", reduced_dtypes=reduced, fast_dtypes=(), quant_methods=frozenset())
+    return Capabilities(kind="testdevice", reduced_dtypes=reduced, fast_dtypes=())
 
 
 @pytest.mark.parametrize(
@@ -401,7 +402,7 @@ def _capabilities(reduced: tuple[torch.dtype, ...]) -> Capabilities:
 def test_dtype_the_device_lacks_is_infeasible(
     monkeypatch: pytest.MonkeyPatch, digits_spec: ModelSpec, digits_model: nn.Module, reduced, dtype, match
 ) -> None:
-    monkeypatch.setattr(stages.registry, "capabilities", lambda device: _capabilities(reduced))
+    monkeypatch.setattr(pipeline.core.stage, "capabilities", lambda device: _capabilities(reduced))
     with pytest.raises(InfeasibleConfig, match=match):
         _calibrate(digits_spec, digits_model, AmpConfig(dtype=dtype))
 

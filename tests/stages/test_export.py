@@ -18,16 +18,18 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.device import capabilities
-from pipeline.errors import ConfigError, InfeasibleConfig
-from pipeline.evaluate import compute_metric
-from pipeline.spec import ModelSpec
-from stages.export import CoreMLExportConfig, ONNXExportConfig, PT2ExportConfig
-from stages.exporters import coreml_export, onnx_export
-from stages.exporters.atomic import STAGING_SUFFIX, atomic_artifact
-from stages.exporters.metadata import RECIPE_KEY, VERSIONS_KEY
-from stages.quantize import QuantizeConfig
-from stages.registry import ExportResult, StageConfig, StageContext, apply, config_from_dict, get_stage
+from pipeline.core.device import capabilities
+from pipeline.core.errors import ConfigError, InfeasibleConfig
+from pipeline.core.evaluate import compute_metric
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply, config_from_dict, get_stage
+from stages.export import coreml_export, onnx_export
+from stages.export.atomic import STAGING_SUFFIX, atomic_artifact
+from stages.export.coreml import CoreMLExportConfig
+from stages.export.metadata import RECIPE_KEY, VERSIONS_KEY
+from stages.export.onnx import ONNXExportConfig
+from stages.export.pt2 import PT2ExportConfig
+from stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 #: The int8 artifacts must be at most this fraction of the float ones. Measured on this CPU
@@ -273,8 +275,8 @@ def test_coreml_mirrors_amp_sparsity_and_int8_jointly(
     tmp_path: Path, float_exports: Exports, digits_spec: ModelSpec, digits_model: nn.Module
 ) -> None:
     """AMP -> float16 with the fp32 layer kept; pruned zeros stored sparse and int8 on top (iOS18 joint)."""
-    from stages.amp import AmpConfig
-    from stages.prune import PruneConfig
+    from stages.amp.stage import AmpConfig
+    from stages.prune.stage import PruneConfig
 
     pruned = copy.deepcopy(digits_model)
     with torch.no_grad():

@@ -19,12 +19,12 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
 
-from pipeline.errors import ConfigError, InfeasibleConfig
-from pipeline.evaluate import compute_metric, count_macs, count_params
-from pipeline.spec import ModelSpec
-from stages.prune import PruneConfig
-from stages.pruning.model_checks import find_output_head
-from stages.registry import StageContext, apply, config_from_dict, get_stage
+from pipeline.core.errors import ConfigError, InfeasibleConfig
+from pipeline.core.evaluate import compute_metric, count_macs, count_params
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import StageContext, apply, config_from_dict, get_stage
+from stages.prune.model_checks import find_output_head
+from stages.prune.stage import PruneConfig
 
 CPU = torch.device("cpu")
 

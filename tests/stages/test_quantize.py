@@ -12,16 +12,18 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from pipeline.device import QUANT_METHODS, capabilities
-from pipeline.errors import ConfigError, InfeasibleConfig
-from pipeline.evaluate import compute_metric, serialized_size_bytes
-from pipeline.spec import ModelSpec
-from stages.quantize import QuantizeConfig
-from stages.registry import StageContext, apply, config_from_dict
+from pipeline.core.device import capabilities
+from pipeline.core.errors import ConfigError, InfeasibleConfig
+from pipeline.core.evaluate import compute_metric, serialized_size_bytes
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import StageContext, apply, config_from_dict
+from stages.quantize import stage as quantize_stage
+from stages.quantize.methods import METHODS, methods_on
+from stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
-CPU_METHODS = sorted(capabilities(CPU).quant_methods)
-CPU_DISALLOWED = sorted(set(QUANT_METHODS) - capabilities(CPU).quant_methods)
+CPU_METHODS = methods_on(capabilities(CPU))
+CPU_DISALLOWED = sorted(set(METHODS) - set(CPU_METHODS))
 #: Allowed accuracy drop vs the float model. Measured on this CPU: every CPU method kept the
 #: digits accuracy at 0.9924 (the float value) and the residual MLP at its float accuracy.
 ACCURACY_FLOOR = 0.02
@@ -163,7 +165,7 @@ def test_asymmetric_mapping_runs(method: str, residual_model: nn.Module, residua
 def test_disallowed_methods_are_infeasible_with_reason(
     method: str, digits_model: nn.Module, digits_spec: ModelSpec
 ) -> None:
-    reason = capabilities(CPU).quant_unavailable[method]
+    reason = METHODS[method].devices["cpu"] or ""
     with pytest.raises(InfeasibleConfig, match=f"{method} cannot run on cpu: {re.escape(reason)}"):
         apply(digits_model, QuantizeConfig(method=method), _ctx(digits_spec))
 
@@ -236,12 +238,10 @@ def test_group_size_mismatch_is_infeasible(residual_model: nn.Module, residual_s
 def test_torchao_error_becomes_infeasible(
     monkeypatch: pytest.MonkeyPatch, residual_model: nn.Module, residual_spec: ModelSpec
 ) -> None:
-    import stages.quantization.weight_methods as weight_methods
-
     def broken(*_args: object) -> None:
         raise RuntimeError("no kernel for this shape")
 
-    monkeypatch.setattr(weight_methods, "quantize_linear_layers", broken)
+    monkeypatch.setattr(quantize_stage, "quantize_linear_layers", broken)
     with pytest.raises(
         InfeasibleConfig, match="int8_dynamic: quantization failed: RuntimeError: no kernel for this shape"
     ):

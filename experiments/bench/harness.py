@@ -1,0 +1,273 @@
+"""Benchmarks (``make bench``): baseline, each single technique alone, and a search.
+
+For one model spec on one device this measures, under identical latency settings:
+
+* fp32 eager (the baseline);
+* each single-technique recipe alone: torchao int8 dynamic, reduced precision
+  (the AMP stage: bf16 or fp16 from the capability table), structured prune 0.3,
+  torch.compile, and compile with CUDA graphs where the device has them;
+* the best recipe a search of N trials finds within the allowed metric drop,
+  re-measured here like every other row (search-time numbers are not reused);
+* the baseline once more at the end, to show how far the machine drifted
+  (a discarded warm-up pass precedes the first row).
+
+Raw numbers go to ``experiments/bench/results/<model>-<device>.json``; every JSON
+there is rendered into ``BENCHMARKS.md``. Run::
+
+    python -m experiments.bench --model digits --trials 30 --batch 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from pipeline.core.device import capabilities, describe, resolve_device
+from pipeline.core.evaluate import LatencySettings, ModelReport
+from pipeline.core.runtime import available_runtimes
+from pipeline.core.spec import ModelSpec
+from pipeline.engine.graph import recipe_pipeline
+from pipeline.engine.recipe import Recipe
+from pipeline.engine.runner import Runner
+from pipeline.search import Search, SearchConfig, run_search
+from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
+from pipeline.sources.resolve import resolve_spec
+from stages.amp.stage import AmpConfig
+from stages.prune.stage import PruneConfig
+from stages.quantize.methods import methods_on
+from stages.quantize.stage import QuantizeConfig
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+MARKDOWN = Path(__file__).resolve().parents[2] / "BENCHMARKS.md"
+BENCH_LATENCY = LatencySettings(warmup_runs=10, min_runs=50, min_seconds=1.0)
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    kind: str  # "baseline" | "single" | "search"
+    recipe: str
+    metric: float
+    drop: float
+    latency_ms_p50: dict[str, float]
+    latency_ms_p90: dict[str, float]
+    size_bytes: int
+    compile_seconds: float
+    note: str = ""
+
+
+def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any], str]]:
+    """(name, stage configs, runtime) for each technique alone, as the device allows."""
+
+    caps = capabilities(device)
+    rows: list[tuple[str, list[Any], str]] = [("fp32 eager (baseline)", [], "eager")]
+    if "int8_dynamic" in methods_on(caps):
+        rows.append(("torchao int8 dynamic", [QuantizeConfig(method="int8_dynamic")], "eager"))
+    dtype = caps.preferred_reduced_dtype()
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        amp = AmpConfig.model_validate({"dtype": name, "error_budget": 0.01})
+        rows.append((f"{name} mixed precision (amp)", [amp], "eager"))
+    rows.append(("structured prune 0.3", [PruneConfig(ratio=0.3)], "eager"))
+    runtimes = available_runtimes(device)
+    if "compile" in runtimes:
+        rows.append(("torch.compile", [], "compile"))
+    if "compile_cudagraphs" in runtimes:
+        rows.append(("torch.compile + CUDA graphs", [], "compile_cudagraphs"))
+    return rows
+
+
+def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], runtime: str,
+                   batch_sizes: tuple[int, ...]) -> ModelReport:
+    """Apply ``configs`` (a fresh chain) and measure under the bench latency settings."""
+
+    runner = Runner(recipe_pipeline(configs), spec, device, latency=BENCH_LATENCY, batch_sizes=batch_sizes)
+    return runner.run(runtime=runtime, exports=False).report
+
+
+def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, baseline: float | None,
+                    spec: ModelSpec, note: str = "") -> Row:
+    drop = 0.0 if baseline is None else spec.metric.drop(baseline, report.metric_value)
+    return Row(
+        name=name, kind=kind, recipe=recipe, metric=report.metric_value, drop=drop,
+        latency_ms_p50={str(b): s.p50_ms for b, s in report.latency.items()},
+        latency_ms_p90={str(b): s.p90_ms for b, s in report.latency.items()},
+        size_bytes=report.size_bytes, compile_seconds=report.compile_seconds, note=note,
+    )
+
+
+def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: int, max_drop: float,
+                    work: Path) -> tuple[list[Any], str, dict[str, Any]]:
+    """Run a fresh search (no tracking) and return the fastest feasible Pareto recipe."""
+
+
+    config = SearchConfig.load(None, latency_batch=batch, max_drop=max_drop, exports="none")
+    storage = f"sqlite:///{work / 'bench-study.db'}"
+    search = Search(spec, device, config, storage=storage, track=False,
+                    name=f"bench-{spec.name}-{device.type}-{int(time.time())}")
+    started = time.perf_counter()
+    outcome = run_search(search, trials, console=Console(stderr=True))
+    seconds = time.perf_counter() - started
+    if not outcome.pareto:
+        raise RuntimeError("the search found no feasible trial")
+    key = search.objectives.latency_key
+    best = min(outcome.pareto, key=lambda t: t.user_attrs[ATTR_METRICS][key])
+    recipe = Recipe.from_dict(best.user_attrs[ATTR_RECIPE])
+    info = {"trials": trials, "search_seconds": seconds, "best_trial": best.number, "cache": outcome.cache,
+            "search_latency_ms": best.user_attrs[ATTR_METRICS][key]}
+    return list(recipe.model_stages()), recipe.runtime, info
+
+
+def describe_chain(configs: list[Any], runtime: str) -> str:
+    parts = [c.describe() for c in configs] or ["fp32"]
+    return " -> ".join(parts) + f" @ {runtime}"
+
+
+def bench(model: str, device_name: str, trials: int, batch: int, max_drop: float) -> dict[str, Any]:
+
+    device = resolve_device(device_name)
+    spec = resolve_spec(model)
+    batch_sizes = tuple(dict.fromkeys((*spec.latency_batch_sizes, batch)))
+    rows: list[Row] = []
+    baseline_metric: float | None = None
+    # The first measurement of a process can run slow (lazy initialization, clocks
+    # ramping up): one discarded pass of the baseline, so the baseline row is not it.
+    print(f"[bench] {spec.name}: warm-up (fp32 eager, discarded)", file=sys.stderr, flush=True)
+    measure_recipe(spec, device, [], "eager", batch_sizes)
+    for name, configs, runtime in single_technique_recipes(device):
+        print(f"[bench] {spec.name}: {name}", file=sys.stderr, flush=True)
+        try:
+            report = measure_recipe(spec, device, configs, runtime, batch_sizes)
+        except Exception as exc:  # a row that cannot run is reported as such, not hidden
+            rows.append(Row(name, "single", describe_chain(configs, runtime), float("nan"), float("nan"),
+                            {}, {}, 0, 0.0, note=f"failed: {type(exc).__name__}: {exc}"[:300]))
+            continue
+        kind = "baseline" if baseline_metric is None else "single"
+        rows.append(row_from_report(name, kind, describe_chain(configs, runtime), report, baseline_metric, spec))
+        if baseline_metric is None:
+            baseline_metric = report.metric_value
+    search_info: dict[str, Any] = {}
+    if trials > 0:
+        work = RESULTS_DIR.parent.parent / "runs" / "bench"
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"[bench] {spec.name}: search, {trials} trials, objective latency at batch {batch}",
+              file=sys.stderr, flush=True)
+        configs, runtime, search_info = run_search_best(spec, device, trials, batch, max_drop, work)
+        report = measure_recipe(spec, device, configs, runtime, batch_sizes)
+        rows.append(row_from_report(f"search best ({trials} trials)", "search", describe_chain(configs, runtime),
+                                    report, baseline_metric, spec))
+    # The baseline again, last: how much the machine drifted over the run.
+    recheck = measure_recipe(spec, device, [], "eager", batch_sizes)
+    return {
+        "model": spec.name, "metric": spec.metric.name, "device": describe(device), "device_kind": device.type,
+        "objective_batch": batch, "max_drop": max_drop, "latency_settings": asdict(BENCH_LATENCY),
+        "torch": torch.__version__, "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "search": search_info,
+        "rows": [asdict(r) for r in rows],
+        "baseline_recheck_ms_p50": {str(b): stats.p50_ms for b, stats in recheck.latency.items()},
+    }
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _fmt_ratio(base: float | None, value: float | None) -> str:
+    if not base or not value or value != value:
+        return "-"
+    return f"{base / value:.2f}x"
+
+
+def render_table(result: dict[str, Any]) -> str:
+    batch = str(result["objective_batch"])
+    rows = result["rows"]
+    base = next((r for r in rows if r["kind"] == "baseline"), None)
+    base_ms = base["latency_ms_p50"].get(batch) if base else None
+    singles = [r for r in rows if r["kind"] == "single" and r["drop"] == r["drop"]
+               and r["drop"] <= result["max_drop"] and r["latency_ms_p50"].get(batch)]
+    best_single = min(singles, key=lambda r: r["latency_ms_p50"][batch]) if singles else None
+    lines = [
+        f"### {result['model']} on {result['device']} (objective: batch {batch})",
+        "",
+        f"torch {result['torch']}, measured {result['date']}; latency = median of >= "
+        f"{result['latency_settings']['min_runs']} runs and >= {result['latency_settings']['min_seconds']} s "
+        "after warm-up; compile time excluded.",
+        "",
+        f"| recipe | {result['metric']} | drop | p50 ms b{batch} | speed-up vs fp32 | other batches (p50 ms) "
+        "| size | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        ms = r["latency_ms_p50"].get(batch)
+        others = ", ".join(f"b{b}: {v:.3f}" for b, v in r["latency_ms_p50"].items() if b != batch)
+        note = r["note"]
+        if r["kind"] == "search" and best_single:
+            same = next((s["name"] for s in rows if s["kind"] == "single" and s["recipe"] == r["recipe"]), None)
+            note = (note + "; " if note else "") + (
+                f"the same recipe as the '{same}' row: the search found nothing faster, and the ratio between "
+                "the two rows is measurement spread" if same else
+                f"{_fmt_ratio(best_single['latency_ms_p50'][batch], ms)} vs best single ({best_single['name']})")
+        size = f"{r['size_bytes'] / 1024:.0f} KiB" if r["size_bytes"] else "-"
+        metric = f"{r['metric']:.4f}" if r["metric"] == r["metric"] else "-"
+        drop = f"{r['drop']:+.4f}" if r["drop"] == r["drop"] else "-"
+        lines.append(f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | "
+                     f"{ms:.3f} | {_fmt_ratio(base_ms, ms)} | {others} | {size} | {note} |" if ms else
+                     f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | - | - | {others} | {size} | {note} |")
+    recheck = result.get("baseline_recheck_ms_p50", {}).get(batch)
+    if recheck and base_ms:
+        lines += ["", f"Drift: fp32 eager measured again after the search: {recheck:.3f} ms at batch {batch} "
+                  f"(first: {base_ms:.3f} ms); speed-ups use the first."]
+    if result.get("note"):
+        lines += ["", f"Note: {result['note']}"]
+    if result.get("search"):
+        s = result["search"]
+        lines += ["", f"Search: {s['trials']} trials in {s['search_seconds']:.0f} s; best trial #{s['best_trial']} "
+                  f"({s['search_latency_ms']:.3f} ms during the search); cache: {s['cache']}."]
+    return "\n".join(lines)
+
+
+def render_markdown(results_dir: Path = RESULTS_DIR) -> str:
+    results = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
+    parts = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (`python -m experiments.bench`) from the raw JSON in `experiments/bench/results/`. "
+        "Every row is measured in the same process under the same latency settings; the search row replays the "
+        "fastest Pareto recipe within the allowed drop and measures it again.",
+        "",
+    ]
+    for result in results:
+        parts += [render_table(result), ""]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="digits")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=None, help="objective batch size (default: 1 on accelerators, "
+                        "32 on the CPU)")
+    parser.add_argument("--max-drop", type=float, default=0.01)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--render-only", action="store_true", help="only rewrite BENCHMARKS.md from the JSON files")
+    args = parser.parse_args(argv)
+    if not args.render_only:
+        device = resolve_device(args.device)
+        batch = args.batch or (32 if device.type == "cpu" else 1)
+        result = bench(args.model, args.device, args.trials, batch, args.max_drop)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"{result['model']}-{result['device_kind']}.json"
+        path.write_text(json.dumps(result, indent=2))
+        print(render_table(result))
+    if args.out == RESULTS_DIR:
+        MARKDOWN.write_text(render_markdown())
+    return 0

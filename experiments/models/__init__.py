@@ -1,0 +1,1 @@
+"""The shipped model specs: one module per built-in ``MODEL=`` name, each with a ``spec``."""

@@ -1,0 +1,88 @@
+"""Scripted reuse of stages: one stage, or a chain of them, from Python.
+
+::
+
+    from experiments.models.digits import spec
+    from pipeline.api import StageContext, apply_stage, load_model, run_chain
+    from stages.prune.stage import PruneConfig
+    from stages.quantize.stage import QuantizeConfig
+    from stages.export.onnx import ONNXExportConfig
+
+    model = load_model(spec)
+    pruned = apply_stage(model, PruneConfig(ratio=0.3), StageContext(spec, "cpu"))
+    result = run_chain(model, [PruneConfig(ratio=0.3), QuantizeConfig(method="int8_dynamic"), ONNXExportConfig()],
+                       StageContext(spec, "cpu", output_dir="exports/int8"))
+    result.model, result.exports, result.recipe.save("recipe.json")
+
+:func:`run_chain` is the search's :class:`~pipeline.engine.runner.Runner` over the
+chain's pipeline (:func:`~pipeline.engine.graph.recipe_pipeline`): model stages in
+order, exports after the last one, the same cache keys (so AMP calibrations are
+reused within the process) and the same resolved recipe as a search trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.paths import results_dir
+from pipeline.core.spec import load_model
+from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, is_export
+from pipeline.engine.cache import NodeCache
+from pipeline.engine.graph import recipe_pipeline
+from pipeline.engine.recipe import Recipe
+from pipeline.engine.runner import Runner
+
+__all__ = ["ChainResult", "StageContext", "apply_stage", "load_model", "run_chain"]
+
+
+@dataclass
+class ChainResult:
+    """What a chain produced: the final model, the export results and the replayable recipe.
+
+    Unpacks as ``model, exports, resolved_configs`` as well.
+    """
+
+    model: nn.Module
+    exports: list[ExportResult]
+    recipe: Recipe
+    records: dict[str, Any] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.exports, list(self.recipe.stages)))
+
+
+def run_chain(
+    model: nn.Module,
+    configs: Sequence[StageConfig],
+    ctx: StageContext,
+    runtime: str = "eager",
+    cache: NodeCache | None = None,
+) -> ChainResult:
+    """Apply ``configs`` to ``model`` (not modified): model stages in order, then exports.
+
+    Exports are written under ``ctx.output_dir`` (required when ``configs`` has exports).
+    Every node's records are added to ``ctx.records``.
+    """
+    exports = [c for c in configs if is_export(c)]
+    if exports and ctx.output_dir is None:
+        raise ConfigError("this chain has export stages, which write files: give StageContext an output_dir")
+    work_dir = ctx.output_dir if ctx.output_dir is not None else results_dir() / "work"
+    if cache is None:
+        cache = NodeCache(export_dir=work_dir / "exports" if exports else None)
+    pipeline = recipe_pipeline(configs, name="chain")
+    runner = Runner(pipeline, ctx.spec, ctx.device, cache=cache, work_dir=work_dir, model=model)
+    result = runner.run(runtime=runtime, evaluate=False)
+    for node in result.nodes.values():
+        ctx.records.update(node.records)
+    last_model = pipeline.node(pipeline.objective_node().name).inputs[0]
+    return ChainResult(
+        model=result.nodes[last_model].value,
+        exports=list(result.exports.values()),
+        recipe=result.recipe(ctx.spec.name),
+        records=dict(ctx.records),
+    )

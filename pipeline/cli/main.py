@@ -1,0 +1,74 @@
+"""``python -m pipeline``: the command-line interface.
+
+Every :class:`PipelineError` is printed as one ``error:`` line with exit code 2;
+nothing the user mistyped produces a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from pipeline.cli.args import add_model_args, spec_from_args
+from pipeline.cli.commands import register_search_commands
+from pipeline.core.device import resolve_device
+from pipeline.core.errors import PipelineError
+from pipeline.core.evaluate import evaluate_model
+from pipeline.core.paths import set_results_dir
+from pipeline.core.report import evaluation_table, print_table
+from pipeline.core.spec import load_model
+
+EXIT_USER_ERROR = 2
+
+Command = Callable[[argparse.Namespace], int]
+_COMMANDS: dict[str, Command] = {}
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    spec = spec_from_args(args)
+    model = load_model(spec)
+    report = evaluate_model(model, spec, device, runtime=args.runtime)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_table(evaluation_table(f"{spec.name}: unoptimized model", report))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline",
+        description="Optimize trained PyTorch models: prune, quantize, mixed precision and export, "
+        "searched with Optuna for the best accuracy/latency trade-offs, tracked in MLflow.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    evaluate = sub.add_parser("evaluate", help="measure the unoptimized model: metric, latency, memory, size, MACs",
+                              description="Measure a model as it is: task metric, latency per batch size "
+                              "(p50/p90), peak memory, serialized size, parameters and MACs.")
+    add_model_args(evaluate)
+    evaluate.add_argument("--runtime", default="eager", help="eager | compile | compile_cudagraphs")
+    evaluate.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    _COMMANDS["evaluate"] = cmd_evaluate
+
+    # Later command groups register here: register_xyz(sub, _COMMANDS).
+    register_search_commands(sub, _COMMANDS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "results_dir", None):
+        set_results_dir(args.results_dir)
+    try:
+        return _COMMANDS[args.command](args)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

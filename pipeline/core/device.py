@@ -1,0 +1,236 @@
+"""Devices and what each one can do: the one place that knows device kinds.
+
+Stages, the evaluator and the search read :class:`Capabilities`; nothing else
+branches on ``device.type``. Synchronization, timing and memory go through
+``torch.accelerator`` / ``torch.Event`` so that MPS and CUDA share one path and
+the CPU path differs only in its clock and memory source.
+"""
+
+from __future__ import annotations
+
+import platform
+import resource
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from pipeline.core.errors import DeviceError, InfeasibleConfig
+
+DEVICE_CHOICES = ("auto", "mps", "cuda", "cpu")
+#: Order in which ``auto`` picks a device.
+AUTO_ORDER = ("mps", "cuda", "cpu")
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one device can run, and what is worth running there."""
+
+    kind: str
+    #: Reduced floating dtypes that run at all.
+    reduced_dtypes: tuple[torch.dtype, ...]
+    #: Reduced dtypes that are expected to be faster than fp32 (measured in STACK.md).
+    fast_dtypes: tuple[torch.dtype, ...]
+    #: CUDA compute capability (major, minor); None elsewhere. Quantization methods read it
+    #: (float8 needs >= 8.9); which method runs where is the quantize stage's method table.
+    cuda_capability: tuple[int, int] | None = None
+    compile: bool = True
+    cuda_graphs: bool = False
+    #: Device events for timing (False: host clock).
+    event_timing: bool = False
+    #: Core ML predictions can be made (macOS only).
+    coreml_predict: bool = False
+
+    def preferred_reduced_dtype(self) -> torch.dtype | None:
+        """The reduced dtype to try first: the first fast one, else the first available."""
+        if self.fast_dtypes:
+            return self.fast_dtypes[0]
+        return self.reduced_dtypes[0] if self.reduced_dtypes else None
+
+    def require_dtype(self, dtype: torch.dtype) -> None:
+        """Raise :class:`InfeasibleConfig` if ``dtype`` cannot run here."""
+        if dtype not in self.reduced_dtypes and dtype != torch.float32:
+            raise InfeasibleConfig(f"{dtype} is not supported on {self.kind}")
+
+
+def available_kinds() -> list[str]:
+    """Device kinds present on this machine, in ``auto`` order."""
+    kinds = []
+    if torch.backends.mps.is_available():
+        kinds.append("mps")
+    if torch.cuda.is_available():
+        kinds.append("cuda")
+    kinds.append("cpu")
+    return kinds
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto|mps|cuda|cpu`` -> a torch.device; an absent device is a :class:`DeviceError`."""
+    name = name.strip().lower()
+    if name not in DEVICE_CHOICES:
+        raise DeviceError(f"unknown device '{name}': choose one of {', '.join(DEVICE_CHOICES)}")
+    present = available_kinds()
+    if name == "auto":
+        name = next(kind for kind in AUTO_ORDER if kind in present)
+    elif name not in present:
+        raise DeviceError(f"device '{name}' is not available here (available: {', '.join(present)}); use --device auto")
+    return torch.device(name)
+
+
+@cache
+def capabilities(device: torch.device) -> Capabilities:
+    """The capability table row for ``device`` (probed once per process)."""
+    kind = device.type
+    if kind == "cuda":
+        return _cuda_capabilities()
+    if kind == "mps":
+        return _mps_capabilities()
+    if kind == "cpu":
+        return _cpu_capabilities()
+    raise DeviceError(f"no capability table for device type '{kind}'")
+
+
+def _cpu_capabilities() -> Capabilities:
+    bf16_fast = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return Capabilities(
+        kind="cpu",
+        reduced_dtypes=(torch.bfloat16, torch.float16),
+        # fp16 runs on CPU but was ~6x slower than fp32 (STACK.md).
+        fast_dtypes=(torch.bfloat16,) if bf16_fast else (),
+        compile=True,
+        cuda_graphs=False,
+        event_timing=False,
+        coreml_predict=platform.system() == "Darwin",
+    )
+
+
+def _cuda_capabilities() -> Capabilities:
+    major, minor = torch.cuda.get_device_capability()
+    bf16 = torch.cuda.is_bf16_supported()
+    return Capabilities(
+        kind="cuda",
+        reduced_dtypes=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
+        fast_dtypes=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
+        cuda_capability=(major, minor),
+        compile=True,
+        cuda_graphs=True,
+        event_timing=True,
+    )
+
+
+def _mps_capabilities() -> Capabilities:
+    mac_version = tuple(int(p) for p in (platform.mac_ver()[0] or "0").split(".")[:2])
+    bf16 = mac_version >= (14, 0)
+    return Capabilities(
+        kind="mps",
+        # fp16 is the fast path on Apple GPUs; bf16 needs macOS 14+.
+        reduced_dtypes=(torch.float16, torch.bfloat16) if bf16 else (torch.float16,),
+        fast_dtypes=(torch.float16,),
+        compile=True,
+        cuda_graphs=False,
+        event_timing=True,
+        coreml_predict=True,
+    )
+
+
+def on_device(tensor: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``tensor`` lives on ``device`` ("cuda" matches "cuda:0"; an index must match)."""
+    return tensor.device.type == device.type and (device.index is None or tensor.device.index == device.index)
+
+
+def move_module(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` on ``device``, moved only when some parameter or buffer is elsewhere.
+
+    ``Module.to`` swaps tensor-subclass parameters (torchao's quantized weights) even
+    when nothing moves, and the swap fails once ``torch.compile`` holds a weak reference
+    to them (a cached model compiled in an earlier trial): skipping the no-op move keeps
+    such a model reusable."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(on_device(t, device) for t in tensors):
+        return model
+    return model.to(device)
+
+
+# --------------------------------------------------------------------------- timing and memory
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for all queued work on ``device`` (no-op on the CPU)."""
+    if device.type != "cpu":
+        torch.accelerator.synchronize()
+
+
+class Stopwatch:
+    """Times one region: device events on accelerators, ``perf_counter_ns`` on the CPU.
+
+    ``start()`` and ``stop()`` record without synchronizing; ``elapsed_ms()``
+    synchronizes once, so a loop of timed regions has no host sync inside.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._events = capabilities(device).event_timing
+        self._start_event: torch.Event | None = None
+        self._stop_event: torch.Event | None = None
+        self._start_ns = 0
+        self._stop_ns = 0
+
+    def start(self) -> None:
+        if self._events:
+            self._start_event = torch.Event(device=self.device, enable_timing=True)
+            self._stop_event = torch.Event(device=self.device, enable_timing=True)
+            self._start_event.record()
+        else:
+            self._start_ns = time.perf_counter_ns()
+
+    def stop(self) -> None:
+        if self._events:
+            assert self._stop_event is not None, "stop() before start()"
+            self._stop_event.record()
+        else:
+            self._stop_ns = time.perf_counter_ns()
+
+    def elapsed_ms(self) -> float:
+        if self._events:
+            assert self._start_event is not None and self._stop_event is not None, "elapsed before start/stop"
+            self._stop_event.synchronize()
+            return float(self._start_event.elapsed_time(self._stop_event))
+        return (self._stop_ns - self._start_ns) / 1e6
+
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory window (device allocator, or process RSS on the CPU)."""
+    if device.type != "cpu":
+        torch.accelerator.reset_peak_memory_stats()
+    elif _CLEAR_REFS.exists():
+        # Writing 5 resets the kernel's peak-RSS mark (VmHWM) for this process.
+        _CLEAR_REFS.write_text("5")
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory since :func:`reset_peak_memory`: allocator bytes on accelerators,
+    peak resident set size of the process on the CPU."""
+    if device.type != "cpu":
+        return int(torch.accelerator.max_memory_allocated())
+    if _STATUS.exists():
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+
+    scale = 1 if platform.system() == "Darwin" else 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
+def describe(device: torch.device) -> str:
+    """A short human description: 'cuda (NVIDIA H100, sm 9.0)', 'cpu (AVX512, 2 threads)'."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability()
+        return f"cuda ({torch.cuda.get_device_name()}, sm {major}.{minor})"
+    if device.type == "mps":
+        return f"mps (macOS {platform.mac_ver()[0]})"
+    return f"cpu ({torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)"

@@ -1,0 +1,270 @@
+"""Measure a model: task metric, latency per batch size, memory, size, params, MACs."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipeline.core.device import Stopwatch, describe, move_module, peak_memory_bytes, reset_peak_memory, synchronize
+from pipeline.core.runtime import is_compiled, prepare_runtime
+from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LatencySettings:
+    """How long to measure: warm-up calls, then runs until both minimums are met."""
+
+    warmup_runs: int = 5
+    min_runs: int = 20
+    min_seconds: float = 0.3
+    max_runs: int = 2000
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    batch_size: int
+    p50_ms: float
+    p90_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    runs: int
+    first_call_ms: float
+
+    @property
+    def spread_pct(self) -> float:
+        """(p90 - p50) / p50 in percent: how noisy the measurement was."""
+        return 100.0 * (self.p90_ms - self.p50_ms) / self.p50_ms if self.p50_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    """All measurements of one model on one device and runtime."""
+
+    metric_name: str
+    metric_value: float
+    latency: dict[int, LatencyStats]
+    peak_memory_bytes: int
+    size_bytes: int
+    params: int
+    macs: int | None  # None: torch's flop counter could not run this model (see count_macs)
+    runtime: str
+    compile_seconds: float
+    device: str
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def latency_p50(self, batch_size: int | None = None) -> float:
+        """Median latency in ms at ``batch_size`` (default: the first measured)."""
+        key = batch_size if batch_size is not None else next(iter(self.latency))
+        return self.latency[key].p50_ms
+
+    def as_metrics(self) -> dict[str, float]:
+        """Flat name -> number mapping, as logged to MLflow."""
+        metrics: dict[str, float] = {
+            self.metric_name: self.metric_value,
+            "peak_memory_bytes": float(self.peak_memory_bytes),
+            "size_bytes": float(self.size_bytes),
+            "params": float(self.params),
+            "compile_seconds": self.compile_seconds,
+        }
+        if self.macs is not None:
+            metrics["macs"] = float(self.macs)
+        for batch, stats in self.latency.items():
+            metrics[f"latency_ms_p50_b{batch}"] = stats.p50_ms
+            metrics[f"latency_ms_p90_b{batch}"] = stats.p90_ms
+        metrics.update(self.extra)
+        return metrics
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["latency"] = {str(k): asdict(v) for k, v in self.latency.items()}
+        return data
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def fixed_size_chunks(batches: Sequence[LabelledBatch], batch_size: int) -> list[tuple[Batch, int]]:
+    """The evaluation inputs re-cut into chunks of exactly ``batch_size`` rows, each with its
+    count of real rows; the last chunk is padded with copies of its last row. A compiled
+    runtime then reuses the shape it compiled for latency instead of compiling new ones."""
+    inputs = tuple(torch.cat(parts) for parts in zip(*(batch_inputs for batch_inputs, _ in batches), strict=True))
+    chunks: list[tuple[Batch, int]] = []
+    for start in range(0, inputs[0].shape[0], batch_size):
+        chunk = tuple(t[start : start + batch_size] for t in inputs)
+        real = chunk[0].shape[0]
+        if real < batch_size:
+            chunk = tuple(torch.cat([t, t[-1:].expand(batch_size - real, *t.shape[1:])]) for t in chunk)
+        chunks.append((chunk, real))
+    return chunks
+
+
+def compute_metrics(
+    fn: Callable[..., Tensor],
+    batches: Sequence[LabelledBatch],
+    metrics: Sequence[Metric],
+    device: torch.device,
+    batch_size: int | None = None,
+) -> dict[str, float]:
+    """Run ``fn`` once over the evaluation batches and compute every metric on the device.
+
+    ``batch_size``: feed the inputs in chunks of this size (see :func:`fixed_size_chunks`);
+    the metric is unchanged. Outputs and targets stay on the device; the only host reads
+    are the final values.
+    """
+    chunks = (
+        fixed_size_chunks(batches, batch_size)
+        if batch_size is not None
+        else [(inputs, int(target.shape[0])) for inputs, target in batches]
+    )
+    outputs: list[Tensor] = []
+    with torch.no_grad():
+        for inputs, real in chunks:
+            # clone: a CUDA-graph runtime reuses its output buffer on the next call
+            outputs.append(fn(*move_batch(inputs, device)).float()[:real].clone())
+    all_outputs = torch.cat(outputs)
+    all_targets = torch.cat([target for _, target in batches]).to(device)
+    values = [metric.compute(all_outputs, all_targets) for metric in metrics]
+    return {metric.name: float(value.item()) for metric, value in zip(metrics, values, strict=True)}
+
+
+def compute_metric(
+    fn: Callable[..., Tensor], batches: Sequence[LabelledBatch], metric: Metric, device: torch.device
+) -> float:
+    """Run ``fn`` over the evaluation batches and compute one metric on the device."""
+    return compute_metrics(fn, batches, (metric,), device)[metric.name]
+
+
+def measure_latency(
+    fn: Callable[..., Tensor],
+    inputs: Batch,
+    device: torch.device,
+    settings: LatencySettings = LatencySettings(),
+) -> LatencyStats:
+    """Latency of ``fn(*inputs)``: warm-up, then timed runs until both
+    ``min_runs`` and ``min_seconds`` are reached. The loop records timing events
+    and never synchronizes; results are read once at the end."""
+    batch_size = int(inputs[0].shape[0]) if inputs and inputs[0].dim() > 0 else 1
+    with torch.no_grad():
+        first = Stopwatch(device)
+        first.start()
+        fn(*inputs)
+        first.stop()
+        first_call_ms = first.elapsed_ms()
+        for _ in range(settings.warmup_runs):
+            fn(*inputs)
+        synchronize(device)
+        watches: list[Stopwatch] = []
+        loop_start = time.perf_counter()
+        while len(watches) < settings.max_runs and (
+            len(watches) < settings.min_runs or time.perf_counter() - loop_start < settings.min_seconds
+        ):
+            watch = Stopwatch(device)
+            watch.start()
+            fn(*inputs)
+            watch.stop()
+            watches.append(watch)
+        synchronize(device)
+    times = sorted(w.elapsed_ms() for w in watches)
+    return LatencyStats(
+        batch_size=batch_size,
+        p50_ms=statistics.median(times),
+        p90_ms=times[min(len(times) - 1, round(0.9 * (len(times) - 1)))],
+        mean_ms=statistics.fmean(times),
+        std_ms=statistics.pstdev(times),
+        min_ms=times[0],
+        runs=len(times),
+        first_call_ms=first_call_ms,
+    )
+
+
+#: torch.save stores the file's stem inside the archive, so the size depends on the name.
+STATE_DICT_FILENAME = "model.pt"
+
+
+def serialized_size_bytes(model: nn.Module) -> int:
+    """Bytes of ``torch.save(model.state_dict(), "model.pt")`` (what a user would ship)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / STATE_DICT_FILENAME
+        torch.save(model.state_dict(), path)
+        return path.stat().st_size
+
+
+def count_params(model: nn.Module) -> int:
+    """Number of parameter elements; for graphs whose weights are constants, of all state tensors."""
+    params = sum(p.numel() for p in model.parameters())
+    if params:
+        return params
+    return sum(t.numel() for t in model.state_dict().values() if isinstance(t, Tensor))
+
+
+def count_macs(model: nn.Module, inputs: Batch) -> int | None:
+    """Multiply-accumulates of one forward on ``inputs`` (FLOPs / 2, torch's flop counter).
+
+    None, with a logged warning, when the counter cannot run the model: the counter is a
+    dispatch mode, and some operators do not pass through one (torch 2.11's ``out_dtype``,
+    which torchao's int8 matmul uses on CUDA, returns NotImplemented under it). The
+    model's own forward has already run by then, so only the count is lost."""
+    counter = FlopCounterMode(display=False)
+    try:
+        with torch.no_grad(), counter:
+            model(*inputs)
+    except Exception as exc:  # the counter's failure, not the model's: reported, MACs left unknown
+        logger.warning("MACs not counted: torch's flop counter cannot run this model (%s: %s)", type(exc).__name__, exc)
+        return None
+    return int(counter.get_total_flops() // 2)
+
+
+# --------------------------------------------------------------------------- whole model
+
+
+def evaluate_model(
+    model: nn.Module,
+    spec: ModelSpec,
+    device: torch.device,
+    runtime: str = "eager",
+    settings: LatencySettings = LatencySettings(),
+    batch_sizes: Sequence[int] | None = None,
+) -> ModelReport:
+    """Measure ``model`` (not modified; moved to ``device``) under ``runtime``."""
+    model = move_module(model, device).eval()
+    fn = prepare_runtime(model, runtime, device)
+    compile_ms = 0.0
+    latency: dict[int, LatencyStats] = {}
+    reset_peak_memory(device)
+    for batch_size in batch_sizes or spec.latency_batch_sizes:
+        inputs = move_batch(spec.example_inputs(batch_size), device)
+        stats = measure_latency(fn, inputs, device, settings)
+        latency[batch_size] = stats
+        if is_compiled(runtime):
+            compile_ms += max(0.0, stats.first_call_ms - stats.p50_ms)
+    peak = peak_memory_bytes(device)
+    # A compiled runtime evaluates at the largest measured batch size: no extra compilation.
+    metric_batch = max(latency) if is_compiled(runtime) else None
+    values = compute_metrics(fn, spec.evaluation(), (spec.metric, *spec.extra_metrics), device, metric_batch)
+    metric_value = values.pop(spec.metric.name)
+    macs = count_macs(model, move_batch(spec.example_inputs(1), device))
+    return ModelReport(
+        metric_name=spec.metric.name,
+        metric_value=metric_value,
+        latency=latency,
+        peak_memory_bytes=peak,
+        size_bytes=serialized_size_bytes(model),
+        params=count_params(model),
+        macs=macs,
+        runtime=runtime,
+        compile_seconds=compile_ms / 1000.0,
+        device=describe(device),
+        extra=values,
+    )

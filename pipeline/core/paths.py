@@ -1,0 +1,37 @@
+"""Where the project writes: one results directory for everything."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_RESULTS_DIR = "runs"
+RESULTS_ENV_VAR = "PARETORCH_RESULTS_DIR"
+
+
+def results_dir() -> Path:
+    """The results directory (``--results-dir`` / ``RESULTS=``; default ``runs/``)."""
+    path = Path(os.environ.get(RESULTS_ENV_VAR, DEFAULT_RESULTS_DIR)).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path.resolve()
+
+
+def set_results_dir(path: str | os.PathLike[str]) -> Path:
+    """Point every later :func:`results_dir` call (and child processes) at ``path``."""
+    os.environ[RESULTS_ENV_VAR] = str(Path(path).expanduser().resolve())
+    return results_dir()
+
+
+def cache_dir(kind: str) -> Path:
+    """A sub-directory of the results directory for one kind of cached file."""
+    path = results_dir() / "cache" / kind
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+#: The shipped configs (``experiments/configs``): search defaults and pipeline files.
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "configs"
+#: The search defaults (``experiments/configs/search.yaml``).
+DEFAULT_SEARCH_CONFIG = CONFIGS_DIR / "search.yaml"
+#: Where ``--pipeline NAME`` finds ``NAME.yaml``.
+PIPELINES_DIR = CONFIGS_DIR / "pipelines"

@@ -1,0 +1,97 @@
+"""How a model is run for measurement: eager, torch.compile, or compile with CUDA graphs.
+
+The runtime is part of a recipe and a searched dimension. Compilation happens
+on the first call of each input shape; the evaluator reports that time as
+``compile_seconds`` and never counts it in latency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.core.device import capabilities
+from pipeline.core.errors import InfeasibleConfig
+
+RuntimeName = Literal["eager", "compile", "compile_cudagraphs"]
+RUNTIMES: tuple[RuntimeName, ...] = ("eager", "compile", "compile_cudagraphs")
+
+
+def available_runtimes(device: torch.device) -> list[RuntimeName]:
+    """Runtimes that can run on ``device`` (from the capability table)."""
+    caps = capabilities(device)
+    names: list[RuntimeName] = ["eager"]
+    if caps.compile:
+        names.append("compile")
+    if caps.cuda_graphs:
+        names.append("compile_cudagraphs")
+    return names
+
+
+def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Callable[..., Tensor]:
+    """Wrap ``model`` (already on ``device``) for ``runtime``; compilation is lazy."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime '{runtime}': choose one of {', '.join(RUNTIMES)}")
+    if runtime not in available_runtimes(device):
+        raise InfeasibleConfig(f"runtime {runtime} is not available on {device.type}")
+    if runtime == "eager":
+        return model
+    if isinstance(model, torch.jit.ScriptModule):
+        raise InfeasibleConfig(f"runtime {runtime}: torch.compile cannot compile a TorchScript module (use eager)")
+    # Inference only: freezing folds weights into the graph as constants, which the
+    # PT2E int8 kernels need (onednn prepacking) and which costs nothing for float models.
+    # Dynamo reads the global flag while tracing, so a per-call options dict is not enough.
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    mode = "reduce-overhead" if runtime == "compile_cudagraphs" else None
+    compiled: Callable[..., Tensor] = known_limits_infeasible(torch.compile(model, mode=mode, dynamic=False), runtime)
+    if runtime == "compile_cudagraphs":
+        return _graph_steps(compiled)
+    return compiled
+
+
+#: Errors of compiled code that are a known limit of a kernel, not a bug: (message
+#: fragment, what it means for the user). Raised as :class:`InfeasibleConfig`.
+KNOWN_COMPILED_LIMITS = (
+    (
+        "needs to be greater than 16",
+        "torchao's int8 dynamic matmul compiles to torch._int_mm, which on CUDA needs more than 16 rows "
+        "(batch x sequence) per matmul and this input has fewer: run int8_dynamic in eager, use a larger "
+        "batch, or int8_weight_only",
+    ),
+)
+
+
+def known_limits_infeasible(fn: Callable[..., Tensor], runtime: str) -> Callable[..., Tensor]:
+    """``fn`` whose errors matching :data:`KNOWN_COMPILED_LIMITS` become infeasible configs
+    with the known reason (other errors pass through unchanged)."""
+
+    def run(*inputs: Tensor) -> Tensor:
+        try:
+            return fn(*inputs)
+        except RuntimeError as exc:
+            for fragment, reason in KNOWN_COMPILED_LIMITS:
+                if fragment in str(exc):
+                    raise InfeasibleConfig(f"runtime {runtime}: {reason} ({str(exc).splitlines()[0]})") from exc
+            raise
+
+    return run
+
+
+def _graph_steps(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """Each call is a new CUDA-graph step, so a replay never waits on (or errors about)
+    outputs of the previous one; callers that keep outputs must clone them."""
+
+    def run(*inputs: Tensor) -> Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*inputs)
+
+    return run
+
+
+def is_compiled(runtime: str) -> bool:
+    return runtime != "eager"

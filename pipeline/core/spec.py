@@ -1,0 +1,121 @@
+"""ModelSpec: everything the pipeline needs to know about one model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.core.errors import SpecError
+
+#: Positional inputs of one forward call: ``model(*batch)``.
+Batch = tuple[Tensor, ...]
+#: One evaluation batch: the inputs and the targets the metric compares against.
+LabelledBatch = tuple[Batch, Tensor]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A task metric computed on the device.
+
+    ``compute(outputs, targets)`` receives the concatenated outputs of the whole
+    evaluation split and the concatenated targets, both on the device, and
+    returns a 0-dim tensor; the evaluator reads it back once.
+    """
+
+    name: str
+    higher_is_better: bool
+    compute: Callable[[Tensor, Tensor], Tensor]
+
+    def drop(self, baseline: float, value: float) -> float:
+        """How much worse ``value`` is than ``baseline`` (positive = worse)."""
+        return baseline - value if self.higher_is_better else value - baseline
+
+
+def accuracy(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Top-1 accuracy of class logits against integer labels."""
+    return (outputs.argmax(dim=-1) == targets).float().mean()
+
+
+ACCURACY = Metric("accuracy", higher_is_better=True, compute=accuracy)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A trained model plus the data the pipeline needs around it.
+
+    * ``build()`` returns the trained model in eval mode, on the CPU.
+    * ``example_inputs(batch_size)`` returns inputs for latency and tracing.
+    * ``calibration()`` returns input batches for calibration (quantization,
+      AMP sensitivity, Taylor importance); never overlaps evaluation.
+    * ``evaluation()`` returns ``(inputs, targets)`` batches for the metric.
+    * ``training()`` (optional) returns labelled batches for recovery
+      fine-tuning, with ``loss(outputs, targets)``.
+    * ``protected_layers``: module names no stage may prune or quantize
+      (the output head is protected automatically by the stages).
+    """
+
+    name: str
+    build: Callable[[], nn.Module]
+    example_inputs: Callable[[int], Batch]
+    calibration: Callable[[], Sequence[Batch]]
+    evaluation: Callable[[], Sequence[LabelledBatch]]
+    metric: Metric
+    latency_batch_sizes: tuple[int, ...] = (1, 32)
+    training: Callable[[], Sequence[LabelledBatch]] | None = None
+    loss: Callable[[Tensor, Tensor], Tensor] | None = None
+    protected_layers: tuple[str, ...] = ()
+    #: Further metrics on the same outputs and targets, reported (ModelReport.extra) but not optimized,
+    #: e.g. KL divergence next to top-1 agreement (see pipeline.core.fidelity).
+    extra_metrics: tuple[Metric, ...] = ()
+    description: str = ""
+    #: Where the spec came from (filled in by resolution; shown in reports).
+    source: str = field(default="", compare=False)
+
+
+def move_batch(batch: Batch, device: torch.device, dtype: torch.dtype | None = None) -> Batch:
+    """Move a batch to ``device``; floating tensors are cast to ``dtype`` if given."""
+    return tuple(
+        t.to(device=device, dtype=dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+        for t in batch
+    )
+
+
+def load_model(spec: ModelSpec) -> nn.Module:
+    """Build the spec's model and check that it runs on its example inputs.
+
+    Returns the model in eval mode on the CPU; raises :class:`SpecError` when
+    ``build()`` raises, returns something that is not a module, or when the
+    forward pass fails or returns nothing usable.
+    """
+    try:
+        model = spec.build()
+    except Exception as exc:
+        raise SpecError(f"building model '{spec.name}' failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise SpecError(f"model '{spec.name}': build() returned a {type(model).__name__}, not a torch.nn.Module")
+    model.eval()
+    try:
+        inputs = spec.example_inputs(2)
+    except Exception as exc:
+        raise SpecError(f"model '{spec.name}': example_inputs(2) failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        with torch.inference_mode():
+            output = model(*inputs)
+    except Exception as exc:
+        raise SpecError(f"model '{spec.name}': forward on example inputs failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(output, torch.Tensor):
+        raise SpecError(
+            f"model '{spec.name}': forward returned {type(output).__name__}; it must return one tensor "
+            "(wrap the model so that forward returns the tensor the metric reads)"
+        )
+    if output.shape[0] != 2 or not output.is_floating_point():
+        raise SpecError(
+            f"model '{spec.name}': forward returned shape {tuple(output.shape)} dtype {output.dtype}; "
+            "expected a floating tensor with the batch (2) as its first dimension"
+        )
+    if not torch.isfinite(output).all():
+        raise SpecError(f"model '{spec.name}': forward on example inputs returned NaN or inf")
+    return model

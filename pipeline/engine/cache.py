@@ -1,0 +1,245 @@
+"""A content-addressed cache of node outputs, so trials that share a prefix reuse it.
+
+A node's key is a hash of (operation, config, the keys of its inputs, device
+type, library versions): two trials with the same prune config and different
+quantization share the pruned model. Models and evaluation reports live in
+memory (models under a byte bound, least recently used evicted first); exports
+live on disk under ``<results>/cache/exports/<key>/``, written to a staging
+directory and renamed into place, so a half-written export is never a hit.
+
+Infeasible results are never cached (the runner only stores what succeeded).
+A failed cache write raises :class:`CacheWriteError`: it is an error, not a log line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections import Counter, OrderedDict
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.stage import ExportResult, StageConfig, config_from_dict
+
+#: Libraries whose versions change what a node produces.
+KEYED_LIBRARIES = ("torch", "torchao", "torch-pruning", "coremltools", "onnx", "onnxruntime", "onnxscript")
+DEFAULT_MEMORY_BYTES = 2 * 1024**3
+MANIFEST = "manifest.json"
+
+
+class CacheWriteError(PipelineError):
+    """An export could not be stored in the cache (disk full, permissions ...)."""
+
+
+@cache
+def library_versions() -> dict[str, str]:
+    """Installed versions of the libraries that shape node outputs (absent ones: 'none')."""
+    versions = {}
+    for name in KEYED_LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "none"
+    return versions
+
+
+def node_key(op: str, config: dict[str, Any] | None, input_keys: tuple[str, ...], device_type: str) -> str:
+    """The content key of one node output."""
+    payload = json.dumps(
+        {"op": op, "config": config, "inputs": list(input_keys), "device": device_type,
+         "versions": library_versions()},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def model_digest(model: nn.Module) -> str:
+    """A hash of the model's class and state (parameters and buffers): the source node's key."""
+    digest = hashlib.sha256(f"{type(model).__module__}.{type(model).__qualname__}".encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        if isinstance(tensor, torch.Tensor):
+            data = tensor.detach().cpu().contiguous()
+            digest.update(f"{data.dtype}{tuple(data.shape)}".encode())
+            digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:24]
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Approximate memory of a model's parameters and buffers (quantized tensors included)."""
+    total = 0
+    for tensor in model.state_dict().values():
+        if isinstance(tensor, torch.Tensor):
+            try:
+                total += tensor.untyped_storage().nbytes()
+            except (RuntimeError, NotImplementedError, TypeError):
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+@dataclass
+class CachedOutput:
+    """A stored node output with what the stage resolved and recorded while making it."""
+
+    value: Any
+    resolved_config: StageConfig | None = None
+    records: dict[str, Any] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+@dataclass
+class CacheStats:
+    """Hits and misses per kind of output (``model``, ``export``, ``evaluation``)."""
+
+    hits: Counter[str] = field(default_factory=Counter)
+    misses: Counter[str] = field(default_factory=Counter)
+    evictions: int = 0
+
+    @property
+    def total_hits(self) -> int:
+        return sum(self.hits.values())
+
+    @property
+    def total_misses(self) -> int:
+        return sum(self.misses.values())
+
+    def describe(self) -> str:
+        kinds = sorted(set(self.hits) | set(self.misses))
+        per_kind = ", ".join(f"{k} {self.hits[k]}/{self.hits[k] + self.misses[k]}" for k in kinds)
+        return f"{self.total_hits} hits, {self.total_misses} misses ({per_kind or 'nothing run'})"
+
+    def as_dict(self) -> dict[str, int]:
+        data = {f"cache_hits_{k}": v for k, v in self.hits.items()}
+        data.update({f"cache_misses_{k}": v for k, v in self.misses.items()})
+        data.update(cache_hits=self.total_hits, cache_misses=self.total_misses)
+        return data
+
+
+class NodeCache:
+    """Models and reports in memory (LRU under ``memory_bytes``), exports on disk under ``export_dir``."""
+
+    def __init__(self, memory_bytes: int = DEFAULT_MEMORY_BYTES, export_dir: Path | None = None) -> None:
+        if memory_bytes < 0:
+            raise ValueError(f"memory_bytes must be >= 0, got {memory_bytes}")
+        self.memory_bytes = memory_bytes
+        self.export_dir = export_dir
+        self.stats = CacheStats()
+        self._memory: OrderedDict[str, CachedOutput] = OrderedDict()
+        self._used = 0
+
+    # ------------------------------------------------------------------ memory (models, reports)
+
+    def get(self, key: str, kind: str) -> CachedOutput | None:
+        entry = self._memory.get(key)
+        if entry is None:
+            self.stats.misses[kind] += 1
+            return None
+        self._memory.move_to_end(key)
+        self.stats.hits[kind] += 1
+        return entry
+
+    def put(self, key: str, entry: CachedOutput) -> None:
+        """Keep ``entry``; least recently used entries go first when over the byte bound.
+        An entry larger than the whole bound is not kept."""
+        if key in self._memory:
+            self._used -= self._memory.pop(key).nbytes
+        if entry.nbytes > self.memory_bytes:
+            return
+        self._memory[key] = entry
+        self._used += entry.nbytes
+        while self._used > self.memory_bytes:
+            _, evicted = self._memory.popitem(last=False)
+            self._used -= evicted.nbytes
+            self.stats.evictions += 1
+
+    @property
+    def memory_used(self) -> int:
+        return self._used
+
+    # ------------------------------------------------------------------ disk (exports)
+
+    def _require_export_dir(self) -> Path:
+        if self.export_dir is None:
+            raise CacheWriteError("this cache has no export directory: give NodeCache an export_dir")
+        return self.export_dir
+
+    def get_export(self, key: str) -> CachedOutput | None:
+        """A committed export entry (its manifest and files), or None."""
+        entry_dir = self._require_export_dir() / key
+        manifest = entry_dir / MANIFEST
+        if not manifest.is_file():
+            self.stats.misses["export"] += 1
+            return None
+        data = json.loads(manifest.read_text())
+        result = data["result"]
+        result["path"] = entry_dir / result["path"]
+        if not result["path"].exists():
+            self.stats.misses["export"] += 1
+            return None
+        self.stats.hits["export"] += 1
+        resolved = data.get("resolved_config")
+        return CachedOutput(value=ExportResult(**result),
+                            resolved_config=config_from_dict(resolved) if resolved else None,
+                            records=data.get("records", {}))
+
+    def staging_dir(self, key: str) -> Path:
+        """A fresh, empty directory where an export stage writes before :meth:`commit_export`."""
+        path = self._require_export_dir() / f".{key}.staging-{os.getpid()}"
+        try:
+            if path.exists():
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
+        except OSError as exc:
+            raise CacheWriteError(f"cannot create the export staging directory {path}: {exc}") from exc
+        return path
+
+    def commit_export(self, key: str, staging: Path, entry: CachedOutput) -> CachedOutput:
+        """Move a finished export from ``staging`` into the cache; returns the entry with its final path."""
+        result: ExportResult = entry.value
+        final = self._require_export_dir() / key
+        try:
+            source = Path(result.path).resolve()
+            if not source.is_relative_to(staging.resolve()):
+                # The exporter wrote elsewhere: bring the file (or package directory) into the entry.
+                target = staging / source.name
+                if source.is_dir():
+                    shutil.copytree(source, target)
+                else:
+                    shutil.copy2(source, target)
+                source = target.resolve()
+            relative = source.relative_to(staging.resolve())
+            manifest = {
+                "result": {**asdict(result), "path": str(relative)},
+                "resolved_config": entry.resolved_config.to_dict() if entry.resolved_config else None,
+                "records": _jsonable(entry.records),
+            }
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging, final)
+        except OSError as exc:
+            raise CacheWriteError(f"storing export {result.format} in {final} failed: {exc}") from exc
+        committed = ExportResult(**{**asdict(result), "path": final / relative})
+        return CachedOutput(value=committed, resolved_config=entry.resolved_config, records=entry.records)
+
+
+def _jsonable(records: dict[str, Any]) -> dict[str, Any]:
+    """Records as JSON: values that are not JSON-ready become their ``str``."""
+    out = {}
+    for key, value in records.items():
+        try:
+            json.dumps(value)
+            out[key] = value
+        except TypeError:
+            out[key] = str(value)
+    return out

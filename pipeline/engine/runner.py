@@ -1,0 +1,286 @@
+"""Run a :class:`~pipeline.engine.graph.Pipeline` in topological order, through the node cache.
+
+For each trial the runner gets one config per stage node (``None`` = off: the
+node passes its input through, under its input's key) and a runtime. Model
+stages get a deep copy of their input (``pipeline.core.stage.apply_stage``);
+export stages also get ``ctx.float_model`` (the output of the last
+non-numeric stage: the float graph that Core ML and ONNX convert) and
+``ctx.upstream`` (the resolved configs before them, which they mirror).
+Evaluation nodes measure a model with :func:`pipeline.core.evaluate.evaluate_model`
+or report what an exporter checked.
+
+Scripted chains (:func:`run_chain`) are this runner over a chain pipeline, so a
+script and a search trial run a recipe the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.core.errors import ConfigError, InfeasibleConfig
+from pipeline.core.evaluate import LatencySettings, ModelReport, evaluate_model
+from pipeline.core.paths import cache_dir, results_dir
+from pipeline.core.runtime import is_compiled
+from pipeline.core.spec import ModelSpec, load_model
+from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage
+from pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
+from pipeline.engine.graph import Pipeline
+from pipeline.engine.recipe import Recipe, recipe_from_resolved
+
+#: Time categories of a run: stage work, measurement, exports.
+TIME_CATEGORIES = ("model_load", "stages", "evaluation", "exports")
+
+
+@dataclass
+class NodeResult:
+    """What one node produced in one run."""
+
+    name: str
+    kind: str
+    key: str
+    value: Any
+    config: StageConfig | None = None
+    resolved: StageConfig | None = None
+    cached: bool = False
+    seconds: float = 0.0
+    #: Resolved configs from the source up to and including this node (model nodes).
+    chain: tuple[StageConfig, ...] = ()
+    float_model: nn.Module | None = None
+    records: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ran(self) -> bool:
+        """False for a stage that was off (its value is its input's)."""
+        return self.kind in ("source", "evaluate") or self.config is not None
+
+
+@dataclass
+class RunResult:
+    """All node results of one run, the objective's report and the run's timings."""
+
+    pipeline: Pipeline
+    runtime: str
+    nodes: dict[str, NodeResult]
+    seconds: dict[str, float]
+    cache_hits: int
+    cache_misses: int
+
+    @property
+    def objective(self) -> NodeResult:
+        return self.nodes[self.pipeline.objective_node().name]
+
+    @property
+    def report(self) -> ModelReport:
+        report: ModelReport = self.objective.value
+        return report
+
+    @property
+    def exports(self) -> dict[str, ExportResult]:
+        return {n.name: self.nodes[n.name].value for n in self.pipeline.export_nodes()
+                if n.name in self.nodes and self.nodes[n.name].value is not None}
+
+    @property
+    def export_evaluations(self) -> dict[str, dict[str, Any]]:
+        objective = self.pipeline.objective_node().name
+        return {name: result.value for name, result in self.nodes.items()
+                if result.kind == "evaluate" and name != objective and result.value is not None}
+
+    def recipe(self, model: str | None, deferred_exports: Mapping[str, StageConfig | None] | None = None,
+               metadata: Mapping[str, Any] | None = None) -> Recipe:
+        """The replayable recipe: the objective model's resolved chain, then its exports
+        (resolved if they ran, else the configs in ``deferred_exports``)."""
+        chain = list(self.nodes[self.pipeline.objective_node().inputs[0]].chain)
+        for node in self.pipeline.export_nodes():
+            result = self.nodes.get(node.name)
+            if result is not None and result.config is not None:
+                chain.append(result.resolved or result.config)
+            elif deferred_exports and deferred_exports.get(node.name) is not None:
+                chain.append(deferred_exports[node.name])  # type: ignore[arg-type]
+        return recipe_from_resolved(chain, self.runtime, model, metadata)
+
+
+class Runner:
+    """Executes one pipeline for one spec on one device, caching node outputs across runs."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        spec: ModelSpec,
+        device: torch.device,
+        cache: NodeCache | None = None,
+        latency: LatencySettings = LatencySettings(),
+        batch_sizes: tuple[int, ...] | None = None,
+        work_dir: Path | None = None,
+        model: nn.Module | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.spec = spec
+        self.device = device
+        self.cache = cache if cache is not None else NodeCache(export_dir=cache_dir("exports"))
+        self.latency = latency
+        self.batch_sizes = batch_sizes
+        self.work_dir = work_dir or results_dir() / "work"
+        #: Seconds spent per category over this runner's life, failed runs included.
+        self.totals: dict[str, float] = dict.fromkeys(TIME_CATEGORIES, 0.0)
+        start = time.perf_counter()
+        self.model = model if model is not None else load_model(spec)
+        self.source_key = node_key("model", {"spec": spec.name, "weights": model_digest(self.model)}, (), device.type)
+        self.totals["model_load"] = time.perf_counter() - start
+
+    # ------------------------------------------------------------------ public
+
+    def run(
+        self,
+        configs: Mapping[str, StageConfig | None] | None = None,
+        runtime: str = "eager",
+        exports: bool = True,
+        evaluate: bool = True,
+    ) -> RunResult:
+        """Run every node (``exports=False``: skip exports and what reads them;
+        ``evaluate=False``: skip the evaluations of torch models).
+
+        ``configs`` gives a config (or ``None`` = off) per stage node; a node
+        missing from it uses its fixed config, or is off.
+        """
+        configs = dict(configs or {})
+        unknown = [name for name in configs if name not in self.pipeline or not self.pipeline.node(name).is_stage]
+        if unknown:
+            raise ConfigError(f"no stage node named {', '.join(unknown)} in pipeline '{self.pipeline.name}' "
+                              f"(stage nodes: {', '.join(n.name for n in self.pipeline.stage_nodes())})")
+        skipped = set() if exports else self.pipeline.downstream_of_exports()
+        hits0, misses0 = self.cache.stats.total_hits, self.cache.stats.total_misses
+        seconds = dict.fromkeys(TIME_CATEGORIES, 0.0)
+        results: dict[str, NodeResult] = {}
+        for node in self.pipeline:
+            if node.name in skipped:
+                continue
+            kind = self.pipeline.kind(node.name)
+            if kind == "evaluate" and not evaluate and self.pipeline.kind(node.inputs[0]) != "export":
+                continue
+            category = {"evaluate": "evaluation", "export": "exports"}.get(kind, "stages")
+            start = time.perf_counter()
+            try:
+                if kind == "source":
+                    result = NodeResult(node.name, kind, self.source_key, self.model, float_model=self.model)
+                elif kind == "evaluate":
+                    result = self._evaluate(node.name, results[node.inputs[0]], runtime)
+                else:
+                    config = configs.get(node.name, node.config)
+                    result = self._stage(node.name, kind, config, results[node.inputs[0]])
+            finally:
+                elapsed = time.perf_counter() - start
+                seconds[category] += elapsed
+                self.totals[category] += elapsed
+            result.seconds = elapsed
+            results[node.name] = result
+        return RunResult(
+            pipeline=self.pipeline,
+            runtime=runtime,
+            nodes=results,
+            seconds=seconds,
+            cache_hits=self.cache.stats.total_hits - hits0,
+            cache_misses=self.cache.stats.total_misses - misses0,
+        )
+
+    # ------------------------------------------------------------------ nodes
+
+    def _context(self, parent: NodeResult, output_dir: Path | None, with_float_model: bool) -> StageContext:
+        float_model = None
+        if with_float_model and parent.float_model is not None:
+            float_model = copy.deepcopy(parent.float_model)  # an exporter may trace or cast it
+        return StageContext(spec=self.spec, device=self.device, output_dir=output_dir,
+                            upstream=parent.chain, records={}, float_model=float_model, input_key=parent.key)
+
+    def _stage(self, name: str, kind: str, config: StageConfig | None, parent: NodeResult) -> NodeResult:
+
+        if config is None:
+            # Off: pass the input through under its own key (so "off" shares every cache entry).
+            value = parent.value if kind == "model" else None
+            return NodeResult(name, kind, parent.key, value, chain=parent.chain, float_model=parent.float_model)
+        stage = self.pipeline.stage(name)
+        if not isinstance(config, stage.config_type):
+            raise ConfigError(f"node '{name}' runs stage '{stage.name}' but got a {type(config).__name__}")
+        key = node_key(stage.name, config.to_dict(), (parent.key,), self.device.type)
+        if kind == "export":
+            return self._export(name, key, config, parent)
+        cached = self.cache.get(key, "model")
+        if cached is None:
+            ctx = self._context(parent, self.work_dir / "stages" / key, with_float_model=False)
+            model = _apply_node(name, config, parent, ctx)
+            if not isinstance(model, nn.Module):
+                raise TypeError(f"stage '{stage.name}' returned a {type(model).__name__}, not a torch.nn.Module")
+            cached = CachedOutput(model, ctx.resolved_config, dict(ctx.records), model_bytes(model))
+            self.cache.put(key, cached)
+            hit = False
+        else:
+            hit = True
+        resolved = cached.resolved_config or config
+        float_model = parent.float_model if stage.numeric else cached.value
+        return NodeResult(name, kind, key, cached.value, config, resolved, hit,
+                          chain=(*parent.chain, resolved), float_model=float_model, records=cached.records)
+
+    def _export(self, name: str, key: str, config: StageConfig, parent: NodeResult) -> NodeResult:
+        cached = self.cache.get_export(key)
+        hit = cached is not None
+        if cached is None:
+            staging = self.cache.staging_dir(key)
+            ctx = self._context(parent, staging, with_float_model=True)
+            result = _apply_node(name, config, parent, ctx)
+            if not isinstance(result, ExportResult):
+                raise TypeError(f"export stage '{config.stage}' returned a {type(result).__name__}, "
+                                "not an ExportResult")
+            entry = CachedOutput(result, ctx.resolved_config, dict(ctx.records))
+            cached = self.cache.commit_export(key, staging, entry)
+        resolved = cached.resolved_config or config
+        return NodeResult(name, "export", key, cached.value, config, resolved, hit,
+                          chain=(*parent.chain, resolved), records=cached.records)
+
+    def _evaluate(self, name: str, parent: NodeResult, runtime: str) -> NodeResult:
+        if parent.kind == "export":
+            return NodeResult(name, "evaluate", parent.key, _export_evaluation(parent.value))
+        settings = {"runtime": runtime, "latency": asdict(self.latency), "batch_sizes": self.batch_sizes}
+        key = node_key("evaluate", settings, (parent.key,), self.device.type)
+        cached = self.cache.get(key, "evaluation")
+        hit = cached is not None
+        if cached is None:
+            if is_compiled(runtime):
+                # Fresh dynamo state: many models of one class would otherwise hit the
+                # recompile limit and silently run eager.
+                torch.compiler.reset()
+            report = evaluate_model(parent.value, self.spec, self.device, runtime=runtime,
+                                    settings=self.latency, batch_sizes=self.batch_sizes)
+            cached = CachedOutput(report, nbytes=0)
+            self.cache.put(key, cached)
+        return NodeResult(name, "evaluate", key, cached.value, cached=hit)
+
+
+def _export_evaluation(result: ExportResult | None) -> dict[str, Any] | None:
+    """What an exporter checked about its file (metrics it measured, how it validated)."""
+    if result is None:
+        return None
+    return {"format": result.format, "size_bytes": result.size_bytes, "validation": result.validation,
+            **result.metrics}
+
+
+def _apply_node(name: str, config: StageConfig, parent: NodeResult, ctx: StageContext) -> Any:
+    """Apply one node's stage; errors say which node and config they came from."""
+    try:
+        return apply_stage(parent.value, config, ctx)
+    except InfeasibleConfig as exc:
+        raise _with_node(exc, name) from exc
+    except Exception as exc:
+        exc.add_note(f"while running pipeline node '{name}' ({config.stage}) with {config.describe()}")
+        raise
+
+
+def _with_node(exc: InfeasibleConfig, node: str) -> InfeasibleConfig:
+    reason = exc.reason if exc.reason.startswith(f"{node}:") else f"{node}: {exc.reason}"
+    return InfeasibleConfig(reason)

@@ -1,0 +1,126 @@
+"""What the search optimizes: objective values, the metric-drop constraint and per-trial metrics.
+
+Defaults: maximize the spec's metric (minimize it when lower is better) and
+minimize latency p50 at the spec's first latency batch size; optionally
+minimize the serialized size. The allowed metric drop against the unoptimized
+baseline is a constraint (``drop - max_drop <= 0`` is feasible), stored on the
+trial with ``trial.set_constraint`` (Optuna 5's replacement of the deprecated
+sampler ``constraints_func``), which every sampler and ``study.best_trials`` read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.evaluate import ModelReport
+from pipeline.core.spec import ModelSpec
+
+ObjectiveName = Literal["metric", "latency", "size"]
+OBJECTIVE_NAMES: tuple[ObjectiveName, ...] = ("metric", "latency", "size")
+CONSTRAINT_NAME = "metric_drop"
+
+# What each trial stores in Optuna (user attrs), so that reports and replays need only the storage.
+ATTR_CONFIGS = "paretorch.configs"  # {node: config dict | None}: what the trial asked for
+ATTR_RUNTIME = "paretorch.runtime"
+ATTR_SEED = "paretorch.seed"  # name of an enqueued seed (baseline, amp-only ...), set at enqueue time
+ATTR_SEED_RECIPE = "paretorch.seed_recipe"  # the seed's stage configs, set at enqueue time
+ATTR_RECIPE = "paretorch.recipe"  # the resolved recipe (JSON-ready dict)
+ATTR_RECIPE_LINE = "paretorch.recipe_line"
+ATTR_METRICS = "paretorch.metrics"
+ATTR_SECONDS = "paretorch.seconds"
+ATTR_CACHE = "paretorch.cache"
+ATTR_INFEASIBLE = "paretorch.infeasible"
+ATTR_TRACEBACK = "paretorch.traceback"
+# Study user attrs.
+ATTR_BASELINE = "paretorch.baseline"
+ATTR_EXPORTS = "paretorch.exports"  # + ".<trial number>": {export node: "ok" | reason}
+ATTR_SEARCH = "paretorch.search"  # the search config (JSON) that named the study
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The unoptimized model's numbers every trial is compared with."""
+
+    metric_value: float
+    latency_ms: float
+    size_bytes: float
+    trial: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Baseline:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class Objectives:
+    """The objective list of one study and how to read it off a :class:`ModelReport`."""
+
+    spec: ModelSpec
+    names: tuple[ObjectiveName, ...]
+    latency_batch: int
+    max_drop: float
+
+    @classmethod
+    def create(cls, spec: ModelSpec, names: Sequence[str], max_drop: float,
+               latency_batch: int | None = None) -> Objectives:
+        unknown = [n for n in names if n not in OBJECTIVE_NAMES]
+        if unknown or not names or len(set(names)) != len(names):
+            raise ConfigError(f"objectives must be distinct names from {', '.join(OBJECTIVE_NAMES)}; got {list(names)}")
+        if "metric" not in names:
+            raise ConfigError("the objectives must include 'metric' (the task metric is what the drop is measured on)")
+        if max_drop < 0:
+            raise ConfigError(f"max_drop={max_drop}: must be >= 0 (an absolute drop of the metric)")
+        batch = latency_batch if latency_batch is not None else spec.latency_batch_sizes[0]
+        return cls(spec=spec, names=tuple(names), latency_batch=batch, max_drop=max_drop)  # type: ignore[arg-type]
+
+    @property
+    def latency_key(self) -> str:
+        return f"latency_ms_p50_b{self.latency_batch}"
+
+    def directions(self) -> list[Literal["minimize", "maximize"]]:
+        return [self._direction(n) for n in self.names]
+
+    def _direction(self, name: ObjectiveName) -> Literal["minimize", "maximize"]:
+        if name == "metric":
+            return "maximize" if self.spec.metric.higher_is_better else "minimize"
+        return "minimize"
+
+    def metric_names(self) -> list[str]:
+        """Names of the objective values, in order (stored on the study, logged to MLflow)."""
+        keys = {"metric": self.spec.metric.name, "latency": self.latency_key, "size": "size_bytes"}
+        return [keys[n] for n in self.names]
+
+    def values(self, report: ModelReport) -> tuple[float, ...]:
+        by_name = {
+            "metric": report.metric_value,
+            "latency": report.latency_p50(self.latency_batch),
+            "size": float(report.size_bytes),
+        }
+        return tuple(by_name[n] for n in self.names)
+
+    def baseline_from(self, report: ModelReport, trial: int | None = None) -> Baseline:
+        return Baseline(report.metric_value, report.latency_p50(self.latency_batch), float(report.size_bytes), trial)
+
+    def drop(self, baseline: Baseline, metric_value: float) -> float:
+        """How much worse than the baseline (absolute; positive = worse)."""
+        return self.spec.metric.drop(baseline.metric_value, metric_value)
+
+    def constraint(self, baseline: Baseline, metric_value: float) -> float:
+        """``drop - max_drop``: feasible when <= 0."""
+        return self.drop(baseline, metric_value) - self.max_drop
+
+    def trial_metrics(self, report: ModelReport, baseline: Baseline) -> dict[str, float]:
+        """Everything logged for one trial: the report's measurements plus drop and ratios."""
+        metrics = report.as_metrics()
+        latency = report.latency_p50(self.latency_batch)
+        metrics["metric_drop"] = self.drop(baseline, report.metric_value)
+        metrics["speedup"] = baseline.latency_ms / latency if latency > 0 else 0.0
+        metrics["size_ratio"] = report.size_bytes / baseline.size_bytes if baseline.size_bytes else 0.0
+        return metrics

@@ -1,0 +1,227 @@
+"""The Pareto front of a study as a table (rich, and columns for MLflow) and as plots.
+
+Rows come from what each trial stored in Optuna (its metrics and recipe), so
+``python -m pipeline report`` rebuilds the same table from storage alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from optuna.trial import TrialState
+from rich.table import Table
+
+from pipeline.core.report import format_bytes
+from pipeline.search.objectives import (
+    ATTR_EXPORTS,
+    ATTR_METRICS,
+    ATTR_RECIPE_LINE,
+    Baseline,
+    Objectives,
+)
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+
+@dataclass(frozen=True)
+class ParetoRow:
+    """One trial on the front, in the units a person reads."""
+
+    trial: int
+    metric: float
+    drop: float
+    latency_ms: float
+    speedup: float
+    size_bytes: float
+    recipe: str
+    exports: str
+    compile_seconds: float = 0.0
+
+
+def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Feasible, non-dominated complete trials (``study.best_trials`` honours the constraint)."""
+    return list(study.best_trials)
+
+
+def trial_row(trial: FrozenTrial, objectives: Objectives, exports: str = "") -> ParetoRow:
+    metrics: Mapping[str, float] = trial.user_attrs.get(ATTR_METRICS, {})
+    return ParetoRow(
+        trial=trial.number,
+        metric=float(metrics.get(objectives.spec.metric.name, math.nan)),
+        drop=float(metrics.get("metric_drop", math.nan)),
+        latency_ms=float(metrics.get(objectives.latency_key, math.nan)),
+        speedup=float(metrics.get("speedup", math.nan)),
+        size_bytes=float(metrics.get("size_bytes", math.nan)),
+        recipe=str(trial.user_attrs.get(ATTR_RECIPE_LINE, "")),
+        exports=exports,
+        compile_seconds=float(metrics.get("compile_seconds", 0.0)),
+    )
+
+
+def distinct_front(study: optuna.Study) -> list[tuple[FrozenTrial, list[int]]]:
+    """The front without repeats: samplers re-propose a config (the cache makes the repeat
+    free); each recipe is kept once, as its first trial, with the numbers of its repeats."""
+    groups: dict[tuple[str, tuple[float, ...]], tuple[FrozenTrial, list[int]]] = {}
+    for trial in sorted(pareto_trials(study), key=lambda t: t.number):
+        key = (str(trial.user_attrs.get(ATTR_RECIPE_LINE, trial.number)), tuple(trial.values))
+        if key in groups:
+            groups[key][1].append(trial.number)
+        else:
+            groups[key] = (trial, [])
+    return list(groups.values())
+
+
+def pareto_rows(study: optuna.Study, objectives: Objectives) -> list[ParetoRow]:
+    """Rows of the distinct Pareto front, fastest first; export notes from the study's user attrs."""
+    attrs = study.user_attrs
+    rows = []
+    for trial, repeats in distinct_front(study):
+        row = trial_row(trial, objectives, _export_note(attrs.get(export_attr(trial.number))))
+        if repeats:
+            row = replace(row, recipe=f"{row.recipe} (again in {', '.join(map(str, repeats))})")
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r.latency_ms, -r.metric))
+
+
+def export_attr(trial_number: int) -> str:
+    """The study user attr holding trial ``trial_number``'s export outcome."""
+    return f"{ATTR_EXPORTS}.{trial_number}"
+
+
+def _export_note(note: Mapping[str, str] | None) -> str:
+    """``{"export.onnx": "ok", "export.coreml": "infeasible: ..."}`` -> ``onnx, coreml (infeasible: ...)``."""
+    if note is None:
+        return "not exported yet"
+    if not note:
+        return "none"
+    parts = []
+    for name, status in note.items():
+        short = name.removeprefix("export.")
+        parts.append(short if status == "ok" else f"{short} ({status})")
+    return ", ".join(parts) or "none"
+
+
+def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str) -> Table:
+    """The table printed at the end of ``optimize`` and by ``report``."""
+    metric = objectives.spec.metric.name
+    table = Table(title=title, show_header=True, header_style="bold", show_lines=False)
+    table.add_column("trial", justify="right")
+    table.add_column(metric, justify="right")
+    table.add_column("drop", justify="right")
+    table.add_column(f"p50 ms (b{objectives.latency_batch})", justify="right")
+    table.add_column("speed-up", justify="right")
+    table.add_column("size", justify="right")
+    table.add_column("recipe")
+    table.add_column("exports")
+    for row in rows:
+        table.add_row(
+            str(row.trial),
+            f"{row.metric:.4f}",
+            f"{row.drop:+.4f}",
+            f"{row.latency_ms:.3f}",
+            f"{row.speedup:.2f}x",
+            format_bytes(row.size_bytes) if math.isfinite(row.size_bytes) else "?",
+            row.recipe,
+            row.exports,
+        )
+    return table
+
+
+def table_columns(rows: Sequence[ParetoRow], objectives: Objectives) -> dict[str, list[Any]]:
+    """The same table as columns, for ``MlflowClient.log_table``."""
+    return {
+        "trial": [r.trial for r in rows],
+        objectives.spec.metric.name: [r.metric for r in rows],
+        "metric_drop": [r.drop for r in rows],
+        objectives.latency_key: [r.latency_ms for r in rows],
+        "speedup": [r.speedup for r in rows],
+        "size_bytes": [r.size_bytes for r in rows],
+        "recipe": [r.recipe for r in rows],
+        "exports": [r.exports for r in rows],
+    }
+
+
+# --------------------------------------------------------------------------- plots
+
+
+@dataclass(frozen=True)
+class _Point:
+    trial: int
+    latency_ms: float
+    metric: float
+    feasible: bool
+    pareto: bool
+    recipe: str
+
+
+def _points(study: optuna.Study, objectives: Objectives) -> list[_Point]:
+    front = {t.number for t in pareto_trials(study)}
+    points = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        row = trial_row(trial, objectives)
+        feasible = all(v <= 0 for v in trial.constraints.values())
+        points.append(_Point(trial.number, row.latency_ms, row.metric, feasible, trial.number in front, row.recipe))
+    return points
+
+
+def pareto_figure_png(study: optuna.Study, objectives: Objectives, baseline: Baseline | None) -> Any:
+    """A matplotlib figure: every complete trial, the feasible front as a step line, the baseline."""
+    from matplotlib.figure import Figure
+
+    points = _points(study, objectives)
+    figure = Figure(figsize=(8, 5), dpi=110)
+    axes = figure.add_subplot()
+    for feasible, marker, label in ((True, "o", "feasible"), (False, "x", "over the allowed drop")):
+        chosen = [p for p in points if p.feasible == feasible and not p.pareto]
+        axes.scatter([p.latency_ms for p in chosen], [p.metric for p in chosen], marker=marker, c="0.6", label=label)
+    front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms)
+    if front:
+        axes.step([p.latency_ms for p in front], [p.metric for p in front], where="post", c="tab:red", lw=1)
+        axes.scatter([p.latency_ms for p in front], [p.metric for p in front], c="tab:red", label="Pareto front")
+        for p in front:
+            axes.annotate(str(p.trial), (p.latency_ms, p.metric), textcoords="offset points", xytext=(4, 4))
+    if baseline is not None:
+        axes.scatter([baseline.latency_ms], [baseline.metric_value], marker="*", s=160, c="tab:blue",
+                     label="baseline")
+        axes.axhline(baseline.metric_value - objectives.max_drop if objectives.spec.metric.higher_is_better
+                     else baseline.metric_value + objectives.max_drop, ls="--", c="0.5", lw=0.8)
+    axes.set_xlabel(f"latency p50, batch {objectives.latency_batch} (ms)")
+    axes.set_ylabel(objectives.spec.metric.name)
+    axes.set_title(f"{objectives.spec.name}: {objectives.spec.metric.name} vs latency")
+    axes.legend(loc="best", fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
+def pareto_figure_html(study: optuna.Study, objectives: Objectives, baseline: Baseline | None) -> Any:
+    """The same plot in plotly (interactive; hover shows each trial's recipe)."""
+    import plotly.graph_objects as go
+
+    points = _points(study, objectives)
+    figure = go.Figure()
+    groups = (
+        ("feasible", [p for p in points if p.feasible and not p.pareto], "circle", "gray"),
+        ("over the allowed drop", [p for p in points if not p.feasible], "x", "lightgray"),
+        ("Pareto front", sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms), "circle", "red"),
+    )
+    for name, chosen, symbol, color in groups:
+        figure.add_trace(go.Scatter(
+            x=[p.latency_ms for p in chosen], y=[p.metric for p in chosen], name=name,
+            mode="lines+markers" if name == "Pareto front" else "markers",
+            line={"shape": "hv"}, marker={"symbol": symbol, "color": color, "size": 9},
+            text=[f"trial {p.trial}: {p.recipe}" for p in chosen], hoverinfo="text+x+y",
+        ))
+    if baseline is not None:
+        figure.add_trace(go.Scatter(x=[baseline.latency_ms], y=[baseline.metric_value], name="baseline",
+                                    mode="markers", marker={"symbol": "star", "size": 14, "color": "blue"}))
+    figure.update_layout(
+        title=f"{objectives.spec.name}: {objectives.spec.metric.name} vs latency",
+        xaxis_title=f"latency p50, batch {objectives.latency_batch} (ms)",
+        yaxis_title=objectives.spec.metric.name,
+    )
+    return figure

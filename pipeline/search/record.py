@@ -1,0 +1,137 @@
+"""One typed record per trial: built once, then written to Optuna and to MLflow.
+
+The objective builds a :class:`TrialRecord` when a trial ends (complete, infeasible or
+failed); its :meth:`~TrialRecord.user_attrs` are the trial's Optuna user attributes, and
+the tracker's child run is written from the same record in one call (params = the
+*resolved* recipe, metrics, tags). A trial that an earlier process ran is read back with
+:meth:`TrialRecord.from_trial`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from pipeline.core.stage import StageConfig
+from pipeline.engine.recipe import OFF, Recipe, configs_from_json, configs_to_json, flatten_node_configs
+from pipeline.search.objectives import (
+    ATTR_CACHE,
+    ATTR_CONFIGS,
+    ATTR_INFEASIBLE,
+    ATTR_METRICS,
+    ATTR_RECIPE,
+    ATTR_RECIPE_LINE,
+    ATTR_RUNTIME,
+    ATTR_SECONDS,
+    ATTR_SEED,
+    ATTR_TRACEBACK,
+)
+
+COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """What one trial asked for, what it resolved to and what it measured."""
+
+    number: int
+    state: str
+    runtime: str
+    #: Per stage node: the config the trial asked for (None = off).
+    configs: dict[str, StageConfig | None] = field(default_factory=dict)
+    #: The resolved, replayable recipe (complete trials).
+    recipe: Recipe | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    cache: dict[str, int] = field(default_factory=dict)
+    seed: str | None = None
+    infeasible: str | None = None
+    error: str | None = None
+    start_ms: int | None = None
+
+    # ------------------------------------------------------------------ Optuna
+
+    def user_attrs(self) -> dict[str, Any]:
+        """The trial's Optuna user attributes (the seed's are set when it is enqueued)."""
+        attrs: dict[str, Any] = {ATTR_CONFIGS: configs_to_json(self.configs), ATTR_RUNTIME: self.runtime}
+        if self.recipe is not None:
+            attrs[ATTR_RECIPE] = self.recipe.to_dict()
+            attrs[ATTR_RECIPE_LINE] = self.recipe.describe()
+        if self.metrics:
+            attrs[ATTR_METRICS] = dict(self.metrics)
+        if self.seconds:
+            attrs[ATTR_SECONDS] = dict(self.seconds)
+        if self.cache:
+            attrs[ATTR_CACHE] = dict(self.cache)
+        if self.infeasible is not None:
+            attrs[ATTR_INFEASIBLE] = self.infeasible
+        if self.error is not None:
+            attrs[ATTR_TRACEBACK] = self.error[-20000:]
+        return attrs
+
+    @classmethod
+    def from_trial(cls, trial: FrozenTrial) -> TrialRecord:
+        """The record of a finished trial read back from storage (e.g. run by an earlier process)."""
+        attrs = trial.user_attrs
+        recipe = Recipe.from_dict(attrs[ATTR_RECIPE]) if ATTR_RECIPE in attrs else None
+        error = attrs.get(ATTR_TRACEBACK) or trial.system_attrs.get("fail_reason")
+        return cls(
+            number=trial.number,
+            state=trial.state.name,
+            runtime=str(attrs.get(ATTR_RUNTIME, recipe.runtime if recipe else "?")),
+            configs=configs_from_json(attrs.get(ATTR_CONFIGS, {})),
+            recipe=recipe,
+            metrics=dict(attrs.get(ATTR_METRICS, {})),
+            seconds=dict(attrs.get(ATTR_SECONDS, {})),
+            cache=dict(attrs.get(ATTR_CACHE, {})),
+            seed=attrs.get(ATTR_SEED),
+            infeasible=attrs.get(ATTR_INFEASIBLE),
+            error=str(error) if error and trial.state.name == FAIL else None,
+            start_ms=int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None,
+        )
+
+    # ------------------------------------------------------------------ MLflow
+
+    def params(self) -> dict[str, str]:
+        """Flat params: the resolved recipe where the trial completed (e.g. the calibrated AMP
+        dtype and float32 layers), the requested configs otherwise; stages that were off say so."""
+        params = flatten_node_configs(self.configs, self.runtime)
+        if self.recipe is None:
+            return params
+        resolved = {k: v for k, v in params.items() if v == OFF}
+        resolved.update(self.recipe.flat_params())
+        return resolved
+
+    def tracking_metrics(self) -> dict[str, float]:
+        metrics = dict(self.metrics)
+        metrics.update({f"seconds_{k}": v for k, v in self.seconds.items()})
+        metrics.update({f"cache_{k}": float(v) for k, v in self.cache.items()})
+        return metrics
+
+    def tracking_tags(self, common: Mapping[str, str]) -> dict[str, str]:
+        tags = {**common, "pareto": "false", "optuna.trial_number": str(self.number)}
+        if self.seed is not None:
+            tags["seed"] = self.seed
+        if self.recipe is not None:
+            tags["recipe"] = self.recipe.describe()
+        if self.infeasible is not None:
+            tags["infeasible_reason"] = self.infeasible
+        if self.error:
+            tags["error"] = self.error.strip().splitlines()[-1][:500]
+        return tags
+
+    def texts(self) -> dict[str, str]:
+        return {"traceback.txt": self.error} if self.state == FAIL and self.error else {}
+
+    # ------------------------------------------------------------------ search bookkeeping
+
+    @property
+    def stages_key(self) -> str | None:
+        """The resolved model stages as one comparable string (runtime and exports left out)."""
+        if self.recipe is None:
+            return None
+        return json.dumps([c.to_dict() for c in self.recipe.model_stages()], sort_keys=True, default=str)

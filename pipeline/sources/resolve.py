@@ -1,0 +1,140 @@
+"""Turn a ``MODEL=`` string into a checked :class:`ModelSpec`.
+
+Accepted forms:
+
+* a built-in name: ``digits`` -> ``experiments/models/digits.py``'s ``spec``;
+* ``path/to/file.py:attr``;
+* ``package.module:attr``;
+* a TorchScript file (``model.pt``), a ``.pt2`` ExportedProgram, or
+  ``hf:path/to/dir`` (see :mod:`pipeline.sources`; these take
+  :class:`~pipeline.sources.SourceOptions`: ``--input-shape`` / ``--inputs-file``).
+
+``attr`` is a :class:`ModelSpec` or a zero-argument callable returning one.
+Every failure raises :class:`SpecError` with one line saying what was tried and
+what to do, before any search starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from torch import nn
+
+from pipeline.core.errors import SpecError
+from pipeline.core.spec import ModelSpec
+from pipeline.sources import SourceOptions, resolve_source
+
+#: The package of the shipped model specs (one module per model, each with a ``spec``).
+BUILTIN_PACKAGE = "experiments.models"
+BUILTIN_ATTR = "spec"
+
+#: Resolvers for other model sources (TorchScript, .pt2, hf:...): each takes the
+#: reference and the source options and returns a spec, or None if it is not theirs.
+SOURCE_RESOLVERS: list[Callable[[str, SourceOptions], ModelSpec | None]] = [resolve_source]
+
+
+def builtin_names() -> list[str]:
+    """Names of the specs shipped in ``experiments/models/``."""
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    return sorted(info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_"))
+
+
+def resolve_spec(ref: str, options: SourceOptions | None = None) -> ModelSpec:
+    """Resolve ``ref`` to a ModelSpec (not yet built; see :func:`load_model`).
+
+    ``options`` (``--input-shape``, ``--inputs-file``, ``--output-kind``) apply
+    only to the file and directory sources; given with a Python spec they are
+    an error rather than silently ignored.
+    """
+    ref = ref.strip()
+    options = options or SourceOptions()
+    if not ref:
+        raise SpecError(f"no model given: pass MODEL=<name> (built-ins: {', '.join(builtin_names())})")
+    for resolver in SOURCE_RESOLVERS:
+        spec = resolver(ref, options)
+        if spec is not None:
+            return spec
+    if options.given:
+        raise SpecError(
+            f"{' and '.join(options.given)}: only for TorchScript (.pt), .pt2 and hf: models, "
+            f"not for '{ref}' (a Python spec brings its own data)"
+        )
+    if ":" in ref:
+        target, _, attr = ref.rpartition(":")
+        if target.endswith(".py") or "/" in target or "\\" in target or Path(target).exists():
+            module = _import_file(target)
+        else:
+            module = _import_module(target)
+        return _spec_from_attr(module, attr, ref)
+    if ref in builtin_names():
+        module = _import_module(f"{BUILTIN_PACKAGE}.{ref}")
+        return _spec_from_attr(module, BUILTIN_ATTR, ref)
+    if ref.endswith(".py") or Path(ref).exists():
+        raise SpecError(
+            f"model '{ref}' names a file but no attribute: use '{ref}:<attr>' (a ModelSpec or a function returning one)"
+        )
+    raise SpecError(
+        f"unknown model '{ref}': built-ins are {', '.join(builtin_names())}; "
+        "or pass path/to/file.py:attr or package.module:attr"
+    )
+
+
+def _import_file(path_text: str) -> ModuleType:
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise SpecError(f"model file not found: {path} (check the path before ':')")
+    name = f"_paretorch_user_{abs(hash(str(path.resolve())))}"
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise SpecError(f"cannot import {path}: not a Python source file")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:  # the user's module: quote its error, whatever it is
+        sys.modules.pop(name, None)
+        raise SpecError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _import_module(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            raise SpecError(f"module '{name}' not found: is it installed or on PYTHONPATH?") from exc
+        raise SpecError(f"importing module '{name}' failed: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        raise SpecError(f"importing module '{name}' failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _spec_from_attr(module: ModuleType, attr: str, ref: str) -> ModelSpec:
+    if not attr:
+        raise SpecError(f"model '{ref}' has an empty attribute after ':'")
+    if not hasattr(module, attr):
+        public = sorted(a for a in vars(module) if not a.startswith("_"))
+        raise SpecError(f"'{ref}': module has no attribute '{attr}' (it has: {', '.join(public[:12])})")
+    value: Any = getattr(module, attr)
+    if not isinstance(value, ModelSpec):
+        if not callable(value) or isinstance(value, type | nn.Module):
+            raise SpecError(
+                f"'{ref}' is a {type(value).__name__}, not a ModelSpec or a zero-argument function returning one"
+            )
+        try:
+            value = value()
+        except TypeError as exc:
+            raise SpecError(f"calling '{ref}' failed: {exc} (it must take no arguments)") from exc
+        except Exception as exc:
+            raise SpecError(f"calling '{ref}' failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(value, ModelSpec):
+            raise SpecError(f"'{ref}' returned a {type(value).__name__}, not a ModelSpec")
+    if not value.source:
+        object.__setattr__(value, "source", ref)
+    return value

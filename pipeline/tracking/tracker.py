@@ -1,0 +1,225 @@
+"""MLflow tracking through ``MlflowClient`` with explicit run ids (no global active run).
+
+* one experiment per model spec (``paretorch/<spec>``);
+* one parent run per Optuna study (tag ``paretorch.study``); a resumed study keeps
+  logging under the same parent;
+* one child run per trial (tag ``paretorch.trial``): params = the flattened
+  per-node configs, metrics = the trial's measurements, tags = device, library
+  versions, trial state, ``pareto``, the infeasibility reason;
+* Pareto trials carry their recipe JSON and exported files as artifacts;
+* the parent carries the Pareto table (``log_table``) and the Pareto plot (PNG and HTML).
+
+Default store: SQLite in the results directory (``<results>/mlflow.db``, artifacts
+under ``<results>/mlartifacts``), the store ``make ui`` serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.paths import results_dir
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+TRACKED_LIBRARIES = ("torch", "torchao", "torch-pruning", "coremltools", "onnx", "onnxruntime", "optuna", "mlflow")
+STUDY_TAG = "paretorch.study"
+ROLE_TAG = "paretorch.role"
+TRIAL_TAG = "paretorch.trial"
+PARENT_TAG = "mlflow.parentRunId"
+_INVALID_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def default_tracking_uri() -> str:
+    """``sqlite:///<results>/mlflow.db``."""
+    return f"sqlite:///{results_dir() / 'mlflow.db'}"
+
+
+def artifact_root_for(uri: str) -> Path | None:
+    """Where a local store keeps artifacts: ``mlartifacts/`` beside a SQLite file; None for a server
+    (it decides)."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts"
+    return None
+
+
+def experiment_name(spec_name: str) -> str:
+    return f"paretorch/{spec_name}"
+
+
+def library_tags() -> dict[str, str]:
+    tags = {}
+    for name in TRACKED_LIBRARIES:
+        try:
+            tags[f"version.{name}"] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            tags[f"version.{name}"] = "not installed"
+    return tags
+
+
+def clean_key(key: str) -> str:
+    """An MLflow-safe param/metric/tag name (``prune#2.ratio`` -> ``prune_2.ratio``)."""
+    return _INVALID_KEY_CHARS.sub("_", key)
+
+
+class Tracker:
+    """Logs one study and its trials to MLflow; every call names its run id explicitly."""
+
+    def __init__(self, tracking_uri: str | None = None) -> None:
+        from mlflow import MlflowClient
+
+        # MLflow's SQLite store logs schema migrations at INFO on first use.
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        self.uri = tracking_uri or default_tracking_uri()
+        self.artifact_root = artifact_root_for(self.uri)
+        try:
+            self.client: MlflowClient = MlflowClient(tracking_uri=self.uri)
+        except Exception as exc:
+            raise PipelineError(f"cannot open the MLflow store {self.uri}: {type(exc).__name__}: {exc}") from exc
+        self.experiment_id = ""
+        self.parent_run_id = ""
+        self.children: dict[int, str] = {}
+        self.study_name = ""
+
+    # ------------------------------------------------------------------ study (parent run)
+
+    def open_study(self, spec_name: str, study_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+        """Find or create the experiment and the study's parent run; returns the parent run id."""
+        self.study_name = study_name
+        name = experiment_name(spec_name)
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is None:
+            location = None
+            if self.artifact_root is not None:
+                location = (self.artifact_root / clean_key(name).replace("/", "-")).as_uri()
+            self.experiment_id = self.client.create_experiment(name, artifact_location=location)
+        else:
+            self.experiment_id = experiment.experiment_id
+        parents = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{STUDY_TAG}` = '{study_name}' and tags.`{ROLE_TAG}` = 'study'",
+            max_results=1,
+        )
+        if parents:
+            self.parent_run_id = parents[0].info.run_id
+            self.client.update_run(self.parent_run_id, status="RUNNING")
+            self._load_children()
+        else:
+            run = self.client.create_run(
+                self.experiment_id,
+                run_name=study_name,
+                tags={STUDY_TAG: study_name, ROLE_TAG: "study", **library_tags(), **tags},
+            )
+            self.parent_run_id = run.info.run_id
+            self._log(self.parent_run_id, params=params)
+        return self.parent_run_id
+
+    def _load_children(self) -> None:
+        page_token = None
+        while True:
+            page = self.client.search_runs(
+                [self.experiment_id],
+                filter_string=f"tags.`{PARENT_TAG}` = '{self.parent_run_id}'",
+                max_results=1000,
+                page_token=page_token,
+            )
+            for run in page:
+                number = run.data.tags.get(TRIAL_TAG)
+                if number is not None:
+                    self.children[int(number)] = run.info.run_id
+            page_token = page.token
+            if not page_token:
+                break
+
+    def close_study(self, status: str = "FINISHED") -> None:
+        if self.parent_run_id:
+            self.client.set_terminated(self.parent_run_id, status=status)
+
+    # ------------------------------------------------------------------ trials (child runs)
+
+    def log_trial(
+        self,
+        number: int,
+        state: str,
+        params: Mapping[str, Any],
+        metrics: Mapping[str, float],
+        tags: Mapping[str, str],
+        start_ms: int | None = None,
+        texts: Mapping[str, str] | None = None,
+    ) -> str:
+        """Create (once) the child run of trial ``number`` and log everything about it."""
+        if number in self.children:
+            return self.children[number]
+        run = self.client.create_run(
+            self.experiment_id,
+            start_time=start_ms,
+            run_name=f"trial-{number:03d}",
+            tags={PARENT_TAG: self.parent_run_id, STUDY_TAG: self.study_name, ROLE_TAG: "trial",
+                  TRIAL_TAG: str(number), "state": state, **library_tags(), **tags},
+        )
+        run_id = run.info.run_id
+        self._log(run_id, params=params, metrics=metrics)
+        for artifact_file, text in (texts or {}).items():
+            self.client.log_text(run_id, text, artifact_file)
+        status = {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED")
+        self.client.set_terminated(run_id, status=status)
+        self.children[number] = run_id
+        return run_id
+
+    def set_trial_tags(self, number: int, tags: Mapping[str, str]) -> None:
+        if number in self.children:
+            self._log(self.children[number], tags=tags)
+
+    def trial_tags(self, number: int) -> dict[str, str]:
+        if number not in self.children:
+            return {}
+        return dict(self.client.get_run(self.children[number]).data.tags)
+
+    def log_trial_files(self, number: int, files: Mapping[str, Sequence[Path]]) -> None:
+        """Attach files and directories (e.g. a ``.mlpackage``) to a trial's run:
+        ``{artifact dir ("" = root): [local paths]}``."""
+        run_id = self.children[number]
+        for artifact_path, paths in files.items():
+            for path in paths:
+                if path.is_dir():
+                    target = f"{artifact_path}/{path.name}" if artifact_path else path.name
+                    self.client.log_artifacts(run_id, str(path), target)
+                else:
+                    self.client.log_artifact(run_id, str(path), artifact_path or None)
+
+    def log_trial_metrics(self, number: int, metrics: Mapping[str, float]) -> None:
+        if metrics and number in self.children:
+            self._log(self.children[number], metrics=metrics)
+
+    # ------------------------------------------------------------------ study summary
+
+    def log_study_summary(self, table: Mapping[str, list[Any]], figures: Mapping[str, Any],
+                          metrics: Mapping[str, float]) -> None:
+        """The Pareto table and plots on the parent run, plus study-level numbers."""
+        self.client.log_table(self.parent_run_id, dict(table), "pareto_table.json")
+        for artifact_file, figure in figures.items():
+            save_kwargs = {"include_plotlyjs": True} if artifact_file.endswith(".html") else None
+            self.client.log_figure(self.parent_run_id, figure, artifact_file, save_kwargs=save_kwargs)
+        self._log(self.parent_run_id, metrics=metrics)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _log(self, run_id: str, params: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None,
+             tags: Mapping[str, str] | None = None) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(clean_key(k), float(v), now, 0) for k, v in (metrics or {}).items()],
+            params=[Param(clean_key(k), str(v)[:6000]) for k, v in (params or {}).items()],
+            tags=[RunTag(clean_key(k), str(v)[:8000]) for k, v in (tags or {}).items()],
+        )

@@ -1,0 +1,13 @@
+"""The machinery behind the amp stage (:mod:`stages.amp`).
+
+* :mod:`stages.amp.casting`: the forward hooks that make a policy persist
+  in the model (input casts per layer, float32 outputs).
+* :mod:`stages.amp.units`: which layers a policy is made of, and which
+  ones must stay float32 (protected, already quantized, tied weights).
+* :mod:`stages.amp.switch`: sets any policy on a model in place, as often
+  as calibration needs, without losing the float32 weights.
+* :mod:`stages.amp.calibrate`: the output error against float32, the
+  per-layer sensitivities and the greedy choice of float32 layers.
+"""
+
+from __future__ import annotations

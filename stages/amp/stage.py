@@ -1,0 +1,195 @@
+"""The amp stage: a calibrated mixed-precision policy, baked into the model.
+
+Calibration (``fp32_layers=None``) measures, on the spec's calibration batches,
+how much each layer alone in the reduced dtype moves the model output, then
+starts from every layer reduced and moves the most sensitive layers back to
+float32 until the whole model is within ``error_budget`` (see
+:mod:`stages.amp.calibrate`). The fully determined policy is handed
+back through ``ctx.resolve`` so the recipe replays without calibrating.
+
+The policy persists in the returned module, not in an autocast context: reduced
+layers hold their parameters (and floating buffers) in the reduced dtype, so the
+state dict shrinks, and cast their floating inputs to it; float32 layers hold
+float32 weights and cast their inputs to float32; the model's floating outputs
+come back as float32; integer inputs are never cast. The casts are forward hooks
+bound with ``functools.partial``, so the model survives ``copy.deepcopy``,
+``torch.compile`` and ``torch.export.export``; the module names do not change.
+
+Records: ``amp.calibration`` ("measured", or "reused": the sensitivities of an earlier
+calibration of the same input model and dtype in this process, see ``CALIBRATIONS``),
+``amp.sensitivity`` ({layer: error with that layer alone reduced}),
+``amp.output_error`` (the chosen policy's error), ``amp.steps`` ([layers kept in
+float32, error] per measurement); when they apply, ``amp.groups`` (sibling layers
+switched together because one alone breaks the forward pass, e.g. the query / key /
+value projections feeding one attention op) and ``amp.pinned`` ({layer: why it
+stays float32}).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Literal, Self
+
+import torch
+from pydantic import Field, StringConstraints, field_validator
+from torch import nn
+
+from pipeline.core.device import Capabilities, move_module
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.mirror import ExportMirror
+from pipeline.core.stage import Stage, StageConfig, StageContext
+from stages.amp.calibrate import RankingMemo, calibrate_policy, run_forward
+from stages.amp.casting import REDUCED_DTYPES, cast_floating_outputs_to_float32, dtype_name
+from stages.amp.switch import PrecisionSwitch
+from stages.amp.units import find_precision_units, output_units
+
+if TYPE_CHECKING:
+    import optuna
+
+LayerName = Annotated[str, StringConstraints(min_length=1, strip_whitespace=True)]
+#: Probe batch size for the forward that finds the output layers and checks the result.
+PROBE_BATCH = 2
+#: Sensitivity rankings of this process's calibrations: a search's trials that calibrate
+#: the same input model in the same dtype with another error budget reuse them (only
+#: greedy steps not measured before are measured). Keyed by :func:`_ranking_key`.
+CALIBRATIONS = RankingMemo()
+
+
+class AmpConfig(StageConfig):
+    """Run the model in mixed precision: some layers in ``dtype``, the rest in float32.
+
+    * ``dtype``: the reduced dtype; ``"auto"`` takes the device's preferred one
+      (``Capabilities.preferred_reduced_dtype()``: bfloat16 on a CPU with bf16
+      kernels, float16 on MPS). A dtype the device cannot run is infeasible.
+    * ``error_budget``: the allowed relative output error of the whole model against
+      float32 on the calibration batches, in (0, 1]: with ``r`` the float32 model's
+      floating outputs and ``y`` the mixed model's (cast to float32), over all
+      calibration batches and output tensors,
+      ``sqrt(sum ||y - r||^2) / sqrt(sum ||r||^2)`` (Frobenius norms). 0.01 = 1 %.
+    * ``fp32_layers``: None calibrates the policy; a tuple applies it as given (replay):
+      these modules (and the layers below or above them) compute in float32, every
+      other layer in ``dtype``; ``error_budget`` is then not used. The resolved config
+      of a calibrated run lists every float32 layer, including those pinned to float32
+      (protected by the spec, already quantized, tied weights).
+    """
+
+    stage = "amp"
+
+    dtype: Literal["auto", "float16", "bfloat16"] = "auto"
+    error_budget: float = Field(default=0.01, gt=0.0, le=1.0)
+    fp32_layers: tuple[LayerName, ...] | None = None
+
+    @field_validator("fp32_layers")
+    @classmethod
+    def _no_duplicate_layers(cls, layers: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if layers is not None:
+            duplicates = sorted({name for name in layers if layers.count(name) > 1})
+            if duplicates:
+                raise ValueError(f"layers listed twice: {', '.join(duplicates)}")
+        return layers
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
+        """``amp.enabled`` (off -> None), ``amp.dtype`` over "auto" and this device's reduced
+        dtypes, ``amp.error_budget`` log-uniform in [1e-3, 5e-2]."""
+        if not trial.suggest_categorical("amp.enabled", [False, True]):
+            return None
+        names = [dtype_name(d) for d in ctx.capabilities.reduced_dtypes if dtype_name(d) in REDUCED_DTYPES]
+        dtype = trial.suggest_categorical("amp.dtype", ["auto", *names])
+        error_budget = trial.suggest_float("amp.error_budget", 1e-3, 5e-2, log=True)
+        return cls.model_validate({"dtype": dtype, "error_budget": error_budget})
+
+
+def reduced_dtype(config: AmpConfig, capabilities: Capabilities) -> torch.dtype:
+    """The concrete reduced dtype of ``config`` on a device; :class:`InfeasibleConfig` if it cannot run there."""
+    if config.dtype == "auto":
+        preferred = capabilities.preferred_reduced_dtype()
+        if preferred is None:
+            raise InfeasibleConfig(f"amp: dtype='auto' but {capabilities.kind} has no reduced floating dtype")
+        dtype = preferred
+    else:
+        dtype = REDUCED_DTYPES[config.dtype]
+    capabilities.require_dtype(dtype)
+    if dtype_name(dtype) not in REDUCED_DTYPES:
+        raise InfeasibleConfig(f"amp: {dtype} is not a reduced dtype this stage knows ({', '.join(REDUCED_DTYPES)})")
+    return dtype
+
+
+def apply(model: nn.Module, config: AmpConfig, ctx: StageContext) -> nn.Module:
+    """Calibrate (or replay) ``config``'s policy and apply it to ``model`` (the runner's copy).
+
+    Raises :class:`InfeasibleConfig` when the dtype cannot run on the device, the model
+    has no layer to reduce, calibration has no batches, or a forward pass fails; a
+    ``fp32_layers`` name that is no module of the model is a ``ConfigError``."""
+    dtype = reduced_dtype(config, ctx.capabilities)
+    model = move_module(model, ctx.device).eval()
+    units = find_precision_units(model, ctx.spec.protected_layers)
+    if not units.candidates:
+        why = "; ".join(f"{name}: {reason}" for name, reason in units.pinned.items()) or (
+            "no sub-module holds floating parameters; the root module's own parameters stay as they are"
+        )
+        raise InfeasibleConfig(f"amp: no layer can run in {dtype_name(dtype)} ({why})")
+    probe = ctx.example_inputs(PROBE_BATCH)
+    try:
+        heads = output_units(model, units, probe)
+    except Exception as exc:  # the input model's own forward failed: not a precision problem
+        raise InfeasibleConfig(f"amp: forward of the input model failed: {type(exc).__name__}: {exc}") from exc
+    switch = PrecisionSwitch(model, units, dtype, heads)
+    if config.fp32_layers is None:
+        batches = ctx.calibration_batches
+        if not batches:
+            raise InfeasibleConfig("amp: calibration needs batches; the spec's calibration() gave none")
+        key = _ranking_key(ctx, dtype)
+        known = CALIBRATIONS.get(key) if key is not None else None
+        result = calibrate_policy(switch, batches, config.error_budget, known)
+        if key is not None:
+            CALIBRATIONS.put(key, result.ranking)
+        ctx.record("amp.calibration", "reused" if known is not None else "measured")
+        ctx.record("amp.sensitivity", result.sensitivity)
+        ctx.record("amp.output_error", result.output_error)
+        ctx.record("amp.steps", [list(step) for step in result.steps])
+        if result.groups:
+            ctx.record("amp.groups", [list(group) for group in result.groups])
+        pinned = {**units.pinned, **result.unreducible}
+    else:
+        fp32 = units.units_for(config.fp32_layers)
+        switch.set_reduced(name for name in units.candidates if name not in fp32)
+        pinned = dict(units.pinned)
+    if pinned:
+        ctx.record("amp.pinned", pinned)
+    _ensure_float32_outputs(model, probe)
+    resolved = {"dtype": dtype_name(dtype), "error_budget": config.error_budget, "fp32_layers": switch.fp32_units()}
+    ctx.resolve(AmpConfig.model_validate(resolved))
+    return model
+
+
+def _ranking_key(ctx: StageContext, dtype: torch.dtype) -> tuple[str, ...] | None:
+    """What a calibration ranking depends on: the input model (by content key), the
+    dtype, the spec (its calibration batches and protected layers) and the device kind."""
+    if ctx.input_key is None:
+        return None
+    return (ctx.input_key, dtype_name(dtype), ctx.spec.name, ctx.device.type)
+
+
+def _ensure_float32_outputs(model: nn.Module, probe: tuple[torch.Tensor, ...]) -> None:
+    """Check the final model runs; if an output is still reduced (data-dependent paths
+    the probe did not see), make the root module cast its outputs as well."""
+    outputs = run_forward(model, probe, "of the mixed-precision model")
+    if any(t.dtype != torch.float32 for t in outputs):
+        model.register_forward_hook(cast_floating_outputs_to_float32)
+
+
+def requires(config: AmpConfig, caps: Capabilities) -> str | None:
+    """The dtype must run on the device (``auto``: the device must have a reduced dtype)."""
+    try:
+        reduced_dtype(config, caps)
+    except InfeasibleConfig as exc:
+        return exc.reason.removeprefix("amp: ")
+    return None
+
+
+def mirror(config: AmpConfig) -> ExportMirror:
+    """Core ML computes in the reduced dtype with the float32 layers kept; ONNX records it as not mirrored."""
+    return ExportMirror(amp_dtype=config.dtype, fp32_layers=tuple(config.fp32_layers or ()))
+
+
+STAGE = Stage(AmpConfig, apply, numeric=True, mirror=mirror, requires=requires, order=40)

@@ -1,0 +1,47 @@
+"""The ``export.onnx`` stage: a self-contained ONNX file of the float graph, int8-mirrored,
+checked and measured with onnxruntime. The machinery is :mod:`stages.export.onnx_export`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Self
+
+from pydantic import Field
+from torch import nn
+
+from pipeline.core.stage import ExportResult, Stage, StageConfig, StageContext
+from stages.export.onnx_export import export_onnx
+
+if TYPE_CHECKING:
+    import optuna
+
+
+class ONNXExportConfig(StageConfig):
+    """Self-contained ONNX file of the float graph, int8-mirrored, checked and measured with onnxruntime.
+
+    * ``opset``: ONNX opset (17 goes through the ONNX version converter).
+    * ``dynamic_batch``: a symbolic batch dimension; else fixed at ``batch_size``.
+    * ``quantize``: ``mirror`` the recipe's int8 methods, ``none``, or always
+      ``int8_dynamic`` (onnxruntime dynamic quantization of linear layers).
+    * ``measure_latency``: onnxruntime latency per spec batch size in the metrics.
+    """
+
+    stage = "export.onnx"
+
+    opset: int = Field(default=18, ge=17, le=23)
+    dynamic_batch: bool = True
+    batch_size: int = Field(default=1, ge=1)
+    quantize: Literal["mirror", "none", "int8_dynamic"] = "mirror"
+    measure_latency: bool = True
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
+        """Exports are not searched: always the default config."""
+        return cls()
+
+
+def apply(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -> ExportResult:
+    """Export the float graph to ``<spec>.onnx``."""
+    return export_onnx(model, config, ctx)
+
+
+STAGE = Stage(ONNXExportConfig, apply, produces="export", order=110)

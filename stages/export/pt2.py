@@ -1,0 +1,39 @@
+"""The ``export.pt2`` stage: a ``torch.export`` ExportedProgram (``<spec>.pt2``) of the final
+model, as the recipe left it. Not in the default pipeline (add it to a pipeline or recipe).
+The machinery is :mod:`stages.export.pt2_export`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Self
+
+from torch import nn
+
+from pipeline.core.stage import ExportResult, Stage, StageConfig, StageContext
+from stages.export.pt2_export import export_pt2
+
+if TYPE_CHECKING:
+    import optuna
+
+
+class PT2ExportConfig(StageConfig):
+    """``torch.export`` ExportedProgram (``.pt2``) of the final model, as the recipe left it.
+
+    * ``dynamic_batch``: a symbolic batch dimension (else fixed at the example's batch of 2).
+    """
+
+    stage = "export.pt2"
+
+    dynamic_batch: bool = True
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
+        """Exports are not searched: always the default config."""
+        return cls()
+
+
+def apply(model: nn.Module, config: PT2ExportConfig, ctx: StageContext) -> ExportResult:
+    """Export the final model to ``<spec>.pt2``."""
+    return export_pt2(model, config, ctx)
+
+
+STAGE = Stage(PT2ExportConfig, apply, produces="export", order=None)

@@ -1,0 +1,14 @@
+"""The machinery behind the prune stage (:mod:`stages.prune`).
+
+* :mod:`stages.prune.model_checks`: find the output head, resolve protected
+  layers, check that a pruned model still runs and keeps its output shapes.
+* :mod:`stages.prune.training`: recovery fine-tuning and the gradients that
+  Taylor importance needs.
+* :mod:`stages.prune.structured`: channel pruning with torch-pruning's
+  dependency graph.
+* :mod:`stages.prune.attention`: which projections hold attention heads, so
+  that structured pruning removes whole heads.
+* :mod:`stages.prune.unstructured`: weight pruning with ``torch.nn.utils.prune``.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,141 @@
+"""The prune stage: structured channel pruning (torch-pruning) or unstructured
+weight pruning (``torch.nn.utils.prune``), with optional recovery fine-tuning.
+
+``ratio`` means the fraction of channels removed from every prunable group
+(structured) or the fraction of weights zeroed in the pruned layers
+(unstructured). The output head (found automatically) keeps its outputs and the
+protected layers (spec + config) keep all their weights. Every pruned model is
+run on the spec's example inputs; if it fails or its output shapes change, the
+config is infeasible. The machinery lives in :mod:`stages.prune`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Self
+
+from pydantic import Field, model_validator
+from torch import nn
+
+from pipeline.core.device import move_module
+from pipeline.core.evaluate import count_params
+from pipeline.core.mirror import ExportMirror
+from pipeline.core.stage import Stage, StageConfig, StageContext
+from stages.prune.model_checks import find_output_head, protected_modules, reference_shapes
+from stages.prune.structured import prune_structured
+from stages.prune.training import recovery_finetune, require_training
+from stages.prune.unstructured import prune_unstructured
+
+if TYPE_CHECKING:
+    import optuna
+
+
+class PruneConfig(StageConfig):
+    """How to prune: method, how much, how channels are ranked, and recovery fine-tuning.
+
+    * ``method``: ``structured`` removes whole channels (smaller, faster model);
+      ``unstructured`` zeroes single weights (same shapes; pays off only through
+      sparse export, e.g. Core ML).
+    * ``ratio``: fraction of channels (structured) or weights (unstructured) removed.
+    * ``importance``: channel ranking for structured pruning: group L1/L2 weight
+      norm, BatchNorm scale (needs BatchNorm), or first-order Taylor |w * dL/dw|
+      (gradients of the spec's loss on training batches, else of a pseudo-label
+      loss on calibration batches; see :func:`stages.prune.training.taylor_gradients`).
+      Unstructured pruning ranks single weights by magnitude (``l1`` and ``l2`` agree).
+    * ``scope``: ``uniform`` prunes every layer/group by ``ratio``; ``global`` ranks
+      all of them together (layers lose different fractions, ``ratio`` on average).
+    * ``iterative_steps``: reach ``ratio`` in that many equal steps, re-ranking
+      (and fine-tuning, if any) in between.
+    * ``finetune_steps`` / ``finetune_lr``: Adam steps over the spec's training data
+      after pruning (split evenly between iterative steps); needs ``spec.training``.
+    * ``protected_layers``: module names never pruned, besides ``spec.protected_layers``.
+    """
+
+    stage = "prune"
+
+    method: Literal["structured", "unstructured"] = "structured"
+    ratio: float = Field(gt=0.0, le=0.9)
+    importance: Literal["l1", "l2", "bn_scale", "taylor"] = "l2"
+    scope: Literal["uniform", "global"] = "uniform"
+    iterative_steps: int = Field(default=1, ge=1, le=10)
+    finetune_steps: int = Field(default=0, ge=0, le=2000)
+    finetune_lr: float = Field(default=1e-3, gt=0.0)
+    protected_layers: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _importance_fits_method(self) -> Self:
+        if self.method == "unstructured" and self.importance not in ("l1", "l2"):
+            raise ValueError(
+                f"importance={self.importance!r} needs method='structured': "
+                "unstructured pruning ranks single weights by magnitude (use 'l1' or 'l2')"
+            )
+        return self
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
+        """Search space: off, or a method, a ratio in 0.1..0.7, and for structured
+        pruning an importance and a scope; recovery fine-tuning (0 or 100 steps)
+        only when the spec has training data. ``bn_scale`` is left to recipes:
+        it is infeasible on models without BatchNorm."""
+        if not trial.suggest_categorical("prune.enabled", [False, True]):
+            return None
+        method = trial.suggest_categorical("prune.method", ["structured", "unstructured"])
+        ratio = trial.suggest_float("prune.ratio", 0.1, 0.7, step=0.1)
+        importance = "l2"
+        if method == "structured":
+            importance = trial.suggest_categorical("prune.importance", ["l1", "l2", "taylor"])
+        scope = trial.suggest_categorical("prune.scope", ["uniform", "global"])
+        finetune_steps = 0
+        if ctx.spec.training is not None and ctx.spec.loss is not None:
+            finetune_steps = trial.suggest_categorical("prune.finetune_steps", [0, 100])
+        return cls.model_validate(
+            {
+                "method": method,
+                "ratio": round(ratio, 2),
+                "importance": importance,
+                "scope": scope,
+                "finetune_steps": finetune_steps,
+            }
+        )
+
+
+def apply_prune(model: nn.Module, config: PruneConfig, ctx: StageContext) -> nn.Module:
+    """Prune ``model`` (the registry hands a copy) on ``ctx.device`` and return it in eval mode.
+
+    Records ``prune.params_before`` / ``prune.params_after`` (and, for
+    unstructured pruning, ``prune.sparsity`` over the pruned layers; for Taylor
+    importance, ``prune.taylor_loss``: which loss gave the gradients; when attention
+    heads were pruned, ``prune.attention_heads``: {attention module: heads left}).
+    """
+    if config.finetune_steps > 0:
+        require_training(ctx.spec, "recovery fine-tuning (finetune_steps > 0)")
+    model = move_module(model, ctx.device).eval()
+    inputs = ctx.example_inputs()
+    expected_shapes = reference_shapes(model, inputs)
+    head_name = find_output_head(model, inputs)
+    modules = dict(model.named_modules())
+    head = modules[head_name] if head_name is not None else None
+    protected = list(protected_modules(model, (*ctx.spec.protected_layers, *config.protected_layers)).values())
+    ctx.record("prune.head", head_name or "")
+    ctx.record("prune.params_before", count_params(model))
+
+    def finetune(steps: int) -> None:
+        recovery_finetune(model, ctx.spec, ctx.device, steps, config.finetune_lr)
+
+    if config.method == "structured":
+        prune_structured(model, config, ctx, inputs, expected_shapes, head, protected, finetune)
+    else:
+        excluded = [m for m in (head, *protected) if m is not None]
+        ctx.record("prune.sparsity", prune_unstructured(model, config, inputs, expected_shapes, excluded, finetune))
+    ctx.record("prune.params_after", count_params(model))
+    return model.eval()
+
+
+def mirror(config: PruneConfig) -> ExportMirror:
+    """Structured pruning is in the float graph the exports convert; unstructured pruning's
+    zeros are too, and exports may store them sparse."""
+    if config.method != "unstructured":
+        return ExportMirror()
+    return ExportMirror(unstructured_sparsity=True, sparsity_ratio=config.ratio)
+
+
+STAGE = Stage(PruneConfig, apply_prune, mirror=mirror, order=10)

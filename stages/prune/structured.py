@@ -1,0 +1,132 @@
+"""Structured (channel) pruning with torch-pruning's dependency graph.
+
+The dependency graph groups every layer whose channels must shrink together
+(a residual sum ties the widths of both branches and of every layer reading
+it), so a traced model stays consistent. The output head keeps its output
+channels; protected layers keep every weight (no group that touches them is
+pruned, neither their outputs nor their inputs). Attention projections lose
+whole heads, never channels inside a head (:mod:`stages.prune.attention`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.spec import Batch
+from stages.prune.attention import attention_heads, sync_head_counts
+from stages.prune.model_checks import check_pruned_forward
+from stages.prune.training import clear_gradients, split_steps, taylor_gradients
+
+if TYPE_CHECKING:
+    from pipeline.core.stage import StageContext
+    from stages.prune.stage import PruneConfig
+
+
+def make_importance(name: str) -> Any:
+    """torch-pruning's importance estimator for the config's ``importance``."""
+    import torch_pruning as tp
+
+    if name == "l1":
+        return tp.importance.GroupMagnitudeImportance(p=1)
+    if name == "l2":
+        return tp.importance.GroupMagnitudeImportance(p=2)
+    if name == "bn_scale":
+        return tp.importance.BNScaleImportance()
+    if name == "taylor":
+        return tp.importance.GroupTaylorImportance()
+    raise ValueError(f"unknown importance '{name}': choose l1, l2, bn_scale or taylor")
+
+
+def prune_structured(
+    model: nn.Module,
+    config: PruneConfig,
+    ctx: StageContext,
+    inputs: Batch,
+    expected_shapes: list[tuple[int, ...]],
+    head: nn.Module | None,
+    protected: list[nn.Module],
+    finetune: Callable[[int], None],
+) -> None:
+    """Remove ``config.ratio`` of the channels of every prunable group of ``model``
+    (in place), in ``config.iterative_steps`` steps with ``finetune(n)`` after each.
+
+    ``scope="uniform"`` prunes the same fraction of every group; ``"global"``
+    ranks the normalized importances of all groups together, so layers lose
+    different fractions. Raises :class:`InfeasibleConfig` if torch-pruning
+    fails, nothing can be pruned, or the pruned model no longer runs.
+    """
+    import torch_pruning as tp
+
+    if config.importance == "bn_scale" and not any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
+    ):
+        raise InfeasibleConfig("bn_scale importance needs BatchNorm layers (their scale factors), the model has none")
+    ignored = [m for m in (head, *protected) if m is not None]
+    heads = attention_heads(model)
+    try:
+        pruner = tp.pruner.BasePruner(
+            model,
+            inputs,
+            importance=make_importance(config.importance),
+            global_pruning=config.scope == "global",
+            pruning_ratio=config.ratio,
+            iterative_steps=config.iterative_steps,
+            ignored_layers=ignored,
+            # attention: remove whole heads (same ratio), never channels inside a head
+            num_heads=heads,
+            prune_num_heads=bool(heads),
+            prune_head_dims=False,
+            head_pruning_ratio=config.ratio if heads else 0.0,
+        )
+    except Exception as exc:  # torch-pruning could not trace this graph
+        raise InfeasibleConfig(
+            f"torch-pruning could not build the dependency graph: {type(exc).__name__}: {exc}"
+        ) from exc
+    _ignore_groups_touching(pruner, protected)
+    if not _prunable_groups(pruner):
+        raise InfeasibleConfig(
+            "structured pruning: no channel group can be pruned without touching the head or a protected layer"
+        )
+
+    for step, finetune_steps in enumerate(split_steps(config.finetune_steps, config.iterative_steps), start=1):
+        what = f"structured pruning step {step}/{config.iterative_steps} (ratio {config.ratio}, {config.importance})"
+        if config.importance == "taylor":
+            ctx.record("prune.taylor_loss", taylor_gradients(model, ctx.spec, ctx.device, ctx.calibration_batches))
+        try:
+            pruner.step()
+        except Exception as exc:  # torch-pruning failed on this graph
+            raise InfeasibleConfig(f"{what}: torch-pruning failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            clear_gradients(model)
+        if heads:
+            ctx.record("prune.attention_heads", sync_head_counts(model, pruner.num_heads))
+        check_pruned_forward(model, inputs, expected_shapes, what)
+        finetune(finetune_steps)
+
+
+def _ignore_groups_touching(pruner: Any, protected: list[nn.Module]) -> None:
+    """Make groups that would change a protected layer's *input* channels unprunable too.
+
+    torch-pruning's ``ignored_layers`` only keeps a layer's output channels;
+    ignoring the root of every group that reaches a protected module keeps its
+    weights whole. (``ignored_layers`` is read at each ``step()``.)
+    """
+    if not protected:
+        return
+    guarded = {id(sub) for module in protected for sub in module.modules()}
+    roots = []
+    for group in _prunable_groups(pruner):
+        if any(id(dep.target.module) in guarded for dep, _ in group):
+            roots.append(group[0].dep.target.module)
+    pruner.ignored_layers.extend(roots)
+
+
+def _prunable_groups(pruner: Any) -> list[Any]:
+    """The dependency groups the pruner may prune (none of their outputs ignored)."""
+    return list(
+        pruner.DG.get_all_groups(ignored_layers=pruner.ignored_layers, root_module_types=pruner.root_module_types)
+    )

@@ -1,0 +1,111 @@
+"""Static int8 quantization of convolutions and linears through torchao's PT2E flow
+(``torch.export`` -> ``prepare_pt2e`` with the x86 inductor quantizer -> calibration ->
+``convert_pt2e``). The result is a ``torch.fx.GraphModule`` of quantize/dequantize ops
+around float ops: it runs eager (slowly, the reference computation); inductor with
+*freezing* enabled fuses the patterns into int8 oneDNN kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.core.spec import Batch
+
+#: Key in ``GraphModule.meta``: True when the graph needs ``torch.compile`` with
+#: inductor freezing (``options={"freezing": True}``) to run its int8 kernels.
+INDUCTOR_FREEZING_META_KEY = "paretorch.inductor_freezing"
+
+
+def _weighted_ops() -> frozenset[object]:
+    aten = torch.ops.aten
+    return frozenset({aten.conv1d.default, aten.conv2d.default, aten.linear.default})
+
+
+def _dequantize_ops() -> frozenset[object]:
+    qd = torch.ops.quantized_decomposed
+    return frozenset(
+        {
+            qd.dequantize_per_tensor.default,
+            qd.dequantize_per_tensor.tensor,
+            qd.dequantize_per_channel.default,
+        }
+    )
+
+
+def _batch_dynamic_shapes(inputs: Batch) -> tuple[dict[int, object] | None, ...]:
+    """Dim 0 of every input may vary (calibration, evaluation and latency batches differ)."""
+    from torch.export import Dim
+
+    return tuple({0: Dim.AUTO} if isinstance(t, Tensor) and t.dim() > 0 else None for t in inputs)
+
+
+def quantize_static_pt2e(
+    model: nn.Module,
+    example_inputs: Batch,
+    calibration_batches: Sequence[Batch],
+    skip_layers: Iterable[str],
+) -> torch.fx.GraphModule:
+    """Export ``model``, insert observers everywhere the default x86 inductor recipe
+    quantizes (uint8 affine per-tensor activations, int8 symmetric per-channel weights)
+    except inside ``skip_layers``, calibrate, and convert."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    exported = torch.export.export(
+        model.eval(), example_inputs, dynamic_shapes=_batch_dynamic_shapes(example_inputs)
+    ).module()
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    for name in skip_layers:
+        quantizer.set_module_name_qconfig(name, None)
+    prepared = prepare_pt2e(exported, quantizer)
+    with torch.no_grad():
+        for batch in calibration_batches:
+            prepared(*batch)
+    converted = convert_pt2e(prepared)
+    # PT2E replaces train()/eval() on the instance with methods that raise; the graph was
+    # exported in eval mode and is fixed, so the ordinary flag-setting methods are right
+    # (and the evaluator's ``model.eval()`` keeps working).
+    for method in ("train", "eval"):
+        converted.__dict__.pop(method, None)
+    _drop_unused_state(converted)
+    converted.meta[INDUCTOR_FREEZING_META_KEY] = True
+    return converted
+
+
+def _drop_unused_state(graph_module: torch.fx.GraphModule) -> None:
+    """Delete parameters and buffers no node reads: convert_pt2e leaves the float weights
+    it replaced by int8 constants, which would double the serialized size."""
+    used = {node.target for node in graph_module.graph.nodes if node.op == "get_attr"}
+    state = [name for name, _ in graph_module.named_parameters()] + [name for name, _ in graph_module.named_buffers()]
+    for name in state:
+        if name not in used:
+            owner_path, _, attr = name.rpartition(".")
+            delattr(graph_module.get_submodule(owner_path) if owner_path else graph_module, attr)
+    graph_module.delete_all_unused_submodules()
+
+
+def _module_name(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        path = list(stack.values())[-1][0]
+        return str(path)
+    return node.name
+
+
+def quantized_layer_names(graph_module: torch.fx.GraphModule) -> list[str]:
+    """Modules whose convolution/linear reads both a dequantized input and a dequantized
+    weight in ``graph_module``: the layers that run in int8 once lowered."""
+    weighted, dequantize = _weighted_ops(), _dequantize_ops()
+    names: list[str] = []
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or node.target not in weighted:
+            continue
+        activation, weight = node.args[0], node.args[1]
+        if all(isinstance(arg, torch.fx.Node) and arg.target in dequantize for arg in (activation, weight)):
+            names.append(_module_name(node))
+    return names

@@ -1,0 +1,136 @@
+"""The MiniLM spec: offline loading, the model-card embedding, the sentence sample, fidelity."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.core.fidelity import MEAN_COSINE, NEIGHBOUR_AGREEMENT, fidelity_report
+from pipeline.core.spec import ModelSpec
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def minilm(results_dir: Path) -> Iterator[tuple[ModelSpec, nn.Module]]:
+    """The spec and its model, loaded once with every socket connection refused."""
+    from experiments.models.minilm import spec
+    from pipeline.core.spec import load_model
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("network access attempted while loading MiniLM")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", refuse)
+        minilm_spec = spec()
+        model = load_model(minilm_spec)
+        minilm_spec.evaluation()  # targets: computed once (and cached on disk) with the network refused too
+    yield minilm_spec, model
+
+
+def test_loads_offline_as_an_embedding_model(minilm: tuple[ModelSpec, nn.Module]) -> None:
+    spec, model = minilm
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["TRANSFORMERS_OFFLINE"] == "1"
+    assert spec.name == "minilm" and spec.latency_batch_sizes == (1, 32)
+    assert spec.metric is NEIGHBOUR_AGREEMENT
+    input_ids, attention_mask = spec.example_inputs(3)
+    assert input_ids.shape == attention_mask.shape == (3, 128) and input_ids.dtype == torch.int64
+    with torch.inference_mode():
+        embedding = model(input_ids, attention_mask)
+    assert embedding.shape == (3, 384)
+    assert torch.allclose(embedding.norm(dim=1), torch.ones(3), atol=1e-5)
+    # 6 layers x (q, k, v, out, up, down); BERT's unused pooler is removed
+    assert sum(isinstance(m, nn.Linear) for m in model.modules()) == 36
+
+
+def test_embeddings_match_sentence_transformers(minilm: tuple[ModelSpec, nn.Module]) -> None:
+    """Mean pooling + normalization as the model card defines them: same vectors as the library."""
+    from sentence_transformers import SentenceTransformer
+
+    from experiments.models.minilm import model_dir, sentences
+
+    spec, model = minilm
+    texts = sentences("evaluation")[:4]
+    reference = SentenceTransformer(str(model_dir()), device="cpu").encode(texts, convert_to_tensor=True)
+    with torch.inference_mode():
+        ours = model(*[t[:4] for t in spec.evaluation()[0][0]])
+    assert torch.nn.functional.cosine_similarity(ours, reference.cpu()).min().item() > 0.99999
+
+
+def test_sentences_are_distinct_english_and_splits_do_not_overlap() -> None:
+    from experiments.models.minilm import SETTINGS, english_sentences, sentences
+
+    evaluation, calibration = sentences("evaluation"), sentences("calibration")
+    assert len(evaluation) == SETTINGS["evaluation"] == 256 and len(calibration) == SETTINGS["calibration"]
+    assert not set(evaluation) & set(calibration)
+    assert len(set(evaluation)) == len(evaluation)
+    assert all(40 <= len(s) <= 300 and s[0].isupper() and s.endswith((".", "!", "?")) for s in evaluation)
+    assert len(english_sentences()) > 1500
+    assert evaluation == sentences("evaluation")  # fixed order, fixed seed
+
+
+def test_fidelity_is_one_for_the_unoptimized_model(minilm: tuple[ModelSpec, nn.Module]) -> None:
+    spec, model = minilm
+    evaluation = spec.evaluation()
+    assert sum(len(inputs[0]) for inputs, _ in evaluation) == 256
+    with torch.inference_mode():
+        outputs = torch.cat([model(*inputs) for inputs, _ in evaluation])
+    targets = torch.cat([target for _, target in evaluation])
+    report = fidelity_report(outputs, targets, (spec.metric, MEAN_COSINE))
+    assert report["neighbour_agreement"] == 1.0
+    assert report["mean_cosine"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_fidelity_is_clearly_below_one_for_a_damaged_copy(minilm: tuple[ModelSpec, nn.Module]) -> None:
+    spec, model = minilm
+    damaged = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in damaged.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.add_(torch.randn(module.weight.shape, generator=generator) * module.weight.std() * 0.2)
+    batches = spec.evaluation()[:2]  # 64 sentences keep the test short
+    with torch.inference_mode():
+        outputs = torch.cat([damaged(*inputs) for inputs, _ in batches])
+    targets = torch.cat([target for _, target in batches])
+    report = fidelity_report(outputs, targets, (NEIGHBOUR_AGREEMENT, MEAN_COSINE))
+    assert report["neighbour_agreement"] < 0.9
+    assert report["mean_cosine"] < 0.95
+
+
+def test_targets_are_cached_on_disk(minilm: tuple[ModelSpec, nn.Module], results_dir: Path) -> None:
+    from experiments.models.minilm import _targets_path, reference_embeddings
+
+    spec, _ = minilm
+    path = _targets_path()
+    assert path.is_file() and path.is_relative_to(results_dir)
+    inputs = [batch for batch, _ in spec.evaluation()]
+    cached = reference_embeddings(inputs)
+    assert all(torch.equal(a, b) for a, (_, b) in zip(cached, spec.evaluation(), strict=True))
+
+
+def test_structured_pruning_removes_whole_attention_heads(minilm: tuple[ModelSpec, nn.Module]) -> None:
+    from pipeline.core.stage import StageContext, apply_stage
+    from stages.prune.stage import PruneConfig
+
+    spec, model = minilm
+    ctx = StageContext(spec=spec, device=CPU)
+    pruned = apply_stage(model, PruneConfig(method="structured", ratio=0.3), ctx)
+    attentions = [m for m in pruned.modules() if type(m).__name__ == "BertSelfAttention"]
+    assert len(attentions) == 6
+    for attention in attentions:
+        # 12 heads of 32: ceil(0.3 * 12) = 4 removed, from query, key and value alike
+        assert attention.num_attention_heads == 8
+        assert attention.query.out_features == attention.key.out_features == attention.value.out_features == 8 * 32
+        assert attention.attention_head_size == 32
+    assert set(ctx.records["prune.attention_heads"].values()) == {8}
+    assert ctx.records["prune.params_after"] < ctx.records["prune.params_before"]
+    with torch.inference_mode():
+        assert pruned(*spec.example_inputs(2)).shape == (2, 384)  # the embedding width is kept

@@ -1,0 +1,92 @@
+"""Device selection and the capability table on this (CPU-only) machine."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.core.device import (
+    Stopwatch,
+    available_kinds,
+    capabilities,
+    move_module,
+    on_device,
+    peak_memory_bytes,
+    reset_peak_memory,
+    resolve_device,
+)
+from pipeline.core.errors import DeviceError, InfeasibleConfig
+
+
+def test_auto_picks_first_available_in_order() -> None:
+    expected = "mps" if torch.backends.mps.is_available() else "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+
+
+def test_cpu_is_always_available() -> None:
+    assert "cpu" in available_kinds()
+    assert resolve_device("CPU").type == "cpu"
+
+
+@pytest.mark.parametrize("kind", ["cuda", "mps"])
+def test_absent_device_is_a_clear_error(kind: str) -> None:
+    if kind in available_kinds():
+        assert resolve_device(kind).type == kind
+        return
+    with pytest.raises(DeviceError, match=f"device '{kind}' is not available here .*use --device auto"):
+        resolve_device(kind)
+
+
+def test_unknown_device_name() -> None:
+    with pytest.raises(DeviceError, match="unknown device 'tpu': choose one of auto, mps, cuda, cpu"):
+        resolve_device("tpu")
+
+
+def test_cpu_capabilities_match_stack_facts() -> None:
+    caps = capabilities(torch.device("cpu"))
+    assert torch.float16 in caps.reduced_dtypes and torch.float16 not in caps.fast_dtypes
+    assert caps.cuda_graphs is False and caps.event_timing is False
+    assert caps.cuda_capability is None
+    with pytest.raises(InfeasibleConfig, match=r"torch\.float64 is not supported on cpu"):
+        caps.require_dtype(torch.float64)
+
+
+def test_stopwatch_measures_elapsed_time() -> None:
+    watch = Stopwatch(torch.device("cpu"))
+    watch.start()
+    torch.randn(256, 256) @ torch.randn(256, 256)
+    watch.stop()
+    assert watch.elapsed_ms() > 0
+
+
+def test_peak_memory_sees_a_large_allocation() -> None:
+    device = torch.device("cpu")
+    reset_peak_memory(device)
+    before = peak_memory_bytes(device)
+    block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
+    after = peak_memory_bytes(device)
+    assert after - before >= 48 * 1024 * 1024
+    del block
+
+
+def test_move_module_skips_a_no_op_move_of_weakly_referenced_subclass_weights() -> None:
+    # A torchao-quantized model that torch.compile has seen holds weak references to its
+    # weights; Module.to would try to swap them even on the same device, and fail.
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    model = nn.Sequential(nn.Linear(64, 64))
+    quantize_(model, Int8WeightOnlyConfig())
+    held = weakref.ref(model[0].weight)
+    with pytest.raises(RuntimeError, match="swap"):
+        model.to("cpu")  # what move_module avoids
+    assert move_module(model, torch.device("cpu")) is model
+    assert held() is model[0].weight
+
+
+def test_move_module_moves_when_a_tensor_is_elsewhere() -> None:
+    meta = torch.device("meta")  # the one other device every machine has
+    moved = move_module(nn.Linear(2, 2), meta)
+    assert on_device(moved.weight, meta) and not on_device(moved.weight, torch.device("cpu"))

