@@ -64,6 +64,14 @@ class StageConfig(BaseModel):
         return f"{self.stage}({fields})"
 
 
+class ExportConfig(StageConfig):
+    """Base of export stage configs: exports are not searched, ``suggest`` returns the defaults."""
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
+        return cls()
+
+
 @dataclass(frozen=True)
 class ExportResult:
     """What an export stage produced: a file or package, and how it was checked."""

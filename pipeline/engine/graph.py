@@ -32,7 +32,7 @@ import yaml
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import PIPELINES_DIR
-from pipeline.core.stage import Stage, StageConfig, config_from_dict, default_order, get_stage
+from pipeline.core.stage import Stage, StageConfig, config_from_dict, default_order, get_stage, is_export
 
 SOURCE_OP = "model"
 EVALUATE_OP = "evaluate"
@@ -298,8 +298,8 @@ def chain_pipeline(
 def recipe_pipeline(configs: Iterable[StageConfig], name: str = "recipe") -> Pipeline:
     """The pipeline that replays a recipe: its model stages in order, then its exports."""
     configs = list(configs)
-    model_stages = [c for c in configs if not get_stage(c.stage).is_export]
-    exports = [c for c in configs if get_stage(c.stage).is_export]
+    model_stages = [c for c in configs if not is_export(c)]
+    exports = [c for c in configs if is_export(c)]
     return chain_pipeline(model_stages, exports, name=name)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,11 +169,3 @@ def configs_to_json(configs: Mapping[str, StageConfig | None]) -> dict[str, Any]
 
 def configs_from_json(data: Mapping[str, Any]) -> dict[str, StageConfig | None]:
     return {node: (config_from_dict(raw) if raw is not None else None) for node, raw in data.items()}
-
-
-def recipe_from_resolved(
-    resolved: Sequence[StageConfig], runtime: str, model: str | None, metadata: Mapping[str, Any] | None = None
-) -> Recipe:
-    """A recipe from the configs a run resolved (model stages first, then exports)."""
-    ordered = [c for c in resolved if not is_export(c)] + [c for c in resolved if is_export(c)]
-    return Recipe(stages=tuple(ordered), runtime=runtime, model=model, metadata=dict(metadata or {}))

@@ -33,7 +33,7 @@ from pipeline.core.spec import ModelSpec, load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage
 from pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
 from pipeline.engine.graph import Pipeline
-from pipeline.engine.recipe import Recipe, recipe_from_resolved
+from pipeline.engine.recipe import Recipe
 
 #: Time categories of a run: stage work, measurement, exports.
 TIME_CATEGORIES = ("model_load", "stages", "evaluation", "exports")
@@ -104,7 +104,7 @@ class RunResult:
                 chain.append(result.resolved or result.config)
             elif deferred_exports and deferred_exports.get(node.name) is not None:
                 chain.append(deferred_exports[node.name])  # type: ignore[arg-type]
-        return recipe_from_resolved(chain, self.runtime, model, metadata)
+        return Recipe(stages=tuple(chain), runtime=self.runtime, model=model, metadata=dict(metadata or {}))
 
 
 class Runner:

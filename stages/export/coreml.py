@@ -5,19 +5,16 @@ The machinery is :mod:`stages.export.coreml_export`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Self
+from typing import Literal
 
 from pydantic import Field
 from torch import nn
 
-from pipeline.core.stage import ExportResult, Stage, StageConfig, StageContext
+from pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
 from stages.export.coreml_export import export_coreml
 
-if TYPE_CHECKING:
-    import optuna
 
-
-class CoreMLExportConfig(StageConfig):
+class CoreMLExportConfig(ExportConfig):
     """Core ML ML Program (``.mlpackage``) of the float graph with the recipe's compression mirrored.
 
     * ``compute_units``: where Core ML may run the model (kept in the metadata;
@@ -38,11 +35,6 @@ class CoreMLExportConfig(StageConfig):
     palettize_bits: Literal[4, 6, 8] | None = None
     batch_size: int = Field(default=1, ge=1)
     weight_threshold: int = Field(default=2048, ge=0)
-
-    @classmethod
-    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
-        """Exports are not searched: always the default config."""
-        return cls()
 
 
 def apply(model: nn.Module, config: CoreMLExportConfig, ctx: StageContext) -> ExportResult:

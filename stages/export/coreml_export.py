@@ -67,6 +67,7 @@ def export_coreml(model: nn.Module, config: CoreMLExportConfig, ctx: StageContex
         except Exception as exc:  # coremltools raises ValueError/NotImplementedError/... for unsupported layouts
             raise converter_failure("Core ML weight compression", exc) from exc
         notes += compression_notes
+        notes += [f"not mirrored: {note}" for note in upstream.not_mirrored]
         compressed = compressed_weight_ops(mlmodel)
         notes.append(f"compressed weight ops: {_describe_counts(compressed)}")
         metadata = artifact_metadata(ctx.upstream, "coremltools")

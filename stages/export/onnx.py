@@ -3,19 +3,16 @@ checked and measured with onnxruntime. The machinery is :mod:`stages.export.onnx
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Self
+from typing import Literal
 
 from pydantic import Field
 from torch import nn
 
-from pipeline.core.stage import ExportResult, Stage, StageConfig, StageContext
+from pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
 from stages.export.onnx_export import export_onnx
 
-if TYPE_CHECKING:
-    import optuna
 
-
-class ONNXExportConfig(StageConfig):
+class ONNXExportConfig(ExportConfig):
     """Self-contained ONNX file of the float graph, int8-mirrored, checked and measured with onnxruntime.
 
     * ``opset``: ONNX opset (17 goes through the ONNX version converter).
@@ -32,11 +29,6 @@ class ONNXExportConfig(StageConfig):
     batch_size: int = Field(default=1, ge=1)
     quantize: Literal["mirror", "none", "int8_dynamic"] = "mirror"
     measure_latency: bool = True
-
-    @classmethod
-    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
-        """Exports are not searched: always the default config."""
-        return cls()
 
 
 def apply(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -> ExportResult:

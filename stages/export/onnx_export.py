@@ -134,6 +134,7 @@ def _unmirrored_notes(upstream: ExportMirror) -> list[str]:
         notes.append(f"AMP ({upstream.amp_dtype}) not mirrored: the graph computes in float32")
     if upstream.unstructured_sparsity:
         notes.append("pruned zeros stored dense")
+    notes.extend(f"not mirrored: {note}" for note in upstream.not_mirrored)
     return notes
 
 

@@ -4,18 +4,13 @@ The machinery is :mod:`stages.export.pt2_export`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Self
-
 from torch import nn
 
-from pipeline.core.stage import ExportResult, Stage, StageConfig, StageContext
+from pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
 from stages.export.pt2_export import export_pt2
 
-if TYPE_CHECKING:
-    import optuna
 
-
-class PT2ExportConfig(StageConfig):
+class PT2ExportConfig(ExportConfig):
     """``torch.export`` ExportedProgram (``.pt2``) of the final model, as the recipe left it.
 
     * ``dynamic_batch``: a symbolic batch dimension (else fixed at the example's batch of 2).
@@ -24,11 +19,6 @@ class PT2ExportConfig(StageConfig):
     stage = "export.pt2"
 
     dynamic_batch: bool = True
-
-    @classmethod
-    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
-        """Exports are not searched: always the default config."""
-        return cls()
 
 
 def apply(model: nn.Module, config: PT2ExportConfig, ctx: StageContext) -> ExportResult:

@@ -426,3 +426,13 @@ def test_suggest_space(digits_spec: ModelSpec) -> None:
     assert dtypes.choices == ("auto", "bfloat16", "float16")
     assert isinstance(budget, optuna.distributions.FloatDistribution)
     assert (budget.low, budget.high, budget.log) == (1e-3, 5e-2, True)
+
+
+def test_scripted_chains_reuse_the_calibration(digits_spec: ModelSpec, digits_model: nn.Module) -> None:
+    """run_chain is the runner: it keys the input model, so a second calibration of the same
+    model and dtype (another error budget) reuses the sensitivities."""
+    first = StageContext(spec=digits_spec, device=CPU)
+    run_chain(digits_model, [AmpConfig(dtype="bfloat16", error_budget=0.02)], first)
+    second = StageContext(spec=digits_spec, device=CPU)
+    run_chain(digits_model, [AmpConfig(dtype="bfloat16", error_budget=0.005)], second)
+    assert second.records["amp.calibration"] == "reused"

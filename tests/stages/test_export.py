@@ -21,8 +21,18 @@ from torch import nn
 from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.evaluate import compute_metric
+from pipeline.core.mirror import NotMirrored
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply, config_from_dict, get_stage
+from pipeline.core.stage import (
+    ExportResult,
+    Stage,
+    StageConfig,
+    StageContext,
+    apply,
+    config_from_dict,
+    get_stage,
+    registered,
+)
 from stages.export import coreml_export, onnx_export
 from stages.export.atomic import STAGING_SUFFIX, atomic_artifact
 from stages.export.coreml import CoreMLExportConfig
@@ -412,3 +422,21 @@ def test_onnx_fixed_batch_runs_the_evaluation_in_chunks(
     assert result.metrics["onnx_accuracy"] == float_exports.onnx.metrics["onnx_accuracy"]
     assert [k for k in result.metrics if k.startswith("onnx_latency")] == ["onnx_latency_ms_p50_b16"]
     assert "fixed batch 16" in result.validation
+
+
+class _ShiftConfig(StageConfig):
+    """A numeric stage that no exporter can reproduce (declared NotMirrored)."""
+
+    stage = "toy.shift"
+
+
+def test_a_not_mirrored_stage_is_recorded_by_the_export(
+    digits_spec: ModelSpec, digits_model: nn.Module, tmp_path: Path
+) -> None:
+    shift = Stage(_ShiftConfig, lambda model, config, ctx: model, numeric=True,
+                  mirror=NotMirrored("its offsets have no ONNX counterpart"))
+    with registered(shift):
+        ctx = StageContext(spec=digits_spec, device=CPU, output_dir=tmp_path, upstream=(_ShiftConfig(),),
+                           float_model=copy.deepcopy(digits_model))
+        result = apply(digits_model, ONNXExportConfig(measure_latency=False), ctx)
+    assert "not mirrored: toy.shift: its offsets have no ONNX counterpart" in result.validation

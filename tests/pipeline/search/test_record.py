@@ -1,0 +1,72 @@
+"""The trial record: one object per trial, written to Optuna and MLflow alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import torch
+from mlflow import MlflowClient
+
+from pipeline.core.spec import ModelSpec
+from pipeline.engine.recipe import Recipe
+from pipeline.search import Search, SearchConfig, run_search
+from pipeline.search.record import COMPLETE, PRUNED, TrialRecord
+from stages.amp.stage import AmpConfig
+from stages.prune.stage import PruneConfig
+
+
+def _complete_record(number: int = 0) -> TrialRecord:
+    requested = {"prune": None, "amp": AmpConfig(dtype="auto", error_budget=0.01)}
+    resolved = AmpConfig(dtype="bfloat16", error_budget=0.01, fp32_layers=("head",))
+    return TrialRecord(number=number, state=COMPLETE, runtime="compile", configs=requested,
+                       recipe=Recipe(stages=(resolved,), runtime="compile", model="digits"),
+                       metrics={"accuracy": 0.99, "metric_drop": 0.001}, seconds={"stages": 1.5},
+                       cache={"hits": 1, "misses": 2}, seed="amp-only")
+
+
+def test_params_are_the_resolved_recipe_and_off_stages_say_so() -> None:
+    params = _complete_record().params()
+    assert params["amp.dtype"] == "bfloat16" and params["amp.fp32_layers"] == '["head"]'
+    assert params["prune"] == "off" and params["runtime"] == "compile"
+
+
+def test_an_infeasible_trial_logs_what_it_asked_for() -> None:
+    record = TrialRecord(number=3, state=PRUNED, runtime="eager", configs={"prune": PruneConfig(ratio=0.5)},
+                         infeasible="prune: forward failed")
+    assert record.params()["prune.ratio"] == "0.5"
+    assert record.tracking_tags({"device": "cpu"})["infeasible_reason"] == "prune: forward failed"
+    assert record.stages_key is None
+
+
+def test_optuna_attributes_read_back_as_the_same_record() -> None:
+    study = optuna.create_study()
+    trial = study.ask()
+    record = _complete_record(trial.number)
+    for key, value in record.user_attrs().items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr("paretorch.seed", "amp-only")
+    study.tell(trial, 1.0)
+    back = TrialRecord.from_trial(study.trials[0])
+    assert back.recipe == record.recipe and back.configs == record.configs
+    assert (back.metrics, back.seconds, back.cache, back.seed, back.runtime) == (
+        record.metrics, record.seconds, record.cache, record.seed, record.runtime)
+    assert back.params() == record.params()
+
+
+def test_mlflow_params_of_a_calibrated_amp_trial_are_resolved(residual_spec: ModelSpec, tmp_path: Path) -> None:
+    """The MLflow child run of an AMP trial shows the dtype and float32 layers calibration chose."""
+    config = SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none",
+                               seeds=[{"name": "amp-only", "stages": [{"stage": "amp"}]}])
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+                    tracking_uri=uri)
+    outcome = run_search(search, trials=2)
+    assert outcome.study.trials[1].state.name == COMPLETE
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("paretorch/residual_mlp").experiment_id],
+                              filter_string="tags.seed = 'amp-only'")
+    [run] = runs
+    assert run.data.params["amp.dtype"] in ("bfloat16", "float16")
+    assert "amp.fp32_layers" in run.data.params and run.data.params["amp.fp32_layers"] != "null"
+    assert run.data.params["prune"] == "off"
