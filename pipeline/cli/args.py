@@ -26,6 +26,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-kind", default="auto", choices=("auto", "logits", "embedding"),
                         help="TorchScript/.pt2/hf: models: how fidelity is measured: logits -> top-1 agreement, "
                         "embedding -> mean cosine; auto: logits for a 2-D output whose rows are not unit-norm")
+    parser.add_argument("--trust-pickle", action="store_true",
+                        help=".pt2 models: load archives whose weights or constants are pickled, which runs code "
+                        "from the file: only for files from a trusted author")
 
 
 def spec_from_args(args: argparse.Namespace) -> ModelSpec:
@@ -34,5 +37,6 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
         input_shape=getattr(args, "input_shape", None),
         inputs_file=getattr(args, "inputs_file", None),
         output_kind=getattr(args, "output_kind", "auto"),
+        trust_pickle=getattr(args, "trust_pickle", False),
     )
     return resolve_spec(args.model, options)

@@ -36,6 +36,8 @@ class SourceOptions:
     input_shape: str | None = None
     inputs_file: str | None = None
     output_kind: str = "auto"
+    #: Load ``.pt2`` archives whose entries are unpickled (which can run code): ``--trust-pickle``.
+    trust_pickle: bool = False
 
     @property
     def given(self) -> list[str]:
@@ -76,7 +78,8 @@ def resolve_source(ref: str, options: SourceOptions = SourceOptions()) -> ModelS
             raise SpecError("--input-shape does not apply to hf: models: pass --inputs-file with one text per line")
         spec = hf_spec(ref, options.inputs_file, options.output_kind)
     elif kind == "pt2":
-        spec = exported_spec(ref, options.input_shape, options.inputs_file, options.output_kind)
+        spec = exported_spec(ref, options.input_shape, options.inputs_file, options.output_kind,
+                             options.trust_pickle)
     else:
         spec = torchscript_spec(ref, options.input_shape, options.inputs_file, options.output_kind)
     object.__setattr__(spec, "source", ref)

@@ -12,6 +12,7 @@ batch-norm behaviour, so export the model in eval mode).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from torch import nn
@@ -20,12 +21,15 @@ from pipeline.core.errors import SpecError
 from pipeline.core.spec import ModelSpec
 from pipeline.sources.archive import SAVE_HINT, archive_kind, file_model_spec, one_line
 from pipeline.sources.inputs import TensorInputs
+from pipeline.sources.pt2_safety import code_entries, untrusted_message
 
 SUFFIXES = (".pt2",)
 
 
-def load_exported(path: Path) -> nn.Module:
-    """``torch.export.load(path).module()``, with one-line errors for files that are not .pt2 archives."""
+def load_exported(path: Path, trust_pickle: bool = False) -> nn.Module:
+    """``torch.export.load(path).module()``, with one-line errors for files that are not .pt2 archives.
+
+    An archive whose entries would be unpickled (which can run code) is refused unless ``trust_pickle``."""
     import torch.export
 
     kind = archive_kind(path)
@@ -33,6 +37,10 @@ def load_exported(path: Path) -> nn.Module:
         raise SpecError(f"{path} is a TorchScript archive, not a torch.export program: rename it to .pt (TorchScript)")
     if kind == "torch_save":
         raise SpecError(f"{path} holds a torch.save'd object, not a torch.export program: {SAVE_HINT}")
+    if kind == "pt2" and not trust_pickle:
+        entries = code_entries(path)
+        if entries:
+            raise SpecError(untrusted_message(path, entries))
     try:
         module = torch.export.load(str(path)).module()
     except Exception as exc:  # corrupt or incompatible archive: one line, with the cause
@@ -45,10 +53,12 @@ def load_exported(path: Path) -> nn.Module:
 
 
 def exported_spec(
-    path_text: str, input_shape: str | None = None, inputs_file: str | None = None, output_kind: str = "auto"
+    path_text: str, input_shape: str | None = None, inputs_file: str | None = None, output_kind: str = "auto",
+    trust_pickle: bool = False,
 ) -> ModelSpec:
     """A fidelity spec for a ``.pt2`` ExportedProgram (inputs from ``--input-shape`` or ``--inputs-file``)."""
     path = Path(path_text).expanduser()
-    model = load_exported(path)  # bad files fail before the inputs are even looked at
+    load = partial(load_exported, trust_pickle=trust_pickle)
+    model = load(path)  # bad files fail before the inputs are even looked at
     inputs = TensorInputs.from_options(input_shape, inputs_file, f".pt2 file {path}")
-    return file_model_spec(path, ".pt2", load_exported, model, inputs, output_kind)
+    return file_model_spec(path, ".pt2", load, model, inputs, output_kind)
