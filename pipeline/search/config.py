@@ -103,10 +103,15 @@ def finished_states() -> tuple[Any, ...]:
     return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
-def make_sampler(config: SearchConfig, finished: int) -> optuna.samplers.BaseSampler:
+#: Sampler seeds of two workers are this far apart (workers of one study never share a seed).
+WORKER_SEED_STRIDE = 100_003
+
+
+def make_sampler(config: SearchConfig, finished: int, worker: int = 0) -> optuna.samplers.BaseSampler:
     """The sampler; its seed moves with the number of finished trials so a resumed
-    study does not replay the first run's random start-up trials."""
-    seed = config.seed + finished
+    study does not replay the first run's random start-up trials, and with the worker's
+    index so that workers of one study do not sample the same configs."""
+    seed = config.seed + finished + worker * WORKER_SEED_STRIDE
     if config.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if config.sampler == "nsga2":
@@ -114,6 +119,7 @@ def make_sampler(config: SearchConfig, finished: int) -> optuna.samplers.BaseSam
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # multivariate + group: a joint model per set of co-occurring params (stages switch on and off).
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8,
+                                           constant_liar=True)  # running trials (other workers) count as seen
 
 

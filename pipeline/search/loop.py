@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -18,6 +18,7 @@ from rich.table import Table
 from pipeline.core.device import describe
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.paths import results_dir
+from pipeline.core.secrets import mask_secrets
 from pipeline.core.stage import StageConfig
 from pipeline.engine.recipe import Recipe
 from pipeline.search.config import finished_states
@@ -37,7 +38,10 @@ from pipeline.search.pareto import (
 )
 from pipeline.search.record import TrialRecord
 from pipeline.search.study import Search, SearchTimes
+from pipeline.search.workers import run_trials
 from pipeline.tracking.tracker import Tracker
+
+Launcher = Callable[[], tuple[bool, list[str]]]
 
 
 @dataclass
@@ -120,44 +124,54 @@ class TrialLogger:
 
 
 def run_search(search: Search, trials: int, timeout: float | None = None,
-               console: Console | None = None) -> SearchOutcome:
-    """Run ``search``'s study up to ``trials`` finished trials, export and log the Pareto front."""
+               console: Console | None = None, launch: Launcher | None = None) -> SearchOutcome | None:
+    """Run ``search``'s study up to ``trials`` finished trials, export and log the Pareto front.
+
+    ``launch``: this process prepares the study, ``launch()`` runs the trials in worker processes,
+    then this process exports and logs the front. A worker (``search.worker_of_study``) runs trials
+    only and returns None."""
 
     console = console or Console()
     wall_start = time.perf_counter()
+    tracker = Tracker(search.tracking_uri) if search.track else None  # an unreachable server fails first
     search.runner  # noqa: B018  (load and check the model before any study is created)
     study = search.open_study()
     baseline = search.ensure_baseline(study)
-    tracker = Tracker(search.tracking_uri) if search.track else None
     parent = None
     if tracker is not None:
         parent = tracker.open_study(
             search.spec.name, search.study_name,
             params={"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
-            tags={"storage": search.storage, "pipeline": search.pipeline.describe()},
+            tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe()},
         )
     logger = TrialLogger(search, tracker, console)
     done = study.get_trials(deepcopy=False, states=finished_states())
-    for trial in done:  # catch up trials a previous process finished but did not log
-        if tracker is not None and trial.number not in tracker.children:
-            logger.log(trial)
+    if not search.worker_of_study:
+        with search.lock():  # catch up trials a previous process finished but did not log
+            for trial in done:
+                if tracker is not None and trial.number not in tracker.children:
+                    logger.log(trial)
     remaining = trials - len(done)
     interrupted = False
-    if remaining > 0:
+    notes: list[str] = []
+    if remaining > 0 and launch is not None:
+        interrupted, notes = launch()
+    elif remaining > 0:
         console.print(f"study {search.study_name}: {len(done)} trial(s) done, running {remaining} more "
                       f"on {logger.device} (runtimes: {', '.join(search.runtimes)})")
         progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.fields[best]}"), console=console, transient=True)
         logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, best="")
-        try:
-            with progress:
-                study.optimize(search.objective, n_trials=remaining, timeout=timeout, catch=(Exception,),
-                               callbacks=[logger, search.sweep_runtimes,
-                                          MaxTrialsCallback(trials, states=finished_states())])
-        except KeyboardInterrupt:
-            interrupted = True
-            console.print("interrupted: exporting and logging what is done")
-    recipes, notes = finish_study(search, study, tracker, console)
+        with progress:
+            interrupted = run_trials(search, study, trials, timeout, [logger, search.sweep_runtimes])
+    if search.worker_of_study:
+        return None
+    if interrupted:
+        console.print("interrupted: exporting and logging what is done")
+    if tracker is not None:
+        tracker.refresh_children()  # trials that other workers logged
+    recipes, finish_notes = finish_study(search, study, tracker, console)
+    notes.extend(finish_notes)
     search.times.by_category = dict(search.runner.totals)
     search.times.wall = time.perf_counter() - wall_start
     rows = pareto_rows(study, search.objectives)

@@ -16,10 +16,12 @@ from optuna.trial import FrozenTrial, TrialState
 from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtime import available_runtimes
+from pipeline.core.secrets import mask_secrets
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import StageConfig, StageContext, config_from_dict
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
+from pipeline.engine.recipe import configs_to_json
 from pipeline.engine.runner import TIME_CATEGORIES, Runner
 from pipeline.search.config import (
     LATENCY_BUDGETS,
@@ -40,6 +42,8 @@ from pipeline.search.objectives import (
     Objectives,
 )
 from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
+from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
+from pipeline.search.workers import claim_config
 
 
 @dataclass
@@ -95,18 +99,28 @@ class Search:
         self._sweep: RuntimeSweepIndex | None = None
         #: Seeds enqueued on every run (``--enqueue RECIPE``), after the config's seeds; duplicates skipped.
         self.extra_seeds: list[SeedRecipe] = []
+        #: This process's index among the study's workers (0 when alone): moves the sampler's seed.
+        self.worker = 0
+        #: True in a worker process (``--workers N``): it runs trials; the process that started it
+        #: prepared the study and exports and logs the front.
+        self.worker_of_study = False
 
     # ------------------------------------------------------------------ study
+
+    @property
+    def storage_label(self) -> str:
+        """The storage URL with any password masked: the form to print, log or tag."""
+        return mask_secrets(self.storage)
 
     def storage_backend(self) -> optuna.storages.BaseStorage:
         """The Optuna storage, opened once (each open of a URL re-checks the schema: seconds)."""
         if self._storage is None:
-            try:
-                self._storage = optuna.storages.get_storage(self.storage)
-            except Exception as exc:  # a bad URL or an unreachable database
-                raise PipelineError(f"cannot open the Optuna storage {self.storage}: {type(exc).__name__}: {exc}") \
-                    from exc
+            self._storage = open_storage(self.storage)
         return self._storage
+
+    def lock(self) -> StudyLock:
+        """The study's lock, shared by all workers (see :mod:`pipeline.search.storage`)."""
+        return StudyLock(self.storage, self.storage_backend(), self.study_name)
 
     def study_names(self) -> list[str]:
         return [s.study_name for s in self.storage_backend().get_all_studies()]
@@ -114,11 +128,20 @@ class Search:
     def open_study(self, create: bool = True) -> optuna.Study:
         """Create or load the study (``create=False``: it must exist)."""
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # ERROR: a failed or interrupted trial gets our one line, not Optuna's warning and traceback.
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
         storage = self.storage_backend()
+        with self.lock():  # get-or-create: workers starting together create the study once
+            study = self._open_study(storage, create)
+            fail_dead_trials(study)
+        finished = len(study.get_trials(deepcopy=False, states=finished_states()))
+        study.sampler = make_sampler(self.config, finished, self.worker)
+        return study
+
+    def _open_study(self, storage: optuna.storages.BaseStorage, create: bool) -> optuna.Study:
         exists = self.study_name in self.study_names()
         if not exists and not create:
-            raise PipelineError(f"no study '{self.study_name}' in {self.storage}")
+            raise PipelineError(f"no study '{self.study_name}' in {self.storage_label}")
         if exists:
             study = optuna.load_study(study_name=self.study_name, storage=storage)
             if [d.name.lower() for d in study.directions] != self.objectives.directions():
@@ -132,8 +155,6 @@ class Search:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study.set_metric_names(self.objectives.metric_names())
             study.set_user_attr(ATTR_SEARCH, self.config.model_dump(mode="json"))
-        finished = len(study.get_trials(deepcopy=False, states=finished_states()))
-        study.sampler = make_sampler(self.config, finished)
         return study
 
     @property
@@ -151,19 +172,20 @@ class Search:
 
     def ensure_baseline(self, study: optuna.Study) -> Baseline:
         """The stored baseline, or measure it now, store it and enqueue the baseline and seed trials."""
-        stored = study.user_attrs.get(ATTR_BASELINE)
-        if stored is not None:
-            self.baseline = Baseline(**stored)
-        else:
-            result = self.runner.run({}, "eager", exports=False)
-            self.baseline = self.objectives.baseline_from(result.report, trial=None)
-            study.set_user_attr(ATTR_BASELINE, json.loads(self.baseline.to_json()))
-        if not study.trials:
-            self.enqueue(study, SeedRecipe(name="baseline"))
-            for seed in self.config.seeds:
+        with self.lock():  # workers starting together measure and enqueue once
+            stored = study.user_attrs.get(ATTR_BASELINE)
+            if stored is not None:
+                self.baseline = Baseline(**stored)
+            else:
+                result = self.runner.run({}, "eager", exports=False)
+                self.baseline = self.objectives.baseline_from(result.report, trial=None)
+                study.set_user_attr(ATTR_BASELINE, json.loads(self.baseline.to_json()))
+            if not study.trials:
+                self.enqueue(study, SeedRecipe(name="baseline"))
+                for seed in self.config.seeds:
+                    self.enqueue(study, seed)
+            for seed in self.extra_seeds:
                 self.enqueue(study, seed)
-        for seed in self.extra_seeds:
-            self.enqueue(study, seed)
         return self.baseline
 
     def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
@@ -258,6 +280,11 @@ class Search:
         record = partial(TrialRecord, number=trial.number, runtime=runtime, configs=configs,
                          seed=trial.user_attrs.get(ATTR_SEED),
                          start_ms=int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None)
+        earlier = claim_config(trial, configs_to_json(configs), runtime)
+        if earlier is not None:  # another worker runs (or ran) the same config: do not run it twice
+            reason = f"same config as trial {earlier}"
+            self._store(trial, record(state=PRUNED, infeasible=reason))
+            raise optuna.TrialPruned(reason)
         try:
             result = self.runner.run(configs, runtime, exports=self.config.exports == "every_trial")
         except InfeasibleConfig as exc:

@@ -15,9 +15,12 @@ under ``<results>/mlartifacts``), the store ``make ui`` serves.
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -25,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import results_dir
+from pipeline.core.secrets import mask_secrets
+from pipeline.core.writable import check_writable_dir
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -34,6 +39,8 @@ STUDY_TAG = "paretorch.study"
 ROLE_TAG = "paretorch.role"
 TRIAL_TAG = "paretorch.trial"
 PARENT_TAG = "mlflow.parentRunId"
+#: Seconds to wait for an MLflow server's ``/health`` before giving up.
+SERVER_TIMEOUT_S = 10.0
 _INVALID_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
 
 
@@ -48,6 +55,29 @@ def artifact_root_for(uri: str) -> Path | None:
     if uri.startswith("sqlite:///"):
         return Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts"
     return None
+
+
+def check_server(uri: str, timeout: float = SERVER_TIMEOUT_S) -> None:
+    """Raise one :class:`PipelineError` unless the MLflow server at ``uri`` answers ``/health`` within ``timeout``
+    (MLflow's own client retries for minutes before it gives up)."""
+    parts = urllib.parse.urlsplit(uri)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    health = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+    request = urllib.request.Request(health)
+    if parts.username is not None:
+        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            answer.read(64)
+    except (OSError, ValueError) as exc:  # refused, timed out, DNS, HTTP error status
+        reason = getattr(exc, "reason", None) or exc
+        raise PipelineError(mask_secrets(
+            f"the MLflow server {uri} does not answer ({reason}): start it (mlflow server --host ... --port ...), "
+            "fix --tracking-uri, or pass --no-tracking")) from exc
 
 
 def experiment_name(spec_name: str) -> str:
@@ -80,10 +110,16 @@ class Tracker:
         logging.getLogger("alembic").setLevel(logging.WARNING)
         self.uri = tracking_uri or default_tracking_uri()
         self.artifact_root = artifact_root_for(self.uri)
+        if self.uri.startswith(("http://", "https://")):
+            check_server(self.uri)
+        elif self.artifact_root is not None:
+            check_writable_dir(self.artifact_root.parent, "the MLflow store's directory",
+                               "--tracking-uri or --results-dir")
         try:
             self.client: MlflowClient = MlflowClient(tracking_uri=self.uri)
         except Exception as exc:
-            raise PipelineError(f"cannot open the MLflow store {self.uri}: {type(exc).__name__}: {exc}") from exc
+            raise PipelineError(mask_secrets(f"cannot open the MLflow store {self.uri}: {type(exc).__name__}: {exc}")) \
+                from exc
         self.experiment_id = ""
         self.parent_run_id = ""
         self.children: dict[int, str] = {}
@@ -95,32 +131,59 @@ class Tracker:
         """Find or create the experiment and the study's parent run; returns the parent run id."""
         self.study_name = study_name
         name = experiment_name(spec_name)
-        experiment = self.client.get_experiment_by_name(name)
-        if experiment is None:
-            location = None
-            if self.artifact_root is not None:
-                location = (self.artifact_root / clean_key(name).replace("/", "-")).as_uri()
-            self.experiment_id = self.client.create_experiment(name, artifact_location=location)
-        else:
-            self.experiment_id = experiment.experiment_id
-        parents = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.`{STUDY_TAG}` = '{study_name}' and tags.`{ROLE_TAG}` = 'study'",
-            max_results=1,
-        )
+        self.experiment_id = self._get_or_create_experiment(name)
+        parents = self._parents(study_name)
         if parents:
             self.parent_run_id = parents[0].info.run_id
             self.client.update_run(self.parent_run_id, status="RUNNING")
             self._load_children()
-        else:
-            run = self.client.create_run(
-                self.experiment_id,
-                run_name=study_name,
-                tags={STUDY_TAG: study_name, ROLE_TAG: "study", **library_tags(), **tags},
-            )
-            self.parent_run_id = run.info.run_id
-            self._log(self.parent_run_id, params=params)
+            return self.parent_run_id
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=study_name,
+            tags={STUDY_TAG: study_name, ROLE_TAG: "study", **library_tags(), **tags},
+        )
+        # Two processes that started together may both have created a parent: the oldest one wins.
+        oldest = self._parents(study_name)[0].info.run_id
+        if oldest != run.info.run_id:
+            self.client.delete_run(run.info.run_id)
+            self.parent_run_id = oldest
+            self._load_children()
+            return oldest
+        self.parent_run_id = run.info.run_id
+        self._log(self.parent_run_id, params=params)
         return self.parent_run_id
+
+    def _get_or_create_experiment(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return str(experiment.experiment_id)
+        location = None
+        if self.artifact_root is not None:
+            location = (self.artifact_root / clean_key(name).replace("/", "-")).as_uri()
+        try:
+            return str(self.client.create_experiment(name, artifact_location=location))
+        except MlflowException:  # another worker created it first
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return str(experiment.experiment_id)
+
+    def _parents(self, study_name: str) -> list[Any]:
+        """The study's parent runs, oldest first."""
+        return list(self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{STUDY_TAG}` = '{study_name}' and tags.`{ROLE_TAG}` = 'study'",
+            order_by=["attributes.start_time ASC"],
+            max_results=10,
+        ))
+
+    def refresh_children(self) -> None:
+        """Read back the child runs that other workers of the study logged."""
+        if self.parent_run_id:
+            self._load_children()
 
     def _load_children(self) -> None:
         page_token = None
@@ -158,6 +221,9 @@ class Tracker:
         """Create (once) the child run of trial ``number`` and log everything about it."""
         if number in self.children:
             return self.children[number]
+        self._load_children()  # another worker may have logged it
+        if number in self.children:
+            return self.children[number]
         run = self.client.create_run(
             self.experiment_id,
             start_time=start_ms,
@@ -186,7 +252,11 @@ class Tracker:
     def log_trial_files(self, number: int, files: Mapping[str, Sequence[Path]]) -> None:
         """Attach files and directories (e.g. a ``.mlpackage``) to a trial's run:
         ``{artifact dir ("" = root): [local paths]}``."""
-        run_id = self.children[number]
+        if number not in self.children:
+            self._load_children()
+        run_id = self.children.get(number)
+        if run_id is None:
+            return
         for artifact_path, paths in files.items():
             for path in paths:
                 if path.is_dir():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -75,10 +76,8 @@ def archives(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 def test_the_crafted_archive_really_runs_code_in_torch(archives: tuple[Path, Path, Path]) -> None:
     _clean, evil, marker = archives
-    try:
+    with contextlib.suppress(Exception):  # the payload is not a tensor: loading fails after the code ran
         torch.export.load(str(evil))
-    except Exception:  # the payload is not a tensor: loading fails after the code ran
-        pass
     assert marker.read_text() == "ran"
 
 

@@ -1,0 +1,218 @@
+"""Optuna storages that several workers can share, and the lock that serializes their startup and trial starts.
+
+* ``sqlite:///PATH`` (the default, one machine): a 60 s busy timeout, heartbeats;
+* ``journal:PATH`` (one machine, Optuna's journal file): no heartbeats (stale trials are found by process id);
+* ``postgresql://...`` (several machines; the ``postgresql`` extra installs psycopg): heartbeats.
+
+A trial whose process died is marked FAIL the next time any worker starts (heartbeats older than
+:data:`GRACE_S`, or a dead process id on this host) and its config is enqueued once more
+(:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback`).
+
+:func:`study_lock` is an exclusive lock per study: a file lock beside a local storage, a PostgreSQL
+advisory lock for a server. Workers hold it to create the schema and the study, and from "how many
+trials are finished or running?" until their next trial is RUNNING, so a study never overshoots.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import socket
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import FrozenTrial, TrialState
+
+from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.secrets import mask_secrets
+from pipeline.core.writable import check_writable_dir
+from pipeline.sources.archive import one_line
+
+JOURNAL_PREFIX = "journal:"
+#: Seconds between a running trial's heartbeats, and how old the last one may be before the trial counts as dead.
+HEARTBEAT_S = 5
+GRACE_S = 15
+#: User attribute: ``host:pid`` of the process that runs the trial.
+ATTR_WORKER = "paretorch.worker"
+SQLITE_TIMEOUT_S = 60
+
+
+def local_path(url: str) -> Path | None:
+    """The file of a local storage (SQLite or journal), None for a server."""
+    if url.startswith(JOURNAL_PREFIX):
+        return Path(url.removeprefix(JOURNAL_PREFIX)).expanduser().resolve()
+    if url.startswith("sqlite:///"):
+        return Path(url.removeprefix("sqlite:///")).expanduser().resolve()
+    return None
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """The Optuna storage for ``url`` (schema created once, under the study lock's file lock for local files)."""
+    path = local_path(url)
+    if path is not None:
+        check_writable_dir(path.parent, "the Optuna storage's directory", "--storage or --results-dir")
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            raise PipelineError(f"the Optuna storage {path} is not readable and writable by this user: "
+                                "fix its permissions or pass another --storage")
+    try:
+        if url.startswith(JOURNAL_PREFIX) and path is not None:
+            return JournalStorage(JournalFileBackend(str(path)))
+        heartbeat: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S,
+                                     "heartbeat_stale_trial_callback": retry_callback()}
+        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if path is not None:
+                with _file_lock(path.with_name(path.name + ".lock")):  # schema creation is not safe to race
+                    return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
+                                      **heartbeat)
+            return RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **heartbeat)
+    except PipelineError:
+        raise
+    except Exception as exc:  # a bad URL, a missing driver or an unreachable database
+        hint = ""
+        if "psycopg" in str(exc) or "DB access module" in str(exc):
+            hint = " (PostgreSQL needs the driver: pip install 'paretorch[postgresql]')"
+        raise PipelineError(mask_secrets(f"cannot open the Optuna storage {url}: {one_line(exc)}{hint}")) from exc
+
+
+def validate_storage_url(url: str) -> None:
+    """Refuse storage URLs Optuna cannot open, naming the flag."""
+    if url.startswith(JOURNAL_PREFIX):
+        if not url.removeprefix(JOURNAL_PREFIX):
+            raise ConfigError("--storage journal:PATH needs a file path (e.g. journal:runs/optuna.journal)")
+        return
+    if "://" not in url:
+        raise ConfigError(f"--storage {mask_secrets(url)}: not a storage URL; use sqlite:///PATH, journal:PATH "
+                          "or postgresql://user:password@host/db")
+
+
+# ------------------------------------------------------------------ the study lock
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class StudyLock:
+    """An exclusive lock per (storage, study), shared by every worker; acquire/release may be split."""
+
+    def __init__(self, url: str, storage: optuna.storages.BaseStorage, study_name: str) -> None:
+        self.url = url
+        self.storage = storage
+        self.study_name = study_name
+        self._handle: Any = None
+        self._connection: Any = None
+
+    def _key(self) -> int:
+        digest = hashlib.sha256(self.study_name.encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    def acquire(self) -> None:
+        if self.held:
+            return
+        path = local_path(self.url)
+        if path is not None:
+            handle = path.with_name(f"{path.name}.{self.study_name}.lock").open("a")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            self._handle = handle
+        elif isinstance(self.storage, RDBStorage) and self.storage.engine.dialect.name == "postgresql":
+            from sqlalchemy import text
+
+            connection = self.storage.engine.connect()
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": self._key()})
+            connection.commit()
+            self._connection = connection
+        else:
+            self._handle = False  # no shared lock for this storage: workers may overshoot by one trial each
+
+    @property
+    def held(self) -> bool:
+        return self._handle is not None or self._connection is not None
+
+    def release(self) -> None:
+        if self._handle:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+        if self._connection is not None:
+            from sqlalchemy import text
+
+            self._connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": self._key()})
+            self._connection.commit()
+            self._connection.close()
+        self._handle = None
+        self._connection = None
+
+    def __enter__(self) -> StudyLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ------------------------------------------------------------------ dead workers
+
+
+def retry_callback() -> RetryHeartbeatStaleTrialCallback:
+    """Enqueue a dead trial's params and user attributes (its seed) once more, at most once per config."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback(max_retry=1)
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _dead_here(trial: FrozenTrial) -> bool:
+    """True if ``trial`` runs in a process of this host that no longer exists."""
+    host, _, pid = str(trial.user_attrs.get(ATTR_WORKER, "")).rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def fail_dead_trials(study: optuna.Study) -> list[int]:
+    """Mark FAIL the RUNNING trials whose process died (stale heartbeat, or a dead pid on this host) and
+    enqueue each one's config once more; returns their numbers. Call under the study lock."""
+    failed: list[int] = []
+    if isinstance(study._storage, RDBStorage) and study._storage.get_heartbeat_interval():
+        before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        failed.extend(sorted(before - after))
+    retry = retry_callback()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _dead_here(trial) and study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+            retry(study, study._storage.get_trial(trial._trial_id))
+            failed.append(trial.number)
+    return failed
+
+
+def retry_trial(study: optuna.Study, number: int) -> None:
+    """Enqueue the config of trial ``number`` once more (an interrupted trial): seeds and params survive."""
+    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+    if trial is not None and trial.state == TrialState.FAIL:
+        retry_callback()(study, trial)
