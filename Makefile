@@ -10,9 +10,11 @@ MODEL       ?= digits
 DEVICE      ?= auto
 RESULTS     ?= runs
 TRIALS      ?= 20
+# Worker processes on one study (make optimize WORKERS=4); more machines: one --storage postgresql://...
+WORKERS     ?= 1
 MAX_DROP    ?= 0.01
 UI_PORT     ?= 5000
-# Extra options for optimize/report, e.g. ARGS="--latency-budget quick --runtimes eager --threads 1"
+# Extra options for evaluate/optimize/report, e.g. ARGS="--latency-budget quick --runtimes eager --threads 1"
 ARGS        ?=
 TORCH_PIN   := $(shell grep -E '^torch==' constraints.txt)
 
@@ -41,11 +43,11 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 evaluate: $(STAMP)
-	$(PY) -m pipeline evaluate --model $(MODEL) --device $(DEVICE)
+	$(PY) -m pipeline evaluate --model $(MODEL) --device $(DEVICE) $(ARGS)
 
 # Searches (or resumes: TRIALS is the study's total) and prints the Pareto table.
 optimize: $(STAMP)
-	$(PY) -m pipeline optimize --model $(MODEL) --device $(DEVICE) --trials $(TRIALS) --max-drop $(MAX_DROP) $(ARGS)
+	$(PY) -m pipeline optimize --model $(MODEL) --device $(DEVICE) --trials $(TRIALS) --workers $(WORKERS) --max-drop $(MAX_DROP) $(ARGS)
 
 report: $(STAMP)
 	$(PY) -m pipeline report --model $(MODEL) --device $(DEVICE) --max-drop $(MAX_DROP) $(ARGS)

@@ -33,6 +33,7 @@ from pipeline.engine.runner import Runner
 from pipeline.search import LATENCY_BUDGETS, Search, SearchConfig, SeedRecipe, run_search
 from pipeline.search.config import finished_states
 from pipeline.search.pareto import pareto_rows, pareto_table
+from pipeline.search.storage import validate_storage_url
 from pipeline.search.workers import WORKER_FLAG, launch_workers
 
 Command = Any
@@ -144,6 +145,8 @@ def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True) 
         latency_batch=args.latency_batch, disabled=_split(args.disable), exports=args.exports,
         cache_mb=args.cache_mb,
     )
+    if args.storage:
+        validate_storage_url(args.storage)
     return Search(spec, resolve_device(args.device), config, storage=args.storage,
                   tracking_uri=args.tracking_uri, track=track, name=args.study_name)
 

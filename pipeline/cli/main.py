@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pipeline.cli.args import add_model_args, spec_from_args
-from pipeline.cli.commands import register_search_commands
+from pipeline.cli.commands import add_threads_arg, register_search_commands, set_threads
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.evaluate import evaluate_model
@@ -28,6 +28,7 @@ _COMMANDS: dict[str, Command] = {}
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
     device = resolve_device(args.device)
     spec = spec_from_args(args)
     model = load_model(spec)
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(evaluate)
     evaluate.add_argument("--runtime", default="eager", help="eager | compile | compile_cudagraphs")
     evaluate.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    add_threads_arg(evaluate)
     _COMMANDS["evaluate"] = cmd_evaluate
 
     # Later command groups register here: register_xyz(sub, _COMMANDS).
@@ -64,9 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what worker processes are started with
-    if getattr(args, "results_dir", None):
-        set_results_dir(args.results_dir)
     try:
+        if getattr(args, "results_dir", None):
+            set_results_dir(args.results_dir)
         return _COMMANDS[args.command](args)
     except PipelineError as exc:
         print(f"error: {mask_secrets(str(exc))}", file=sys.stderr)

@@ -102,11 +102,12 @@ def neighbour_agreement(outputs: Tensor, targets: Tensor) -> Tensor:
     return (found == expected).float().mean()
 
 
-TOP1_AGREEMENT = Metric("top1_agreement", higher_is_better=True, compute=top1_agreement)
+TOP1_AGREEMENT = Metric("top1_agreement", higher_is_better=True, compute=top1_agreement, bounds=(0.0, 1.0))
 KL_DIVERGENCE = Metric("kl_divergence", higher_is_better=False, compute=kl_divergence)
-MEAN_COSINE = Metric("mean_cosine", higher_is_better=True, compute=mean_cosine)
+MEAN_COSINE = Metric("mean_cosine", higher_is_better=True, compute=mean_cosine, bounds=(-1.0, 1.0))
 SQNR_DB = Metric("sqnr_db", higher_is_better=True, compute=sqnr_db)
-NEIGHBOUR_AGREEMENT = Metric("neighbour_agreement", higher_is_better=True, compute=neighbour_agreement)
+NEIGHBOUR_AGREEMENT = Metric("neighbour_agreement", higher_is_better=True, compute=neighbour_agreement,
+                             bounds=(0.0, 1.0))
 
 #: Primary and extra fidelity metrics per output kind.
 METRICS_BY_KIND: dict[str, tuple[Metric, ...]] = {

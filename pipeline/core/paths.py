@@ -5,15 +5,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pipeline.core.writable import check_writable_dir
+
 DEFAULT_RESULTS_DIR = "runs"
 RESULTS_ENV_VAR = "PARETORCH_RESULTS_DIR"
 
 
 def results_dir() -> Path:
     """The results directory (``--results-dir`` / ``RESULTS=``; default ``runs/``)."""
-    path = Path(os.environ.get(RESULTS_ENV_VAR, DEFAULT_RESULTS_DIR)).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path.resolve()
+    path = Path(os.environ.get(RESULTS_ENV_VAR, DEFAULT_RESULTS_DIR)).expanduser().absolute()
+    return check_writable_dir(path, "the results directory", "--results-dir (make: RESULTS=)").resolve()
 
 
 def set_results_dir(path: str | os.PathLike[str]) -> Path:
@@ -24,9 +25,7 @@ def set_results_dir(path: str | os.PathLike[str]) -> Path:
 
 def cache_dir(kind: str) -> Path:
     """A sub-directory of the results directory for one kind of cached file."""
-    path = results_dir() / "cache" / kind
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return check_writable_dir(results_dir() / "cache" / kind, f"the cache directory ({kind})", "--results-dir")
 
 
 #: The shipped configs (``experiments/configs``): search defaults and pipeline files.

@@ -28,6 +28,8 @@ class Metric:
     name: str
     higher_is_better: bool
     compute: Callable[[Tensor, Tensor], Tensor]
+    #: The metric's possible values (lowest, highest), if bounded: a drop larger than the span is impossible.
+    bounds: tuple[float, float] | None = None
 
     def drop(self, baseline: float, value: float) -> float:
         """How much worse ``value`` is than ``baseline`` (positive = worse)."""
@@ -39,7 +41,7 @@ def accuracy(outputs: Tensor, targets: Tensor) -> Tensor:
     return (outputs.argmax(dim=-1) == targets).float().mean()
 
 
-ACCURACY = Metric("accuracy", higher_is_better=True, compute=accuracy)
+ACCURACY = Metric("accuracy", higher_is_better=True, compute=accuracy, bounds=(0.0, 1.0))
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic_core import PydanticUndefined
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.runtime import RUNTIMES
 from pipeline.core.stage import StageConfig, config_from_dict, is_export
 
 RECIPE_FORMAT = "paretorch-recipe/1"
@@ -62,9 +63,12 @@ class Recipe:
         if not isinstance(raw_stages, list):
             raise ConfigError("a recipe's 'stages' must be a list of stage configs")
         configs = tuple(config_from_dict(item) for item in raw_stages)
+        runtime = str(data.get("runtime", "eager"))
+        if runtime not in RUNTIMES:
+            raise ConfigError(f"unknown runtime {runtime!r} in the recipe: choose one of {', '.join(RUNTIMES)}")
         return cls(
             stages=configs,
-            runtime=str(data.get("runtime", "eager")),
+            runtime=runtime,
             model=data.get("model"),
             metadata=dict(data.get("metadata") or {}),
         )

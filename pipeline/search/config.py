@@ -77,14 +77,22 @@ class SearchConfig(BaseModel):
                 raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
         elif path:
             raise ConfigError(f"search config not found: {source}")
-        data.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        data.update(given)
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(f"invalid search config ({source.name}): {format_validation_error(exc)}") from exc
+            flags = sorted({cli_flag(str(e["loc"][0])) for e in exc.errors() if e["loc"] and e["loc"][0] in given})
+            where = f"{', '.join(flags)}" if flags else f"invalid search config ({source.name})"
+            raise ConfigError(f"{where}: {format_validation_error(exc)}") from exc
 
     def identity(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude=set(self.RUN_ONLY_FIELDS))
+
+
+def cli_flag(field_name: str) -> str:
+    """The command-line flag that sets a search config field (``max_drop`` -> ``--max-drop``)."""
+    return {"disabled": "--disable"}.get(field_name, "--" + field_name.replace("_", "-"))
 
 
 def study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipeline: Pipeline) -> str:

@@ -77,6 +77,11 @@ class Objectives:
             raise ConfigError("the objectives must include 'metric' (the task metric is what the drop is measured on)")
         if max_drop < 0:
             raise ConfigError(f"max_drop={max_drop}: must be >= 0 (an absolute drop of the metric)")
+        bounds = spec.metric.bounds
+        if bounds is not None and max_drop > bounds[1] - bounds[0]:
+            low, high = bounds
+            raise ConfigError(f"--max-drop {max_drop}: {spec.metric.name} lies in [{low:g}, {high:g}], so a drop "
+                              f"above {high - low:g} means nothing; give an absolute drop such as 0.01 (one point)")
         batch = latency_batch if latency_batch is not None else spec.latency_batch_sizes[0]
         return cls(spec=spec, names=tuple(names), latency_batch=batch, max_drop=max_drop)  # type: ignore[arg-type]
 

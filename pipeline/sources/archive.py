@@ -51,7 +51,9 @@ def archive_kind(path: Path) -> ArchiveKind:
 
 
 def check_batch_flexible(model: nn.Module, inputs: TensorInputs, name: str) -> Tensor:
-    """Run the model at batch sizes 2 and 3 (the pipeline uses several); return the batch-2 output."""
+    """Run the model at batch sizes 2 and 3 (the pipeline uses several), then batch 2 again (a model that
+    answers one input twice differently keeps state or is random); return the batch-2 output."""
+    check_tensor_arguments(model, name)
     outputs = {}
     for batch_size in (2, 3):
         batch = inputs.example_inputs(batch_size)
@@ -73,7 +75,26 @@ def check_batch_flexible(model: nn.Module, inputs: TensorInputs, name: str) -> T
                 "the first output dimension must be the batch"
             )
         outputs[batch_size] = output
+    with torch.inference_mode():
+        again = model(*inputs.example_inputs(2))
+    if not isinstance(again, Tensor) or again.shape != outputs[2].shape or not torch.allclose(
+            again, outputs[2], rtol=1e-4, atol=1e-5):
+        raise SpecError(f"{name}: forward gave different outputs for the same input on a second call: the model "
+                        "keeps state between calls (a counter, a cache, a running buffer) or is random (dropout "
+                        "left on); fidelity needs a stateless model: save it in eval mode without the state")
     return outputs[2]
+
+
+def check_tensor_arguments(model: nn.Module, name: str) -> None:
+    """Refuse a TorchScript forward that takes anything but tensors (the pipeline feeds tensor batches only)."""
+    if not isinstance(model, torch.jit.ScriptModule):
+        return
+    arguments = model.forward.schema.arguments[1:]  # type: ignore[attr-defined]  # [0] is self
+    others = [f"{a.name}: {a.type}" for a in arguments if str(a.type) not in ("Tensor", "Tensor?")]
+    if others:
+        raise SpecError(f"{name}: forward takes {', '.join(others)}; only tensor arguments are supported. Wrap it: "
+                        "a module whose forward(x) calls the model with the other arguments fixed "
+                        "(e.g. return self.model(x, 16000)), then torch.jit.script and save that module")
 
 
 def file_model_spec(

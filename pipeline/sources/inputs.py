@@ -16,6 +16,7 @@ Calibration and evaluation inputs never overlap: they come from different seeds.
 
 from __future__ import annotations
 
+import math
 import re
 import zipfile
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from pipeline.core.spec import Batch
 MIN_EVALUATION_SAMPLES = 128
 CALIBRATION_SAMPLES = 32
 BATCH_SIZE = 32
+#: Generated inputs (the evaluation samples) may take at most this much memory.
+MAX_GENERATED_BYTES = 4 * 1024**3
 SEEDS = {"evaluation": 0, "calibration": 1, "example": 2}
 
 _DIMENSION = re.compile(r"^[1-9][0-9]*$")
@@ -70,6 +73,11 @@ def parse_input_shape(text: str) -> tuple[InputTemplate, ...]:
                 "(e.g. 1x3x224x224; several inputs: 1x3x224x224,1x10)"
             )
         templates.append(InputTemplate(sample_shape=tuple(int(d) for d in dims[1:])))
+    needed = MIN_EVALUATION_SAMPLES * sum(4 * math.prod(t.sample_shape) for t in templates)
+    if needed > MAX_GENERATED_BYTES:
+        raise SpecError(f"--input-shape {text}: {MIN_EVALUATION_SAMPLES} generated float32 samples of that shape "
+                        f"need about {needed / 1024**3:,.1f} GiB (limit {MAX_GENERATED_BYTES / 1024**3:.0f} GiB); "
+                        "give the shape of one real input batch, e.g. 1x3x224x224")
     return tuple(templates)
 
 

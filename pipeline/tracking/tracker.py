@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import re
 import time
 import urllib.parse
@@ -108,6 +109,8 @@ class Tracker:
         # MLflow's SQLite store logs schema migrations at INFO on first use.
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
+        # MLflow prints "View run ... at: <tracking URI>" (with any password in it) when a run ends.
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.uri = tracking_uri or default_tracking_uri()
         self.artifact_root = artifact_root_for(self.uri)
         if self.uri.startswith(("http://", "https://")):
