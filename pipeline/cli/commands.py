@@ -32,6 +32,7 @@ from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
 from pipeline.search import LATENCY_BUDGETS, Search, SearchConfig, SeedRecipe, run_search
 from pipeline.search.config import finished_states
+from pipeline.search.loop import run_worker
 from pipeline.search.pareto import pareto_rows, pareto_table
 from pipeline.search.storage import validate_storage_url
 from pipeline.search.workers import WORKER_FLAG, launch_workers
@@ -159,20 +160,19 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     spec = spec_from_args(args)
     search = build_search(args, spec, track=not args.no_tracking)
-    search.worker_of_study = args.worker_index is not None
-    search.worker = args.worker_index if args.worker_index is not None else 0
+    console = make_console()
+    if args.worker_index is not None:  # one worker of a study that the parent process prepared
+        search.worker = args.worker_index
+        return 130 if run_worker(search, args.trials, args.timeout, console) else 0
     for path in args.enqueue:
         recipe = Recipe.load(path)
         search.extra_seeds.append(SeedRecipe(name=Path(path).stem, runtime=recipe.runtime,
                                              stages=tuple(c.to_dict() for c in recipe.stages)))
-    console = make_console()
     launch = None
-    if args.workers > 1 and not search.worker_of_study:
+    if args.workers > 1:
         argv = getattr(args, "argv", None) or sys.argv[1:]
         launch = partial(launch_workers, argv, args.workers, console)
     outcome = run_search(search, args.trials, args.timeout, console, launch=launch)
-    if outcome is None:  # a worker: its parent process prints the outcome
-        return 0
     console.print(outcome.table)
     if search.config.exports == "pareto":
         console.print("exports ran after the search, for the Pareto trials only (exports: pareto)")

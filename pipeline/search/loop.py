@@ -124,33 +124,22 @@ class TrialLogger:
 
 
 def run_search(search: Search, trials: int, timeout: float | None = None,
-               console: Console | None = None, launch: Launcher | None = None) -> SearchOutcome | None:
+               console: Console | None = None, launch: Launcher | None = None) -> SearchOutcome:
     """Run ``search``'s study up to ``trials`` finished trials, export and log the Pareto front.
 
     ``launch``: this process prepares the study, ``launch()`` runs the trials in worker processes,
-    then this process exports and logs the front. A worker (``search.worker_of_study``) runs trials
-    only and returns None."""
+    then this process exports and logs the front (the workers call :func:`run_worker`)."""
 
     console = console or Console()
     wall_start = time.perf_counter()
-    tracker = Tracker(search.tracking_uri) if search.track else None  # an unreachable server fails first
-    search.runner  # noqa: B018  (load and check the model before any study is created)
-    study = search.open_study()
-    baseline = search.ensure_baseline(study)
-    parent = None
-    if tracker is not None:
-        parent = tracker.open_study(
-            search.spec.name, search.study_name,
-            params={"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
-            tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe()},
-        )
+    study, baseline, tracker = open_search(search)
+    parent = tracker.parent_run_id if tracker is not None else None
     logger = TrialLogger(search, tracker, console)
     done = study.get_trials(deepcopy=False, states=finished_states())
-    if not search.worker_of_study:
-        with search.lock():  # catch up trials a previous process finished but did not log
-            for trial in done:
-                if tracker is not None and trial.number not in tracker.children:
-                    logger.log(trial)
+    with search.lock():  # catch up trials a previous process finished but did not log
+        for trial in done:
+            if tracker is not None and trial.number not in tracker.children:
+                logger.log(trial)
     remaining = trials - len(done)
     interrupted = False
     notes: list[str] = []
@@ -164,8 +153,6 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
         logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, best="")
         with progress:
             interrupted = run_trials(search, study, trials, timeout, [logger, search.sweep_runtimes])
-    if search.worker_of_study:
-        return None
     if interrupted:
         console.print("interrupted: exporting and logging what is done")
     if tracker is not None:
@@ -190,6 +177,30 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
     return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, search.times,
                          search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
                          interrupted, notes)
+
+
+def open_search(search: Search) -> tuple[optuna.Study, Baseline, Tracker | None]:
+    """The tracker (an unreachable server fails first), the model (checked before any study exists),
+    the study with its baseline and seeds, and the MLflow parent run: each get-or-create."""
+    tracker = Tracker(search.tracking_uri) if search.track else None
+    search.runner  # noqa: B018
+    study = search.open_study()
+    baseline = search.ensure_baseline(study)
+    if tracker is not None:
+        tracker.open_study(
+            search.spec.name, search.study_name,
+            params={"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
+            tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe()},
+        )
+    return study, baseline, tracker
+
+
+def run_worker(search: Search, trials: int, timeout: float | None = None, console: Console | None = None) -> bool:
+    """One worker of a study that another process prepared (``--workers N``): run and log trials until the
+    study has ``trials``; True if interrupted. The preparing process exports and logs the front."""
+    study, _baseline, tracker = open_search(search)
+    logger = TrialLogger(search, tracker, console or Console())
+    return run_trials(search, study, trials, timeout, [logger, search.sweep_runtimes])
 
 
 def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,

@@ -20,8 +20,6 @@ import hashlib
 import os
 import socket
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.locks import file_lock
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.writable import check_writable_dir
 from pipeline.sources.archive import one_line
@@ -69,7 +68,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             if path is not None:
-                with _file_lock(path.with_name(path.name + ".lock")):  # schema creation is not safe to race
+                with file_lock(path.with_name(path.name + ".lock")):  # schema creation is not safe to race
                     return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
                                       **heartbeat)
             return RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **heartbeat)
@@ -94,17 +93,6 @@ def validate_storage_url(url: str) -> None:
 
 
 # ------------------------------------------------------------------ the study lock
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class StudyLock:

@@ -101,9 +101,6 @@ class Search:
         self.extra_seeds: list[SeedRecipe] = []
         #: This process's index among the study's workers (0 when alone): moves the sampler's seed.
         self.worker = 0
-        #: True in a worker process (``--workers N``): it runs trials; the process that started it
-        #: prepared the study and exports and logs the front.
-        self.worker_of_study = False
 
     # ------------------------------------------------------------------ study
 

@@ -16,6 +16,7 @@ under ``<results>/mlartifacts``), the store ``make ui`` serves.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.locks import file_lock
 from pipeline.core.paths import results_dir
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.writable import check_writable_dir
@@ -118,8 +120,12 @@ class Tracker:
         elif self.artifact_root is not None:
             check_writable_dir(self.artifact_root.parent, "the MLflow store's directory",
                                "--tracking-uri or --results-dir")
+        lock = (file_lock(self.artifact_root.parent / f"{Path(self.uri).name}.lock") if self.artifact_root
+                else contextlib.nullcontext())
         try:
-            self.client: MlflowClient = MlflowClient(tracking_uri=self.uri)
+            with lock:  # a local store's schema is created or migrated on first use: not safe to race
+                self.client: MlflowClient = MlflowClient(tracking_uri=self.uri)
+                self.client.search_experiments(max_results=1)
         except Exception as exc:
             raise PipelineError(mask_secrets(f"cannot open the MLflow store {self.uri}: {type(exc).__name__}: {exc}")) \
                 from exc

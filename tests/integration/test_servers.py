@@ -9,8 +9,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -71,9 +71,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     try:
         deadline = time.monotonic() + 90
         while True:
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                break
             if server.poll() is not None or time.monotonic() > deadline:
                 pytest.skip(f"mlflow server did not start: {(store / 'server.log').read_text()[-300:]}")
             time.sleep(1)

@@ -115,6 +115,6 @@ def test_torchscript_forward_with_a_non_tensor_argument_says_how_to_wrap() -> No
 
 
 def test_stateful_model_is_detected() -> None:
-    with pytest.raises(SpecError, match="different outputs for the same input .* keeps state"):
+    with pytest.raises(SpecError, match=r"different outputs for the same input .* keeps state"):
         check_batch_flexible(torch.jit.script(Counter()), INPUTS, "m.pt")
     assert check_batch_flexible(torch.jit.script(Plain()), INPUTS, "m.pt").shape == (2, 8)
