@@ -37,6 +37,7 @@ from pipeline.search.pareto import (
     table_columns,
 )
 from pipeline.search.record import TrialRecord
+from pipeline.search.storage import fail_dead_trials
 from pipeline.search.study import Search, SearchTimes
 from pipeline.search.workers import run_trials
 from pipeline.tracking.tracker import Tracker
@@ -135,16 +136,13 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
     study, baseline, tracker = open_search(search)
     parent = tracker.parent_run_id if tracker is not None else None
     logger = TrialLogger(search, tracker, console)
-    done = study.get_trials(deepcopy=False, states=finished_states())
-    with search.lock():  # catch up trials a previous process finished but did not log
-        for trial in done:
-            if tracker is not None and trial.number not in tracker.children:
-                logger.log(trial)
+    done = catch_up(search, study, tracker, logger)
     remaining = trials - len(done)
     interrupted = False
     notes: list[str] = []
     if remaining > 0 and launch is not None:
         interrupted, notes = launch()
+        catch_up(search, study, tracker, logger)  # a worker that died left its trial RUNNING and unlogged
     elif remaining > 0:
         console.print(f"study {search.study_name}: {len(done)} trial(s) done, running {remaining} more "
                       f"on {logger.device} (runtimes: {', '.join(search.runtimes)})")
@@ -177,6 +175,21 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
     return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, search.times,
                          search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
                          interrupted, notes)
+
+
+def catch_up(search: Search, study: optuna.Study, tracker: Tracker | None,
+             logger: TrialLogger) -> list[FrozenTrial]:
+    """Mark FAIL the trials of dead workers and log the finished trials that no process logged; the
+    finished trials."""
+    with search.lock():
+        fail_dead_trials(study)
+        done = study.get_trials(deepcopy=False, states=finished_states())
+        if tracker is not None:
+            tracker.refresh_children()
+            for trial in done:
+                if trial.number not in tracker.children:
+                    logger.log(trial)
+    return done
 
 
 def open_search(search: Search) -> tuple[optuna.Study, Baseline, Tracker | None]:

@@ -100,10 +100,11 @@ def launch_workers(argv: Sequence[str], workers: int, console: Console) -> tuple
     processes = [subprocess.Popen([sys.executable, "-m", "pipeline", *worker_argv(argv, i)])
                  for i in range(workers)]
     interrupted = False
-    while True:
+    codes: list[int | None] = [None] * workers
+    while None in codes:  # poll them all: a worker that died is reaped at once, so others see its pid gone
         try:
-            codes = [p.wait() for p in processes]
-            break
+            codes = [p.poll() for p in processes]
+            time.sleep(0.2)
         except KeyboardInterrupt:  # the workers got the same Ctrl-C; wait for them to stop cleanly
             interrupted = True
     notes = [f"worker {i} exited with status {code}" for i, code in enumerate(codes) if code not in (0, 130)]
