@@ -9,17 +9,20 @@ from pipeline.core.writable import check_writable_dir
 
 DEFAULT_RESULTS_DIR = "runs"
 RESULTS_ENV_VAR = "PARETORCH_RESULTS_DIR"
+RESULTS_FLAG = "--results-dir (make: RESULTS=)"
 
 
 def results_dir() -> Path:
     """The results directory (``--results-dir`` / ``RESULTS=``; default ``runs/``)."""
     path = Path(os.environ.get(RESULTS_ENV_VAR, DEFAULT_RESULTS_DIR)).expanduser().absolute()
-    return check_writable_dir(path, "the results directory", "--results-dir (make: RESULTS=)").resolve()
+    return check_writable_dir(path, "the results directory", RESULTS_FLAG).resolve()
 
 
 def set_results_dir(path: str | os.PathLike[str]) -> Path:
     """Point every later :func:`results_dir` call (and child processes) at ``path``."""
-    os.environ[RESULTS_ENV_VAR] = str(Path(path).expanduser().resolve())
+    target = Path(path).expanduser().absolute()
+    check_writable_dir(target, "the results directory", RESULTS_FLAG)  # before anything points there
+    os.environ[RESULTS_ENV_VAR] = str(target.resolve())
     return results_dir()
 
 

@@ -27,6 +27,7 @@ import optuna
 from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import text
 
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.locks import file_lock
@@ -118,8 +119,6 @@ class StudyLock:
             fcntl.flock(handle, fcntl.LOCK_EX)
             self._handle = handle
         elif isinstance(self.storage, RDBStorage) and self.storage.engine.dialect.name == "postgresql":
-            from sqlalchemy import text
-
             connection = self.storage.engine.connect()
             connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": self._key()})
             connection.commit()
@@ -136,8 +135,6 @@ class StudyLock:
             fcntl.flock(self._handle, fcntl.LOCK_UN)
             self._handle.close()
         if self._connection is not None:
-            from sqlalchemy import text
-
             self._connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": self._key()})
             self._connection.commit()
             self._connection.close()
