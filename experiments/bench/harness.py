@@ -262,10 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.render_only:
         device = resolve_device(args.device)
-        batch = args.batch or (32 if device.type == "cpu" else 1)
+        default_batch = 32 if device.type == "cpu" else 1
+        batch = args.batch or default_batch
         result = bench(args.model, args.device, args.trials, batch, args.max_drop)
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"{result['model']}-{result['device_kind']}.json"
+        suffix = "" if batch == default_batch else f"-b{batch}"  # e.g. the GPU throughput objective, batch 256
+        path = args.out / f"{result['model']}-{result['device_kind']}{suffix}.json"
         path.write_text(json.dumps(result, indent=2))
         print(render_table(result))
     if args.out == RESULTS_DIR:
