@@ -13,7 +13,7 @@ config is infeasible. The machinery lives in :mod:`stages.prune`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import Field, model_validator
 from torch import nn
@@ -90,6 +90,15 @@ class PruneConfig(StageConfig):
             if getattr(self, name) is not None and self.method != "structured":
                 raise ValueError(f"{name} needs method='structured' (method is {self.method!r})")
         return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the base, without ``head_ratio`` / ``ffn_ratio`` when unset: a config that
+        does not use them keeps the dict (and the runner's cache key) it had before they existed."""
+        data = super().to_dict()
+        for name in ("head_ratio", "ffn_ratio"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
     @classmethod
     def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
