@@ -101,10 +101,14 @@ def prune_structured(
         raise InfeasibleConfig(
             f"torch-pruning could not build the dependency graph: {type(exc).__name__}: {exc}"
         ) from exc
-    _ignore_groups_touching(pruner, protected)
+    unsupported = channel_multiplier_convs(model)
+    if unsupported:  # torch-pruning 1.6.1 fails on them (IndexError in step()): keep them and their groups whole
+        ctx.record("prune.kept_whole", {name: CHANNEL_MULTIPLIER_REASON for name in unsupported})
+    _ignore_groups_touching(pruner, [*protected, *unsupported.values()])
     if not _prunable_groups(pruner):
+        kept = f"; kept whole: {', '.join(unsupported)} ({CHANNEL_MULTIPLIER_REASON})" if unsupported else ""
         raise InfeasibleConfig(
-            "structured pruning: no channel group can be pruned without touching the head or a protected layer"
+            "structured pruning: no channel group can be pruned without touching the head or a protected layer" + kept
         )
 
     for step, finetune_steps in enumerate(split_steps(config.finetune_steps, config.iterative_steps), start=1):
@@ -125,6 +129,26 @@ def prune_structured(
             sync_intermediate_size(model, widths)
         check_pruned_forward(model, inputs, expected_shapes, what)
         finetune(finetune_steps)
+
+
+#: Why a depthwise convolution with a channel multiplier is never pruned.
+CHANNEL_MULTIPLIER_REASON = "depthwise convolution with a channel multiplier: torch-pruning 1.6.1 cannot prune it"
+
+
+def channel_multiplier_convs(model: nn.Module) -> dict[str, nn.Module]:
+    """{name: conv} of the depthwise convolutions with a channel multiplier
+    (``groups == in_channels > 1`` and ``out_channels = k * in_channels``, k > 1).
+
+    Plain depthwise convolutions (``groups == in_channels == out_channels``) and other
+    grouped convolutions prune correctly with torch-pruning 1.6.1; these do not."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.conv._ConvNd)
+        and module.groups > 1
+        and module.groups == module.in_channels
+        and module.out_channels != module.in_channels
+    }
 
 
 def _ignore_groups_touching(pruner: Any, protected: list[nn.Module]) -> None:

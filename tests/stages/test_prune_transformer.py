@@ -242,6 +242,35 @@ def test_structured_prunes_depthwise_blocks_consistently(se: bool, act: type[nn.
     assert pruned(*inputs).shape == model(*inputs).shape == (8, 10)
 
 
+class ChannelMultiplier(nn.Module):
+    """A depthwise convolution that doubles its channels (groups = in_channels, out = 2 x in)."""
+
+    def __init__(self, extra_block: bool) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.depthwise = nn.Conv2d(8, 16, 3, padding=1, groups=8)
+        self.extra = nn.Conv2d(16, 32, 1) if extra_block else nn.Identity()
+        self.head = nn.Linear(32 if extra_block else 16, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.relu(self.extra(torch.relu(self.depthwise(torch.relu(self.stem(x)))))).mean(dim=(2, 3)))
+
+
+def test_channel_multiplier_conv_is_kept_whole_or_infeasible() -> None:
+    inputs = (torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)),)
+    model = ChannelMultiplier(extra_block=True).eval()
+    pruned, ctx = run(unlabelled_spec("multiplier", model, inputs), PruneConfig(ratio=0.5))
+    assert set(ctx.records["prune.kept_whole"]) == {"depthwise"}
+    assert (pruned.stem.out_channels, pruned.depthwise.out_channels) == (8, 16)
+    assert pruned.extra.out_channels == 16  # the one group that does not touch the multiplier conv
+    assert pruned(*inputs).shape == (4, 10)
+    alone = ChannelMultiplier(extra_block=False).eval()
+    with pytest.raises(
+        InfeasibleConfig, match=r"kept whole: depthwise \(depthwise convolution with a channel multiplier"
+    ):
+        run(unlabelled_spec("multiplier", alone, inputs), PruneConfig(ratio=0.5))
+
+
 def test_depth_on_mobile_cnn_removes_residual_blocks_only() -> None:
     spec = mobile_spec()
     model = spec.build()
