@@ -84,22 +84,32 @@ def candidate_blocks(model: nn.Module, inputs: Batch, excluded: list[nn.Module])
     return [block for block in residual if id(block.module) not in inside]
 
 
-def block_costs(model: nn.Module, blocks: list[Block], batches: Sequence[Batch]) -> dict[str, float]:
-    """{block name: relative output change on ``batches`` when that block alone is skipped}.
+def block_costs(
+    model: nn.Module, blocks: list[Block], batches: Sequence[Batch]
+) -> tuple[dict[str, float], dict[str, str]]:
+    """({block name: relative output change on ``batches`` when that block alone is skipped},
+    {block name: why the model cannot run without it}) for ``blocks``.
 
-    A block whose skipping breaks the forward pass or gives non-finite outputs costs infinity."""
+    A block whose skipping breaks the forward pass or gives non-finite outputs lands in the
+    second dict (it is never removed)."""
+    costs: dict[str, float] = {}
+    failures: dict[str, str] = {}
     with torch.no_grad():
         references = [tensor_leaves(model(*batch)) for batch in batches]
-        costs: dict[str, float] = {}
         for block in blocks:
             block.container._modules[block.key] = SkippedBlock()
             try:
-                costs[block.name] = _relative_change(model, batches, references)
-            except Exception:  # a block the model cannot run without is never removed first
-                costs[block.name] = math.inf
+                cost = _relative_change(model, batches, references)
+            except Exception as exc:  # any failure without this block makes it unremovable, with the reason
+                failures[block.name] = f"the forward pass fails without it: {type(exc).__name__}: {exc}"
+            else:
+                if math.isfinite(cost):
+                    costs[block.name] = cost
+                else:
+                    failures[block.name] = "the output is not finite without it"
             finally:
                 block.container._modules[block.key] = block.module
-    return costs
+    return costs, failures
 
 
 def prune_depth(
@@ -116,9 +126,11 @@ def prune_depth(
     with ``finetune(n)`` after each.
 
     Records ``prune.block_costs`` ({block: cost} of the first measurement) and
-    ``prune.removed_blocks`` ([{block, cost, step}] in removal order); ``prune.num_hidden_layers``
-    when a Hugging Face config was updated. Infeasible when the model has no candidate,
-    the spec no calibration batches, or the pruned model no longer runs.
+    ``prune.removed_blocks`` ([{block, cost, step}] in removal order), block names as in the
+    input model; ``prune.unremovable_blocks`` ({block: reason}) for candidates the model cannot
+    run without; ``prune.num_hidden_layers`` when a Hugging Face config was updated.
+    Infeasible when the model has no candidate, the spec no calibration batches, too few
+    blocks can be skipped, or the pruned model no longer runs.
     """
     blocks = candidate_blocks(model, inputs, protected)
     if not blocks:
@@ -141,14 +153,19 @@ def prune_depth(
         if count == 0:
             continue
         remaining = [block for block in blocks if block.name not in {r["block"] for r in removed}]
-        costs = block_costs(model, remaining, batches)
+        costs, failures = block_costs(model, remaining, batches)
         if "prune.block_costs" not in ctx.records:
             ctx.record("prune.block_costs", costs)
-        chosen = sorted(remaining, key=lambda block: costs[block.name])[:count]
-        if any(math.isinf(costs[block.name]) for block in chosen):
+        if failures:
+            ctx.record("prune.unremovable_blocks", {**ctx.records.get("prune.unremovable_blocks", {}), **failures})
+        removable = [block for block in remaining if block.name in costs]
+        if len(removable) < count:
+            reasons = "; ".join(f"{name}: {why}" for name, why in failures.items())
             raise InfeasibleConfig(
-                f"depth pruning: fewer than {total} blocks can be skipped without breaking the model"
+                f"depth pruning step {step}: {count} blocks to remove but only {len(removable)} can be "
+                f"skipped ({reasons})"
             )
+        chosen = sorted(removable, key=lambda block: costs[block.name])[:count]
         for block in chosen:
             block.container._modules[block.key] = SkippedBlock()
             removed.append({"block": block.name, "cost": costs[block.name], "step": step})

@@ -302,6 +302,27 @@ def test_depth_without_candidates_is_infeasible(residual_spec: ModelSpec) -> Non
         run(residual_spec, PruneConfig(method="depth", ratio=0.5))
 
 
+class ScaledBlocks(nn.Module):
+    """Residual blocks whose owner reads an attribute of each block: no block can be skipped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)) for _ in range(2))
+        for block in self.blocks:
+            block.gain = 0.5  # type: ignore[assignment]
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.blocks:
+            x = x + block(x) * block.gain
+        return x
+
+
+def test_blocks_the_model_cannot_skip_are_infeasible_with_the_reason() -> None:
+    spec = unlabelled_spec("scaled", ScaledBlocks().eval(), (torch.randn(4, 8),))
+    with pytest.raises(InfeasibleConfig, match=r"only 0 can be skipped \(blocks\.0: the forward pass fails .*gain"):
+        run(spec, PruneConfig(method="depth", ratio=0.5))
+
+
 def test_protected_block_is_no_candidate() -> None:
     spec = mobile_spec()
     model = spec.build()
