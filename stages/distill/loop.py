@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,10 +22,19 @@ from stages.distill.losses import LossWeights, captured_outputs, check_layer_nam
 log = logging.getLogger(__name__)
 
 Schedule = Literal["constant", "cosine", "linear"]
-#: How many progress lines a run logs (at INFO), besides the last.
+#: How many progress lines a run shows (:func:`show_progress`).
 PROGRESS_LINES = 10
 #: Samples (at most) of the training data on which the loss before and after is measured.
 PROBE_SAMPLES = 256
+
+
+def show_progress(message: str) -> None:
+    """One progress line: on stderr when it is a terminal (a search's live display keeps it
+    above its bar), else an INFO log record (quiet in tests and redirected logs)."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+    else:
+        log.info(message)
 
 
 def lr_factor(step: int, steps: int, schedule: Schedule, warmup: float) -> float:
@@ -154,8 +164,8 @@ class Distiller:
             scaler.update()
             scheduler.step()
             if (step + 1) % every == 0 or step + 1 == opt.steps:
-                log.info("distill: step %d/%d loss %.5f (%.1f s)", step + 1, opt.steps, float(loss.detach()),
-                         time.perf_counter() - start)
+                show_progress(f"distill: step {step + 1}/{opt.steps} loss {float(loss.detach()):.5f} "
+                              f"({time.perf_counter() - start:.1f} s)")
         optimizer.zero_grad(set_to_none=True)
         for p in parameters:
             p.grad = None
