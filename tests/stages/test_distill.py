@@ -157,6 +157,8 @@ def test_distilled_prefix_is_a_cache_hit_for_a_second_trial(digits_spec: ModelSp
     assert not first.nodes["distill"].cached and second.nodes["distill"].cached
     assert second.nodes["distill"].value is first.nodes["distill"].value
     assert second.nodes["distill"].records["distill.steps"] == 10
+    # The runner hands the stage its source model as the teacher: the pruned student starts far from it.
+    assert first.nodes["distill"].records["distill.loss_before"] > 1.0
     assert second.cache_misses == 0 and second.cache_hits == 2  # prune and distill
 
 
@@ -168,6 +170,7 @@ def test_onnx_export_carries_the_distilled_weights(digits_spec: ModelSpec, digit
     export = ONNXExportConfig(quantize="none", measure_latency=False)
     chain = run_chain(digits_model, [DAMAGE, config, export], StageContext(digits_spec, CPU, output_dir=tmp_path))
     [result] = chain.exports
+    assert chain.records["distill.loss_before"] > 1.0  # run_chain's teacher is the unpruned model
     session = onnxruntime.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
     (images,) = digits_spec.example_inputs(16)
     (output,) = session.run(None, {session.get_inputs()[0].name: images.numpy()})
