@@ -107,6 +107,9 @@ class StageContext:
     #: Content key of the input model (the runner's cache key: same key, same model),
     #: so a stage may reuse work it did on that model before. None: unknown (scripted use).
     input_key: str | None = None
+    #: The unoptimized model the pipeline started from (the runner's source model; do not
+    #: modify it), e.g. the teacher of distillation. None: unknown (scripted use of one stage).
+    source_model: nn.Module | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.device, str):  # scripted use: StageContext(spec, "cpu")

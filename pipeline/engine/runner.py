@@ -197,7 +197,8 @@ class Runner:
         if with_float_model and parent.float_model is not None:
             float_model = copy.deepcopy(parent.float_model)  # an exporter may trace or cast it
         return StageContext(spec=self.spec, device=self.device, output_dir=output_dir,
-                            upstream=parent.chain, records={}, float_model=float_model, input_key=parent.key)
+                            upstream=parent.chain, records={}, float_model=float_model, input_key=parent.key,
+                            source_model=self.model)
 
     def _stage(self, name: str, kind: str, config: StageConfig | None, parent: NodeResult) -> NodeResult:
 

@@ -1,6 +1,6 @@
 """End to end on the digits spec, CPU: `make optimize`, resume, MLflow (store and UI), report, apply.
 
-The study: baseline, the three default seeds, two enqueued recipes (a second trial on the
+The study: baseline, the four default seeds, two enqueued recipes (a second trial on the
 prune-0.3 model, to hit the cache, and int4 weight-only quantization, infeasible on a CPU),
 then sampled trials. Quick latency settings, eager runtime, one thread: a few minutes in all.
 """
