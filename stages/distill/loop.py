@@ -63,16 +63,22 @@ class Optimization:
     weight_decay: float = 0.0
     grad_clip: float | None = 1.0
     seed: int = 0
+    #: Stop after this step of the ``steps``-long schedule (a replay of a run cut short by time).
+    stop_step: int | None = None
+    #: Stop once training has taken this long (the schedule stays that of ``steps``).
+    max_seconds: float | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one distillation run did: probe losses before and after, steps and seconds."""
+    """What one distillation run did: probe losses before and after, steps done and seconds."""
 
     loss_before: float
     loss_after: float
     steps: int
     seconds: float
+    #: True when ``max_seconds`` ended training before ``steps``.
+    cut_short: bool = False
 
 
 class Distiller:
@@ -150,7 +156,9 @@ class Distiller:
             optimizer, lambda step: lr_factor(step, opt.steps, opt.schedule, opt.warmup))
         scaler = torch.amp.GradScaler(self.device.type, enabled=self.autocast_dtype == torch.float16)
         every = max(1, opt.steps // PROGRESS_LINES)
-        for step, index in zip(range(opt.steps), self._indices(opt.batch_size, opt.seed), strict=False):
+        last = min(opt.steps, opt.stop_step or opt.steps)
+        done, cut_short = 0, False
+        for step, index in zip(range(last), self._indices(opt.batch_size, opt.seed), strict=False):
             optimizer.zero_grad(set_to_none=True)
             loss = self.loss(*self._batch(index))
             if not bool(torch.isfinite(loss.detach())):
@@ -163,11 +171,16 @@ class Distiller:
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()
-            if (step + 1) % every == 0 or step + 1 == opt.steps:
-                show_progress(f"distill: step {step + 1}/{opt.steps} loss {float(loss.detach()):.5f} "
-                              f"({time.perf_counter() - start:.1f} s)")
+            done = step + 1
+            elapsed = time.perf_counter() - start
+            cut_short = opt.max_seconds is not None and elapsed > opt.max_seconds and done < last
+            if done % every == 0 or done == last or cut_short:
+                show_progress(f"distill: step {done}/{opt.steps} loss {float(loss.detach()):.5f} ({elapsed:.1f} s)"
+                              + (f", time budget of {opt.max_seconds:g} s reached" if cut_short else ""))
+            if cut_short:
+                break
         optimizer.zero_grad(set_to_none=True)
         for p in parameters:
             p.grad = None
         after = self.probe_loss(opt.batch_size)
-        return Outcome(before, after, opt.steps, time.perf_counter() - start)
+        return Outcome(before, after, done, time.perf_counter() - start, cut_short)

@@ -223,3 +223,24 @@ def test_schedules_warm_up_then_decay() -> None:
     assert lr_factor(99, 100, "constant", 0.1) == 1.0
     assert all(0 < lr_factor(s, 50, "cosine", 0.2) <= 1 for s in range(49)) and not math.isnan(
         lr_factor(0, 1, "linear", 0.5))
+
+
+def test_a_time_budget_ends_training_and_the_resolved_config_replays_it(
+    digits_spec: ModelSpec, digits_model: nn.Module
+) -> None:
+    config = DistillConfig(steps=10_000, lr=1e-4, batch_size=16, max_seconds=0.5)
+    ctx = StageContext(spec=digits_spec, device=torch.device("cpu"))
+    first = apply_stage(digits_model, config, ctx)
+    resolved = ctx.resolved_config
+    assert isinstance(resolved, DistillConfig) and resolved.max_seconds is None
+    assert resolved.stop_step is not None and 1 <= resolved.stop_step < 10_000
+    assert ctx.records["distill.steps"] == resolved.stop_step
+    assert "time budget of 0.5 s" in ctx.records["distill.cut_short"]
+    replay = apply_stage(digits_model, resolved, StageContext(spec=digits_spec, device=torch.device("cpu")))
+    for (name, a), (_, b) in zip(first.state_dict().items(), replay.state_dict().items(), strict=True):
+        assert torch.equal(a, b), f"{name} differs between the budgeted run and its replay"
+
+
+def test_stop_step_beyond_steps_is_rejected() -> None:
+    with pytest.raises(ValidationError, match="stop_step=5 must be at most steps=4"):
+        DistillConfig(steps=4, stop_step=5)
