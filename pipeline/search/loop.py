@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,7 +20,10 @@ from pipeline.core.paths import results_dir
 from pipeline.core.stage import StageConfig
 from pipeline.engine.recipe import Recipe
 from pipeline.search.config import finished_states
+from pipeline.search.duplicates import TrialBudget, is_repeat
+from pipeline.search.explain import dominated_by, front_tags
 from pipeline.search.objectives import (
+    ATTR_DOMINATED_BY,
     ATTR_METRICS,
     Baseline,
 )
@@ -82,11 +84,12 @@ class TrialLogger:
         self._update_best(study)
         self.console.print(self._line(trial), soft_wrap=True, highlight=False)
         if self.progress is not None:
-            self.progress.update(self.task, advance=1, best=self.best)
+            self.progress.update(self.task, advance=0 if is_repeat(trial) else 1, best=self.best)
 
     def log(self, trial: FrozenTrial) -> None:
-        """Write the trial's child run from its record, in one call (params = the resolved recipe)."""
-        if self.tracker is None:
+        """Write the trial's child run from its record, in one call (params = the resolved recipe).
+        A repeat gets no run: its recipe's numbers are on the original trial's run."""
+        if self.tracker is None or is_repeat(trial):
             return
         record = self.search.record(trial)
         common = {"device": self.device, "sampler": self.search.config.sampler}
@@ -107,6 +110,8 @@ class TrialLogger:
     def _line(self, trial: FrozenTrial) -> str:
         record = self.search.record(trial)
         head = f"trial {trial.number:3d} {record.state:8s}"
+        if record.repeat_of is not None:
+            return f"trial {trial.number:3d} repeat of trial {record.repeat_of} (not run, not counted)"
         if record.state == "COMPLETE":
             values = record.metrics
             metric = self.search.spec.metric.name
@@ -138,10 +143,11 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
         )
     logger = TrialLogger(search, tracker, console)
     done = study.get_trials(deepcopy=False, states=finished_states())
+    budget = TrialBudget(trials, finished_states())
     for trial in done:  # catch up trials a previous process finished but did not log
         if tracker is not None and trial.number not in tracker.children:
             logger.log(trial)
-    remaining = trials - len(done)
+    remaining = trials - budget.counted(study)
     interrupted = False
     if remaining > 0:
         console.print(f"study {search.study_name}: {len(done)} trial(s) done, running {remaining} more "
@@ -151,17 +157,19 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
         logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, best="")
         try:
             with progress:
-                study.optimize(search.objective, n_trials=remaining, timeout=timeout, catch=(Exception,),
-                               callbacks=[logger, search.sweep_runtimes,
-                                          MaxTrialsCallback(trials, states=finished_states())])
+                study.optimize(search.objective, timeout=timeout, catch=(Exception,),
+                               callbacks=[logger, search.sweep_runtimes, budget])
         except KeyboardInterrupt:
             interrupted = True
             console.print("interrupted: exporting and logging what is done")
+        if budget.exhausted:
+            console.print(f"stopped early: the sampler proposed only repeats of measured recipes "
+                          f"({budget.consecutive} in a row)")
     recipes, notes = finish_study(search, study, tracker, console)
     search.times.by_category = dict(search.runner.totals)
     search.times.wall = time.perf_counter() - wall_start
     rows = pareto_rows(study, search.objectives)
-    total = len(study.get_trials(deepcopy=False, states=finished_states()))
+    total = budget.counted(study)
     title = f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials ({logger.device})"
     table = pareto_table(rows, search.objectives, title)
     if tracker is not None:
@@ -181,14 +189,16 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
 def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
                  console: Console) -> tuple[dict[int, Path], list[str]]:
     """Export the Pareto trials (unless done before), save their recipes, tag them in MLflow."""
-    front = pareto_trials(study)
-    numbers = {t.number for t in front}
+    distinct = distinct_front(study)
+    dominated = dominated_by(study, pareto_trials(study))
+    study.set_user_attr(ATTR_DOMINATED_BY, {str(k): v for k, v in dominated.items()})
     notes: list[str] = []
     if tracker is not None:
+        tags = front_tags(study, distinct, dominated)
         for number in tracker.children:
-            tracker.set_trial_tags(number, {"pareto": str(number in numbers).lower()})
+            tracker.set_trial_tags(number, tags.get(number, {"pareto": "false"}))
     recipes: dict[int, Path] = {}
-    for trial, _repeats in distinct_front(study):
+    for trial, _repeats in distinct:
         folder = study_dir(search.study_name) / f"trial-{trial.number:03d}"
         recipe_path = folder / "recipe.json"
         already = export_attr(trial.number) in study.user_attrs and recipe_path.is_file()
