@@ -93,7 +93,8 @@ class TrialLogger:
             return
         record = self.search.record(trial)
         common = {"device": self.device, "sampler": self.search.config.sampler}
-        self.tracker.log_trial(record.number, record.state, record.params(), record.tracking_metrics(),
+        self.tracker.log_trial(record.number, record.state, record.params(),
+                               record.tracking_metrics(self.search.objectives.headline_keys()),
                                record.tracking_tags(common), record.start_ms, record.texts())
 
     def _update_best(self, study: optuna.Study) -> None:

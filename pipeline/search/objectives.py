@@ -102,6 +102,11 @@ class Objectives:
         keys = {"metric": self.spec.metric.name, "latency": self.latency_key, "size": "size_bytes"}
         return [keys[n] for n in self.names]
 
+    def headline_keys(self) -> tuple[str, ...]:
+        """The metrics a user reads first: the task metric, its drop, the objective latency,
+        the speed-up and the size (MLflow logs the others under ``detail.``)."""
+        return (self.spec.metric.name, "metric_drop", self.latency_key, "speedup", "size_bytes")
+
     def values(self, report: ModelReport) -> tuple[float, ...]:
         by_name = {
             "metric": report.metric_value,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from pipeline.search.objectives import (
     ATTR_SEED,
     ATTR_TRACEBACK,
 )
+from pipeline.tracking.views import namespace_metrics
 
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
@@ -144,11 +145,12 @@ class TrialRecord:
         resolved.update(self.recipe.flat_params())
         return resolved
 
-    def tracking_metrics(self) -> dict[str, float]:
+    def tracking_metrics(self, headline: Collection[str] | None = None) -> dict[str, float]:
+        """The metrics of the child run; with ``headline``, every other one under ``detail.``."""
         metrics = dict(self.metrics)
         metrics.update({f"seconds_{k}": v for k, v in self.seconds.items()})
         metrics.update({f"cache_{k}": float(v) for k, v in self.cache.items()})
-        return metrics
+        return metrics if headline is None else namespace_metrics(metrics, headline)
 
     def tracking_tags(self, common: Mapping[str, str]) -> dict[str, str]:
         tags = {**common, "pareto": "false", "optuna.trial_number": str(self.number)}

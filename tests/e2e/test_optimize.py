@@ -202,12 +202,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_mlflow_ui_answers_a_rest_search(optimized: Study) -> None:
+def test_mlflow_ui_answers_a_rest_search(optimized: Study, tmp_path: Path) -> None:
     port = free_port()
-    process = subprocess.Popen(
-        ["make", "--no-print-directory", "ui", f"RESULTS={optimized.results}", f"UI_PORT={port}"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+    log = tmp_path / "ui.log"
+    with log.open("w") as stdout:
+        process = subprocess.Popen(
+            ["make", "--no-print-directory", "ui", f"RESULTS={optimized.results}", f"UI_PORT={port}"],
+            cwd=REPO, stdout=stdout, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 240
@@ -228,6 +230,7 @@ def test_mlflow_ui_answers_a_rest_search(optimized: Study) -> None:
         with urllib.request.urlopen(request, timeout=30) as response:
             runs = json.loads(response.read())["runs"]
         assert len(runs) == 8
+        banner = log.read_text()
         assert f"#/experiments/{optimized.experiment_id()}/runs?workflowType=machine_learning" in banner
     finally:
         os.killpg(process.pid, signal.SIGTERM)
