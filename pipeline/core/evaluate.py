@@ -7,6 +7,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -201,12 +202,30 @@ def serialized_size_bytes(model: nn.Module) -> int:
         return path.stat().st_size
 
 
+#: Buffer dtypes that hold quantized weights (scales are float, zero points int32/int64: not counted).
+QUANTIZED_WEIGHT_DTYPES = (torch.int8, torch.uint8)
+#: Name prefix of weights that freezing / constant folding turned into buffers (PT2E int8).
+FROZEN_PARAM_PREFIX = "_frozen_param"
+
+
 def count_params(model: nn.Module) -> int:
-    """Number of parameter elements; for graphs whose weights are constants, of all state tensors."""
+    """Number of weight elements, the same for a network in float and quantized: parameters (torchao's
+    quantized tensor subclasses report their logical shape), plus weights that quantization moved
+    into buffers (PT2E stores int8 weights as ``_frozen_param*`` buffers); quantization scales and
+    zero points and BatchNorm statistics are not counted. A graph without parameters or buffers
+    (e.g. TorchScript constants) counts all its state tensors."""
     params = sum(p.numel() for p in model.parameters())
+    params += sum(b.numel() for name, b in model.named_buffers()
+                  if b.dtype in QUANTIZED_WEIGHT_DTYPES or name.rsplit(".", 1)[-1].startswith(FROZEN_PARAM_PREFIX))
     if params:
         return params
     return sum(t.numel() for t in model.state_dict().values() if isinstance(t, Tensor))
+
+
+def _matmul_flops(a_shape: Sequence[int], b_shape: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """FLOPs of an (m, k) @ (k, n) matmul (the flop counter's formula for ``aten.mm``)."""
+    (m, k), (_, n) = a_shape, b_shape
+    return 2 * m * n * k
 
 
 def count_macs(model: nn.Module, inputs: Batch) -> int | None:
@@ -216,7 +235,8 @@ def count_macs(model: nn.Module, inputs: Batch) -> int | None:
     dispatch mode, and some operators do not pass through one (torch 2.11's ``out_dtype``,
     which torchao's int8 matmul uses on CUDA, returns NotImplemented under it). The
     model's own forward has already run by then, so only the count is lost."""
-    counter = FlopCounterMode(display=False)
+    # int8 matmuls (torchao int8_dynamic on CPU) count as the float matmul they replace.
+    counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten._int_mm: _matmul_flops})
     try:
         with torch.no_grad(), counter:
             model(*inputs)
