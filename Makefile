@@ -67,6 +67,10 @@ dashboard: $(STAMP)
 	@echo "optuna-dashboard: http://127.0.0.1:$(DASHBOARD_PORT)"
 	$(VENV)/bin/optuna-dashboard sqlite:///$(PARETORCH_RESULTS_DIR)/optuna.db --host 127.0.0.1 --port $(DASHBOARD_PORT)
 
+# PNGs of the MLflow runs view, the parent runs and optuna-dashboard over the results (needs chromium).
+screenshots: $(STAMP)
+	$(PY) -m experiments.screenshots --model $(MODEL)
+
 # Benchmarks: baseline, each single technique, and a search per model; raw JSON in
 # experiments/bench/results/, tables in BENCHMARKS.md. Objective batch: 32 on CPU, 1 on GPUs.
 BENCH_TRIALS ?= 30

@@ -7,9 +7,9 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn

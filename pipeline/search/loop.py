@@ -25,6 +25,7 @@ from pipeline.search.explain import dominated_by, front_tags
 from pipeline.search.objectives import (
     ATTR_DOMINATED_BY,
     ATTR_METRICS,
+    ATTR_RECIPE,
     Baseline,
 )
 from pipeline.search.pareto import (
@@ -37,6 +38,7 @@ from pipeline.search.pareto import (
     pareto_trials,
     table_columns,
 )
+from pipeline.search.quiet import stderr_to
 from pipeline.search.record import TrialRecord
 from pipeline.search.study import Search, SearchTimes
 from pipeline.tracking.tracker import Tracker
@@ -58,6 +60,10 @@ class SearchOutcome:
     tracking_uri: str | None
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+
+
+#: The per-study file that receives third-party warnings and progress bars (see :mod:`pipeline.search.quiet`).
+THIRD_PARTY_LOG = "third-party.log"
 
 
 def study_dir(name: str) -> Path:
@@ -116,7 +122,7 @@ class TrialLogger:
         if record.state == "COMPLETE":
             values = record.metrics
             metric = self.search.spec.metric.name
-            line = record.recipe.describe() if record.recipe else ""
+            line = record.recipe.describe(brief=True) if record.recipe else ""
             return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {values.get('metric_drop', 0):+.4f}) | "
                     f"{values.get(self.search.objectives.latency_key, 0):.3f} ms ({values.get('speedup', 0):.2f}x) | "
                     f"{line} [{record.seconds.get('trial', 0.0):.1f} s, cache {record.cache.get('hits', 0)} hit(s)]")
@@ -127,9 +133,16 @@ class TrialLogger:
 
 def run_search(search: Search, trials: int, timeout: float | None = None,
                console: Console | None = None) -> SearchOutcome:
-    """Run ``search``'s study up to ``trials`` finished trials, export and log the Pareto front."""
-
+    """Run ``search``'s study up to ``trials`` finished trials (repeats not counted), export and log
+    the Pareto front; third-party output goes to the study's log file (its path is printed)."""
     console = console or Console()
+    log = study_dir(search.study_name) / THIRD_PARTY_LOG
+    console.print(f"third-party warnings and progress bars: {log}", highlight=False, soft_wrap=True)
+    with stderr_to(log):
+        return _run_search(search, trials, timeout, console)
+
+
+def _run_search(search: Search, trials: int, timeout: float | None, console: Console) -> SearchOutcome:
     wall_start = time.perf_counter()
     search.runner  # noqa: B018  (load and check the model before any study is created)
     study = search.open_study()
@@ -152,7 +165,8 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
     interrupted = False
     if remaining > 0:
         console.print(f"study {search.study_name}: {len(done)} trial(s) done, running {remaining} more "
-                      f"on {logger.device} (runtimes: {', '.join(search.runtimes)})")
+                      f"on {logger.device} (runtimes: {', '.join(search.runtimes)}); full recipes: MLflow "
+                      f"param and tag 'recipe', Optuna attr '{ATTR_RECIPE}'")
         progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.fields[best]}"), console=console, transient=True)
         logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, best="")
