@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.core.device import Stopwatch, describe, move_module, peak_memory_bytes, reset_peak_memory, synchronize
+from pipeline.core.noise import median_ci
 from pipeline.core.runtime import is_compiled, prepare_runtime
 from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
 
@@ -42,6 +43,9 @@ class LatencyStats:
     min_ms: float
     runs: int
     first_call_ms: float
+    #: 95% confidence interval of the median over the timed runs (order statistics, pipeline/core/noise.py).
+    p50_ci_low_ms: float = 0.0
+    p50_ci_high_ms: float = 0.0
 
     @property
     def spread_pct(self) -> float:
@@ -84,6 +88,8 @@ class ModelReport:
         for batch, stats in self.latency.items():
             metrics[f"latency_ms_p50_b{batch}"] = stats.p50_ms
             metrics[f"latency_ms_p90_b{batch}"] = stats.p90_ms
+            metrics[f"latency_ms_p50_b{batch}_ci_low"] = stats.p50_ci_low_ms
+            metrics[f"latency_ms_p50_b{batch}_ci_high"] = stats.p50_ci_high_ms
         metrics.update(self.extra)
         return metrics
 
@@ -178,6 +184,7 @@ def measure_latency(
             watches.append(watch)
         synchronize(device)
     times = sorted(w.elapsed_ms() for w in watches)
+    ci = median_ci(times)
     return LatencyStats(
         batch_size=batch_size,
         p50_ms=statistics.median(times),
@@ -187,6 +194,8 @@ def measure_latency(
         min_ms=times[0],
         runs=len(times),
         first_call_ms=first_call_ms,
+        p50_ci_low_ms=ci[0],
+        p50_ci_high_ms=ci[1],
     )
 
 

@@ -42,6 +42,7 @@ from pipeline.search.quiet import stderr_to
 from pipeline.search.record import TrialRecord
 from pipeline.search.study import Search, SearchTimes
 from pipeline.tracking.tracker import Tracker
+from pipeline.tracking.views import NOTE_TAG, markdown_table
 
 
 @dataclass
@@ -195,10 +196,22 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
                                   {"pareto.png": pareto_figure_png(study, search.objectives, baseline),
                                    "pareto.html": pareto_figure_html(study, search.objectives, baseline)},
                                   metrics)
+        tracker.client.set_tag(tracker.parent_run_id, NOTE_TAG, study_note(title, rows, search))
         tracker.close_study("KILLED" if interrupted else "FINISHED")
     return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, search.times,
                          search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
                          interrupted, notes)
+
+
+def study_note(title: str, rows: list[Any], search: Search) -> str:
+    """The parent run's Description: the Pareto table and where to look next."""
+    columns = table_columns(rows, search.objectives)
+    columns.pop("exports", None)
+    return (f"**{title}**\n\n{markdown_table(columns)}\n\n"
+            f"Plot: Artifacts > pareto.png (interactive: pareto.html). Every trial run is tagged `feasible`; "
+            f"`reason` says why a trial is infeasible, over the allowed drop ({search.config.max_drop:g}) or "
+            f"failed; `dominated_by` names the front trial that beats it. Headline metrics are top-level, "
+            f"the rest under `detail.`.")
 
 
 def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,

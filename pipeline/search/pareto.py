@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from optuna.trial import TrialState
 from rich.table import Table
 
+from pipeline.core.noise import overlaps
 from pipeline.core.report import format_bytes
 from pipeline.search.objectives import (
     ATTR_EXPORTS,
@@ -41,6 +42,10 @@ class ParetoRow:
     recipe: str
     exports: str
     compile_seconds: float = 0.0
+    #: 95% confidence interval of the latency median (NaN when not measured).
+    latency_ci: tuple[float, float] = (math.nan, math.nan)
+    #: Front trials whose latency interval overlaps this one's: neither is faster with confidence.
+    ties: tuple[int, ...] = ()
 
 
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -60,6 +65,8 @@ def trial_row(trial: FrozenTrial, objectives: Objectives, exports: str = "") -> 
         recipe=str(trial.user_attrs.get(ATTR_RECIPE_LINE, "")),
         exports=exports,
         compile_seconds=float(metrics.get("compile_seconds", 0.0)),
+        latency_ci=(float(metrics.get(f"{objectives.latency_key}_ci_low", math.nan)),
+                    float(metrics.get(f"{objectives.latency_key}_ci_high", math.nan))),
     )
 
 
@@ -85,7 +92,24 @@ def pareto_rows(study: optuna.Study, objectives: Objectives) -> list[ParetoRow]:
         if repeats:
             row = replace(row, recipe=f"{row.recipe} (again in {', '.join(map(str, repeats))})")
         rows.append(row)
-    return sorted(rows, key=lambda r: (r.latency_ms, -r.metric))
+    return mark_ties(sorted(rows, key=lambda r: (r.latency_ms, -r.metric)))
+
+
+def mark_ties(rows: Sequence[ParetoRow]) -> list[ParetoRow]:
+    """Each row with the other rows whose latency intervals overlap its own (ties, not winners)."""
+    known = [r for r in rows if all(math.isfinite(v) for v in r.latency_ci)]
+    return [replace(row, ties=tuple(o.trial for o in known if o is not row and row in known
+                                    and overlaps(row.latency_ci, o.latency_ci))) for row in rows]
+
+
+def latency_cell(row: ParetoRow) -> str:
+    """``0.207 [0.201, 0.215]``: the median and its 95% interval; ``~ 3, 5`` when tied with those trials."""
+    text = f"{row.latency_ms:.3f}"
+    if all(math.isfinite(v) for v in row.latency_ci):
+        text += f" [{row.latency_ci[0]:.3f}, {row.latency_ci[1]:.3f}]"
+    if row.ties:
+        text += f" ~ {', '.join(map(str, row.ties))}"
+    return text
 
 
 def export_attr(trial_number: int) -> str:
@@ -113,7 +137,7 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str) 
     table.add_column("trial", justify="right")
     table.add_column(metric, justify="right")
     table.add_column("drop", justify="right")
-    table.add_column(f"p50 ms (b{objectives.latency_batch})", justify="right")
+    table.add_column(f"p50 ms (b{objectives.latency_batch}) [95% CI] ~ tied with", justify="right")
     table.add_column("speed-up", justify="right")
     table.add_column("size", justify="right")
     table.add_column("recipe")
@@ -123,7 +147,7 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str) 
             str(row.trial),
             f"{row.metric:.4f}",
             f"{row.drop:+.4f}",
-            f"{row.latency_ms:.3f}",
+            latency_cell(row),
             f"{row.speedup:.2f}x",
             format_bytes(row.size_bytes) if math.isfinite(row.size_bytes) else "?",
             row.recipe,
@@ -139,6 +163,8 @@ def table_columns(rows: Sequence[ParetoRow], objectives: Objectives) -> dict[str
         objectives.spec.metric.name: [round(r.metric, 4) for r in rows],
         "metric_drop": [round(r.drop, 4) for r in rows],
         objectives.latency_key: [round(r.latency_ms, 3) for r in rows],
+        "latency_95ci": [latency_cell(replace(r, ties=())).partition(" ")[2] for r in rows],
+        "tied_with": [", ".join(map(str, r.ties)) for r in rows],
         "speedup": [round(r.speedup, 2) for r in rows],
         "size": [format_bytes(r.size_bytes) if math.isfinite(r.size_bytes) else "?" for r in rows],
         "recipe": [r.recipe for r in rows],

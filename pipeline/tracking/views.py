@@ -22,7 +22,20 @@ def runs_view_url(base: str, experiment_id: str) -> str:
 
 def run_view_url(base: str, experiment_id: str, run_id: str) -> str:
     """One run's page (e.g. a study's parent run: its Pareto table and plot are under Artifacts)."""
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+
+
+#: The run tag MLflow renders as the run's Description (Markdown).
+NOTE_TAG = "mlflow.note.content"
+
+
+def markdown_table(columns: Mapping[str, list[object]]) -> str:
+    """A Markdown table from ``{header: values}`` (pipes in cells escaped)."""
+    headers = list(columns)
+    rows = zip(*(columns[h] for h in headers), strict=True)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def experiment_links(tracking_uri: str, base: str) -> list[tuple[str, str]]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
 from optuna.trial import TrialState
 
 from pipeline.core.spec import ModelSpec
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE, Baseline, Objectives
-from pipeline.search.pareto import pareto_figure_png, table_columns, trial_row
+from pipeline.search.pareto import latency_cell, mark_ties, pareto_figure_png, table_columns, trial_row
 
 
 def _study(objectives: Objectives, trials: list[tuple[float, float, str]]) -> optuna.Study:
@@ -44,3 +46,12 @@ def test_logged_table_is_rounded(residual_spec: ModelSpec) -> None:
     columns = table_columns([trial_row(study.trials[0], objectives)], objectives)
     assert columns[objectives.spec.metric.name] == [0.9667]
     assert columns[objectives.latency_key] == [0.123] and columns["size"] == ["1000 B"]
+
+
+def test_rows_whose_latency_intervals_overlap_are_ties(residual_spec: ModelSpec) -> None:
+    objectives = Objectives.create(residual_spec, ["metric", "latency"], 0.01, 1)
+    study = _study(objectives, [(0.97, 1.0, "a"), (0.96, 0.9, "b"), (0.95, 0.5, "c")])
+    cis = {0: (0.95, 1.05), 1: (0.85, 0.97), 2: (0.45, 0.55)}
+    rows = mark_ties([replace(trial_row(t, objectives), latency_ci=cis[t.number]) for t in study.trials])
+    assert {r.trial: r.ties for r in rows} == {0: (1,), 1: (0,), 2: ()}
+    assert latency_cell(rows[0]) == "1.000 [0.950, 1.050] ~ 1"
