@@ -66,6 +66,8 @@ def serving(command: list[str], health: str, log: Path, timeout: float = 240) ->
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):  # workers that outlived their parent (mlflow's huey)
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def screenshot(browser: str, url: str, path: Path) -> Path:

@@ -7,15 +7,10 @@ then sampled trials. Quick latency settings, eager runtime, one thread: a few mi
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +20,8 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 from torch import nn
+
+from experiments.screenshots import chromium, free_port, serving, take
 
 pytestmark = pytest.mark.slow
 
@@ -196,33 +193,12 @@ def test_pareto_recipe_replays_to_the_same_metric(optimized: Study, tmp_path: Pa
     assert all(Path(e["path"]).exists() for e in summary["exports"].values())
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_mlflow_ui_answers_a_rest_search(optimized: Study, tmp_path: Path) -> None:
     port = free_port()
+    base = f"http://127.0.0.1:{port}"
     log = tmp_path / "ui.log"
-    with log.open("w") as stdout:
-        process = subprocess.Popen(
-            ["make", "--no-print-directory", "ui", f"RESULTS={optimized.results}", f"UI_PORT={port}"],
-            cwd=REPO, stdout=stdout, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert process.poll() is None, "make ui exited before answering"
-            assert time.monotonic() < deadline, "the MLflow UI did not come up in 240 s"
-            time.sleep(2)
+    with serving(["make", "--no-print-directory", "-C", str(REPO), "ui", f"RESULTS={optimized.results}",
+                  f"UI_PORT={port}"], f"{base}/health", log):
         body = json.dumps({"experiment_ids": [optimized.experiment_id()],
                            "filter": "tags.`paretorch.role` = 'trial'", "max_results": 100}).encode()
         request = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", data=body,
@@ -230,14 +206,12 @@ def test_mlflow_ui_answers_a_rest_search(optimized: Study, tmp_path: Path) -> No
         with urllib.request.urlopen(request, timeout=30) as response:
             runs = json.loads(response.read())["runs"]
         assert len(runs) == 8
-        banner = log.read_text()
-        assert f"#/experiments/{optimized.experiment_id()}/runs?workflowType=machine_learning" in banner
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):  # workers that outlived make
-            os.killpg(process.pid, signal.SIGKILL)
+    assert f"#/experiments/{optimized.experiment_id()}/runs?workflowType=machine_learning" in log.read_text()
+
+
+@pytest.mark.skipif(chromium() is None, reason="chromium is not installed (Debian: apt-get install -y chromium)")
+def test_headless_browser_screenshots_of_both_uis(optimized: Study, tmp_path: Path) -> None:
+    shots = take(optimized.results, tmp_path, "digits")
+    names = {p.name for p in shots}
+    assert {"mlflow-runs.png", "mlflow-parent-0.png", "dashboard-study.png", "dashboard-trials.png"} <= names
+    assert all(p.stat().st_size > 20_000 for p in shots), "a blank page is a few KiB"
