@@ -100,7 +100,8 @@ def take(results: Path, output: Path, model: str) -> list[Path]:
         for i, parent in enumerate(parents):
             url = run_view_url(base, experiment.experiment_id, parent.info.run_id)
             shots.append(screenshot(browser, url, output / f"mlflow-parent-{i}.png"))
-            shots.append(screenshot(browser, url + "/artifacts/pareto.png", output / f"mlflow-parent-{i}-plot.png"))
+            plot = run_view_url(base, experiment.experiment_id, parent.info.run_id, artifact="pareto.png")
+            shots.append(screenshot(browser, plot, output / f"mlflow-parent-{i}-plot.png"))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with serving([str(bin_dir / "optuna-dashboard"), f"sqlite:///{results / 'optuna.db'}", "--host", "127.0.0.1",

@@ -20,9 +20,13 @@ def runs_view_url(base: str, experiment_id: str) -> str:
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
-def run_view_url(base: str, experiment_id: str, run_id: str) -> str:
-    """One run's page (e.g. a study's parent run: its Pareto table and plot are under Artifacts)."""
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+def run_view_url(base: str, experiment_id: str, run_id: str, artifact: str | None = None) -> str:
+    """One run's page in the model-training view (e.g. a study's parent run: its Description is the
+    Pareto table); with ``artifact``, its Artifacts tab opened on that file (e.g. ``pareto.png``)."""
+    page = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    if artifact is not None:
+        page += f"/artifacts/{artifact}"
+    return f"{page}?workflowType=machine_learning"
 
 
 #: The run tag MLflow renders as the run's Description (Markdown).
