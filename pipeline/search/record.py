@@ -70,6 +70,8 @@ class TrialRecord:
     feasible: bool | None = None
     #: Why a complete trial is not feasible (e.g. ``drop 0.034 > allowed 0.01``).
     over_drop: str | None = None
+    #: Text artifacts of the trial's run built in this process (e.g. AMP sensitivity CSVs).
+    tables: dict[str, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ Optuna
 
@@ -171,7 +173,10 @@ class TrialRecord:
         return tags
 
     def texts(self) -> dict[str, str]:
-        return {"traceback.txt": self.error} if self.state == FAIL and self.error else {}
+        texts = dict(self.tables)
+        if self.state == FAIL and self.error:
+            texts["traceback.txt"] = self.error
+        return texts
 
     # ------------------------------------------------------------------ search bookkeeping
 

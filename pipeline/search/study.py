@@ -32,6 +32,7 @@ from pipeline.search.config import (
 )
 from pipeline.search.dashboard import set_constraints
 from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
+from pipeline.search.insight import sensitivity_tables
 from pipeline.search.objectives import (
     ATTR_BASELINE,
     ATTR_SEARCH,
@@ -338,6 +339,7 @@ class Search:
             seconds={**result.seconds, "trial": time.perf_counter() - start},
             cache={"hits": result.cache_hits, "misses": result.cache_misses}, feasible=feasible,
             over_drop=None if feasible else f"drop {drop:.4f} > allowed {self.config.max_drop:g}",
+            tables=sensitivity_tables(result.nodes),
         ))
         set_constraints(trial, {CONSTRAINT_NAME: self.objectives.constraint(self.baseline, report.metric_value)})
         return self.objectives.values(report)
