@@ -22,6 +22,7 @@ from pipeline.engine.recipe import Recipe
 from pipeline.search.config import finished_states
 from pipeline.search.duplicates import TrialBudget, is_repeat
 from pipeline.search.explain import dominated_by, front_tags
+from pipeline.search.front import BASELINE, ROUNDS, front_candidates, remeasure, with_remeasured
 from pipeline.search.objectives import (
     ATTR_DOMINATED_BY,
     ATTR_METRICS,
@@ -185,11 +186,15 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
     search.times.by_category = dict(search.runner.totals)
     search.times.wall = time.perf_counter() - wall_start
     rows = pareto_rows(study, search.objectives)
+    measured = remeasure(search, front_candidates(search, [t for t, _ in distinct_front(study)]))
+    rows = with_remeasured(rows, measured)
     total = budget.counted(study)
-    title = f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials ({logger.device})"
+    title = (f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials ({logger.device}); latency re-measured "
+             f"with the baseline ({measured[BASELINE].latency_ms:.3f} ms), interleaved, {ROUNDS} rounds")
     table = pareto_table(rows, search.objectives, title)
     if tracker is not None:
         metrics = {"trials": float(total), "pareto_trials": float(len(rows)), "seconds_wall": search.times.wall,
+                   "baseline_latency_ms_remeasured": measured[BASELINE].latency_ms,
                    **{f"seconds_{k}": v for k, v in search.times.by_category.items()},
                    **{f"baseline_{k}": float(v) for k, v in vars(baseline).items() if isinstance(v, int | float)}}
         tracker.log_study_summary(table_columns(rows, search.objectives),

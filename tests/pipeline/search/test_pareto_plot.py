@@ -8,6 +8,7 @@ import optuna
 from optuna.trial import TrialState
 
 from pipeline.core.spec import ModelSpec
+from pipeline.search.front import BASELINE, Remeasured, with_remeasured
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE, Baseline, Objectives
 from pipeline.search.pareto import latency_cell, mark_ties, pareto_figure_png, table_columns, trial_row
 
@@ -55,3 +56,13 @@ def test_rows_whose_latency_intervals_overlap_are_ties(residual_spec: ModelSpec)
     rows = mark_ties([replace(trial_row(t, objectives), latency_ci=cis[t.number]) for t in study.trials])
     assert {r.trial: r.ties for r in rows} == {0: (1,), 1: (0,), 2: ()}
     assert latency_cell(rows[0]) == "1.000 [0.950, 1.050] ~ 1"
+
+
+def test_remeasured_rows_use_the_remeasured_baseline_for_speedups(residual_spec: ModelSpec) -> None:
+    objectives = Objectives.create(residual_spec, ["metric", "latency"], 0.01, 1)
+    study = _study(objectives, [(0.97, 1.0, "a"), (0.96, 0.5, "b")])
+    rows = [trial_row(t, objectives) for t in study.trials]
+    measured = {BASELINE: Remeasured(2.0, (1.9, 2.1), 9), 0: Remeasured(1.0, (0.9, 1.1), 9),
+                1: Remeasured(0.95, (0.9, 1.0), 9)}
+    again = with_remeasured(rows, measured)
+    assert [(r.trial, r.speedup, r.ties) for r in again] == [(1, 2.0 / 0.95, (0,)), (0, 2.0, (1,))]
