@@ -23,7 +23,7 @@ from pipeline.core.device import move_module
 from pipeline.core.evaluate import LatencySettings, measure_latency
 from pipeline.core.noise import median_ci
 from pipeline.core.runtime import prepare_runtime
-from pipeline.core.spec import move_batch
+from pipeline.core.spec import Batch, move_batch
 from pipeline.core.stage import StageConfig
 from pipeline.search.pareto import ParetoRow, mark_ties
 from pipeline.search.study import Search
@@ -44,17 +44,24 @@ class Remeasured:
     rounds: int
 
 
+def objective_inputs(search: Search) -> Batch:
+    """The spec's example inputs at the objective batch size, on the search's device."""
+    return move_batch(search.spec.example_inputs(search.objectives.latency_batch), search.device)
+
+
+def trial_function(search: Search, configs: Mapping[str, StageConfig | None], runtime: str) -> Callable[..., Tensor]:
+    """A trial's model (from the runner's cache when it is there) prepared for its runtime."""
+    result = search.runner.run(configs, runtime, exports=False, evaluate=False)
+    model = move_module(result.nodes[search.pipeline.objective_node().inputs[0]].value, search.device).eval()
+    return prepare_runtime(model, runtime, search.device)
+
+
 def remeasure(search: Search, candidates: Mapping[int, tuple[Mapping[str, StageConfig | None], str]],
               rounds: int = ROUNDS, settings: LatencySettings = ROUND_SETTINGS) -> dict[int, Remeasured]:
     """Time each candidate (key -> (per-node configs, runtime)) at the objective batch, interleaved."""
     device = search.device
-    inputs = move_batch(search.spec.example_inputs(search.objectives.latency_batch), device)
-    model_node = search.pipeline.objective_node().inputs[0]
-    functions: dict[int, Callable[..., Tensor]] = {}
-    for key, (configs, runtime) in candidates.items():
-        result = search.runner.run(configs, runtime, exports=False, evaluate=False)  # cached models
-        model = move_module(result.nodes[model_node].value, device).eval()
-        functions[key] = prepare_runtime(model, runtime, device)
+    inputs = objective_inputs(search)
+    functions = {key: trial_function(search, configs, runtime) for key, (configs, runtime) in candidates.items()}
     samples: dict[int, list[float]] = {key: [] for key in functions}
     with torch.no_grad():
         for _ in range(rounds):

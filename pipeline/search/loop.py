@@ -22,7 +22,15 @@ from pipeline.engine.recipe import Recipe
 from pipeline.search.config import finished_states
 from pipeline.search.duplicates import TrialBudget, is_repeat
 from pipeline.search.explain import dominated_by, front_tags
-from pipeline.search.front import BASELINE, ROUNDS, front_candidates, remeasure, with_remeasured
+from pipeline.search.front import (
+    BASELINE,
+    ROUNDS,
+    front_candidates,
+    objective_inputs,
+    remeasure,
+    trial_function,
+    with_remeasured,
+)
 from pipeline.search.objectives import (
     ATTR_DOMINATED_BY,
     ATTR_METRICS,
@@ -39,6 +47,7 @@ from pipeline.search.pareto import (
     pareto_trials,
     table_columns,
 )
+from pipeline.search.profile import profile_calls
 from pipeline.search.quiet import stderr_to
 from pipeline.search.record import TrialRecord
 from pipeline.search.study import Search, SearchTimes
@@ -252,8 +261,10 @@ def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
         elif export_attr(trial.number) not in study.user_attrs:
             study.set_user_attr(export_attr(trial.number), {})
         recipes[trial.number] = recipe.save(recipe_path)
+        profile = profile_calls(trial_function(search, record.configs, record.runtime), objective_inputs(search),
+                                search.device, folder / "profile")
         if tracker is not None:
-            tracker.log_trial_files(trial.number, {"": [recipe_path], **files})
+            tracker.log_trial_files(trial.number, {"": [recipe_path], "profile": profile, **files})
             tracker.log_trial_metrics(trial.number, metrics)
             tracker.set_trial_tags(trial.number, {"exported": "true"})
     return recipes, notes
