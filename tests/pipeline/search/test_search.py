@@ -188,3 +188,23 @@ def test_the_fastest_feasible_recipe_is_tried_under_the_other_runtimes(
              ((t, Recipe.from_dict(t.user_attrs[ATTR_RECIPE])) for t in trials if ATTR_RECIPE in t.user_attrs)
              if t.user_attrs.get(ATTR_SEED, "").startswith("runtime-sweep")]
     assert swept and all(pairs.count(pair) == 1 for pair in swept)
+
+
+def test_seeds_the_capability_table_rules_out_are_not_enqueued(
+    monkeypatch: pytest.MonkeyPatch, residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """On a device without a fast reduced dtype, an AMP seed could only give a slower model."""
+    import pipeline.search.study
+    from pipeline.core.device import Capabilities
+
+    config = SearchConfig.load(None, runtimes=("eager",), exports="none", seeds=[])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
+    study = optuna.create_study()
+    amp_seed = SeedRecipe(name="amp-only", stages=[{"stage": "amp"}])
+    slow = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=())
+    monkeypatch.setattr(pipeline.search.study, "capabilities", lambda device: slow)
+    assert not search.enqueue(study, amp_seed)
+    assert search.enqueue(study, SeedRecipe(name="int8", stages=[{"stage": "quantize", "method": "int8_dynamic"}]))
+    fast = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16,), fast_dtypes=(torch.bfloat16,))
+    monkeypatch.setattr(pipeline.search.study, "capabilities", lambda device: fast)
+    assert search.enqueue(study, amp_seed)
