@@ -13,11 +13,12 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
+from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtime import available_runtimes
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageConfig, StageContext, config_from_dict
+from pipeline.core.stage import StageConfig, StageContext, config_from_dict, stage_for
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
 from pipeline.engine.runner import TIME_CATEGORIES, Runner
@@ -174,11 +175,15 @@ class Search:
 
     def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
         """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped
-        (its stages are not in the pipeline or are disabled)."""
+        (its stages are not in the pipeline or are disabled, or a stage says it is not
+        worth a trial on this device: :meth:`pipeline.core.stage.Stage.not_worthwhile`)."""
         available = {n.op for n in self.pipeline.stage_nodes() if n.name not in self.config.disabled}
         if any(raw.get("stage") not in available for raw in seed.stages):
             return False
         configs = [config_from_dict(dict(raw)) for raw in seed.stages]  # validates the seed's fields
+        caps = capabilities(self.device)
+        if any(stage_for(c).not_worthwhile(c, caps) for c in configs):
+            return False  # the capability table says it can only be slower here
         payload = {"runtime": seed.runtime, "stages": [c.to_dict() for c in configs]}
         if any(t.user_attrs.get(ATTR_SEED_RECIPE) == payload for t in study.get_trials(deepcopy=False)):
             return False

@@ -228,3 +228,23 @@ def test_a_repeated_recipe_is_answered_by_its_first_trial_and_not_counted(
     assert trials[1].user_attrs[ATTR_REASON] == "repeat of trial 0" and trials[1].values is None
     distinct = [t for t in trials if ATTR_REPEAT_OF not in t.user_attrs]
     assert len(distinct) == 2 and distinct[1].number == 2, "the repeat did not use up the budget"
+
+
+def test_seeds_the_capability_table_rules_out_are_not_enqueued(
+    monkeypatch: pytest.MonkeyPatch, residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """On a device without a fast reduced dtype, an AMP seed could only give a slower model."""
+    import pipeline.search.study
+    from pipeline.core.device import Capabilities
+
+    config = SearchConfig.load(None, runtimes=("eager",), exports="none", seeds=[])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
+    study = optuna.create_study()
+    amp_seed = SeedRecipe(name="amp-only", stages=[{"stage": "amp"}])
+    slow = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=())
+    monkeypatch.setattr(pipeline.search.study, "capabilities", lambda device: slow)
+    assert not search.enqueue(study, amp_seed)
+    assert search.enqueue(study, SeedRecipe(name="int8", stages=[{"stage": "quantize", "method": "int8_dynamic"}]))
+    fast = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16,), fast_dtypes=(torch.bfloat16,))
+    monkeypatch.setattr(pipeline.search.study, "capabilities", lambda device: fast)
+    assert search.enqueue(study, amp_seed)
