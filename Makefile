@@ -14,6 +14,7 @@ TRIALS      ?= 20
 WORKERS     ?= 1
 MAX_DROP    ?= 0.01
 UI_PORT     ?= 5000
+DASHBOARD_PORT ?= 8080
 # Extra options for evaluate/optimize/report, e.g. ARGS="--latency-budget quick --runtimes eager --threads 1"
 ARGS        ?=
 TORCH_PIN   := $(shell grep -E '^torch==' constraints.txt)
@@ -21,13 +22,15 @@ TORCH_PIN   := $(shell grep -E '^torch==' constraints.txt)
 export PARETORCH_RESULTS_DIR := $(abspath $(RESULTS))
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup evaluate optimize report ui bench test lint clean help
+.PHONY: setup evaluate optimize report ui dashboard screenshots bench test lint clean help
 
 help:
 	@echo "make optimize MODEL=digits   search prune/quantize/AMP/export trade-offs, log to MLflow, print the Pareto table"
 	@echo "make evaluate MODEL=digits   measure the unoptimized model"
 	@echo "make report MODEL=digits     print the Pareto table of that study again, from storage"
-	@echo "make ui                      MLflow UI over the results (http://127.0.0.1:$(UI_PORT))"
+	@echo "make ui                      MLflow UI over the results (prints the runs-table URL of each model)"
+	@echo "make dashboard               optuna-dashboard over the studies (http://127.0.0.1:$(DASHBOARD_PORT))"
+	@echo "make screenshots             headless-Chromium PNGs of both UIs over the results (needs chromium)"
 	@echo "make bench                   baseline vs single techniques vs search; BENCHMARKS.md"
 	@echo "make test                    the test suite"
 	@echo "make lint                    ruff + import-linter layer contracts + mypy"
@@ -55,10 +58,20 @@ report: $(STAMP)
 # Foreground MLflow UI over the results' store; stop with Ctrl-C.
 ui: $(STAMP)
 	mkdir -p $(PARETORCH_RESULTS_DIR)/mlartifacts
+	@$(PY) -m pipeline.cli.links --base http://127.0.0.1:$(UI_PORT)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(PARETORCH_RESULTS_DIR)/mlflow.db \
 		--default-artifact-root $(PARETORCH_RESULTS_DIR)/mlartifacts \
 		--artifacts-destination $(PARETORCH_RESULTS_DIR)/mlartifacts \
 		--host 127.0.0.1 --port $(UI_PORT) --workers 1
+
+# Foreground optuna-dashboard (pinned in constraints.txt) over the results' Optuna store; stop with Ctrl-C.
+dashboard: $(STAMP)
+	@echo "optuna-dashboard: http://127.0.0.1:$(DASHBOARD_PORT)"
+	$(VENV)/bin/optuna-dashboard sqlite:///$(PARETORCH_RESULTS_DIR)/optuna.db --host 127.0.0.1 --port $(DASHBOARD_PORT)
+
+# PNGs of the MLflow runs view, the parent runs and optuna-dashboard over the results (needs chromium).
+screenshots: $(STAMP)
+	$(PY) -m experiments.screenshots --model $(MODEL)
 
 # Benchmarks: baseline, each single technique, and a search per model; raw JSON in
 # experiments/bench/results/, tables in BENCHMARKS.md. Objective batch: 32 on CPU, 1 on GPUs.

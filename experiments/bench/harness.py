@@ -42,6 +42,7 @@ from pipeline.search import Search, SearchConfig, run_search
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
 from pipeline.sources.resolve import resolve_spec
 from stages.amp.stage import AmpConfig
+from stages.distill.stage import DistillConfig
 from stages.prune.stage import PruneConfig
 from stages.quantize.methods import methods_on
 from stages.quantize.stage import QuantizeConfig
@@ -49,6 +50,13 @@ from stages.quantize.stage import QuantizeConfig
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 MARKDOWN = Path(__file__).resolve().parents[2] / "BENCHMARKS.md"
 BENCH_LATENCY = LatencySettings(warmup_runs=10, min_runs=50, min_seconds=1.0)
+#: The distillation of the "prune + distill" rows: bounded in time, so a CPU run of MiniLM
+#: (about 0.8 s per step of 16 on one core) stays affordable; on a GPU it ends by steps.
+BENCH_DISTILL = DistillConfig(steps=400, lr=3e-4, batch_size=16, max_seconds=300)
+#: The output-error budget of the "int8 with float fallback" row.
+BENCH_FALLBACK_BUDGET = 0.01
+#: Stages whose own time the rows and the search summary report.
+COSTLY_STAGES = ("distill", "quantize", "amp", "prune")
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,11 @@ def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any],
         amp = AmpConfig.model_validate({"dtype": name, "error_budget": 0.01})
         rows.append((f"{name} mixed precision (amp)", [amp], "eager"))
     rows.append(("structured prune 0.3", [PruneConfig(ratio=0.3)], "eager"))
+    for ratio in (0.3, 0.5):
+        rows.append((f"structured prune {ratio} + distill", [PruneConfig(ratio=ratio), BENCH_DISTILL], "eager"))
+    if "int8_dynamic" in methods_on(caps):
+        fallback = QuantizeConfig(method="int8_dynamic", fallback_budget=BENCH_FALLBACK_BUDGET)
+        rows.append(("int8 dynamic with float fallback", [fallback], "eager"))
     runtimes = available_runtimes(device)
     if "compile" in runtimes:
         rows.append(("torch.compile", [], "compile"))
@@ -87,11 +100,18 @@ def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any],
 
 
 def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], runtime: str,
-                   batch_sizes: tuple[int, ...]) -> ModelReport:
-    """Apply ``configs`` (a fresh chain) and measure under the bench latency settings."""
+                   batch_sizes: tuple[int, ...]) -> tuple[ModelReport, str]:
+    """Apply ``configs`` (a fresh chain) and measure under the bench latency settings; also
+    returns a note on the stages' own cost (distillation and calibration seconds, apart from latency)."""
 
     runner = Runner(recipe_pipeline(configs), spec, device, latency=BENCH_LATENCY, batch_sizes=batch_sizes)
-    return runner.run(runtime=runtime, exports=False).report
+    result = runner.run(runtime=runtime, exports=False)
+    costs = [f"{name} {tally.seconds:.1f} s" for name, tally in runner.stage_tallies.items()
+             if name in COSTLY_STAGES and tally.runs]
+    records = {k: v for node in result.nodes.values() for k, v in node.records.items()}
+    if "quantize.float_layers" in records:
+        costs.append(f"{len(records['quantize.float_layers'])} layer(s) kept float")
+    return result.report, ("stage cost: " + ", ".join(costs)) if costs else ""
 
 
 def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, baseline: float | None,
@@ -123,7 +143,9 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     best = min(outcome.pareto, key=lambda t: t.user_attrs[ATTR_METRICS][key])
     recipe = Recipe.from_dict(best.user_attrs[ATTR_RECIPE])
     info = {"trials": trials, "search_seconds": seconds, "best_trial": best.number, "cache": outcome.cache,
-            "search_latency_ms": best.user_attrs[ATTR_METRICS][key]}
+            "search_latency_ms": best.user_attrs[ATTR_METRICS][key],
+            "stage_work": {name: tally.describe() for name, tally in search.runner.stage_tallies.items()
+                           if name in COSTLY_STAGES}}
     return list(recipe.model_stages()), recipe.runtime, info
 
 
@@ -142,17 +164,18 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: float
     # The first measurement of a process can run slow (lazy initialization, clocks
     # ramping up): one discarded pass of the baseline, so the baseline row is not it.
     print(f"[bench] {spec.name}: warm-up (fp32 eager, discarded)", file=sys.stderr, flush=True)
-    measure_recipe(spec, device, [], "eager", batch_sizes)
+    measure_recipe(spec, device, [], "eager", batch_sizes)  # discarded
     for name, configs, runtime in single_technique_recipes(device):
         print(f"[bench] {spec.name}: {name}", file=sys.stderr, flush=True)
         try:
-            report = measure_recipe(spec, device, configs, runtime, batch_sizes)
+            report, cost = measure_recipe(spec, device, configs, runtime, batch_sizes)
         except Exception as exc:  # a row that cannot run is reported as such, not hidden
             rows.append(Row(name, "single", describe_chain(configs, runtime), float("nan"), float("nan"),
                             {}, {}, 0, 0.0, note=f"failed: {type(exc).__name__}: {exc}"[:300]))
             continue
         kind = "baseline" if baseline_metric is None else "single"
-        rows.append(row_from_report(name, kind, describe_chain(configs, runtime), report, baseline_metric, spec))
+        rows.append(row_from_report(name, kind, describe_chain(configs, runtime), report, baseline_metric, spec,
+                                    note=cost))
         if baseline_metric is None:
             baseline_metric = report.metric_value
     search_info: dict[str, Any] = {}
@@ -162,11 +185,11 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: float
         print(f"[bench] {spec.name}: search, {trials} trials, objective latency at batch {batch}",
               file=sys.stderr, flush=True)
         configs, runtime, search_info = run_search_best(spec, device, trials, batch, max_drop, work)
-        report = measure_recipe(spec, device, configs, runtime, batch_sizes)
+        report, _ = measure_recipe(spec, device, configs, runtime, batch_sizes)
         rows.append(row_from_report(f"search best ({trials} trials)", "search", describe_chain(configs, runtime),
                                     report, baseline_metric, spec))
     # The baseline again, last: how much the machine drifted over the run.
-    recheck = measure_recipe(spec, device, [], "eager", batch_sizes)
+    recheck, _ = measure_recipe(spec, device, [], "eager", batch_sizes)
     return {
         "model": spec.name, "metric": spec.metric.name, "device": describe(device), "device_kind": device.type,
         "objective_batch": batch, "max_drop": max_drop, "latency_settings": asdict(BENCH_LATENCY),
@@ -231,6 +254,9 @@ def render_table(result: dict[str, Any]) -> str:
         s = result["search"]
         lines += ["", f"Search: {s['trials']} trials in {s['search_seconds']:.0f} s; best trial #{s['best_trial']} "
                   f"({s['search_latency_ms']:.3f} ms during the search); cache: {s['cache']}."]
+        if s.get("stage_work"):
+            work = "; ".join(f"{name}: {text}" for name, text in s["stage_work"].items())
+            lines += ["", f"Stage work in the search (paid once per distinct prefix, cache hits reuse it): {work}."]
     return "\n".join(lines)
 
 
@@ -262,10 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.render_only:
         device = resolve_device(args.device)
-        batch = args.batch or (32 if device.type == "cpu" else 1)
+        default_batch = 32 if device.type == "cpu" else 1
+        batch = args.batch or default_batch
         result = bench(args.model, args.device, args.trials, batch, args.max_drop)
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"{result['model']}-{result['device_kind']}.json"
+        suffix = "" if batch == default_batch else f"-b{batch}"  # e.g. the GPU throughput objective, batch 256
+        path = args.out / f"{result['model']}-{result['device_kind']}{suffix}.json"
         path.write_text(json.dumps(result, indent=2))
         print(render_table(result))
     if args.out == RESULTS_DIR:

@@ -146,5 +146,6 @@ def spec() -> ModelSpec:
         latency_batch_sizes=(1, 32),
         training=training,
         loss=nn.functional.cross_entropy,
+        output_kind="logits",
         description="3-conv CNN on scikit-learn's 8x8 handwritten digits (accuracy)",
     )

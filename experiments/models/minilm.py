@@ -8,7 +8,9 @@ int64 token ids padded to 128 tokens.
 There are no labels: the metric is *fidelity to the unoptimized model* on real
 English sentences from Python's bundled documentation (``pydoc_data.topics``),
 deduplicated by token ids, shuffled with a fixed seed, and split into an
-evaluation sample and a separate calibration sample. The unoptimized model's
+evaluation sample and a separate calibration sample; every sentence that is not
+an evaluation sentence (calibration included) is a training input for
+distillation (``training_inputs``). The unoptimized model's
 embeddings of the evaluation sample are the targets (computed once, cached on
 disk under the results directory).
 
@@ -120,11 +122,15 @@ def _splits() -> dict[str, tuple[str, ...]]:
     n_eval, n_cal = SETTINGS["evaluation"], SETTINGS["calibration"]
     if len(unique) < n_eval + n_cal:
         raise SpecError(f"only {len(unique)} distinct sentences in pydoc_data.topics; need {n_eval + n_cal}")
-    return {"evaluation": tuple(unique[:n_eval]), "calibration": tuple(unique[n_eval : n_eval + n_cal])}
+    return {
+        "evaluation": tuple(unique[:n_eval]),
+        "calibration": tuple(unique[n_eval : n_eval + n_cal]),
+        "training": tuple(unique[n_eval:]),
+    }
 
 
 def sentences(split: str) -> list[str]:
-    """The ``evaluation`` or ``calibration`` sentences."""
+    """The ``evaluation``, ``calibration`` or ``training`` sentences (training: all but evaluation)."""
     return list(_splits()[split])
 
 
@@ -153,6 +159,11 @@ def example_inputs(batch_size: int) -> Batch:
 
 def calibration() -> list[Batch]:
     return split_batches(_tokens("calibration"), BATCH_SIZE)
+
+
+def training_inputs() -> list[Batch]:
+    """Every distinct sentence that is not an evaluation sentence, tokenized (for distillation)."""
+    return split_batches(_tokens("training"), BATCH_SIZE)
 
 
 def evaluation_inputs() -> list[Batch]:
@@ -199,6 +210,8 @@ def spec() -> ModelSpec:
         metric=NEIGHBOUR_AGREEMENT,
         extra_metrics=EXTRA_METRICS,
         targets=reference_embeddings,
+        output_kind="embedding",
+        training_inputs=training_inputs,
         latency_batch_sizes=(1, 32),
         description="all-MiniLM-L6-v2 sentence embeddings (seq 128); fidelity to fp32 on 256 pydoc sentences",
     )

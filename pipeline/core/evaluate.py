@@ -9,12 +9,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.core.device import Stopwatch, describe, move_module, peak_memory_bytes, reset_peak_memory, synchronize
+from pipeline.core.noise import median_ci
 from pipeline.core.runtime import is_compiled, prepare_runtime
 from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
 
@@ -41,6 +43,9 @@ class LatencyStats:
     min_ms: float
     runs: int
     first_call_ms: float
+    #: 95% confidence interval of the median over the timed runs (order statistics, pipeline/core/noise.py).
+    p50_ci_low_ms: float = 0.0
+    p50_ci_high_ms: float = 0.0
 
     @property
     def spread_pct(self) -> float:
@@ -83,6 +88,8 @@ class ModelReport:
         for batch, stats in self.latency.items():
             metrics[f"latency_ms_p50_b{batch}"] = stats.p50_ms
             metrics[f"latency_ms_p90_b{batch}"] = stats.p90_ms
+            metrics[f"latency_ms_p50_b{batch}_ci_low"] = stats.p50_ci_low_ms
+            metrics[f"latency_ms_p50_b{batch}_ci_high"] = stats.p50_ci_high_ms
         metrics.update(self.extra)
         return metrics
 
@@ -177,6 +184,7 @@ def measure_latency(
             watches.append(watch)
         synchronize(device)
     times = sorted(w.elapsed_ms() for w in watches)
+    ci = median_ci(times)
     return LatencyStats(
         batch_size=batch_size,
         p50_ms=statistics.median(times),
@@ -186,6 +194,8 @@ def measure_latency(
         min_ms=times[0],
         runs=len(times),
         first_call_ms=first_call_ms,
+        p50_ci_low_ms=ci[0],
+        p50_ci_high_ms=ci[1],
     )
 
 
@@ -201,12 +211,30 @@ def serialized_size_bytes(model: nn.Module) -> int:
         return path.stat().st_size
 
 
+#: Buffer dtypes that hold quantized weights (scales are float, zero points int32/int64: not counted).
+QUANTIZED_WEIGHT_DTYPES = (torch.int8, torch.uint8)
+#: Name prefix of weights that freezing / constant folding turned into buffers (PT2E int8).
+FROZEN_PARAM_PREFIX = "_frozen_param"
+
+
 def count_params(model: nn.Module) -> int:
-    """Number of parameter elements; for graphs whose weights are constants, of all state tensors."""
+    """Number of weight elements, the same for a network in float and quantized: parameters (torchao's
+    quantized tensor subclasses report their logical shape), plus weights that quantization moved
+    into buffers (PT2E stores int8 weights as ``_frozen_param*`` buffers); quantization scales and
+    zero points and BatchNorm statistics are not counted. A graph without parameters or buffers
+    (e.g. TorchScript constants) counts all its state tensors."""
     params = sum(p.numel() for p in model.parameters())
+    params += sum(b.numel() for name, b in model.named_buffers()
+                  if b.dtype in QUANTIZED_WEIGHT_DTYPES or name.rsplit(".", 1)[-1].startswith(FROZEN_PARAM_PREFIX))
     if params:
         return params
     return sum(t.numel() for t in model.state_dict().values() if isinstance(t, Tensor))
+
+
+def _matmul_flops(a_shape: Sequence[int], b_shape: Sequence[int], *args: Any, **kwargs: Any) -> int:
+    """FLOPs of an (m, k) @ (k, n) matmul (the flop counter's formula for ``aten.mm``)."""
+    (m, k), (_, n) = a_shape, b_shape
+    return 2 * m * n * k
 
 
 def count_macs(model: nn.Module, inputs: Batch) -> int | None:
@@ -216,7 +244,8 @@ def count_macs(model: nn.Module, inputs: Batch) -> int | None:
     dispatch mode, and some operators do not pass through one (torch 2.11's ``out_dtype``,
     which torchao's int8 matmul uses on CUDA, returns NotImplemented under it). The
     model's own forward has already run by then, so only the count is lost."""
-    counter = FlopCounterMode(display=False)
+    # int8 matmuls (torchao int8_dynamic on CPU) count as the float matmul they replace.
+    counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten._int_mm: _matmul_flops})
     try:
         with torch.no_grad(), counter:
             model(*inputs)

@@ -23,16 +23,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import SpecError
-from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec
+from pipeline.core.spec import OUTPUT_KINDS, Batch, LabelledBatch, Metric, ModelSpec, OutputKind
 
-OutputKind = Literal["logits", "embedding"]
-OUTPUT_KINDS: tuple[str, ...] = ("auto", "logits", "embedding")
+# OUTPUT_KINDS / OutputKind: the one output-kind vocabulary lives in pipeline.core.spec (the
+# distillation loss reads it too); importers of this module keep finding it here.
 
 #: Identical outputs have infinite SQNR; the value is capped so that it stays a finite number in logs.
 SQNR_CAP_DB = 200.0
@@ -189,8 +188,8 @@ def fidelity_spec(
         return tuple(zip(inputs, references, strict=True))
 
     chosen = metric
+    kind = output_kind
     if chosen is None:
-        kind = output_kind
         if kind == "auto":
             kind = infer_output_kind(labelled()[0][1])
         chosen, *others = fidelity_metrics(kind)
@@ -205,5 +204,6 @@ def fidelity_spec(
         calibration=calibration,
         evaluation=lambda: list(labelled()),
         metric=chosen,
+        output_kind=kind,
         **spec_fields,  # type: ignore[arg-type]
     )

@@ -51,6 +51,8 @@ class ExportMirror:
     #: The quantize stage's layer filter: smallest quantized weight, and whether the head stays float.
     quant_min_weight_elements: int | None = None
     quant_skip_head: bool = False
+    #: Layers the quantize stage kept in float to hold its accuracy budget (module names).
+    quant_float_layers: tuple[str, ...] = ()
     #: Why a quantization method has no export counterpart (e.g. float8 weights in Core ML).
     quant_unmirrored: str | None = None
     #: Zeroed weights the exports may store sparse (unstructured pruning).

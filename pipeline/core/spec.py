@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +15,12 @@ from pipeline.core.errors import SpecError
 Batch = tuple[Tensor, ...]
 #: One evaluation batch: the inputs and the targets the metric compares against.
 LabelledBatch = tuple[Batch, Tensor]
+
+#: What a model's output is, for the fidelity metrics and the distillation loss:
+#: class ``logits``, an ``embedding`` (or regression output), or ``auto`` (decided
+#: from the output: :func:`pipeline.core.fidelity.infer_output_kind`).
+OutputKind = Literal["logits", "embedding"]
+OUTPUT_KINDS: tuple[str, ...] = ("auto", "logits", "embedding")
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,12 @@ class ModelSpec:
     * ``evaluation()`` returns ``(inputs, targets)`` batches for the metric.
     * ``training()`` (optional) returns labelled batches for recovery
       fine-tuning, with ``loss(outputs, targets)``.
+    * ``training_inputs()`` (optional) returns unlabelled input batches for
+      training against the unoptimized model (distillation); without it,
+      distillation reads ``training()``'s inputs, else ``calibration()``
+      (see :mod:`pipeline.core.training_data`). Never overlaps evaluation (checked).
+    * ``output_kind``: ``logits``, ``embedding`` or ``auto`` (decided from the
+      output); chooses the distillation loss.
     * ``protected_layers``: module names no stage may prune or quantize
       (the output head is protected automatically by the stages).
     """
@@ -68,6 +81,8 @@ class ModelSpec:
     latency_batch_sizes: tuple[int, ...] = (1, 32)
     training: Callable[[], Sequence[LabelledBatch]] | None = None
     loss: Callable[[Tensor, Tensor], Tensor] | None = None
+    training_inputs: Callable[[], Sequence[Batch]] | None = None
+    output_kind: str = "auto"
     protected_layers: tuple[str, ...] = ()
     #: Further metrics on the same outputs and targets, reported (ModelReport.extra) but not optimized,
     #: e.g. KL divergence next to top-1 agreement (see pipeline.core.fidelity).
@@ -75,6 +90,11 @@ class ModelSpec:
     description: str = ""
     #: Where the spec came from (filled in by resolution; shown in reports).
     source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.output_kind not in OUTPUT_KINDS:
+            raise SpecError(f"model '{self.name}': unknown output_kind '{self.output_kind}': "
+                            f"choose one of {', '.join(OUTPUT_KINDS)}")
 
 
 def move_batch(batch: Batch, device: torch.device, dtype: torch.dtype | None = None) -> Batch:

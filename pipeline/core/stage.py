@@ -107,6 +107,9 @@ class StageContext:
     #: Content key of the input model (the runner's cache key: same key, same model),
     #: so a stage may reuse work it did on that model before. None: unknown (scripted use).
     input_key: str | None = None
+    #: The unoptimized model the pipeline started from (the runner's source model; do not
+    #: modify it), e.g. the teacher of distillation. None: unknown (scripted use of one stage).
+    source_model: nn.Module | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.device, str):  # scripted use: StageContext(spec, "cpu")
@@ -172,6 +175,9 @@ class Stage:
       device; a reason makes the config infeasible before any work is done.
     * ``order``: where it sits in the default pipeline (model stages ascending, exports
       after the last model stage); None: not in the default pipeline.
+    * ``worthwhile``: ``(config, capabilities) -> reason | None``: why a config that *runs*
+      on the device is not worth a trial there (the capability table says it can only be
+      slower, e.g. a reduced dtype without fast kernels); the search skips such seeds.
     """
 
     config_type: type[StageConfig]
@@ -181,6 +187,7 @@ class Stage:
     mirror: MirrorFn | NotMirrored | None = None
     requires: RequiresFn | None = None
     order: int | None = None
+    worthwhile: RequiresFn | None = None
 
     def __post_init__(self) -> None:
         if not self.config_type.stage:
@@ -204,6 +211,10 @@ class Stage:
     def unavailable(self, config: StageConfig, caps: Capabilities) -> str | None:
         """Why ``config`` cannot run on a device with ``caps`` (None: it can)."""
         return self.requires(config, caps) if self.requires is not None else None
+
+    def not_worthwhile(self, config: StageConfig, caps: Capabilities) -> str | None:
+        """Why ``config`` is not worth a trial on a device with ``caps`` (None: it is)."""
+        return self.worthwhile(config, caps) if self.worthwhile is not None else None
 
     def mirror_of(self, config: StageConfig) -> ExportMirror:
         """What exports must reproduce of ``config`` (empty for float-graph stages)."""

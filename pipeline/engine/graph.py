@@ -11,7 +11,7 @@ A node produces one named artifact from the artifacts named in ``inputs``:
 
 The default pipeline::
 
-    model -> prune -> quantize -> amp -> {export.coreml, export.onnx}
+    model -> prune -> distill -> quantize -> amp -> {export.coreml, export.onnx}
                                    \\-> evaluate
 
 Pipelines are checked at construction with :mod:`graphlib` (cycles, missing
@@ -205,7 +205,7 @@ class Pipeline:
         return Pipeline(merged.values(), name=f"{self.name}+{other.name}")
 
     def describe(self) -> str:
-        """One line: ``model -> prune -> quantize -> amp -> {export.coreml, export.onnx}``."""
+        """One line: ``model -> prune -> distill -> quantize -> amp -> {export.coreml, export.onnx}``."""
 
         def label(node: Node) -> str:
             text = node.name if node.op == node.name else f"{node.name}:{node.op}"
@@ -250,7 +250,7 @@ class Pipeline:
 
 
 def default_pipeline(exports: Iterable[str] | None = None) -> Pipeline:
-    """The registered model stages in their ``order`` (``model -> prune -> quantize -> amp``),
+    """The registered model stages in their ``order`` (``model -> prune -> distill -> quantize -> amp``),
     the torch model evaluated, then the exports off the last model stage, each evaluated.
 
     ``exports``: export stage names to include (default: every export with an ``order``).

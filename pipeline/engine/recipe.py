@@ -107,9 +107,10 @@ class Recipe:
     def exports(self) -> tuple[StageConfig, ...]:
         return tuple(c for c in self.stages if is_export(c))
 
-    def describe(self) -> str:
-        """One line: ``prune(ratio=0.3) + quantize(method=int8_dynamic) | compile | -> onnx, coreml``."""
-        body = " + ".join(describe_config(c) for c in self.model_stages()) or "baseline"
+    def describe(self, brief: bool = False) -> str:
+        """One line: ``prune(ratio=0.3) + quantize(method=int8_dynamic) | compile | -> onnx, coreml``;
+        ``brief``: lists as counts (``fp32_layers=[12 items]``), for console lines."""
+        body = " + ".join(describe_config(c, brief) for c in self.model_stages()) or "baseline"
         text = f"{body} | {self.runtime}"
         exports = self.exports()
         if exports:
@@ -124,9 +125,10 @@ class Recipe:
         return params
 
 
-def describe_config(config: StageConfig) -> str:
+def describe_config(config: StageConfig, brief: bool = False) -> str:
     """``quantize(method=int8_dynamic)``: the stage with its required fields and the fields
-    that differ from their defaults (the full config is in the recipe JSON)."""
+    that differ from their defaults (the full config is in the recipe JSON); ``brief``: a list
+    shows as its count."""
     shown = []
     values = config.model_dump(mode="json")
     for name, info in type(config).model_fields.items():
@@ -134,7 +136,10 @@ def describe_config(config: StageConfig) -> str:
             info.default_factory is not None else PydanticUndefined
         value = values.get(name)
         if default is PydanticUndefined or _json(default) != value:
-            shown.append(f"{name}={value:.3g}" if isinstance(value, float) else f"{name}={value}")
+            if brief and isinstance(value, list):
+                shown.append(f"{name}=[{len(value)} items]")
+            else:
+                shown.append(f"{name}={value:.3g}" if isinstance(value, float) else f"{name}={value}")
     return f"{config.stage}({', '.join(shown)})"
 
 

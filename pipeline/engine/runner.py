@@ -107,6 +107,18 @@ class RunResult:
         return Recipe(stages=tuple(chain), runtime=self.runtime, model=model, metadata=dict(metadata or {}))
 
 
+@dataclass
+class StageTally:
+    """How often one stage ran (cache misses) or was answered by the cache, and the seconds it ran."""
+
+    runs: int = 0
+    hits: int = 0
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        return f"{self.runs} run(s) in {self.seconds:.1f} s, {self.hits} cache hit(s)"
+
+
 class Runner:
     """Executes one pipeline for one spec on one device, caching node outputs across runs."""
 
@@ -128,6 +140,9 @@ class Runner:
         self.latency = latency
         self.batch_sizes = batch_sizes
         self.work_dir = work_dir or results_dir() / "work"
+        #: Per model stage, over this runner's life: runs, cache hits and seconds (e.g. distillation,
+        #: paid once per distinct prefix).
+        self.stage_tallies: dict[str, StageTally] = {}
         #: Seconds spent per category over this runner's life, failed runs included.
         self.totals: dict[str, float] = dict.fromkeys(TIME_CATEGORIES, 0.0)
         start = time.perf_counter()
@@ -197,7 +212,8 @@ class Runner:
         if with_float_model and parent.float_model is not None:
             float_model = copy.deepcopy(parent.float_model)  # an exporter may trace or cast it
         return StageContext(spec=self.spec, device=self.device, output_dir=output_dir,
-                            upstream=parent.chain, records={}, float_model=float_model, input_key=parent.key)
+                            upstream=parent.chain, records={}, float_model=float_model, input_key=parent.key,
+                            source_model=self.model)
 
     def _stage(self, name: str, kind: str, config: StageConfig | None, parent: NodeResult) -> NodeResult:
 
@@ -211,16 +227,21 @@ class Runner:
         key = node_key(stage.name, config.to_dict(), (parent.key,), self.device.type)
         if kind == "export":
             return self._export(name, key, config, parent)
+        tally = self.stage_tallies.setdefault(stage.name, StageTally())
         cached = self.cache.get(key, "model")
         if cached is None:
             ctx = self._context(parent, self.work_dir / "stages" / key, with_float_model=False)
+            start = time.perf_counter()
             model = _apply_node(name, config, parent, ctx)
             if not isinstance(model, nn.Module):
                 raise TypeError(f"stage '{stage.name}' returned a {type(model).__name__}, not a torch.nn.Module")
+            tally.runs += 1
+            tally.seconds += time.perf_counter() - start
             cached = CachedOutput(model, ctx.resolved_config, dict(ctx.records), model_bytes(model))
             self.cache.put(key, cached)
             hit = False
         else:
+            tally.hits += 1
             hit = True
         resolved = cached.resolved_config or config
         float_model = parent.float_model if stage.numeric else cached.value

@@ -22,8 +22,21 @@ from pipeline.core.secrets import mask_secrets
 from pipeline.core.stage import StageConfig
 from pipeline.engine.recipe import Recipe
 from pipeline.search.config import finished_states
+from pipeline.search.duplicates import TrialBudget, is_repeat
+from pipeline.search.explain import dominated_by, front_tags
+from pipeline.search.front import (
+    BASELINE,
+    ROUNDS,
+    front_candidates,
+    objective_inputs,
+    remeasure,
+    trial_function,
+    with_remeasured,
+)
 from pipeline.search.objectives import (
+    ATTR_DOMINATED_BY,
     ATTR_METRICS,
+    ATTR_RECIPE,
     Baseline,
 )
 from pipeline.search.pareto import (
@@ -36,11 +49,14 @@ from pipeline.search.pareto import (
     pareto_trials,
     table_columns,
 )
+from pipeline.search.profile import profile_calls
+from pipeline.search.quiet import stderr_to
 from pipeline.search.record import TrialRecord
 from pipeline.search.storage import fail_dead_trials
 from pipeline.search.study import Search, SearchTimes
 from pipeline.search.workers import run_trials
 from pipeline.tracking.tracker import Tracker
+from pipeline.tracking.views import NOTE_TAG, markdown_table
 
 Launcher = Callable[[], tuple[bool, list[str]]]
 
@@ -61,6 +77,10 @@ class SearchOutcome:
     tracking_uri: str | None
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+
+
+#: The per-study file that receives third-party warnings and progress bars (see :mod:`pipeline.search.quiet`).
+THIRD_PARTY_LOG = "third-party.log"
 
 
 def study_dir(name: str) -> Path:
@@ -87,15 +107,17 @@ class TrialLogger:
         self._update_best(study)
         self.console.print(self._line(trial), soft_wrap=True, highlight=False)
         if self.progress is not None:
-            self.progress.update(self.task, advance=1, best=self.best)
+            self.progress.update(self.task, advance=0 if is_repeat(trial) else 1, best=self.best)
 
     def log(self, trial: FrozenTrial) -> None:
-        """Write the trial's child run from its record, in one call (params = the resolved recipe)."""
-        if self.tracker is None:
+        """Write the trial's child run from its record, in one call (params = the resolved recipe).
+        A repeat gets no run: its recipe's numbers are on the original trial's run."""
+        if self.tracker is None or is_repeat(trial):
             return
         record = self.search.record(trial)
         common = {"device": self.device, "sampler": self.search.config.sampler}
-        self.tracker.log_trial(record.number, record.state, record.params(), record.tracking_metrics(),
+        self.tracker.log_trial(record.number, record.state, record.params(),
+                               record.tracking_metrics(self.search.objectives.headline_keys()),
                                record.tracking_tags(common), record.start_ms, record.texts())
 
     def _update_best(self, study: optuna.Study) -> None:
@@ -112,10 +134,12 @@ class TrialLogger:
     def _line(self, trial: FrozenTrial) -> str:
         record = self.search.record(trial)
         head = f"trial {trial.number:3d} {record.state:8s}"
+        if record.repeat_of is not None:
+            return f"trial {trial.number:3d} repeat of trial {record.repeat_of} (not run, not counted)"
         if record.state == "COMPLETE":
             values = record.metrics
             metric = self.search.spec.metric.name
-            line = record.recipe.describe() if record.recipe else ""
+            line = record.recipe.describe(brief=True) if record.recipe else ""
             return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {values.get('metric_drop', 0):+.4f}) | "
                     f"{values.get(self.search.objectives.latency_key, 0):.3f} ms ({values.get('speedup', 0):.2f}x) | "
                     f"{line} [{record.seconds.get('trial', 0.0):.1f} s, cache {record.cache.get('hits', 0)} hit(s)]")
@@ -126,18 +150,27 @@ class TrialLogger:
 
 def run_search(search: Search, trials: int, timeout: float | None = None,
                console: Console | None = None, launch: Launcher | None = None) -> SearchOutcome:
-    """Run ``search``'s study up to ``trials`` finished trials, export and log the Pareto front.
+    """Run ``search``'s study up to ``trials`` finished trials (repeats not counted), export and log
+    the Pareto front; third-party output goes to the study's log file (its path is printed).
 
     ``launch``: this process prepares the study, ``launch()`` runs the trials in worker processes,
     then this process exports and logs the front (the workers call :func:`run_worker`)."""
-
     console = console or Console()
+    log = study_dir(search.study_name) / THIRD_PARTY_LOG
+    console.print(f"third-party warnings and progress bars: {log}", highlight=False, soft_wrap=True)
+    with stderr_to(log):
+        return _run_search(search, trials, timeout, console, launch)
+
+
+def _run_search(search: Search, trials: int, timeout: float | None, console: Console,
+                launch: Launcher | None) -> SearchOutcome:
     wall_start = time.perf_counter()
     study, baseline, tracker = open_search(search)
     parent = tracker.parent_run_id if tracker is not None else None
     logger = TrialLogger(search, tracker, console)
     done = catch_up(search, study, tracker, logger)
-    remaining = trials - len(done)
+    budget = TrialBudget(trials, finished_states())
+    remaining = trials - budget.counted(study)
     interrupted = False
     notes: list[str] = []
     if remaining > 0 and launch is not None:
@@ -145,12 +178,16 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
         catch_up(search, study, tracker, logger)  # a worker that died left its trial RUNNING and unlogged
     elif remaining > 0:
         console.print(f"study {search.study_name}: {len(done)} trial(s) done, running {remaining} more "
-                      f"on {logger.device} (runtimes: {', '.join(search.runtimes)})")
+                      f"on {logger.device} (runtimes: {', '.join(search.runtimes)}); full recipes: MLflow "
+                      f"param and tag 'recipe', Optuna attr '{ATTR_RECIPE}'")
         progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.fields[best]}"), console=console, transient=True)
         logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, best="")
         with progress:
-            interrupted = run_trials(search, study, trials, timeout, [logger, search.sweep_runtimes])
+            interrupted = run_trials(search, study, budget, timeout, [logger, search.sweep_runtimes, budget])
+        if budget.exhausted:
+            console.print(f"stopped early: the sampler proposed only repeats of measured recipes "
+                          f"({budget.consecutive} in a row)")
     if interrupted:
         console.print("interrupted: exporting and logging what is done")
     if tracker is not None:
@@ -160,17 +197,22 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
     search.times.by_category = dict(search.runner.totals)
     search.times.wall = time.perf_counter() - wall_start
     rows = pareto_rows(study, search.objectives)
-    total = len(study.get_trials(deepcopy=False, states=finished_states()))
-    title = f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials ({logger.device})"
+    measured = remeasure(search, front_candidates(search, [t for t, _ in distinct_front(study)]))
+    rows = with_remeasured(rows, measured)
+    total = budget.counted(study)
+    title = (f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials ({logger.device}); latency re-measured "
+             f"with the baseline ({measured[BASELINE].latency_ms:.3f} ms), interleaved, {ROUNDS} rounds")
     table = pareto_table(rows, search.objectives, title)
     if tracker is not None:
         metrics = {"trials": float(total), "pareto_trials": float(len(rows)), "seconds_wall": search.times.wall,
+                   "baseline_latency_ms_remeasured": measured[BASELINE].latency_ms,
                    **{f"seconds_{k}": v for k, v in search.times.by_category.items()},
                    **{f"baseline_{k}": float(v) for k, v in vars(baseline).items() if isinstance(v, int | float)}}
         tracker.log_study_summary(table_columns(rows, search.objectives),
                                   {"pareto.png": pareto_figure_png(study, search.objectives, baseline),
                                    "pareto.html": pareto_figure_html(study, search.objectives, baseline)},
                                   metrics)
+        tracker.client.set_tag(tracker.parent_run_id, NOTE_TAG, study_note(title, rows, search))
         tracker.close_study("KILLED" if interrupted else "FINISHED")
     return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, search.times,
                          search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
@@ -213,20 +255,34 @@ def run_worker(search: Search, trials: int, timeout: float | None = None, consol
     study has ``trials``; True if interrupted. The preparing process exports and logs the front."""
     study, _baseline, tracker = open_search(search)
     logger = TrialLogger(search, tracker, console or Console())
-    return run_trials(search, study, trials, timeout, [logger, search.sweep_runtimes])
+    budget = TrialBudget(trials, finished_states())
+    return run_trials(search, study, budget, timeout, [logger, search.sweep_runtimes, budget])
+
+
+def study_note(title: str, rows: list[Any], search: Search) -> str:
+    """The parent run's Description: the Pareto table and where to look next."""
+    columns = table_columns(rows, search.objectives)
+    columns.pop("exports", None)
+    return (f"**{title}**\n\n{markdown_table(columns)}\n\n"
+            f"Plot: Artifacts > pareto.png (interactive: pareto.html). Every trial run is tagged `feasible`; "
+            f"`reason` says why a trial is infeasible, over the allowed drop ({search.config.max_drop:g}) or "
+            f"failed; `dominated_by` names the front trial that beats it. Headline metrics are top-level, "
+            f"the rest under `detail.`.")
 
 
 def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
                  console: Console) -> tuple[dict[int, Path], list[str]]:
     """Export the Pareto trials (unless done before), save their recipes, tag them in MLflow."""
-    front = pareto_trials(study)
-    numbers = {t.number for t in front}
+    distinct = distinct_front(study)
+    dominated = dominated_by(study, pareto_trials(study))
+    study.set_user_attr(ATTR_DOMINATED_BY, {str(k): v for k, v in dominated.items()})
     notes: list[str] = []
     if tracker is not None:
+        tags = front_tags(study, distinct, dominated)
         for number in tracker.children:
-            tracker.set_trial_tags(number, {"pareto": str(number in numbers).lower()})
+            tracker.set_trial_tags(number, tags.get(number, {"pareto": "false"}))
     recipes: dict[int, Path] = {}
-    for trial, _repeats in distinct_front(study):
+    for trial, _repeats in distinct:
         folder = study_dir(search.study_name) / f"trial-{trial.number:03d}"
         recipe_path = folder / "recipe.json"
         already = export_attr(trial.number) in study.user_attrs and recipe_path.is_file()
@@ -247,8 +303,10 @@ def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
         elif export_attr(trial.number) not in study.user_attrs:
             study.set_user_attr(export_attr(trial.number), {})
         recipes[trial.number] = recipe.save(recipe_path)
+        profile = profile_calls(trial_function(search, record.configs, record.runtime), objective_inputs(search),
+                                search.device, folder / "profile")
         if tracker is not None:
-            tracker.log_trial_files(trial.number, {"": [recipe_path], **files})
+            tracker.log_trial_files(trial.number, {"": [recipe_path], "profile": profile, **files})
             tracker.log_trial_metrics(trial.number, metrics)
             tracker.set_trial_tags(trial.number, {"exported": "true"})
     return recipes, notes

@@ -28,6 +28,7 @@ ATTR_CONFIGS = "paretorch.configs"  # {node: config dict | None}: what the trial
 ATTR_RUNTIME = "paretorch.runtime"
 ATTR_SEED = "paretorch.seed"  # name of an enqueued seed (baseline, amp-only ...), set at enqueue time
 ATTR_SEED_RECIPE = "paretorch.seed_recipe"  # the seed's stage configs, set at enqueue time
+ATTR_SEED_PARAMS = "paretorch.seed_params"  # the Optuna params enqueued with the seed (see search/seeding.py)
 ATTR_RECIPE = "paretorch.recipe"  # the resolved recipe (JSON-ready dict)
 ATTR_RECIPE_LINE = "paretorch.recipe_line"
 ATTR_METRICS = "paretorch.metrics"
@@ -35,10 +36,14 @@ ATTR_SECONDS = "paretorch.seconds"
 ATTR_CACHE = "paretorch.cache"
 ATTR_INFEASIBLE = "paretorch.infeasible"
 ATTR_TRACEBACK = "paretorch.traceback"
+ATTR_FEASIBLE = "paretorch.feasible"  # complete and within the allowed drop (False otherwise)
+ATTR_REASON = "paretorch.reason"  # why a trial is not a feasible result: infeasible, over the drop, failed, repeat
+ATTR_REPEAT_OF = "paretorch.repeat_of"  # the earlier trial that measured the same recipe (a pruned repeat)
 # Study user attrs.
 ATTR_BASELINE = "paretorch.baseline"
 ATTR_EXPORTS = "paretorch.exports"  # + ".<trial number>": {export node: "ok" | reason}
 ATTR_SEARCH = "paretorch.search"  # the search config (JSON) that named the study
+ATTR_DOMINATED_BY = "paretorch.dominated_by"  # {trial: front trial that dominates it}, written when the study ends
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,11 @@ class Objectives:
         """Names of the objective values, in order (stored on the study, logged to MLflow)."""
         keys = {"metric": self.spec.metric.name, "latency": self.latency_key, "size": "size_bytes"}
         return [keys[n] for n in self.names]
+
+    def headline_keys(self) -> tuple[str, ...]:
+        """The metrics a user reads first: the task metric, its drop, the objective latency,
+        the speed-up and the size (MLflow logs the others under ``detail.``)."""
+        return (self.spec.metric.name, "metric_drop", self.latency_key, "speedup", "size_bytes")
 
     def values(self, report: ModelReport) -> tuple[float, ...]:
         by_name = {

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from optuna.trial import TrialState
 from rich.table import Table
 
+from pipeline.core.noise import overlaps
 from pipeline.core.report import format_bytes
 from pipeline.search.objectives import (
     ATTR_EXPORTS,
@@ -41,6 +42,10 @@ class ParetoRow:
     recipe: str
     exports: str
     compile_seconds: float = 0.0
+    #: 95% confidence interval of the latency median (NaN when not measured).
+    latency_ci: tuple[float, float] = (math.nan, math.nan)
+    #: Front trials whose latency interval overlaps this one's: neither is faster with confidence.
+    ties: tuple[int, ...] = ()
 
 
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -60,6 +65,8 @@ def trial_row(trial: FrozenTrial, objectives: Objectives, exports: str = "") -> 
         recipe=str(trial.user_attrs.get(ATTR_RECIPE_LINE, "")),
         exports=exports,
         compile_seconds=float(metrics.get("compile_seconds", 0.0)),
+        latency_ci=(float(metrics.get(f"{objectives.latency_key}_ci_low", math.nan)),
+                    float(metrics.get(f"{objectives.latency_key}_ci_high", math.nan))),
     )
 
 
@@ -85,7 +92,24 @@ def pareto_rows(study: optuna.Study, objectives: Objectives) -> list[ParetoRow]:
         if repeats:
             row = replace(row, recipe=f"{row.recipe} (again in {', '.join(map(str, repeats))})")
         rows.append(row)
-    return sorted(rows, key=lambda r: (r.latency_ms, -r.metric))
+    return mark_ties(sorted(rows, key=lambda r: (r.latency_ms, -r.metric)))
+
+
+def mark_ties(rows: Sequence[ParetoRow]) -> list[ParetoRow]:
+    """Each row with the other rows whose latency intervals overlap its own (ties, not winners)."""
+    known = [r for r in rows if all(math.isfinite(v) for v in r.latency_ci)]
+    return [replace(row, ties=tuple(o.trial for o in known if o is not row and row in known
+                                    and overlaps(row.latency_ci, o.latency_ci))) for row in rows]
+
+
+def latency_cell(row: ParetoRow) -> str:
+    """``0.207 [0.201, 0.215]``: the median and its 95% interval; ``~ 3, 5`` when tied with those trials."""
+    text = f"{row.latency_ms:.3f}"
+    if all(math.isfinite(v) for v in row.latency_ci):
+        text += f" [{row.latency_ci[0]:.3f}, {row.latency_ci[1]:.3f}]"
+    if row.ties:
+        text += f" ~ {', '.join(map(str, row.ties))}"
+    return text
 
 
 def export_attr(trial_number: int) -> str:
@@ -113,7 +137,7 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str) 
     table.add_column("trial", justify="right")
     table.add_column(metric, justify="right")
     table.add_column("drop", justify="right")
-    table.add_column(f"p50 ms (b{objectives.latency_batch})", justify="right")
+    table.add_column(f"p50 ms (b{objectives.latency_batch}) [95% CI] ~ tied with", justify="right")
     table.add_column("speed-up", justify="right")
     table.add_column("size", justify="right")
     table.add_column("recipe")
@@ -123,7 +147,7 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str) 
             str(row.trial),
             f"{row.metric:.4f}",
             f"{row.drop:+.4f}",
-            f"{row.latency_ms:.3f}",
+            latency_cell(row),
             f"{row.speedup:.2f}x",
             format_bytes(row.size_bytes) if math.isfinite(row.size_bytes) else "?",
             row.recipe,
@@ -133,14 +157,16 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str) 
 
 
 def table_columns(rows: Sequence[ParetoRow], objectives: Objectives) -> dict[str, list[Any]]:
-    """The same table as columns, for ``MlflowClient.log_table``."""
+    """The same table as columns, for ``MlflowClient.log_table``, rounded as the printed table is."""
     return {
         "trial": [r.trial for r in rows],
-        objectives.spec.metric.name: [r.metric for r in rows],
-        "metric_drop": [r.drop for r in rows],
-        objectives.latency_key: [r.latency_ms for r in rows],
-        "speedup": [r.speedup for r in rows],
-        "size_bytes": [r.size_bytes for r in rows],
+        objectives.spec.metric.name: [round(r.metric, 4) for r in rows],
+        "metric_drop": [round(r.drop, 4) for r in rows],
+        objectives.latency_key: [round(r.latency_ms, 3) for r in rows],
+        "latency_95ci": [latency_cell(replace(r, ties=())).partition(" ")[2] for r in rows],
+        "tied_with": [", ".join(map(str, r.ties)) for r in rows],
+        "speedup": [round(r.speedup, 2) for r in rows],
+        "size": [format_bytes(r.size_bytes) if math.isfinite(r.size_bytes) else "?" for r in rows],
         "recipe": [r.recipe for r in rows],
         "exports": [r.exports for r in rows],
     }
@@ -169,27 +195,62 @@ def _points(study: optuna.Study, objectives: Objectives) -> list[_Point]:
     return points
 
 
+def _limits(values: Sequence[float], pad: float = 0.08, floor: float = 1e-9) -> tuple[float, float]:
+    low, high = min(values), max(values)
+    span = max(high - low, abs(high) * 0.02, floor)
+    return low - pad * span, high + pad * span
+
+
+def merged_labels(points: Sequence[_Point]) -> list[tuple[float, float, str]]:
+    """One label per drawn position: trials at the same (latency, metric) share it (``4, 15, 16``)."""
+    groups: dict[tuple[float, float], list[int]] = {}
+    for p in points:
+        groups.setdefault((round(p.latency_ms, 9), round(p.metric, 9)), []).append(p.trial)
+    return [(x, y, ", ".join(map(str, sorted(trials)))) for (x, y), trials in groups.items()]
+
+
 def pareto_figure_png(study: optuna.Study, objectives: Objectives, baseline: Baseline | None) -> Any:
-    """A matplotlib figure: every complete trial, the feasible front as a step line, the baseline."""
+    """A matplotlib figure scaled to the feasible trials: the front as a step line with one label per
+    point (repeats merged), the baseline, the allowed-drop line; trials over the allowed drop that
+    fall outside the feasible region are drawn on the axes' edge (hollow triangles)."""
     from matplotlib.figure import Figure
 
     points = _points(study, objectives)
+    feasible = [p for p in points if p.feasible]
     figure = Figure(figsize=(8, 5), dpi=110)
     axes = figure.add_subplot()
-    for feasible, marker, label in ((True, "o", "feasible"), (False, "x", "over the allowed drop")):
-        chosen = [p for p in points if p.feasible == feasible and not p.pareto]
-        axes.scatter([p.latency_ms for p in chosen], [p.metric for p in chosen], marker=marker, c="0.6", label=label)
+    threshold = None
+    if baseline is not None:
+        threshold = (baseline.metric_value - objectives.max_drop if objectives.spec.metric.higher_is_better
+                     else baseline.metric_value + objectives.max_drop)
+    ys = [p.metric for p in feasible] + ([baseline.metric_value, threshold] if baseline and threshold else [])
+    xs = [p.latency_ms for p in feasible] + ([baseline.latency_ms] if baseline else [])
+    if not ys:
+        ys, xs = [p.metric for p in points] or [0.0], [p.latency_ms for p in points] or [0.0]
+    ylim, xlim = _limits(ys), _limits(xs)
+    others = [p for p in feasible if not p.pareto]
+    axes.scatter([p.latency_ms for p in others], [p.metric for p in others], marker="o", c="0.6", label="feasible")
+    over = [p for p in points if not p.feasible]
+    inside = [p for p in over if xlim[0] <= p.latency_ms <= xlim[1] and ylim[0] <= p.metric <= ylim[1]]
+    outside = [p for p in over if p not in inside]
+    axes.scatter([p.latency_ms for p in inside], [p.metric for p in inside], marker="x", c="0.6",
+                 label="over the allowed drop")
+    if outside:
+        axes.scatter([min(max(p.latency_ms, xlim[0]), xlim[1]) for p in outside],
+                     [min(max(p.metric, ylim[0]), ylim[1]) for p in outside], marker="v", facecolors="none",
+                     edgecolors="0.5", clip_on=False, label=f"over the allowed drop, off the chart ({len(outside)})")
     front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms)
     if front:
         axes.step([p.latency_ms for p in front], [p.metric for p in front], where="post", c="tab:red", lw=1)
         axes.scatter([p.latency_ms for p in front], [p.metric for p in front], c="tab:red", label="Pareto front")
-        for p in front:
-            axes.annotate(str(p.trial), (p.latency_ms, p.metric), textcoords="offset points", xytext=(4, 4))
-    if baseline is not None:
+        for x, y, label in merged_labels(front):
+            axes.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4))
+    if baseline is not None and threshold is not None:
         axes.scatter([baseline.latency_ms], [baseline.metric_value], marker="*", s=160, c="tab:blue",
                      label="baseline")
-        axes.axhline(baseline.metric_value - objectives.max_drop if objectives.spec.metric.higher_is_better
-                     else baseline.metric_value + objectives.max_drop, ls="--", c="0.5", lw=0.8)
+        axes.axhline(threshold, ls="--", c="0.5", lw=0.8, label=f"allowed drop ({objectives.max_drop:g})")
+    axes.set_xlim(*xlim)
+    axes.set_ylim(*ylim)
     axes.set_xlabel(f"latency p50, batch {objectives.latency_batch} (ms)")
     axes.set_ylabel(objectives.spec.metric.name)
     axes.set_title(f"{objectives.spec.name}: {objectives.spec.metric.name} vs latency")

@@ -10,7 +10,8 @@ the tracker's child run is written from the same record in one call (params = th
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,17 +22,28 @@ from pipeline.engine.recipe import OFF, Recipe, configs_from_json, configs_to_js
 from pipeline.search.objectives import (
     ATTR_CACHE,
     ATTR_CONFIGS,
+    ATTR_FEASIBLE,
     ATTR_INFEASIBLE,
     ATTR_METRICS,
+    ATTR_REASON,
     ATTR_RECIPE,
     ATTR_RECIPE_LINE,
+    ATTR_REPEAT_OF,
     ATTR_RUNTIME,
     ATTR_SECONDS,
     ATTR_SEED,
     ATTR_TRACEBACK,
 )
+from pipeline.tracking.views import namespace_metrics
 
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+
+
+def failure_line(traceback_text: str) -> str:
+    """The exception line of a traceback (``RuntimeError: ...``), not the notes added after it."""
+    lines = traceback_text.strip().splitlines() or ["?"]
+    return next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), lines[-1])
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,14 @@ class TrialRecord:
     infeasible: str | None = None
     error: str | None = None
     start_ms: int | None = None
+    #: The earlier trial that measured the same recipe (this trial was not run).
+    repeat_of: int | None = None
+    #: Complete and within the allowed drop (None: not known, e.g. a record without the drop).
+    feasible: bool | None = None
+    #: Why a complete trial is not feasible (e.g. ``drop 0.034 > allowed 0.01``).
+    over_drop: str | None = None
+    #: Text artifacts of the trial's run built in this process (e.g. AMP sensitivity CSVs).
+    tables: dict[str, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ Optuna
 
@@ -71,7 +91,25 @@ class TrialRecord:
             attrs[ATTR_INFEASIBLE] = self.infeasible
         if self.error is not None:
             attrs[ATTR_TRACEBACK] = self.error[-20000:]
+        if self.repeat_of is not None:
+            attrs[ATTR_REPEAT_OF] = self.repeat_of
+        attrs[ATTR_FEASIBLE] = bool(self.feasible)
+        reason = self.reason()
+        if reason is not None:
+            attrs[ATTR_REASON] = reason
         return attrs
+
+    def reason(self) -> str | None:
+        """Why this trial is not a feasible result (None when it is one)."""
+        if self.repeat_of is not None:
+            return f"repeat of trial {self.repeat_of}"
+        if self.infeasible is not None:
+            return f"infeasible: {self.infeasible}"
+        if self.state == FAIL:
+            return f"failed: {failure_line(self.error or '?')[:300]}"
+        if self.over_drop is not None:
+            return f"over the allowed drop: {self.over_drop}"
+        return None
 
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> TrialRecord:
@@ -92,6 +130,9 @@ class TrialRecord:
             infeasible=attrs.get(ATTR_INFEASIBLE),
             error=str(error) if error and trial.state.name == FAIL else None,
             start_ms=int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None,
+            repeat_of=attrs.get(ATTR_REPEAT_OF),
+            feasible=attrs.get(ATTR_FEASIBLE),
+            over_drop=_over_drop(attrs.get(ATTR_REASON)),
         )
 
     # ------------------------------------------------------------------ MLflow
@@ -106,11 +147,12 @@ class TrialRecord:
         resolved.update(self.recipe.flat_params())
         return resolved
 
-    def tracking_metrics(self) -> dict[str, float]:
+    def tracking_metrics(self, headline: Collection[str] | None = None) -> dict[str, float]:
+        """The metrics of the child run; with ``headline``, every other one under ``detail.``."""
         metrics = dict(self.metrics)
         metrics.update({f"seconds_{k}": v for k, v in self.seconds.items()})
         metrics.update({f"cache_{k}": float(v) for k, v in self.cache.items()})
-        return metrics
+        return metrics if headline is None else namespace_metrics(metrics, headline)
 
     def tracking_tags(self, common: Mapping[str, str]) -> dict[str, str]:
         tags = {**common, "pareto": "false", "optuna.trial_number": str(self.number)}
@@ -120,12 +162,21 @@ class TrialRecord:
             tags["recipe"] = self.recipe.describe()
         if self.infeasible is not None:
             tags["infeasible_reason"] = self.infeasible
+        tags["feasible"] = str(bool(self.feasible)).lower()
+        reason = self.reason()
+        if reason is not None:
+            tags["reason"] = reason
+        if self.repeat_of is not None:
+            tags["repeat_of"] = str(self.repeat_of)
         if self.error:
-            tags["error"] = self.error.strip().splitlines()[-1][:500]
+            tags["error"] = failure_line(self.error)[:500]
         return tags
 
     def texts(self) -> dict[str, str]:
-        return {"traceback.txt": self.error} if self.state == FAIL and self.error else {}
+        texts = dict(self.tables)
+        if self.state == FAIL and self.error:
+            texts["traceback.txt"] = self.error
+        return texts
 
     # ------------------------------------------------------------------ search bookkeeping
 
@@ -135,3 +186,8 @@ class TrialRecord:
         if self.recipe is None:
             return None
         return json.dumps([c.to_dict() for c in self.recipe.model_stages()], sort_keys=True, default=str)
+
+
+def _over_drop(reason: str | None) -> str | None:
+    prefix = "over the allowed drop: "
+    return reason.removeprefix(prefix) if reason and reason.startswith(prefix) else None

@@ -13,12 +13,13 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
+from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtime import available_runtimes
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageConfig, StageContext, config_from_dict
+from pipeline.core.stage import StageConfig, StageContext, config_from_dict, stage_for
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
 from pipeline.engine.recipe import configs_to_json
@@ -32,16 +33,21 @@ from pipeline.search.config import (
     make_sampler,
     study_name,
 )
+from pipeline.search.dashboard import set_constraints
+from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
+from pipeline.search.insight import sensitivity_tables
 from pipeline.search.objectives import (
     ATTR_BASELINE,
     ATTR_SEARCH,
     ATTR_SEED,
+    ATTR_SEED_PARAMS,
     ATTR_SEED_RECIPE,
     CONSTRAINT_NAME,
     Baseline,
     Objectives,
 )
 from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
+from pipeline.search.seeding import merge_params, runtime_params, stage_params
 from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
 from pipeline.search.workers import claim_config
 
@@ -97,6 +103,7 @@ class Search:
         #: Records of the trials this process ran, by number (see :meth:`record`).
         self.records: dict[int, TrialRecord] = {}
         self._sweep: RuntimeSweepIndex | None = None
+        self._repeats: RepeatIndex | None = None
         #: Seeds enqueued on every run (``--enqueue RECIPE``), after the config's seeds; duplicates skipped.
         self.extra_seeds: list[SeedRecipe] = []
         #: This process's index among the study's workers (0 when alone): moves the sampler's seed.
@@ -187,16 +194,41 @@ class Search:
 
     def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
         """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped
-        (its stages are not in the pipeline or are disabled)."""
+        (its stages are not in the pipeline or are disabled, or a stage says it is not
+        worth a trial on this device: :meth:`pipeline.core.stage.Stage.not_worthwhile`)."""
         available = {n.op for n in self.pipeline.stage_nodes() if n.name not in self.config.disabled}
         if any(raw.get("stage") not in available for raw in seed.stages):
             return False
         configs = [config_from_dict(dict(raw)) for raw in seed.stages]  # validates the seed's fields
+        caps = capabilities(self.device)
+        if any(stage_for(c).not_worthwhile(c, caps) for c in configs):
+            return False  # the capability table says it can only be slower here
         payload = {"runtime": seed.runtime, "stages": [c.to_dict() for c in configs]}
         if any(t.user_attrs.get(ATTR_SEED_RECIPE) == payload for t in study.get_trials(deepcopy=False)):
             return False
-        study.enqueue_trial({}, user_attrs={ATTR_SEED: seed.name, ATTR_SEED_RECIPE: payload})
+        params = self.seed_params(configs, seed.runtime)
+        study.enqueue_trial(params, user_attrs={ATTR_SEED: seed.name, ATTR_SEED_RECIPE: payload,
+                                                ATTR_SEED_PARAMS: params})
         return True
+
+    def seed_params(self, configs: list[StageConfig], runtime: str) -> dict[str, object]:
+        """The Optuna params of a seed (so seeded trials appear in the sampler's plots), by stage node."""
+        ctx = StageContext(spec=self.spec, device=self.device)
+        remaining = list(configs)
+        parts: dict[str, dict[str, object] | None] = {}
+        upstream: list[StageConfig] = []
+        for node in self.pipeline.stage_nodes():
+            exporting = self.pipeline.kind(node.name) == "export"
+            if node.config is not None or node.name in self.config.disabled or exporting:
+                continue
+            config = next((c for c in remaining if c.stage == node.op), None)
+            if config is not None:
+                remaining.remove(config)
+            ctx.upstream = tuple(upstream)
+            parts[node.name] = stage_params(self.pipeline.stage(node.name).config_type, node.op, config, ctx)
+            if config is not None:
+                upstream.append(config)
+        return {**merge_params(parts), **runtime_params(runtime, self.runtimes)}
 
     def sweep_runtimes(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """When ``trial`` is the fastest trial within the allowed drop so far, enqueue its
@@ -241,6 +273,7 @@ class Search:
         """Per-node configs and the runtime: from the trial's seed, else each stage's ``suggest``."""
         seed = trial.user_attrs.get(ATTR_SEED_RECIPE)
         seeded = [config_from_dict(raw) for raw in seed["stages"]] if seed else None
+        fixed = dict(trial.user_attrs.get(ATTR_SEED_PARAMS, {}))
         ctx = StageContext(spec=self.spec, device=self.device)
         configs: dict[str, StageConfig | None] = {}
         upstream: list[StageConfig] = []
@@ -254,19 +287,49 @@ class Search:
                 config = next((c for c in seeded if c.stage == node.op), None)
                 if config is not None:
                     seeded.remove(config)
+                if not exporting:
+                    ctx.upstream = tuple(upstream)
+                    self._register_seed_params(trial, node.name, config, ctx, fixed)
             else:
                 ctx.upstream = tuple(upstream)
                 config = self.pipeline.stage(node.name).config_type.suggest(trial, ctx)
             configs[node.name] = config
             if config is not None and not exporting:
                 upstream.append(config)
-        if seed:
+        if seed and "runtime" in fixed:
+            runtime = str(trial.suggest_categorical("runtime", self.runtimes))
+        elif seed:
             runtime = str(seed["runtime"])
         elif len(self.runtimes) > 1:
             runtime = str(trial.suggest_categorical("runtime", self.runtimes))
         else:
             runtime = self.runtimes[0]
         return configs, runtime
+
+    def _register_seed_params(self, trial: optuna.Trial, node: str, config: StageConfig | None,
+                              ctx: StageContext, fixed: dict[str, object]) -> None:
+        """Let the stage's ``suggest`` record the params enqueued with a seed (it returns the seed's config)."""
+        stage = self.pipeline.stage(node)
+        params = stage_params(stage.config_type, stage.config_type.stage, config, ctx)
+        if params and all(fixed.get(k, object()) == v for k, v in params.items()):
+            stage.config_type.suggest(trial, ctx)
+
+    def repeats(self, study: optuna.Study) -> RepeatIndex:
+        """The recipes measured so far (built from storage once, then kept up to date)."""
+        if self._repeats is None:
+            self._repeats = RepeatIndex()
+            for done in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)),
+                               key=lambda t: t.number):
+                self._index_repeat(self.record(done))
+        return self._repeats
+
+    def _index_repeat(self, record: TrialRecord) -> None:
+        """Index a measured trial (complete, or infeasible for its recipe) under its requested and resolved keys."""
+        if self._repeats is None or record.repeat_of is not None or record.state == FAIL:
+            return
+        exports = [n.name for n in self.pipeline.export_nodes()]
+        resolved = recipe_key(record.recipe.model_stages(), record.runtime) if record.recipe else None
+        self._repeats.add(record.number, [recipe_key(model_configs(record.configs, exports), record.runtime), resolved])
 
     def objective(self, trial: optuna.Trial) -> tuple[float, ...]:
         """Run one trial; its :class:`TrialRecord` is kept in :attr:`records` and written to Optuna."""
@@ -277,11 +340,15 @@ class Search:
         record = partial(TrialRecord, number=trial.number, runtime=runtime, configs=configs,
                          seed=trial.user_attrs.get(ATTR_SEED),
                          start_ms=int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None)
+        exports = [n.name for n in self.pipeline.export_nodes()]
+        original = self.repeats(trial.study).find(recipe_key(model_configs(configs, exports), runtime))
+        if original is not None:
+            self._store(trial, record(state=PRUNED, repeat_of=original))
+            raise optuna.TrialPruned(f"repeat of trial {original}")
         earlier = claim_config(trial, configs_to_json(configs), runtime)
         if earlier is not None:  # another worker runs (or ran) the same config: do not run it twice
-            reason = f"same config as trial {earlier}"
-            self._store(trial, record(state=PRUNED, infeasible=reason))
-            raise optuna.TrialPruned(reason)
+            self._store(trial, record(state=PRUNED, repeat_of=earlier))
+            raise optuna.TrialPruned(f"repeat of trial {earlier}")
         try:
             result = self.runner.run(configs, runtime, exports=self.config.exports == "every_trial")
         except InfeasibleConfig as exc:
@@ -291,19 +358,23 @@ class Search:
             self._store(trial, record(state=FAIL, error=traceback.format_exc()))
             raise
         report = result.report
-        exports = {n.name: configs.get(n.name) for n in self.pipeline.export_nodes()}
-        recipe = result.recipe(self.spec.name, deferred_exports=exports,
+        recipe = result.recipe(self.spec.name, deferred_exports={n: configs.get(n) for n in exports},
                                metadata={"study": self.study_name, "trial": trial.number})
+        drop = self.objectives.drop(self.baseline, report.metric_value)
+        feasible = drop <= self.config.max_drop
         self._store(trial, record(
             state=COMPLETE, recipe=recipe, metrics=self.objectives.trial_metrics(report, self.baseline),
             seconds={**result.seconds, "trial": time.perf_counter() - start},
-            cache={"hits": result.cache_hits, "misses": result.cache_misses},
+            cache={"hits": result.cache_hits, "misses": result.cache_misses}, feasible=feasible,
+            over_drop=None if feasible else f"drop {drop:.4f} > allowed {self.config.max_drop:g}",
+            tables=sensitivity_tables(result.nodes),
         ))
-        trial.set_constraint(CONSTRAINT_NAME, self.objectives.constraint(self.baseline, report.metric_value))
+        set_constraints(trial, {CONSTRAINT_NAME: self.objectives.constraint(self.baseline, report.metric_value)})
         return self.objectives.values(report)
 
     def _store(self, trial: optuna.Trial, record: TrialRecord) -> None:
         self.records[record.number] = record
+        self._index_repeat(record)
         for key, value in record.user_attrs().items():
             trial.set_user_attr(key, value)
 

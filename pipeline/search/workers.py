@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.search.config import finished_states
+from pipeline.search.duplicates import TrialBudget
 from pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retry_trial, worker_id
 
 if TYPE_CHECKING:
@@ -52,15 +52,16 @@ def claim_config(trial: optuna.Trial, configs: dict[str, Any], runtime: str) -> 
     return min(earlier) if earlier else None
 
 
-def counted_trials(study: optuna.Study) -> int:
-    """Trials that count toward the study's total: finished or running."""
-    return len(study.get_trials(deepcopy=False, states=(*finished_states(), TrialState.RUNNING)))
+def counted_trials(study: optuna.Study, budget: TrialBudget) -> int:
+    """Trials that count toward the study's total: finished (repeats not counted) or running."""
+    return budget.counted(study) + len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
 
-def run_trials(search: Search, study: optuna.Study, trials: int, timeout: float | None,
+def run_trials(search: Search, study: optuna.Study, budget: TrialBudget, timeout: float | None,
                callbacks: Sequence[Callback]) -> bool:
-    """Run trials until ``trials`` are finished or running (all workers together) or ``timeout`` passes;
-    True if interrupted (Ctrl-C). The interrupted trial is marked FAIL and its config enqueued again."""
+    """Run trials until ``budget.total`` are finished or running (all workers together), the budget is
+    exhausted (only repeats proposed) or ``timeout`` passes; True if interrupted (Ctrl-C). The interrupted
+    trial is marked FAIL and its config enqueued again."""
     lock = search.lock()
     deadline = time.monotonic() + timeout if timeout is not None else None
     current: list[int] = []
@@ -76,7 +77,7 @@ def run_trials(search: Search, study: optuna.Study, trials: int, timeout: float 
             lock.acquire()
             try:
                 fail_dead_trials(study)
-                if counted_trials(study) >= trials:
+                if budget.exhausted or counted_trials(study, budget) >= budget.total:
                     return False
                 study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=list(callbacks))
             finally:

@@ -6,8 +6,8 @@
   ones must stay float32 (protected, already quantized, tied weights).
 * :mod:`stages.amp.switch`: sets any policy on a model in place, as often
   as calibration needs, without losing the float32 weights.
-* :mod:`stages.amp.calibrate`: the output error against float32, the
-  per-layer sensitivities and the greedy choice of float32 layers.
+* the output error against float32, the per-layer sensitivities and the greedy
+  choice of float32 layers are the shared :mod:`stages.common.sensitivity`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ bound with ``functools.partial``, so the model survives ``copy.deepcopy``,
 ``torch.compile`` and ``torch.export.export``; the module names do not change.
 
 Records: ``amp.calibration`` ("measured", or "reused": the sensitivities of an earlier
-calibration of the same input model and dtype in this process, see ``CALIBRATIONS``),
+calibration of the same input model and dtype, in this process or an earlier one, see
+:data:`stages.common.sensitivity.SENSITIVITIES`),
 ``amp.sensitivity`` ({layer: error with that layer alone reduced}),
 ``amp.output_error`` (the chosen policy's error), ``amp.steps`` ([layers kept in
 float32, error] per measurement); when they apply, ``amp.groups`` (sibling layers
@@ -37,10 +38,10 @@ from pipeline.core.device import Capabilities, move_module
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.stage import Stage, StageConfig, StageContext
-from stages.amp.calibrate import RankingMemo, calibrate_policy, run_forward
 from stages.amp.casting import REDUCED_DTYPES, cast_floating_outputs_to_float32, dtype_name
 from stages.amp.switch import PrecisionSwitch
 from stages.amp.units import find_precision_units, output_units
+from stages.common.sensitivity import SENSITIVITIES, calibrate, run_forward
 
 if TYPE_CHECKING:
     import optuna
@@ -48,10 +49,6 @@ if TYPE_CHECKING:
 LayerName = Annotated[str, StringConstraints(min_length=1, strip_whitespace=True)]
 #: Probe batch size for the forward that finds the output layers and checks the result.
 PROBE_BATCH = 2
-#: Sensitivity rankings of this process's calibrations: a search's trials that calibrate
-#: the same input model in the same dtype with another error budget reuse them (only
-#: greedy steps not measured before are measured). Keyed by :func:`_ranking_key`.
-CALIBRATIONS = RankingMemo()
 
 
 class AmpConfig(StageConfig):
@@ -89,11 +86,15 @@ class AmpConfig(StageConfig):
 
     @classmethod
     def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
-        """``amp.enabled`` (off -> None), ``amp.dtype`` over "auto" and this device's reduced
-        dtypes, ``amp.error_budget`` log-uniform in [1e-3, 5e-2]."""
+        """``amp.enabled`` (off -> None), ``amp.dtype`` over "auto" and this device's *fast*
+        reduced dtypes, ``amp.error_budget`` log-uniform in [1e-3, 5e-2]. A device without a
+        fast reduced dtype (``Capabilities.fast_dtypes``) gets no AMP trial: it could only be
+        slower than float32 there (nothing is suggested, the stage stays off)."""
+        names = [dtype_name(d) for d in ctx.capabilities.fast_dtypes if dtype_name(d) in REDUCED_DTYPES]
+        if not names:
+            return None
         if not trial.suggest_categorical("amp.enabled", [False, True]):
             return None
-        names = [dtype_name(d) for d in ctx.capabilities.reduced_dtypes if dtype_name(d) in REDUCED_DTYPES]
         dtype = trial.suggest_categorical("amp.dtype", ["auto", *names])
         error_budget = trial.suggest_float("amp.error_budget", 1e-3, 5e-2, log=True)
         return cls.model_validate({"dtype": dtype, "error_budget": error_budget})
@@ -139,10 +140,12 @@ def apply(model: nn.Module, config: AmpConfig, ctx: StageContext) -> nn.Module:
         if not batches:
             raise InfeasibleConfig("amp: calibration needs batches; the spec's calibration() gave none")
         key = _ranking_key(ctx, dtype)
-        known = CALIBRATIONS.get(key) if key is not None else None
-        result = calibrate_policy(switch, batches, config.error_budget, known)
+        known = SENSITIVITIES.get(key) if key is not None else None
+        result = calibrate(
+            switch, units.candidates, batches, config.error_budget, known, stage="amp", change="reduced"
+        )
         if key is not None:
-            CALIBRATIONS.put(key, result.ranking)
+            SENSITIVITIES.put(key, result.ranking)
         ctx.record("amp.calibration", "reused" if known is not None else "measured")
         ctx.record("amp.sensitivity", result.sensitivity)
         ctx.record("amp.output_error", result.output_error)
@@ -167,13 +170,13 @@ def _ranking_key(ctx: StageContext, dtype: torch.dtype) -> tuple[str, ...] | Non
     dtype, the spec (its calibration batches and protected layers) and the device kind."""
     if ctx.input_key is None:
         return None
-    return (ctx.input_key, dtype_name(dtype), ctx.spec.name, ctx.device.type)
+    return ("amp", ctx.input_key, dtype_name(dtype), ctx.spec.name, ctx.device.type)
 
 
 def _ensure_float32_outputs(model: nn.Module, probe: tuple[torch.Tensor, ...]) -> None:
     """Check the final model runs; if an output is still reduced (data-dependent paths
     the probe did not see), make the root module cast its outputs as well."""
-    outputs = run_forward(model, probe, "of the mixed-precision model")
+    outputs = run_forward(model, probe, "of the mixed-precision model", "amp")
     if any(t.dtype != torch.float32 for t in outputs):
         model.register_forward_hook(cast_floating_outputs_to_float32)
 
@@ -187,9 +190,20 @@ def requires(config: AmpConfig, caps: Capabilities) -> str | None:
     return None
 
 
+def worthwhile(config: AmpConfig, caps: Capabilities) -> str | None:
+    """A reduced dtype without fast kernels on the device only makes the model slower."""
+    try:
+        dtype = reduced_dtype(config, caps)
+    except InfeasibleConfig as exc:
+        return exc.reason.removeprefix("amp: ")
+    if dtype not in caps.fast_dtypes:
+        return f"{dtype_name(dtype)} is not faster than float32 on {caps.kind} (no fast reduced dtype)"
+    return None
+
+
 def mirror(config: AmpConfig) -> ExportMirror:
     """Core ML computes in the reduced dtype with the float32 layers kept; ONNX records it as not mirrored."""
     return ExportMirror(amp_dtype=config.dtype, fp32_layers=tuple(config.fp32_layers or ()))
 
 
-STAGE = Stage(AmpConfig, apply, numeric=True, mirror=mirror, requires=requires, order=40)
+STAGE = Stage(AmpConfig, apply, numeric=True, mirror=mirror, requires=requires, order=40, worthwhile=worthwhile)

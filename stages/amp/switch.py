@@ -88,6 +88,10 @@ class PrecisionSwitch:
             if (name in target) != (name in self._reduced):
                 self._switch(name, reduce=name in target)
 
+    def set_changed(self, names: Iterable[str]) -> None:
+        """:meth:`set_reduced` under the name :class:`stages.common.sensitivity.UnitSwitch` uses."""
+        self.set_reduced(names)
+
     def _switch(self, name: str, reduce: bool) -> None:
         slots = self._slots[name]
         if reduce:

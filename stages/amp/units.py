@@ -21,10 +21,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from torch import Tensor, nn
-from torch.utils import _pytree as pytree
 
 from pipeline.core.errors import ConfigError
-from stages.common.layer_outputs import forward_with_layer_outputs
+from stages.common.layer_outputs import floating_output_leaves, forward_with_layer_outputs
 
 _PLAIN_TENSOR_TYPES = (Tensor, nn.Parameter)
 
@@ -123,11 +122,6 @@ def _collect_units(prefix: str, module: nn.Module, found: list[tuple[str, nn.Mod
 
 def _is_torch_nn_module(module: nn.Module) -> bool:
     return type(module).__module__.startswith("torch.nn.")
-
-
-def floating_output_leaves(output: object) -> list[Tensor]:
-    """The floating tensors of a model output (tensor, tuple, dict, ModelOutput...)."""
-    return [leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, Tensor) and leaf.is_floating_point()]
 
 
 def output_units(model: nn.Module, units: PrecisionUnits, inputs: tuple[Tensor, ...]) -> tuple[str, ...] | None:

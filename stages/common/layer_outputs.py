@@ -38,3 +38,8 @@ def forward_with_layer_outputs(
         for handle in handles:
             handle.remove()
     return output, calls
+
+
+def floating_output_leaves(output: Any) -> list[Tensor]:
+    """The floating tensors of a model output (tensor, tuple, dict, ModelOutput...)."""
+    return [leaf for leaf in tensor_leaves(output) if leaf.is_floating_point()]

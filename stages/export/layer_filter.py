@@ -2,10 +2,11 @@
 
 The quantize stage leaves some layers in float: weights smaller than
 ``min_weight_elements``, the output head (``skip_head``), the spec's protected
-layers, and for per-group methods layers whose input size is not a multiple of
-the group size. The exporters apply the same filter to the converted graph, so
-Core ML and ONNX quantize the same layers as torch did (where a converted
-weight can be traced back to its module; see :func:`module_weight_key`).
+layers, for per-group methods layers whose input size is not a multiple of the
+group size, and the layers its accuracy budget kept float (``float_layers``).
+The exporters apply the same filter to the converted graph, so Core ML and ONNX
+quantize the same layers as torch did (where a converted weight can be traced
+back to its module; see :func:`module_weight_key`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class LayerFilter:
     protected: tuple[str, ...]
     #: Per-group methods: the input size must be a multiple of it.
     group_size: int | None = None
+    #: Layers the quantize stage kept in float to hold its accuracy budget.
+    float_layers: tuple[str, ...] = ()
 
     @classmethod
     def from_upstream(
@@ -38,6 +41,7 @@ class LayerFilter:
             skip_head=upstream.quant_skip_head,
             protected=protected,
             group_size=upstream.quant_group_size if upstream.quant_bits == 4 else None,
+            float_layers=upstream.quant_float_layers,
         )
 
     def skip_reason(self, weight_key: str, elements: int, input_size: int, is_head: bool) -> str | None:
@@ -49,12 +53,13 @@ class LayerFilter:
             return f"{elements} elements < {self.min_weight_elements}"
         if self.skip_head and is_head:
             return "output head"
-        for layer in self.protected:
-            # Dots and underscores are alike after conversion: a sibling module "head_b" of a
-            # protected "head" also matches (kept float: the safe side).
-            key = module_weight_key(layer)
-            if weight_key == f"{key}_weight" or weight_key.startswith(f"{key}_"):
-                return f"protected ({layer})"
+        for layers, why in ((self.protected, "protected"), (self.float_layers, "kept float for accuracy")):
+            for layer in layers:
+                # Dots and underscores are alike after conversion: a sibling module "head_b" of a
+                # protected "head" also matches (kept float: the safe side).
+                key = module_weight_key(layer)
+                if weight_key == f"{key}_weight" or weight_key.startswith(f"{key}_"):
+                    return f"{why} ({layer})"
         if self.group_size and input_size % self.group_size:
             return f"input size {input_size} is not a multiple of group size {self.group_size}"
         return None

@@ -8,6 +8,10 @@
   dependency graph.
 * :mod:`stages.prune.attention`: which projections hold attention heads, so
   that structured pruning removes whole heads.
+* :mod:`stages.prune.ffn`: which Linear layers open an FFN block, so that its
+  intermediate width is pruned at its own ratio.
+* :mod:`stages.prune.depth`: removing whole residual blocks, chosen by their
+  measured effect on the output.
 * :mod:`stages.prune.unstructured`: weight pruning with ``torch.nn.utils.prune``.
 """
 

@@ -1,9 +1,11 @@
-"""The prune stage: structured channel pruning (torch-pruning) or unstructured
-weight pruning (``torch.nn.utils.prune``), with optional recovery fine-tuning.
+"""The prune stage: structured channel pruning (torch-pruning), unstructured
+weight pruning (``torch.nn.utils.prune``) or depth pruning (whole residual blocks),
+with optional recovery fine-tuning.
 
 ``ratio`` means the fraction of channels removed from every prunable group
-(structured) or the fraction of weights zeroed in the pruned layers
-(unstructured). The output head (found automatically) keeps its outputs and the
+(structured; attention heads and FFN widths may have their own ratios), the
+fraction of weights zeroed in the pruned layers (unstructured) or the fraction
+of removable blocks removed (depth). The output head (found automatically) keeps its outputs and the
 protected layers (spec + config) keep all their weights. Every pruned model is
 run on the spec's example inputs; if it fails or its output shapes change, the
 config is infeasible. The machinery lives in :mod:`stages.prune`.
@@ -11,7 +13,7 @@ config is infeasible. The machinery lives in :mod:`stages.prune`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import Field, model_validator
 from torch import nn
@@ -20,6 +22,7 @@ from pipeline.core.device import move_module
 from pipeline.core.evaluate import count_params
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.stage import Stage, StageConfig, StageContext
+from stages.prune.depth import prune_depth
 from stages.prune.model_checks import find_output_head, protected_modules, reference_shapes
 from stages.prune.structured import prune_structured
 from stages.prune.training import recovery_finetune, require_training
@@ -34,8 +37,16 @@ class PruneConfig(StageConfig):
 
     * ``method``: ``structured`` removes whole channels (smaller, faster model);
       ``unstructured`` zeroes single weights (same shapes; pays off only through
-      sparse export, e.g. Core ML).
-    * ``ratio``: fraction of channels (structured) or weights (unstructured) removed.
+      sparse export, e.g. Core ML); ``depth`` removes whole residual blocks (encoder
+      layers, ResNet / MobileNet blocks), those whose skipping changes the output on
+      the calibration batches least (:mod:`stages.prune.depth`).
+    * ``ratio``: fraction of channels (structured), weights (unstructured) or removable
+      blocks (depth; at least one) removed.
+    * ``head_ratio``: structured only: fraction of attention heads removed (None: ``ratio``;
+      0: keep every head).
+    * ``ffn_ratio``: structured only: fraction of the intermediate width of every FFN block
+      (``Linear -> activation -> Linear``, e.g. BERT's ``intermediate.dense``) removed
+      (None: ``ratio``; 0: keep the FFN widths). :mod:`stages.prune.ffn` finds the blocks.
     * ``importance``: channel ranking for structured pruning: group L1/L2 weight
       norm, BatchNorm scale (needs BatchNorm), or first-order Taylor |w * dL/dw|
       (gradients of the spec's loss on training batches, else of a pseudo-label
@@ -52,8 +63,10 @@ class PruneConfig(StageConfig):
 
     stage = "prune"
 
-    method: Literal["structured", "unstructured"] = "structured"
+    method: Literal["structured", "unstructured", "depth"] = "structured"
     ratio: float = Field(gt=0.0, le=0.9)
+    head_ratio: float | None = Field(default=None, ge=0.0, le=0.9)
+    ffn_ratio: float | None = Field(default=None, ge=0.0, le=0.9)
     importance: Literal["l1", "l2", "bn_scale", "taylor"] = "l2"
     scope: Literal["uniform", "global"] = "uniform"
     iterative_steps: int = Field(default=1, ge=1, le=10)
@@ -62,40 +75,54 @@ class PruneConfig(StageConfig):
     protected_layers: tuple[str, ...] = ()
 
     @model_validator(mode="after")
-    def _importance_fits_method(self) -> Self:
+    def _options_fit_method(self) -> Self:
         if self.method == "unstructured" and self.importance not in ("l1", "l2"):
             raise ValueError(
                 f"importance={self.importance!r} needs method='structured': "
                 "unstructured pruning ranks single weights by magnitude (use 'l1' or 'l2')"
             )
+        if self.method == "depth" and (self.importance != "l2" or self.scope != "uniform"):
+            raise ValueError(
+                f"importance={self.importance!r} / scope={self.scope!r} do not apply to method='depth': "
+                "depth pruning ranks blocks by their measured effect on the output (leave the defaults)"
+            )
+        for name in ("head_ratio", "ffn_ratio"):
+            if getattr(self, name) is not None and self.method != "structured":
+                raise ValueError(f"{name} needs method='structured' (method is {self.method!r})")
         return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the base, without ``head_ratio`` / ``ffn_ratio`` when unset: a config that
+        does not use them keeps the dict (and the runner's cache key) it had before they existed."""
+        data = super().to_dict()
+        for name in ("head_ratio", "ffn_ratio"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
     @classmethod
     def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
         """Search space: off, or a method, a ratio in 0.1..0.7, and for structured
-        pruning an importance and a scope; recovery fine-tuning (0 or 100 steps)
-        only when the spec has training data. ``bn_scale`` is left to recipes:
-        it is infeasible on models without BatchNorm."""
+        pruning an importance, a scope and what to prune (``prune.structure``: all
+        channel groups, attention heads only (``ffn_ratio=0``) or FFN widths only
+        (``head_ratio=0``)); recovery fine-tuning (0 or 100 steps) only when the spec
+        has training data. ``bn_scale`` is left to recipes: it is infeasible on models
+        without BatchNorm. The spec does not say whether the model has heads, FFN blocks
+        or removable blocks: a choice that finds none is an infeasible trial."""
         if not trial.suggest_categorical("prune.enabled", [False, True]):
             return None
-        method = trial.suggest_categorical("prune.method", ["structured", "unstructured"])
+        method = trial.suggest_categorical("prune.method", ["structured", "unstructured", "depth"])
         ratio = trial.suggest_float("prune.ratio", 0.1, 0.7, step=0.1)
-        importance = "l2"
+        fields: dict[str, object] = {"method": method, "ratio": round(ratio, 2)}
         if method == "structured":
-            importance = trial.suggest_categorical("prune.importance", ["l1", "l2", "taylor"])
-        scope = trial.suggest_categorical("prune.scope", ["uniform", "global"])
-        finetune_steps = 0
+            fields["importance"] = trial.suggest_categorical("prune.importance", ["l1", "l2", "taylor"])
+            structure = trial.suggest_categorical("prune.structure", ["all", "heads", "ffn"])
+            fields |= {"all": {}, "heads": {"ffn_ratio": 0.0}, "ffn": {"head_ratio": 0.0}}[structure]
+        if method != "depth":
+            fields["scope"] = trial.suggest_categorical("prune.scope", ["uniform", "global"])
         if ctx.spec.training is not None and ctx.spec.loss is not None:
-            finetune_steps = trial.suggest_categorical("prune.finetune_steps", [0, 100])
-        return cls.model_validate(
-            {
-                "method": method,
-                "ratio": round(ratio, 2),
-                "importance": importance,
-                "scope": scope,
-                "finetune_steps": finetune_steps,
-            }
-        )
+            fields["finetune_steps"] = trial.suggest_categorical("prune.finetune_steps", [0, 100])
+        return cls.model_validate(fields)
 
 
 def apply_prune(model: nn.Module, config: PruneConfig, ctx: StageContext) -> nn.Module:
@@ -104,7 +131,9 @@ def apply_prune(model: nn.Module, config: PruneConfig, ctx: StageContext) -> nn.
     Records ``prune.params_before`` / ``prune.params_after`` (and, for
     unstructured pruning, ``prune.sparsity`` over the pruned layers; for Taylor
     importance, ``prune.taylor_loss``: which loss gave the gradients; when attention
-    heads were pruned, ``prune.attention_heads``: {attention module: heads left}).
+    heads were pruned, ``prune.attention_heads``: {attention module: heads left}; when FFN
+    blocks were pruned, ``prune.ffn_widths``: {first Linear: width left}; for depth pruning,
+    the block costs and removed blocks, see :func:`stages.prune.depth.prune_depth`).
     """
     if config.finetune_steps > 0:
         require_training(ctx.spec, "recovery fine-tuning (finetune_steps > 0)")
@@ -123,6 +152,8 @@ def apply_prune(model: nn.Module, config: PruneConfig, ctx: StageContext) -> nn.
 
     if config.method == "structured":
         prune_structured(model, config, ctx, inputs, expected_shapes, head, protected, finetune)
+    elif config.method == "depth":  # a removed block keeps the output shape: only protected layers stay
+        prune_depth(model, config, ctx, inputs, expected_shapes, protected, finetune)
     else:
         excluded = [m for m in (head, *protected) if m is not None]
         ctx.record("prune.sparsity", prune_unstructured(model, config, inputs, expected_shapes, excluded, finetune))

@@ -5,7 +5,9 @@ The dependency graph groups every layer whose channels must shrink together
 it), so a traced model stays consistent. The output head keeps its output
 channels; protected layers keep every weight (no group that touches them is
 pruned, neither their outputs nor their inputs). Attention projections lose
-whole heads, never channels inside a head (:mod:`stages.prune.attention`).
+whole heads, never channels inside a head (:mod:`stages.prune.attention`), at
+``head_ratio``; FFN blocks (:mod:`stages.prune.ffn`) lose ``ffn_ratio`` of their
+intermediate width; every other group loses ``ratio``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import nn
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.spec import Batch
 from stages.prune.attention import attention_heads, sync_head_counts
+from stages.prune.ffn import ffn_input_layers, ffn_widths, sync_intermediate_size
 from stages.prune.model_checks import check_pruned_forward
 from stages.prune.training import clear_gradients, split_steps, taylor_gradients
 
@@ -67,6 +70,17 @@ def prune_structured(
         raise InfeasibleConfig("bn_scale importance needs BatchNorm layers (their scale factors), the model has none")
     ignored = [m for m in (head, *protected) if m is not None]
     heads = attention_heads(model)
+    head_ratio = config.ratio if config.head_ratio is None else config.head_ratio
+    if head_ratio == 0.0:  # keep every head: the projections' output channels stay whole
+        ignored.extend(heads)
+        heads = {}
+    ffn_layers = ffn_input_layers(model)
+    ffn_ratio = config.ratio if config.ffn_ratio is None else config.ffn_ratio
+    ffn_ratios: dict[nn.Module, float] = {}
+    if ffn_ratio == 0.0:  # keep every FFN width
+        ignored.extend(ffn_layers)
+    elif ffn_ratio != config.ratio:
+        ffn_ratios = dict.fromkeys(ffn_layers, ffn_ratio)
     try:
         pruner = tp.pruner.BasePruner(
             model,
@@ -74,22 +88,27 @@ def prune_structured(
             importance=make_importance(config.importance),
             global_pruning=config.scope == "global",
             pruning_ratio=config.ratio,
+            pruning_ratio_dict=ffn_ratios,
             iterative_steps=config.iterative_steps,
             ignored_layers=ignored,
             # attention: remove whole heads (same ratio), never channels inside a head
             num_heads=heads,
             prune_num_heads=bool(heads),
             prune_head_dims=False,
-            head_pruning_ratio=config.ratio if heads else 0.0,
+            head_pruning_ratio=head_ratio if heads else 0.0,
         )
     except Exception as exc:  # torch-pruning could not trace this graph
         raise InfeasibleConfig(
             f"torch-pruning could not build the dependency graph: {type(exc).__name__}: {exc}"
         ) from exc
-    _ignore_groups_touching(pruner, protected)
+    unsupported = channel_multiplier_convs(model)
+    if unsupported:  # torch-pruning 1.6.1 fails on them (IndexError in step()): keep them and their groups whole
+        ctx.record("prune.kept_whole", {name: CHANNEL_MULTIPLIER_REASON for name in unsupported})
+    _ignore_groups_touching(pruner, [*protected, *unsupported.values()])
     if not _prunable_groups(pruner):
+        kept = f"; kept whole: {', '.join(unsupported)} ({CHANNEL_MULTIPLIER_REASON})" if unsupported else ""
         raise InfeasibleConfig(
-            "structured pruning: no channel group can be pruned without touching the head or a protected layer"
+            "structured pruning: no channel group can be pruned without touching the head or a protected layer" + kept
         )
 
     for step, finetune_steps in enumerate(split_steps(config.finetune_steps, config.iterative_steps), start=1):
@@ -104,8 +123,32 @@ def prune_structured(
             clear_gradients(model)
         if heads:
             ctx.record("prune.attention_heads", sync_head_counts(model, pruner.num_heads))
+        if ffn_layers and ffn_ratio > 0.0:
+            widths = ffn_widths(model, ffn_layers)
+            ctx.record("prune.ffn_widths", widths)
+            sync_intermediate_size(model, widths)
         check_pruned_forward(model, inputs, expected_shapes, what)
         finetune(finetune_steps)
+
+
+#: Why a depthwise convolution with a channel multiplier is never pruned.
+CHANNEL_MULTIPLIER_REASON = "depthwise convolution with a channel multiplier: torch-pruning 1.6.1 cannot prune it"
+
+
+def channel_multiplier_convs(model: nn.Module) -> dict[str, nn.Module]:
+    """{name: conv} of the depthwise convolutions with a channel multiplier
+    (``groups == in_channels > 1`` and ``out_channels = k * in_channels``, k > 1).
+
+    Plain depthwise convolutions (``groups == in_channels == out_channels``) and other
+    grouped convolutions prune correctly with torch-pruning 1.6.1; these do not."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.conv._ConvNd)
+        and module.groups > 1
+        and module.groups == module.in_channels
+        and module.out_channels != module.in_channels
+    }
 
 
 def _ignore_groups_touching(pruner: Any, protected: list[nn.Module]) -> None:

@@ -22,20 +22,36 @@ is the model output) when ``skip_head``; the spec's ``protected_layers`` (and mo
 below them); weights with fewer than ``min_weight_elements`` elements; for the per-group
 methods, layers whose input size is not a multiple of ``group_size``. The chosen and the
 skipped layers are recorded as ``quantize.layers`` and ``quantize.skipped``.
+
+Accuracy budget (``fallback_budget``, any method): the selected layers are ranked by
+sensitivity (the relative output error of the whole model when that layer alone is
+quantized, the measure AMP uses: :mod:`stages.common.sensitivity`) on the first
+``calibration_batches`` calibration batches, parent blocks first; then the most sensitive
+layers go back to float until the error is within the budget, or ``calibration_seconds``
+run out (the best policy so far is kept). Rankings are reused across trials and runs
+(keyed by the input model, method and settings). The resolved config lists the float
+layers (``float_layers``), so the recipe replays without calibrating, and the exports
+leave them float too. Records: ``quantize.float_layers`` ({layer: its sensitivity}),
+``quantize.calibration`` ("measured" / "reused"), ``quantize.calibration_seconds``,
+``quantize.output_error`` (of the quantized model, measured), ``quantize.sensitivity``
+and, when the time budget ended it, ``quantize.calibration_cut_short`` (why).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Self
+import time
+from typing import TYPE_CHECKING, Annotated, Literal, Self
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 from torch import nn
 
 from pipeline.core.device import Capabilities, move_module
-from pipeline.core.errors import InfeasibleConfig, PipelineError
+from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.stage import Stage, StageConfig, StageContext
+from stages.common.sensitivity import SENSITIVITIES, calibrate, reference_outputs, relative_output_error
+from stages.quantize.fallback import QuantizedSwap, SimulatedStaticInt8
 from stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, LayerSelection, select_layers
 from stages.quantize.methods import METHODS, method, methods_on
 from stages.quantize.static_pt2e import quantize_static_pt2e, quantized_layer_names
@@ -45,6 +61,7 @@ if TYPE_CHECKING:
     import optuna
 
 GROUP_SIZES = (32, 64, 128, 256)
+LayerName = Annotated[str, StringConstraints(min_length=1, strip_whitespace=True)]
 
 
 class QuantizeConfig(StageConfig):
@@ -62,6 +79,16 @@ class QuantizeConfig(StageConfig):
     min_weight_elements: int = Field(default=1024, ge=0)
     #: Keep the output layer (the one producing the model output) in float.
     skip_head: bool = True
+    #: Allowed relative output error vs the float model (AMP's measure); the most sensitive
+    #: layers stay float until it holds. None: quantize every selected layer.
+    fallback_budget: float | None = Field(default=None, gt=0.0, le=1.0)
+    #: Layers kept float (replay of a calibrated run; no calibration). None: calibrate if
+    #: ``fallback_budget`` is set.
+    float_layers: tuple[LayerName, ...] | None = None
+    #: Calibration batches the sensitivity measurement reads (the first ones of the spec's).
+    calibration_batches: int = Field(default=2, ge=1)
+    #: Time budget of the calibration in seconds; when it runs out the best policy so far is kept.
+    calibration_seconds: float = Field(default=120.0, gt=0.0)
 
     @field_validator("method")
     @classmethod
@@ -93,8 +120,13 @@ class QuantizeConfig(StageConfig):
         mapping = "symmetric"
         if record.mapping_target is not None:
             mapping = trial.suggest_categorical("quantize.mapping", ["symmetric", "asymmetric"])
+        budget = None
+        if trial.suggest_categorical("quantize.fallback", [False, True]):
+            budget = trial.suggest_float("quantize.fallback_budget", 1e-3, 5e-2, log=True)
         # model_validate: the values come from Optuna as plain str/int; pydantic checks them.
-        return cls.model_validate({"method": name, "group_size": group_size, "mapping": mapping})
+        return cls.model_validate(
+            {"method": name, "group_size": group_size, "mapping": mapping, "fallback_budget": budget}
+        )
 
 
 def _quantize_error(config: QuantizeConfig, what: str, exc: Exception) -> InfeasibleConfig:
@@ -128,6 +160,15 @@ def apply(model: nn.Module, config: QuantizeConfig, ctx: StageContext) -> nn.Mod
     or the quantized model's forward fails."""
     model = move_module(model, ctx.device).eval()
     selection = _select(model, config, ctx)
+    calibrating = config.float_layers is None and config.fallback_budget is not None
+    if calibrating and not ctx.calibration_batches:
+        raise InfeasibleConfig(f"{config.method}: fallback_budget needs calibration batches; the spec gave none")
+    batches = ctx.calibration_batches[: config.calibration_batches]
+    reference = reference_outputs(model, batches, "quantize") if calibrating else []
+    if config.float_layers is not None:
+        selection = _keep_float(selection, _known_layers(config.float_layers, selection), "float_layers")
+    elif config.fallback_budget is not None:
+        selection = _keep_float(selection, _calibrate_fallback(model, config, ctx, selection), "fallback_budget")
     try:
         if method(config.method).is_static:
             if not ctx.calibration_batches:
@@ -150,7 +191,77 @@ def apply(model: nn.Module, config: QuantizeConfig, ctx: StageContext) -> nn.Mod
         raise _quantize_error(config, "forward of the quantized model", exc) from exc
     ctx.record("quantize.layers", layers)
     ctx.record("quantize.skipped", dict(selection.skipped))
+    if calibrating:
+        ctx.record("quantize.output_error", relative_output_error(model, batches, reference, "quantized", "quantize"))
+        float_layers = tuple(ctx.records["quantize.float_layers"])
+        ctx.resolve(config.model_copy(update={"float_layers": float_layers}))
     return model
+
+
+def _known_layers(layers: tuple[str, ...], selection: LayerSelection) -> dict[str, float]:
+    """``float_layers`` of a replayed config: each must be a layer the filter selected or skipped."""
+    unknown = [name for name in layers if name not in selection.selected and name not in selection.skipped]
+    if unknown:
+        known = ", ".join([*selection.selected, *selection.skipped][:12])
+        raise ConfigError(f"quantize: float_layers names no quantizable layer: {', '.join(unknown)} (layers: {known})")
+    return dict.fromkeys(layers, float("nan"))
+
+
+def _keep_float(selection: LayerSelection, float_layers: dict[str, float], why: str) -> LayerSelection:
+    kept = set(float_layers)
+    skipped = dict(selection.skipped)
+    skipped.update({name: f"kept float ({why})" for name in selection.selected if name in kept})
+    return LayerSelection(selected=[name for name in selection.selected if name not in kept], skipped=skipped)
+
+
+def _calibrate_fallback(
+    model: nn.Module, config: QuantizeConfig, ctx: StageContext, selection: LayerSelection
+) -> dict[str, float]:
+    """The selected layers that stay float to hold ``config.fallback_budget``, each with its
+    sensitivity (records what calibration did)."""
+    budget = config.fallback_budget
+    if budget is None:
+        raise ValueError("_calibrate_fallback needs a fallback_budget")
+    started = time.monotonic()
+    batches = ctx.calibration_batches[: config.calibration_batches]
+    layers = selection.selected
+    switch: QuantizedSwap | SimulatedStaticInt8
+    if method(config.method).is_static:
+        switch = SimulatedStaticInt8(model, layers, batches)
+    else:
+        def quantize(copy: nn.Module) -> None:
+            quantize_linear_layers(copy, config.method, config.group_size, config.mapping, layers)
+
+        try:
+            switch = QuantizedSwap(model, layers, quantize)
+        except Exception as exc:  # torchao raises many types for unsupported models
+            raise _quantize_error(config, "quantization", exc) from exc
+    key = _ranking_key(config, ctx, layers)
+    known = SENSITIVITIES.get(key) if key is not None else None
+    result = calibrate(
+        switch, layers, batches, budget, known, stage="quantize", change="quantized", blocks=True,
+        seconds=config.calibration_seconds,
+    )
+    if key is not None and result.cut_short is None:
+        SENSITIVITIES.put(key, result.ranking)
+    float_layers = {name: result.sensitivity.get(name, float("nan")) for name in layers if name not in result.changed}
+    ctx.record("quantize.calibration", "reused" if known is not None else "measured")
+    ctx.record("quantize.calibration_seconds", time.monotonic() - started)
+    ctx.record("quantize.sensitivity", result.sensitivity)
+    ctx.record("quantize.steps", [list(step) for step in result.steps])
+    ctx.record("quantize.float_layers", float_layers)
+    if result.cut_short is not None:
+        ctx.record("quantize.calibration_cut_short", result.cut_short)
+    return float_layers
+
+
+def _ranking_key(config: QuantizeConfig, ctx: StageContext, layers: list[str]) -> tuple[str, ...] | None:
+    """What a ranking depends on: the input model (content key), the method and its settings,
+    the calibration subset, the candidate layers, the spec and the device kind."""
+    if ctx.input_key is None:
+        return None
+    return ("quantize", ctx.input_key, config.method, str(config.group_size), config.mapping,
+            str(config.calibration_batches), ",".join(layers), ctx.spec.name, ctx.device.type)
 
 
 def requires(config: QuantizeConfig, caps: Capabilities) -> str | None:
@@ -171,6 +282,7 @@ def mirror(config: QuantizeConfig) -> ExportMirror:
         quant_layer_kinds=record.layer_kinds,
         quant_min_weight_elements=config.min_weight_elements,
         quant_skip_head=config.skip_head,
+        quant_float_layers=tuple(config.float_layers or ()),
         quant_unmirrored=record.unmirrored,
     )
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.spec import Batch
 
 #: Key in ``GraphModule.meta``: True when the graph needs ``torch.compile`` with
@@ -59,10 +60,19 @@ def quantize_static_pt2e(
     exported = torch.export.export(
         model.eval(), example_inputs, dynamic_shapes=_batch_dynamic_shapes(example_inputs)
     ).module()
+    shared = separate_stateless_calls(exported, model)
     quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
     for name in skip_layers:
         quantizer.set_module_name_qconfig(name, None)
-    prepared = prepare_pt2e(exported, quantizer)
+    try:
+        prepared = prepare_pt2e(exported, quantizer)
+    except ValueError as exc:
+        if "more than one output node" not in str(exc) or not shared:
+            raise
+        raise InfeasibleConfig(
+            f"int8_static_pt2e: the x86 quantizer cannot annotate modules called at several places that "
+            f"hold weights: {', '.join(sorted(shared))} ({exc}); give each call its own module"
+        ) from exc
     with torch.no_grad():
         for batch in calibration_batches:
             prepared(*batch)
@@ -75,6 +85,40 @@ def quantize_static_pt2e(
     _drop_unused_state(converted)
     converted.meta[INDUCTOR_FREEZING_META_KEY] = True
     return converted
+
+
+def separate_stateless_calls(exported: torch.fx.GraphModule, model: nn.Module) -> set[str]:
+    """Make every call of a shared module its own partition for the PT2E quantizer.
+
+    A module called at several places (one ``nn.ReLU`` reused after every convolution)
+    is one source partition with several outputs, which the x86 quantizer rejects
+    ("Input partition has more than one output node"). ``torch.export`` names each
+    call apart in ``nn_module_stack`` (``act``, ``act@1``, ...); for a module without
+    parameters or buffers (activations, pooling), the call's path becomes ``act@1``,
+    as if each call had its own copy. Returns the shared modules that hold state
+    (left as they are: a shared weight cannot be split)."""
+    stateful: set[str] = set()
+    for node in exported.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if node.op != "call_function" or not stack:
+            continue
+        key, (path, kind) = list(stack.items())[-1]
+        _, at, call = key.rpartition("@")
+        if not at or not call.isdigit():
+            continue
+        if _is_stateless(model, str(path)):
+            stack[key] = (f"{path}@{call}", kind)
+        else:
+            stateful.add(str(path))
+    return stateful
+
+
+def _is_stateless(model: nn.Module, path: str) -> bool:
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        return False  # a path torch.export normalised differently: leave the call as it is
+    return next(module.parameters(), None) is None and next(module.buffers(), None) is None
 
 
 def _drop_unused_state(graph_module: torch.fx.GraphModule) -> None:

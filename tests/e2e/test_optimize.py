@@ -1,21 +1,16 @@
 """End to end on the digits spec, CPU: `make optimize`, resume, MLflow (store and UI), report, apply.
 
-The study: baseline, the three default seeds, two enqueued recipes (a second trial on the
+The study: baseline, the four default seeds, two enqueued recipes (a second trial on the
 prune-0.3 model, to hit the cache, and int4 weight-only quantization, infeasible on a CPU),
 then sampled trials. Quick latency settings, eager runtime, one thread: a few minutes in all.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +20,8 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 from torch import nn
+
+from experiments.screenshots import chromium, free_port, serving, take
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +58,11 @@ class Study:
         return self.mlflow.search_runs([self.experiment_id()], filter_string=f"tags.`paretorch.role` = '{role}'")
 
 
+def counted(trials: list[Any]) -> list[Any]:
+    """The trials that count against the budget (repeats of a measured recipe do not)."""
+    return [t for t in trials if "paretorch.repeat_of" not in t.user_attrs]
+
+
 def run(command: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}:\n{result.stdout[-4000:]}\n" \
@@ -90,7 +92,7 @@ def optimized(tmp_path_factory: pytest.TempPathFactory, digits_model: nn.Module,
     infeasible = write_recipe(recipes / "int4-weight-only.json", [{"stage": "quantize", "method": "int4_weight_only"}])
     args = f"ARGS={OPTIMIZE_ARGS} --enqueue {shared} --enqueue {infeasible}"
     state = Study(results, optimize_output=make("optimize", results, "TRIALS=6", args).stdout)
-    state.trials_after_first = len(state.study.trials)
+    state.trials_after_first = len(counted(state.study.trials))
     state.parents_after_first = tuple(r.info.run_id for r in state.runs("study"))
     state.resume_output = make("optimize", results, "TRIALS=8", args).stdout
     return state
@@ -106,7 +108,7 @@ def test_first_run_made_six_trials_baseline_first(optimized: Study) -> None:
 
 
 def test_resume_continues_to_eight_under_the_same_parent(optimized: Study) -> None:
-    assert len(optimized.study.trials) == 8
+    assert len(counted(optimized.study.trials)) == 8
     parents = optimized.runs("study")
     assert tuple(r.info.run_id for r in parents) == optimized.parents_after_first
     assert "6 trial(s) done, running 2 more" in optimized.resume_output
@@ -115,14 +117,22 @@ def test_resume_continues_to_eight_under_the_same_parent(optimized: Study) -> No
 def test_mlflow_children_carry_the_trial_values(optimized: Study) -> None:
     parent = optimized.runs("study")[0]
     children = optimized.runs("trial")
-    assert len(children) == 8
+    assert len(children) == 8, "one run per counted trial; repeats have none"
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     by_number = {int(r.data.tags["paretorch.trial"]): r for r in children}
     names = optimized.study.metric_names
     assert names == ["accuracy", "latency_ms_p50_b1"]
-    for trial in optimized.study.trials:
+    front = {t.number for t in optimized.study.best_trials}
+    for trial in counted(optimized.study.trials):
         child = by_number[trial.number]
         assert child.data.tags["state"] == trial.state.name
+        assert child.data.tags["feasible"] == str(trial.user_attrs["paretorch.feasible"]).lower()
+        if trial.number in front:
+            assert child.data.tags["pareto"] == "true" and "reason" not in child.data.tags
+        elif trial.state.name == "COMPLETE" and trial.user_attrs["paretorch.feasible"]:
+            assert int(child.data.tags["dominated_by"]) in front
+        else:
+            assert child.data.tags["reason"]
         if trial.state.name == "COMPLETE":
             assert [child.data.metrics[name] for name in names] == trial.values
             assert child.data.params["runtime"] == "eager"
@@ -183,31 +193,12 @@ def test_pareto_recipe_replays_to_the_same_metric(optimized: Study, tmp_path: Pa
     assert all(Path(e["path"]).exists() for e in summary["exports"].values())
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def test_mlflow_ui_answers_a_rest_search(optimized: Study) -> None:
+def test_mlflow_ui_answers_a_rest_search(optimized: Study, tmp_path: Path) -> None:
     port = free_port()
-    process = subprocess.Popen(
-        ["make", "--no-print-directory", "ui", f"RESULTS={optimized.results}", f"UI_PORT={port}"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert process.poll() is None, "make ui exited before answering"
-            assert time.monotonic() < deadline, "the MLflow UI did not come up in 240 s"
-            time.sleep(2)
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "ui.log"
+    with serving(["make", "--no-print-directory", "-C", str(REPO), "ui", f"RESULTS={optimized.results}",
+                  f"UI_PORT={port}"], f"{base}/health", log):
         body = json.dumps({"experiment_ids": [optimized.experiment_id()],
                            "filter": "tags.`paretorch.role` = 'trial'", "max_results": 100}).encode()
         request = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", data=body,
@@ -215,12 +206,12 @@ def test_mlflow_ui_answers_a_rest_search(optimized: Study) -> None:
         with urllib.request.urlopen(request, timeout=30) as response:
             runs = json.loads(response.read())["runs"]
         assert len(runs) == 8
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):  # workers that outlived make
-            os.killpg(process.pid, signal.SIGKILL)
+    assert f"#/experiments/{optimized.experiment_id()}/runs?workflowType=machine_learning" in log.read_text()
+
+
+@pytest.mark.skipif(chromium() is None, reason="chromium is not installed (Debian: apt-get install -y chromium)")
+def test_headless_browser_screenshots_of_both_uis(optimized: Study, tmp_path: Path) -> None:
+    shots = take(optimized.results, tmp_path, "digits")
+    names = {p.name for p in shots}
+    assert {"mlflow-runs.png", "mlflow-parent-0.png", "dashboard-study.png", "dashboard-trials.png"} <= names
+    assert all(p.stat().st_size > 20_000 for p in shots), "a blank page is a few KiB"

@@ -76,6 +76,19 @@ def test_sentences_are_distinct_english_and_splits_do_not_overlap() -> None:
     assert evaluation == sentences("evaluation")  # fixed order, fixed seed
 
 
+def test_training_inputs_are_every_other_distinct_sentence(minilm: tuple[ModelSpec, nn.Module]) -> None:
+    from experiments.models.minilm import sentences
+    from pipeline.core.training_data import distillation_data
+
+    spec, _ = minilm
+    training, evaluation = sentences("training"), sentences("evaluation")
+    assert not set(training) & set(evaluation)
+    assert set(sentences("calibration")) <= set(training) and len(set(training)) == len(training) > 1500
+    data = distillation_data(spec)  # checks every sample against the evaluation set
+    assert data is not None and data.source == "training_inputs" and data.samples == len(training)
+    assert spec.output_kind == "embedding"
+
+
 def test_fidelity_is_one_for_the_unoptimized_model(minilm: tuple[ModelSpec, nn.Module]) -> None:
     spec, model = minilm
     evaluation = spec.evaluation()

@@ -21,7 +21,7 @@ from pipeline.core.device import Capabilities
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.evaluate import compute_metric, serialized_size_bytes
 from pipeline.core.spec import ACCURACY, Batch, ModelSpec
-from pipeline.core.stage import StageContext, apply, config_from_dict
+from pipeline.core.stage import StageContext, apply, config_from_dict, get_stage
 from stages.amp.stage import AmpConfig
 
 CPU = torch.device("cpu")
@@ -407,9 +407,11 @@ def test_dtype_the_device_lacks_is_infeasible(
         _calibrate(digits_spec, digits_model, AmpConfig(dtype=dtype))
 
 
-def test_suggest_space(digits_spec: ModelSpec) -> None:
+def test_suggest_space(monkeypatch: pytest.MonkeyPatch, digits_spec: ModelSpec) -> None:
     import optuna
 
+    fast_bf16 = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=(torch.bfloat16,))
+    monkeypatch.setattr(pipeline.core.stage, "capabilities", lambda device: fast_bf16)
     ctx = StageContext(spec=digits_spec, device=CPU)
     off = optuna.trial.FixedTrial({"amp.enabled": False})
     assert AmpConfig.suggest(off, ctx) is None  # type: ignore[arg-type]
@@ -423,9 +425,26 @@ def test_suggest_space(digits_spec: ModelSpec) -> None:
     assert config is not None and 1e-3 <= config.error_budget <= 5e-2
     dtypes, budget = trial.distributions["amp.dtype"], trial.distributions["amp.error_budget"]
     assert isinstance(dtypes, optuna.distributions.CategoricalDistribution)
-    assert dtypes.choices == ("auto", "bfloat16", "float16")
+    assert dtypes.choices == ("auto", "bfloat16")  # float16 runs on this CPU but is slow: not offered
     assert isinstance(budget, optuna.distributions.FloatDistribution)
     assert (budget.low, budget.high, budget.log) == (1e-3, 5e-2, True)
+
+
+def test_no_amp_trial_without_a_fast_reduced_dtype(monkeypatch: pytest.MonkeyPatch, digits_spec: ModelSpec) -> None:
+    import optuna
+
+    slow = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=())
+    monkeypatch.setattr(pipeline.core.stage, "capabilities", lambda device: slow)
+    study = optuna.create_study()
+    study.enqueue_trial({"amp.enabled": True})
+    trial = study.ask()
+    assert AmpConfig.suggest(trial, StageContext(spec=digits_spec, device=CPU)) is None
+    assert trial.params == {}  # nothing suggested: no trial is spent on it
+    stage = get_stage("amp")
+    reason = stage.not_worthwhile(AmpConfig(), slow)
+    assert reason == "bfloat16 is not faster than float32 on cpu (no fast reduced dtype)"
+    fast = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16,), fast_dtypes=(torch.bfloat16,))
+    assert stage.not_worthwhile(AmpConfig(), fast) is None
 
 
 def test_scripted_chains_reuse_the_calibration(digits_spec: ModelSpec, digits_model: nn.Module) -> None:

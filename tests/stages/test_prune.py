@@ -294,6 +294,7 @@ def test_suggest_with_fixed_trials(digits_spec: ModelSpec, residual_spec: ModelS
         "prune.method": "structured",
         "prune.ratio": 0.3,
         "prune.importance": "taylor",
+        "prune.structure": "all",
         "prune.scope": "global",
         "prune.finetune_steps": 100,
     }
@@ -315,5 +316,5 @@ def test_suggest_space_is_stable_and_valid(digits_spec: ModelSpec) -> None:
         study.tell(trial, 0.0)
     assert None in configs
     chosen = [c for c in configs if c is not None]
-    assert {c.method for c in chosen} == {"structured", "unstructured"}
+    assert {c.method for c in chosen} == {"structured", "unstructured", "depth"}
     assert all(0.1 <= c.ratio <= 0.7 and c.finetune_steps in (0, 100) for c in chosen)

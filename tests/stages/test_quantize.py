@@ -263,13 +263,18 @@ def test_suggest_with_fixed_trials(digits_spec: ModelSpec) -> None:
     ctx = _ctx(digits_spec)
     assert QuantizeConfig.suggest(FixedTrial({"quantize.method": "none"}), ctx) is None
     # FixedTrial raises for a parameter it was not given: int8_weight_only asks for nothing else.
-    assert QuantizeConfig.suggest(FixedTrial({"quantize.method": "int8_weight_only"}), ctx) == QuantizeConfig(
-        method="int8_weight_only"
-    )
-    params = {"quantize.method": "intx_weight_only", "quantize.group_size": 64, "quantize.mapping": "asymmetric"}
+    weight_only = {"quantize.method": "int8_weight_only", "quantize.fallback": False}
+    assert QuantizeConfig.suggest(FixedTrial(weight_only), ctx) == QuantizeConfig(method="int8_weight_only")
+    params = {"quantize.method": "intx_weight_only", "quantize.group_size": 64, "quantize.mapping": "asymmetric",
+              "quantize.fallback": False}
     assert QuantizeConfig.suggest(FixedTrial(params), ctx) == QuantizeConfig(
         method="intx_weight_only", group_size=64, mapping="asymmetric"
     )
-    trial = FixedTrial({"quantize.method": "int8_dynamic", "quantize.mapping": "symmetric"})
+    guarded = {"quantize.method": "int8_dynamic", "quantize.mapping": "symmetric", "quantize.fallback": True,
+               "quantize.fallback_budget": 0.02}
+    assert QuantizeConfig.suggest(FixedTrial(guarded), ctx) == QuantizeConfig(
+        method="int8_dynamic", fallback_budget=0.02
+    )
+    trial = FixedTrial({"quantize.method": "int8_dynamic", "quantize.mapping": "symmetric", "quantize.fallback": False})
     assert QuantizeConfig.suggest(trial, ctx) == QuantizeConfig(method="int8_dynamic")
     assert trial.distributions["quantize.method"].choices == ("none", *CPU_METHODS)

@@ -121,7 +121,7 @@ def example_config(stage: Stage, spec: ModelSpec) -> StageConfig:
 
 def test_every_builtin_stage_is_declared_as_an_entry_point() -> None:
     names = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    assert {"prune", "quantize", "amp", "export.coreml", "export.onnx", "export.pt2"} <= names
+    assert {"prune", "distill", "quantize", "amp", "export.coreml", "export.onnx", "export.pt2"} <= names
     assert names <= set(registered_stages())
 
 
@@ -209,7 +209,7 @@ def test_apply_leaves_its_input_unchanged_and_resolves_to_its_type(
 
 def test_toy_stage_sits_where_it_says_in_the_default_pipeline(toy_stage: Stage) -> None:
     assert default_pipeline().describe() == (
-        "model -> prune -> toy.scale_bias -> quantize -> amp -> {export.coreml, export.onnx}"
+        "model -> prune -> distill -> toy.scale_bias -> quantize -> amp -> {export.coreml, export.onnx}"
     )
 
 
@@ -219,7 +219,7 @@ def test_toy_stage_runs_through_optimize(plugin_site: Path, tmp_path: Path) -> N
            "PARETORCH_RESULTS_DIR": str(tmp_path)}
     run = subprocess.run(
         [sys.executable, "-m", "pipeline", "optimize", "--model", "digits", "--trials", "5", "--no-tracking",
-         "--runtimes", "eager", "--latency-budget", "quick", "--exports", "none", "--disable", "prune,amp",
+         "--runtimes", "eager", "--latency-budget", "quick", "--exports", "none", "--disable", "prune,distill,amp",
          "--threads", "1"],
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
     )

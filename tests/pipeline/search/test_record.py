@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 from pipeline.core.spec import ModelSpec
 from pipeline.engine.recipe import Recipe
 from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.record import COMPLETE, PRUNED, TrialRecord
+from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
 from stages.amp.stage import AmpConfig
 from stages.prune.stage import PruneConfig
 
@@ -70,3 +70,15 @@ def test_mlflow_params_of_a_calibrated_amp_trial_are_resolved(residual_spec: Mod
     assert run.data.params["amp.dtype"] in ("bfloat16", "float16")
     assert "amp.fp32_layers" in run.data.params and run.data.params["amp.fp32_layers"] != "null"
     assert run.data.params["prune"] == "off"
+
+
+def test_reasons_name_what_went_wrong() -> None:
+    error = "Traceback ...\nRuntimeError: boom\nwhile running pipeline node 'x'\n"
+    failed = TrialRecord(number=2, state=FAIL, runtime="eager", error=error)
+    assert failed.reason() == "failed: RuntimeError: boom"
+    assert failed.tracking_tags({})["error"] == "RuntimeError: boom"
+    repeat = TrialRecord(number=5, state=PRUNED, runtime="eager", repeat_of=1)
+    assert repeat.tracking_tags({})["reason"] == "repeat of trial 1" and repeat.user_attrs()["paretorch.repeat_of"] == 1
+    over = TrialRecord(number=3, state=COMPLETE, runtime="eager", feasible=False, over_drop="drop 0.1 > allowed 0.01")
+    assert over.tracking_tags({})["feasible"] == "false"
+    assert over.user_attrs()["paretorch.reason"] == "over the allowed drop: drop 0.1 > allowed 0.01"

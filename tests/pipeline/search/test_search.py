@@ -18,9 +18,12 @@ from pipeline.engine.recipe import Recipe
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
 from pipeline.search.objectives import (
     ATTR_CACHE,
+    ATTR_FEASIBLE,
     ATTR_INFEASIBLE,
     ATTR_METRICS,
+    ATTR_REASON,
     ATTR_RECIPE,
+    ATTR_REPEAT_OF,
     ATTR_SEED,
     ATTR_TRACEBACK,
     CONSTRAINT_NAME,
@@ -60,7 +63,7 @@ def test_search_config_validation_names_the_field(tmp_path: Path) -> None:
         SearchConfig.load(tmp_path / "missing.yaml")
     shipped = SearchConfig.load()
     assert shipped.objectives == ("metric", "latency") and shipped.max_drop == 0.01
-    assert [s.name for s in shipped.seeds] == ["amp-only", "int8-dynamic-only", "prune-0.3"]
+    assert [s.name for s in shipped.seeds] == ["amp-only", "int8-dynamic-only", "prune-0.3", "prune-0.3-distill"]
 
 
 def test_study_name_follows_what_trials_mean(residual_spec: ModelSpec) -> None:
@@ -112,7 +115,8 @@ def test_baseline_first_then_seeds(searched: Search) -> None:
     baseline = trials[0]
     assert baseline.state.name == "COMPLETE"
     assert baseline.values[0] == pytest.approx(searched.outcome.baseline.metric_value)  # type: ignore[attr-defined]
-    assert baseline.constraints == {CONSTRAINT_NAME: -0.01}
+    assert baseline.constraints[CONSTRAINT_NAME] == -0.01
+    assert baseline.system_attrs["constraints"] == [-0.01], "the list optuna-dashboard 0.21 reads"
     assert Recipe.from_dict(baseline.user_attrs[ATTR_RECIPE]).stages == ()
 
 
@@ -150,12 +154,30 @@ def test_trial_values_match_their_metrics_and_the_front_is_feasible(searched: Se
     assert all(path.is_file() for path in outcome.recipes.values())
 
 
+def test_seeded_trials_carry_the_params_suggest_would_give(searched: Search) -> None:
+    trials = searched.outcome.study.trials  # type: ignore[attr-defined]
+    assert trials[0].params == {"prune.enabled": False, "quantize.method": "none"}
+    assert trials[1].params["prune.method"] == "unstructured" and trials[1].params["prune.ratio"] == 0.3
+    assert trials[2].params["quantize.method"] == "int8_dynamic"
+
+
+def test_every_trial_says_whether_it_is_feasible_and_why_not(searched: Search) -> None:
+    trials = searched.outcome.study.trials  # type: ignore[attr-defined]
+    assert trials[0].user_attrs[ATTR_FEASIBLE] is True and ATTR_REASON not in trials[0].user_attrs
+    assert trials[3].user_attrs[ATTR_FEASIBLE] is False
+    assert trials[3].user_attrs[ATTR_REASON].startswith("infeasible: quantize: int4_weight_only cannot run on cpu")
+    assert trials[4].user_attrs[ATTR_REASON] == "failed: RuntimeError: toy.boom exploded"
+    for trial in trials:
+        if trial.state.name == "COMPLETE" and not trial.user_attrs[ATTR_FEASIBLE]:
+            assert trial.user_attrs[ATTR_REASON].startswith("over the allowed drop: drop ")
+
+
 def test_rerun_resumes_the_same_study(searched: Search, residual_spec: ModelSpec) -> None:
     again = Search(residual_spec, torch.device("cpu"), searched.config, storage=searched.storage, track=False)
     assert again.study_name == searched.study_name
     outcome = run_search(again, trials=7)
     trials = outcome.study.trials
-    assert len(trials) == 7
+    assert len([t for t in trials if ATTR_REPEAT_OF not in t.user_attrs]) == 7, "repeats are not counted"
     assert [t.user_attrs.get(ATTR_SEED) for t in trials].count("baseline") == 1, "seeds are not enqueued twice"
     assert outcome.baseline == searched.outcome.baseline  # type: ignore[attr-defined]
 
@@ -181,6 +203,7 @@ def test_the_fastest_feasible_recipe_is_tried_under_the_other_runtimes(
     assert trials[1].user_attrs[ATTR_SEED] == "runtime-sweep-of-trial-0"
     first_sweep = Recipe.from_dict(trials[1].user_attrs[ATTR_RECIPE])
     assert (first_sweep.runtime, first_sweep.model_stages()) == ("compile", ())
+    assert trials[1].params == {"prune.enabled": False, "quantize.method": "none", "runtime": "compile"}
     # No (model stages, runtime) pair runs twice through a sweep, whichever trial leads afterwards.
     recipes = [Recipe.from_dict(t.user_attrs[ATTR_RECIPE]) for t in trials if ATTR_RECIPE in t.user_attrs]
     pairs = [(str(r.model_stages()), r.runtime) for r in recipes]
@@ -188,3 +211,40 @@ def test_the_fastest_feasible_recipe_is_tried_under_the_other_runtimes(
              ((t, Recipe.from_dict(t.user_attrs[ATTR_RECIPE])) for t in trials if ATTR_RECIPE in t.user_attrs)
              if t.user_attrs.get(ATTR_SEED, "").startswith("runtime-sweep")]
     assert swept and all(pairs.count(pair) == 1 for pair in swept)
+
+
+def test_a_repeated_recipe_is_answered_by_its_first_trial_and_not_counted(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    config = SearchConfig.load(None, pipeline="default", sampler="random", runtimes=("eager",),
+                               latency_budget="quick", exports="none", disabled=("amp",), seeds=[])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+                    track=False)
+    study = search.open_study()
+    search.ensure_baseline(study)  # enqueues the baseline
+    study.enqueue_trial({"prune.enabled": False, "quantize.method": "none"})  # the baseline's recipe again
+    trials = run_search(search, trials=2).study.trials
+    assert trials[1].state.name == "PRUNED" and trials[1].user_attrs[ATTR_REPEAT_OF] == 0
+    assert trials[1].user_attrs[ATTR_REASON] == "repeat of trial 0" and trials[1].values is None
+    distinct = [t for t in trials if ATTR_REPEAT_OF not in t.user_attrs]
+    assert len(distinct) == 2 and distinct[1].number == 2, "the repeat did not use up the budget"
+
+
+def test_seeds_the_capability_table_rules_out_are_not_enqueued(
+    monkeypatch: pytest.MonkeyPatch, residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """On a device without a fast reduced dtype, an AMP seed could only give a slower model."""
+    import pipeline.search.study
+    from pipeline.core.device import Capabilities
+
+    config = SearchConfig.load(None, runtimes=("eager",), exports="none", seeds=[])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
+    study = optuna.create_study()
+    amp_seed = SeedRecipe(name="amp-only", stages=[{"stage": "amp"}])
+    slow = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=())
+    monkeypatch.setattr(pipeline.search.study, "capabilities", lambda device: slow)
+    assert not search.enqueue(study, amp_seed)
+    assert search.enqueue(study, SeedRecipe(name="int8", stages=[{"stage": "quantize", "method": "int8_dynamic"}]))
+    fast = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16,), fast_dtypes=(torch.bfloat16,))
+    monkeypatch.setattr(pipeline.search.study, "capabilities", lambda device: fast)
+    assert search.enqueue(study, amp_seed)

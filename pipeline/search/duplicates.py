@@ -1,0 +1,81 @@
+"""Repeated recipes: samplers re-propose a (model stages, runtime) pair already measured.
+
+A repeat is detected before it runs and ends as a pruned trial whose reason names the
+trial that measured it (``repeat of trial N``). Pruning rather than copying the values:
+a pruned trial has no objective values, so it can never appear on the front (nor twice
+in ``study.best_trials``), it adds no duplicate points to the sampler's history (copied
+values would pull a TPE sampler further towards the same recipe), and the original
+trial stays the one place where the numbers, artifacts and exports live.
+:class:`TrialBudget` counts trials without their repeats, so the study's budget is
+spent on distinct recipes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from pipeline.core.stage import StageConfig
+from pipeline.search.objectives import ATTR_REPEAT_OF
+
+#: Consecutive repeats after which the budget stops the study: the sampler has run out of new recipes.
+MAX_CONSECUTIVE_REPEATS = 25
+
+
+def recipe_key(configs: Iterable[StageConfig | None], runtime: str) -> str:
+    """One comparable string for a list of model-stage configs (None = off, left out) and a runtime."""
+    stages = [c.to_dict() for c in configs if c is not None]
+    return json.dumps({"runtime": runtime, "stages": stages}, sort_keys=True, default=str)
+
+
+def is_repeat(trial: FrozenTrial) -> bool:
+    """True for a trial that was answered by an earlier trial's measurement."""
+    return trial.user_attrs.get(ATTR_REPEAT_OF) is not None
+
+
+@dataclass
+class RepeatIndex:
+    """The recipes measured so far: requested and resolved keys -> the first trial that measured them."""
+
+    first: dict[str, int] = field(default_factory=dict)
+
+    def find(self, key: str) -> int | None:
+        return self.first.get(key)
+
+    def add(self, number: int, keys: Iterable[str | None]) -> None:
+        for key in keys:
+            if key is not None and key not in self.first:
+                self.first[key] = number
+
+
+def model_configs(configs: Mapping[str, StageConfig | None], export_nodes: Iterable[str]) -> list[StageConfig | None]:
+    """The per-node configs without the export nodes (exports do not change what is measured)."""
+    exports = set(export_nodes)
+    return [config for name, config in configs.items() if name not in exports]
+
+
+class TrialBudget:
+    """Study callback: stop once ``total`` trials finished, not counting repeats (and stop when
+    the sampler proposes only repeats, :data:`MAX_CONSECUTIVE_REPEATS` in a row)."""
+
+    def __init__(self, total: int, states: tuple[TrialState, ...]) -> None:
+        self.total = total
+        self.states = states
+        self.consecutive = 0
+        self.exhausted = False
+
+    def counted(self, study: optuna.Study) -> int:
+        """Finished trials that count against the budget."""
+        return sum(1 for t in study.get_trials(deepcopy=False, states=self.states) if not is_repeat(t))
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.consecutive = self.consecutive + 1 if is_repeat(trial) else 0
+        if self.consecutive >= MAX_CONSECUTIVE_REPEATS:
+            self.exhausted = True
+            study.stop()
+        elif self.counted(study) >= self.total:
+            study.stop()

@@ -1,0 +1,467 @@
+"""Per-layer sensitivity and a greedy float fallback to an output-error budget.
+
+Shared by every stage that changes layers one by one and must keep the model within
+an output-error budget: AMP (a layer in the reduced dtype) and quantize (a layer in
+int8). A stage hands over a :class:`UnitSwitch` (a model whose candidate *units* can
+each be put in the changed or the original form) and the calibration batches;
+:func:`calibrate` measures each unit's **sensitivity** (the whole-model error when it
+alone is changed), starts from every unit changed and moves the most sensitive back
+to the original form until the error is within the budget.
+
+The **relative output error** of a model on the calibration batches ``B`` is
+
+    error = sqrt( sum_b sum_k ||y_bk - r_bk||_2^2 ) / sqrt( sum_b sum_k ||r_bk||_2^2 )
+
+where ``r_bk`` is the k-th floating tensor of the original model's output on batch
+``b`` (outputs flattened with ``torch.utils._pytree``; integer outputs ignored)
+and ``y_bk`` the same tensor of the changed model, cast to float32: the Frobenius
+norm of the difference over all batches and outputs, relative to the norm of the
+original outputs. A non-finite output gives ``inf``.
+
+Bounding the cost (so that calibration fits inside a search):
+
+* ``blocks=True`` measures parent blocks first (every unit below ``encoder.layer.3``
+  changed at once) and descends only into blocks more sensitive than the mean of
+  their siblings; the others are switched as one group.
+* :class:`RankingStore` keeps what calibration learnt about one input model (the
+  ranking and every greedy step measured) in memory and on disk, so later trials and
+  resumed runs with any budget reuse it.
+* ``seconds`` ends calibration with the best policy found so far: units not yet
+  ranked count as the most sensitive (the first to go back), and the greedy phase
+  stops at the first step that holds the budget or, when time runs out before one
+  does, keeps every unit original (:attr:`CalibrationResult.cut_short`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.core.errors import InfeasibleConfig, PipelineError
+from pipeline.core.paths import cache_dir
+from pipeline.core.spec import Batch
+from stages.common.layer_outputs import floating_output_leaves
+
+#: The greedy phase re-measures the whole model at most this many times: bigger
+#: models move ceil(groups / MAX_MOVES) groups back per step.
+MAX_MOVES = 32
+#: The sensitivity phase reads about this many full passes over the calibration batches
+#: at most: a model with more candidates ranks them on its first batches only (the
+#: budget is always checked on every batch).
+SENSITIVITY_PASSES = 64
+
+
+class UnitForwardError(InfeasibleConfig):
+    """The model's forward pass failed with some units changed."""
+
+
+class UnitSwitch(Protocol):
+    """A model whose candidate units can each be changed or kept original."""
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    def set_changed(self, names: Iterable[str]) -> None:
+        """Change exactly ``names`` (candidates); every other unit in its original form."""
+
+
+@dataclass
+class SensitivityRanking:
+    """What calibration learns about one model, change and set of calibration batches,
+    whatever the error budget: reusable by a later calibration with another budget."""
+
+    #: The switchable groups in module order: single units, siblings that must be switched
+    #: together because one alone broke the forward pass, or whole blocks that were not
+    #: sensitive enough to descend into (``blocks=True``).
+    groups: list[tuple[str, ...]]
+    #: Whole-model error with each candidate's group alone changed (group members share it).
+    sensitivity: dict[str, float]
+    #: Units that break the forward pass when changed, even with their siblings: kept original.
+    unreducible: dict[str, str]
+    #: Whole-model error over all batches with the ``k`` most sensitive groups moved back
+    #: to the original form, for each ``k`` measured so far.
+    errors: dict[int, float] = field(default_factory=dict)
+
+    def ranked(self) -> list[tuple[str, ...]]:
+        """The groups, most sensitive first; module order breaks ties (deterministic)."""
+        order = sorted(range(len(self.groups)), key=lambda i: (-_sortable(self.sensitivity[self.groups[i][0]]), i))
+        return [self.groups[i] for i in order]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "groups": [list(group) for group in self.groups],
+                "sensitivity": self.sensitivity,
+                "unreducible": self.unreducible,
+                "errors": {str(k): v for k, v in self.errors.items()},
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SensitivityRanking:
+        data = json.loads(text)
+        return cls(
+            groups=[tuple(group) for group in data["groups"]],
+            sensitivity={k: float(v) for k, v in data["sensitivity"].items()},
+            unreducible=dict(data["unreducible"]),
+            errors={int(k): float(v) for k, v in data["errors"].items()},
+        )
+
+
+class RankingMemo:
+    """The last ``capacity`` rankings by key (least recently used dropped first)."""
+
+    def __init__(self, capacity: int = 32) -> None:
+        self.capacity = capacity
+        self._rankings: OrderedDict[Hashable, SensitivityRanking] = OrderedDict()
+
+    def get(self, key: Hashable) -> SensitivityRanking | None:
+        ranking = self._rankings.get(key)
+        if ranking is not None:
+            self._rankings.move_to_end(key)
+        return ranking
+
+    def put(self, key: Hashable, ranking: SensitivityRanking) -> None:
+        self._rankings[key] = ranking
+        self._rankings.move_to_end(key)
+        while len(self._rankings) > self.capacity:
+            self._rankings.popitem(last=False)
+
+    def clear(self) -> None:
+        self._rankings.clear()
+
+
+class RankingStore:
+    """Rankings kept in memory (:class:`RankingMemo`) and as JSON files in a directory
+    (one per key), so a resumed run or another process reuses them.
+
+    ``directory`` is called when a file is needed (the results directory may change
+    after import, e.g. ``--results-dir``)."""
+
+    def __init__(self, directory: Callable[[], Path], capacity: int = 32) -> None:
+        self.memo = RankingMemo(capacity)
+        self._directory = directory
+
+    def _path(self, key: tuple[str, ...]) -> Path:
+        digest = hashlib.sha256("\x1f".join(key).encode()).hexdigest()[:32]
+        return self._directory() / f"{digest}.json"
+
+    def get(self, key: tuple[str, ...]) -> SensitivityRanking | None:
+        """The ranking of ``key`` from memory, else from disk (an unreadable file is ignored: recalibrated)."""
+        ranking = self.memo.get(key)
+        if ranking is not None:
+            return ranking
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        try:
+            ranking = SensitivityRanking.from_json(path.read_text())
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # a truncated or foreign file: calibrate afresh and overwrite it
+        self.memo.put(key, ranking)
+        return ranking
+
+    def put(self, key: tuple[str, ...], ranking: SensitivityRanking) -> None:
+        """Keep ``ranking`` in memory and write it (atomically) to disk."""
+        self.memo.put(key, ranking)
+        path = self._path(key)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(ranking.to_json())
+        temporary.replace(path)
+
+
+#: The rankings of every calibration (AMP's and quantize's; keys start with the stage name),
+#: in memory and under ``<results>/cache/sensitivity``: a search's trials and resumed runs
+#: that calibrate the same input model the same way reuse them.
+SENSITIVITIES = RankingStore(lambda: cache_dir("sensitivity"))
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """The chosen policy and how it was found."""
+
+    #: The candidate units left changed, in candidate order.
+    changed: tuple[str, ...]
+    output_error: float
+    ranking: SensitivityRanking
+    #: ``(number of units moved back, whole-model error)`` per step of the greedy phase.
+    steps: list[tuple[int, float]] = field(default_factory=list)
+    #: Why calibration ended before it finished (the time budget); None if it finished.
+    cut_short: str | None = None
+    #: Units not ranked before the time budget ran out (ranked most sensitive).
+    unmeasured: tuple[str, ...] = ()
+
+    @property
+    def sensitivity(self) -> dict[str, float]:
+        return self.ranking.sensitivity
+
+    @property
+    def groups(self) -> list[tuple[str, ...]]:
+        """The groups of more than one unit, in module order."""
+        return [group for group in self.ranking.groups if len(group) > 1]
+
+    @property
+    def unreducible(self) -> dict[str, str]:
+        return self.ranking.unreducible
+
+
+def run_forward(model: nn.Module, batch: Batch, what: str, stage: str) -> list[Tensor]:
+    """The floating outputs of ``model(*batch)``; a failing forward is a :class:`UnitForwardError`."""
+    try:
+        with torch.no_grad():
+            return floating_output_leaves(model(*batch))
+    except PipelineError:
+        raise
+    except Exception as exc:  # any error of a model's own forward: the policy cannot run here
+        raise UnitForwardError(f"{stage}: forward {what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def reference_outputs(model: nn.Module, batches: Sequence[Batch], stage: str) -> list[list[Tensor]]:
+    """The original model's floating outputs on every batch (detached, float32)."""
+    reference = [
+        [t.detach().float() for t in run_forward(model, batch, "of the original model", stage)] for batch in batches
+    ]
+    if not any(reference):
+        raise InfeasibleConfig(f"{stage}: the model output has no floating tensor to compare against")
+    return reference
+
+
+def relative_output_error(
+    model: nn.Module, batches: Sequence[Batch], reference: Sequence[Sequence[Tensor]], what: str, stage: str
+) -> float:
+    """The relative output error of ``model`` vs ``reference`` (module docstring)."""
+    device = reference[0][0].device if reference and reference[0] else torch.device("cpu")
+    diff_sq = torch.zeros((), device=device)
+    ref_sq = torch.zeros((), device=device)
+    for batch, expected in zip(batches, reference, strict=True):
+        outputs = run_forward(model, batch, what, stage)
+        if len(outputs) != len(expected):
+            raise UnitForwardError(
+                f"{stage}: the model gave {len(outputs)} floating outputs {what}, {len(expected)} originally"
+            )
+        for output, ref in zip(outputs, expected, strict=True):
+            diff_sq += (output.float() - ref).square().sum()
+            ref_sq += ref.square().sum()
+    num, den = math.sqrt(float(diff_sq.item())), math.sqrt(float(ref_sq.item()))
+    if not math.isfinite(num):
+        return math.inf
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+class _OutOfTime(Exception):
+    """The time budget ran out before a measurement (internal control flow)."""
+
+
+@dataclass
+class _Clock:
+    seconds: float | None
+    start: float = field(default_factory=time.monotonic)
+
+    def check(self) -> None:
+        if self.seconds is not None and time.monotonic() - self.start > self.seconds:
+            raise _OutOfTime
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+MeasureFn = Callable[[Sequence[str], str], float]
+
+
+def calibrate(
+    switch: UnitSwitch,
+    candidates: Sequence[str],
+    batches: Sequence[Batch],
+    error_budget: float,
+    known: SensitivityRanking | None = None,
+    *,
+    stage: str,
+    change: str = "changed",
+    blocks: bool = False,
+    seconds: float | None = None,
+) -> CalibrationResult:
+    """Rank ``candidates`` by sensitivity (on the first batches only past
+    :data:`SENSITIVITY_PASSES`), then start from every candidate changed and move the
+    most sensitive back until the whole-model error over all batches is within
+    ``error_budget``. Leaves ``switch`` in the chosen policy.
+
+    A unit whose forward breaks when it alone is changed is tried together with the
+    sibling units (same parent module) that follow it, one more at a time, until the
+    forward runs; that group is then switched as one. If no such group runs, the unit
+    stays original. ``blocks``: rank parent blocks first (module docstring).
+
+    ``known``: the ranking of an earlier calibration of the same model, change and
+    batches: its sensitivities and already measured greedy steps are reused (only steps it
+    lacks are measured, and added to it), with the same result as calibrating afresh.
+    ``seconds``: the time budget (module docstring); ``stage`` and ``change`` word the
+    error messages ("amp", "reduced")."""
+    clock = _Clock(seconds)
+    reference: list[list[Tensor]] = []
+
+    def measure(changed: Sequence[str], what: str, batch_count: int = len(batches)) -> float:
+        if not reference:
+            switch.set_changed(())
+            reference.extend(reference_outputs(switch.model, batches, stage))
+        switch.set_changed(changed)
+        return relative_output_error(switch.model, batches[:batch_count], reference[:batch_count], what, stage)
+
+    cut_short: str | None = None
+    unmeasured: tuple[str, ...] = ()
+    ranking = known
+    if ranking is None:
+        ranking_batches = max(1, min(len(batches), len(batches) * SENSITIVITY_PASSES // max(1, len(candidates))))
+
+        def measure_for_ranking(changed: Sequence[str], what: str) -> float:
+            clock.check()
+            return measure(changed, what, ranking_batches)
+
+        partial = _PartialRanking(stage, change)
+        try:
+            if blocks:
+                partial.rank_blocks(list(candidates), 0, measure_for_ranking)
+            else:
+                partial.rank_flat(candidates, measure_for_ranking)
+        except _OutOfTime:
+            done = {unit for group in partial.groups for unit in group} | set(partial.unreducible)
+            unmeasured = tuple(unit for unit in candidates if unit not in done)
+            cut_short = f"time budget of {seconds:g} s ran out while ranking ({len(unmeasured)} units not measured)"
+            for unit in unmeasured:  # unknown: ranked most sensitive, the first to go back
+                partial.add((unit,), math.inf)
+        ranking = SensitivityRanking(partial.groups, partial.sensitivity, partial.unreducible)
+    ranked = ranking.ranked()
+
+    def error_with(moved: int) -> float:
+        if moved not in ranking.errors:
+            kept = len(_flatten(ranked[:moved]))
+            what = f"with {kept} layers kept original" if moved else f"with every layer {change}"
+            ranking.errors[moved] = measure(_flatten(ranked[moved:]), what)
+        return ranking.errors[moved]
+
+    step = max(1, math.ceil(len(ranked) / MAX_MOVES))
+    moved = 0
+    error = error_with(0)  # always measured: the policy must be checked against the budget
+    steps = [(0, error)]
+    while error > error_budget and moved < len(ranked):
+        if moved + step not in ranking.errors:
+            try:
+                clock.check()
+            except _OutOfTime:
+                cut_short = cut_short or f"time budget of {seconds:g} s ran out in the greedy phase"
+                break
+        moved = min(len(ranked), moved + step)
+        error = error_with(moved)
+        steps.append((len(_flatten(ranked[:moved])), error))
+    if error > error_budget:  # cut short before the budget held: nothing changed is the only safe policy
+        moved, error = len(ranked), 0.0
+    switch.set_changed(_flatten(ranked[moved:]))
+    changed = set(_flatten(ranked[moved:]))
+    return CalibrationResult(
+        changed=tuple(unit for unit in candidates if unit in changed),
+        output_error=error,
+        ranking=ranking,
+        steps=steps,
+        cut_short=cut_short,
+        unmeasured=unmeasured,
+    )
+
+
+@dataclass
+class _PartialRanking:
+    """The groups, sensitivities and unreducible units measured so far (kept when time runs out)."""
+
+    stage: str
+    change: str
+    groups: list[tuple[str, ...]] = field(default_factory=list)
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    unreducible: dict[str, str] = field(default_factory=dict)
+
+    def add(self, group: tuple[str, ...], error: float) -> None:
+        self.groups.append(group)
+        self.sensitivity.update(dict.fromkeys(group, error))
+
+    def rank_flat(self, candidates: Sequence[str], measure: MeasureFn) -> None:
+        """Every unit alone (growing a group over later siblings where one alone breaks the forward)."""
+        for index, name in enumerate(candidates):
+            if name in self.sensitivity or name in self.unreducible:
+                continue
+            group: tuple[str, ...] = (name,)
+            error = _try_measure(measure, group, f"with only {name} {self.change}")
+            if isinstance(error, UnitForwardError):
+                alone = error
+                parent = name.rpartition(".")[0]
+                later_siblings = [
+                    unit
+                    for unit in candidates[index + 1 :]
+                    if unit.rpartition(".")[0] == parent and unit not in self.sensitivity
+                    and unit not in self.unreducible
+                ]
+                # Grow the group over the following siblings until the forward runs.
+                for sibling in later_siblings:
+                    group = (*group, sibling)
+                    error = _try_measure(measure, group, f"with {', '.join(group)} {self.change}")
+                    if not isinstance(error, UnitForwardError):
+                        break
+                if isinstance(error, UnitForwardError):
+                    self.unreducible[name] = alone.reason
+                    continue
+            self.add(group, error)
+
+    def rank_blocks(self, units: list[str], depth: int, measure: MeasureFn) -> None:
+        """Measure the blocks of ``units`` at name depth ``depth`` (``encoder.layer.3`` at
+        depth 2); descend into those above their siblings' mean, keep the others as groups."""
+        blocks = _blocks_at(units, depth)
+        if len(blocks) == 1 and len(units) > 1:
+            self.rank_blocks(units, depth + 1, measure)
+            return
+        errors: dict[str, float | UnitForwardError] = {}
+        siblings: list[float] = []
+        for key, members in blocks.items():
+            if len(members) == 1:
+                self.rank_flat(members, measure)
+                siblings.extend(self.sensitivity[m] for m in members if m in self.sensitivity)
+            else:
+                errors[key] = error = _try_measure(measure, tuple(members), f"with block {key} {self.change}")
+                if isinstance(error, float):
+                    siblings.append(error)
+        finite = [e for e in siblings if math.isfinite(e)]
+        mean = sum(finite) / len(finite) if finite else 0.0
+        for key, error in errors.items():
+            members = blocks[key]
+            if isinstance(error, UnitForwardError) or not error <= mean:
+                self.rank_blocks(members, depth + 1, measure)
+            else:
+                self.add(tuple(members), error)
+
+
+def _blocks_at(units: Sequence[str], depth: int) -> dict[str, list[str]]:
+    blocks: dict[str, list[str]] = {}
+    for unit in units:
+        blocks.setdefault(".".join(unit.split(".")[: depth + 1]), []).append(unit)
+    return blocks
+
+
+def _try_measure(measure: MeasureFn, group: Sequence[str], what: str) -> float | UnitForwardError:
+    try:
+        return measure(group, what)
+    except UnitForwardError as exc:
+        return exc
+
+
+def _flatten(groups: Sequence[tuple[str, ...]]) -> list[str]:
+    return [unit for group in groups for unit in group]
+
+
+def _sortable(value: float) -> float:
+    return math.inf if math.isnan(value) else value

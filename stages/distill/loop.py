@@ -1,0 +1,186 @@
+"""The distillation loop: seeded sampling, learning-rate schedule, autocast, progress lines."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.spec import Batch, OutputKind, move_batch
+from pipeline.core.training_data import TrainingData
+from stages.distill.losses import LossWeights, captured_outputs, check_layer_names, hidden_loss, output_loss
+
+log = logging.getLogger(__name__)
+
+Schedule = Literal["constant", "cosine", "linear"]
+#: How many progress lines a run shows (:func:`show_progress`).
+PROGRESS_LINES = 10
+#: Samples (at most) of the training data on which the loss before and after is measured.
+PROBE_SAMPLES = 256
+
+
+def show_progress(message: str) -> None:
+    """One progress line: on stderr when it is a terminal (a search's live display keeps it
+    above its bar), else an INFO log record (quiet in tests and redirected logs)."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+    else:
+        log.info(message)
+
+
+def lr_factor(step: int, steps: int, schedule: Schedule, warmup: float) -> float:
+    """Multiplier of the base learning rate at ``step`` (0-based): linear warm-up over the
+    first ``warmup`` share of the steps, then constant, cosine or linear decay to 0."""
+    warmup_steps = int(warmup * steps)
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0 - progress
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """How the student is trained."""
+
+    steps: int
+    lr: float
+    batch_size: int
+    schedule: Schedule = "cosine"
+    warmup: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    seed: int = 0
+    #: Stop after this step of the ``steps``-long schedule (a replay of a run cut short by time).
+    stop_step: int | None = None
+    #: Stop once training has taken this long (the schedule stays that of ``steps``).
+    max_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one distillation run did: probe losses before and after, steps done and seconds."""
+
+    loss_before: float
+    loss_after: float
+    steps: int
+    seconds: float
+    #: True when ``max_seconds`` ended training before ``steps``.
+    cut_short: bool = False
+
+
+class Distiller:
+    """One student, one frozen teacher and the training data, on one device."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module, data: TrainingData, kind: OutputKind,
+                 weights: LossWeights, device: torch.device, autocast_dtype: torch.dtype | None,
+                 layer_map: tuple[tuple[str, str], ...] = (),
+                 task_loss: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
+        self.student, self.teacher, self.data, self.kind = student, teacher, data, kind
+        self.weights, self.device, self.autocast_dtype = weights, device, autocast_dtype
+        self.layer_map = layer_map
+        self.task_loss = task_loss if data.targets is not None and weights.task else None
+        self.student_layers = check_layer_names(student, [s for s, _ in layer_map], "student")
+        self.teacher_layers = check_layer_names(teacher, [t for _, t in layer_map], "teacher")
+        self.teacher.eval().requires_grad_(False)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def _batch(self, index: Tensor) -> tuple[Batch, Tensor | None]:
+        inputs = move_batch(tuple(t[index] for t in self.data.inputs), self.device)
+        targets = self.data.targets[index].to(self.device) if self.data.targets is not None else None
+        return inputs, targets
+
+    def loss(self, inputs: Batch, targets: Tensor | None) -> Tensor:
+        """The weighted loss of one batch (gradients flow into the student only)."""
+        with self._autocast():
+            with captured_outputs(self.teacher_layers) as teacher_hidden, torch.no_grad():
+                teacher_out = self.teacher(*inputs)
+            with captured_outputs(self.student_layers) as student_hidden:
+                student_out = self.student(*inputs)
+            if not isinstance(student_out, Tensor) or not isinstance(teacher_out, Tensor):
+                raise InfeasibleConfig("distill: the model must return one tensor")
+            loss = output_loss(self.kind, student_out, teacher_out, self.weights)
+            if self.layer_map and self.weights.hidden:
+                loss = loss + self.weights.hidden * hidden_loss(student_hidden, teacher_hidden, self.layer_map)
+            if self.task_loss is not None and targets is not None:
+                loss = loss + self.weights.task * self.task_loss(student_out.float(), targets)
+        return loss.float()
+
+    def probe_loss(self, batch_size: int) -> float:
+        """Mean loss over the first :data:`PROBE_SAMPLES` training samples (no gradients)."""
+        count = min(self.data.samples, PROBE_SAMPLES)
+        total = 0.0
+        with torch.no_grad():
+            for start in range(0, count, batch_size):
+                index = torch.arange(start, min(start + batch_size, count))
+                total += float(self.loss(*self._batch(index))) * len(index)
+        return total / count
+
+    def _indices(self, batch_size: int, seed: int) -> Iterator[Tensor]:
+        """Endless seeded batches of sample indices: a fresh permutation per pass over the data."""
+        generator = torch.Generator().manual_seed(seed)
+        size = min(batch_size, self.data.samples)
+        while True:
+            order = torch.randperm(self.data.samples, generator=generator)
+            for start in range(0, self.data.samples - size + 1, size):
+                yield order[start : start + size]
+
+    def run(self, opt: Optimization) -> Outcome:
+        """Train the student for ``opt.steps`` steps; it is left in eval mode."""
+        start = time.perf_counter()
+        parameters = [p for p in self.student.parameters() if p.is_floating_point()]
+        if not parameters:
+            raise InfeasibleConfig("distill: the model has no floating-point parameters to train")
+        for p in parameters:
+            p.requires_grad_(True)
+        self.student.eval()  # BatchNorm statistics and dropout as deployed
+        before = self.probe_loss(opt.batch_size)
+        optimizer = torch.optim.AdamW(parameters, lr=opt.lr, weight_decay=opt.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, opt.steps, opt.schedule, opt.warmup))
+        scaler = torch.amp.GradScaler(self.device.type, enabled=self.autocast_dtype == torch.float16)
+        every = max(1, opt.steps // PROGRESS_LINES)
+        last = min(opt.steps, opt.stop_step or opt.steps)
+        done, cut_short = 0, False
+        for step, index in zip(range(last), self._indices(opt.batch_size, opt.seed), strict=False):
+            optimizer.zero_grad(set_to_none=True)
+            loss = self.loss(*self._batch(index))
+            if not bool(torch.isfinite(loss.detach())):
+                raise InfeasibleConfig(f"distill diverged: loss is {float(loss)} at step {step + 1} "
+                                       f"with lr={opt.lr} (try a smaller lr)")
+            scaler.scale(loss).backward()
+            if opt.grad_clip is not None:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(parameters, opt.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            done = step + 1
+            elapsed = time.perf_counter() - start
+            cut_short = opt.max_seconds is not None and elapsed > opt.max_seconds and done < last
+            if done % every == 0 or done == last or cut_short:
+                show_progress(f"distill: step {done}/{opt.steps} loss {float(loss.detach()):.5f} ({elapsed:.1f} s)"
+                              + (f", time budget of {opt.max_seconds:g} s reached" if cut_short else ""))
+            if cut_short:
+                break
+        optimizer.zero_grad(set_to_none=True)
+        for p in parameters:
+            p.grad = None
+        after = self.probe_loss(opt.batch_size)
+        return Outcome(before, after, done, time.perf_counter() - start, cut_short)

@@ -1,0 +1,162 @@
+"""The distill stage: train the model so far (the student) to reproduce the unoptimized
+model (the teacher, frozen), on the spec's training data -- never its evaluation data.
+
+The loss follows the spec's output kind (``ModelSpec.output_kind``; ``auto`` decides from
+the teacher's output): KL divergence at a temperature on logits, cosine plus MSE on
+embeddings; optionally MSE between mapped hidden layers (``layer_map``: student module ->
+teacher module, for students that lost layers); plus the spec's task loss when its
+training data has labels. The data is :func:`pipeline.core.training_data.distillation_data`.
+The stage is structural for exports: its new weights are in the float graph they convert.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Self
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from pipeline.core.device import Capabilities, move_module
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.fidelity import infer_output_kind
+from pipeline.core.spec import OutputKind
+from pipeline.core.stage import Stage, StageConfig, StageContext
+from pipeline.core.training_data import distillation_data
+from stages.distill.loop import Distiller, Optimization, Schedule
+from stages.distill.losses import LossWeights
+
+if TYPE_CHECKING:
+    import optuna
+
+
+#: Time budget of a searched distillation: cheap on a GPU (seconds), it would otherwise
+#: take most of an hour per trial for MiniLM on one CPU core (about 1.6 s per step of 8).
+SEARCH_TIME_BUDGET_S = 300.0
+
+
+class DistillConfig(StageConfig):
+    """How to distill.
+
+    * ``steps`` / ``lr`` / ``batch_size``: AdamW steps, base learning rate, samples per step.
+    * ``schedule`` / ``warmup``: learning rate after a linear warm-up over the first
+      ``warmup`` share of the steps: ``constant``, ``cosine`` or ``linear`` decay to 0.
+    * ``temperature`` / ``kd_weight``: softmax temperature and weight of the KL term (logits).
+    * ``cosine_weight`` / ``mse_weight``: weights of 1 - cosine and of MSE (embeddings).
+    * ``layer_map`` / ``hidden_weight``: ``(student module, teacher module)`` pairs whose
+      outputs are matched by MSE, and the weight of that term (empty: off).
+    * ``task_weight``: weight of the spec's own loss on labelled training data (0: off).
+    * ``weight_decay``, ``grad_clip`` (max gradient norm; None: off), ``seed`` (sample order).
+    * ``max_seconds``: a time budget; training stops after the step that passes it (the
+      learning-rate schedule stays that of ``steps``). The resolved config replaces it with
+      ``stop_step``, the steps actually run, so a replay trains exactly the same steps.
+    """
+
+    stage = "distill"
+
+    steps: int = Field(default=200, ge=1, le=100_000)
+    lr: float = Field(default=1e-4, gt=0.0, le=1.0)
+    batch_size: int = Field(default=32, ge=1, le=65_536)
+    schedule: Schedule = "cosine"
+    warmup: float = Field(default=0.1, ge=0.0, lt=1.0)
+    temperature: float = Field(default=2.0, gt=0.0, le=100.0)
+    kd_weight: float = Field(default=1.0, ge=0.0)
+    cosine_weight: float = Field(default=1.0, ge=0.0)
+    mse_weight: float = Field(default=1.0, ge=0.0)
+    hidden_weight: float = Field(default=1.0, ge=0.0)
+    layer_map: tuple[tuple[str, str], ...] = ()
+    task_weight: float = Field(default=0.5, ge=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    grad_clip: float | None = Field(default=1.0, gt=0.0)
+    seed: int = Field(default=0, ge=0)
+    max_seconds: float | None = Field(default=None, gt=0.0)
+    stop_step: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _stop_within_steps(self) -> Self:
+        if self.stop_step is not None and self.stop_step > self.steps:
+            raise ValueError(f"stop_step={self.stop_step} must be at most steps={self.steps}")
+        return self
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
+        """Search space: off, or steps in {100, 200, 400}, lr in 1e-5..3e-3 (log) and, unless the
+        spec's output is an embedding, a temperature in {1, 2, 4}; at most
+        :data:`SEARCH_TIME_BUDGET_S` seconds of training."""
+        if not trial.suggest_categorical("distill.enabled", [False, True]):
+            return None
+        steps = trial.suggest_categorical("distill.steps", [100, 200, 400])
+        lr = trial.suggest_float("distill.lr", 1e-5, 3e-3, log=True)
+        temperature = 2.0
+        if ctx.spec.output_kind != "embedding":
+            temperature = trial.suggest_categorical("distill.temperature", [1.0, 2.0, 4.0])
+        return cls(steps=steps, lr=lr, temperature=temperature, max_seconds=SEARCH_TIME_BUDGET_S)
+
+    def optimization(self) -> Optimization:
+        return Optimization(steps=self.steps, lr=self.lr, batch_size=self.batch_size, schedule=self.schedule,
+                            warmup=self.warmup, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
+                            seed=self.seed, stop_step=self.stop_step, max_seconds=self.max_seconds)
+
+    def loss_weights(self) -> LossWeights:
+        return LossWeights(temperature=self.temperature, kd=self.kd_weight, cosine=self.cosine_weight,
+                           mse=self.mse_weight, hidden=self.hidden_weight, task=self.task_weight)
+
+
+def autocast_dtype(caps: Capabilities) -> torch.dtype | None:
+    """The reduced dtype distillation runs under autocast: bfloat16 if fast here (no loss
+    scaling needed), else float16 if fast, else None (float32: no fast reduced dtype)."""
+    for dtype in (torch.bfloat16, torch.float16):
+        if dtype in caps.fast_dtypes:
+            return dtype
+    return None
+
+
+def output_kind(ctx: StageContext, teacher: nn.Module) -> OutputKind:
+    """The spec's output kind, or for ``auto`` the kind of the teacher's output."""
+    if ctx.spec.output_kind in ("logits", "embedding"):
+        return "logits" if ctx.spec.output_kind == "logits" else "embedding"
+    with torch.no_grad():
+        output = teacher(*ctx.example_inputs())
+    if not isinstance(output, torch.Tensor):
+        raise InfeasibleConfig("distill: the model must return one tensor")
+    return infer_output_kind(output)
+
+
+def apply_distill(model: nn.Module, config: DistillConfig, ctx: StageContext) -> nn.Module:
+    """Distill the teacher (``ctx.source_model``; without one, the input model itself) into
+    ``model`` (the registry's copy) on ``ctx.device``; returns it in eval mode.
+
+    Records ``distill.seconds`` (training time, apart from latency), ``distill.loss_before``
+    and ``distill.loss_after`` (mean loss on up to 256 training samples), ``distill.steps``,
+    ``distill.samples``, ``distill.data`` (which spec data: training, training_inputs or
+    calibration), ``distill.output_kind`` and ``distill.autocast`` (dtype or float32).
+    """
+    data = distillation_data(ctx.spec)
+    if data is None:
+        raise InfeasibleConfig(f"distill with steps={config.steps} needs training data, but spec "
+                               f"'{ctx.spec.name}' has no training(), training_inputs() or calibration() batches")
+    teacher_source = ctx.source_model if ctx.source_model is not None else model
+    teacher = move_module(copy.deepcopy(teacher_source), ctx.device).eval()
+    student = move_module(model, ctx.device).eval()
+    kind = output_kind(ctx, teacher)
+    dtype = autocast_dtype(ctx.capabilities)
+    distiller = Distiller(student, teacher, data, kind, config.loss_weights(), ctx.device, dtype,
+                          layer_map=config.layer_map, task_loss=ctx.spec.loss)
+    outcome = distiller.run(config.optimization())
+    ctx.record("distill.seconds", outcome.seconds)
+    ctx.record("distill.loss_before", outcome.loss_before)
+    ctx.record("distill.loss_after", outcome.loss_after)
+    ctx.record("distill.steps", outcome.steps)
+    if outcome.cut_short:
+        budget = f"time budget of {config.max_seconds:g} s"
+        ctx.record("distill.cut_short", f"{budget}: {outcome.steps} of {config.steps} steps")
+        ctx.resolve(config.model_copy(update={"max_seconds": None, "stop_step": outcome.steps}))
+    ctx.record("distill.samples", data.samples)
+    ctx.record("distill.data", data.source)
+    ctx.record("distill.output_kind", kind)
+    ctx.record("distill.autocast", str(dtype).removeprefix("torch.") if dtype is not None else "float32")
+    return student.eval()
+
+
+STAGE = Stage(DistillConfig, apply_distill, order=20)

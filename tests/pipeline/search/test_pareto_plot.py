@@ -1,0 +1,68 @@
+"""The parent run's Pareto plot: scaled to the feasible region, one label per point."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import optuna
+from optuna.trial import TrialState
+
+from pipeline.core.spec import ModelSpec
+from pipeline.search.front import BASELINE, Remeasured, with_remeasured
+from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE, Baseline, Objectives
+from pipeline.search.pareto import latency_cell, mark_ties, pareto_figure_png, table_columns, trial_row
+
+
+def _study(objectives: Objectives, trials: list[tuple[float, float, str]]) -> optuna.Study:
+    study = optuna.create_study(directions=objectives.directions())
+    for metric, latency, recipe in trials:
+        drop = 0.97 - metric
+        study.add_trial(optuna.trial.create_trial(
+            values=[metric, latency], state=TrialState.COMPLETE,
+            user_attrs={ATTR_METRICS: {objectives.spec.metric.name: metric, objectives.latency_key: latency,
+                                       "metric_drop": drop, "speedup": 1.0 / latency, "size_bytes": 1000.0},
+                        ATTR_RECIPE_LINE: recipe},
+            system_attrs={"constraints:metric_drop": drop - objectives.max_drop},
+        ))
+    return study
+
+
+def test_axes_cover_the_feasible_region_and_repeat_labels_merge(residual_spec: ModelSpec) -> None:
+    objectives = Objectives.create(residual_spec, ["metric", "latency"], 0.01, 1)
+    study = _study(objectives, [(0.97, 1.0, "baseline"), (0.965, 0.5, "amp"), (0.965, 0.5, "amp"),
+                                (0.10, 0.2, "int4 broke it"), (0.80, 9.0, "slow and wrong")])
+    figure = pareto_figure_png(study, objectives, Baseline(0.97, 1.0, 1000.0, 0))
+    axes = figure.axes[0]
+    low, high = axes.get_ylim()
+    assert 0.9 < low < 0.96 and 0.97 < high < 1.0, "the infeasible 0.10 and 0.80 do not stretch the axis"
+    labels = sorted(a.get_text() for a in axes.texts)
+    assert labels == ["0", "1, 2"]
+    legend = [t.get_text() for t in axes.get_legend().get_texts()]
+    assert "over the allowed drop, off the chart (2)" in legend
+
+
+def test_logged_table_is_rounded(residual_spec: ModelSpec) -> None:
+    objectives = Objectives.create(residual_spec, ["metric", "latency"], 0.01, 1)
+    study = _study(objectives, [(0.9666666666, 0.123456789, "amp")])
+    columns = table_columns([trial_row(study.trials[0], objectives)], objectives)
+    assert columns[objectives.spec.metric.name] == [0.9667]
+    assert columns[objectives.latency_key] == [0.123] and columns["size"] == ["1000 B"]
+
+
+def test_rows_whose_latency_intervals_overlap_are_ties(residual_spec: ModelSpec) -> None:
+    objectives = Objectives.create(residual_spec, ["metric", "latency"], 0.01, 1)
+    study = _study(objectives, [(0.97, 1.0, "a"), (0.96, 0.9, "b"), (0.95, 0.5, "c")])
+    cis = {0: (0.95, 1.05), 1: (0.85, 0.97), 2: (0.45, 0.55)}
+    rows = mark_ties([replace(trial_row(t, objectives), latency_ci=cis[t.number]) for t in study.trials])
+    assert {r.trial: r.ties for r in rows} == {0: (1,), 1: (0,), 2: ()}
+    assert latency_cell(rows[0]) == "1.000 [0.950, 1.050] ~ 1"
+
+
+def test_remeasured_rows_use_the_remeasured_baseline_for_speedups(residual_spec: ModelSpec) -> None:
+    objectives = Objectives.create(residual_spec, ["metric", "latency"], 0.01, 1)
+    study = _study(objectives, [(0.97, 1.0, "a"), (0.96, 0.5, "b")])
+    rows = [trial_row(t, objectives) for t in study.trials]
+    measured = {BASELINE: Remeasured(2.0, (1.9, 2.1), 9), 0: Remeasured(1.0, (0.9, 1.1), 9),
+                1: Remeasured(0.95, (0.9, 1.0), 9)}
+    again = with_remeasured(rows, measured)
+    assert [(r.trial, r.speedup, r.ties) for r in again] == [(1, 2.0 / 0.95, (0,)), (0, 2.0, (1,))]
