@@ -7,16 +7,10 @@ passwords in both URLs appear in no output and no store. Skipped, with the reaso
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,17 +19,13 @@ import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
+from experiments.screenshots import free_port, serving
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "Hunter2pw"
 TRIALS = 6
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -59,32 +49,21 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """``mlflow server`` on 127.0.0.1 in its own process group (killed as a group); its URL and store dir."""
+    """``mlflow server`` on 127.0.0.1 in its own process group (stopped as a group); its URL and store dir."""
     store = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    log = (store / "server.log").open("w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
-         f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    command = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
+               f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "artifacts"),
+               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    server = serving(command, f"http://127.0.0.1:{port}/health", store / "server.log", timeout=120)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                break
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(f"mlflow server did not start: {(store / 'server.log').read_text()[-300:]}")
-            time.sleep(1)
+        server.__enter__()
+    except RuntimeError as exc:
+        pytest.skip(f"mlflow server did not start: {exc}")
+    try:
         yield f"http://paretorch:{PASSWORD}@127.0.0.1:{port}", store
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
+        server.__exit__(None, None, None)
 
 
 def text_of_tree(path: Path) -> str:
