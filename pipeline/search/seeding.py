@@ -23,21 +23,38 @@ from pipeline.core.stage import StageConfig, StageContext
 OFF_CHOICE = "none"
 
 
+#: How many choice combinations of derived categorical params one stage may try.
+MAX_PROBES = 64
+
+
 class _Unanswerable(Exception):
     """The probe cannot answer a param from the config."""
 
 
-class _Probe:
-    """Stands in for an ``optuna.Trial`` inside ``suggest``: answers each param from a config."""
+class _Branch(Exception):
+    """A categorical param that is no config field (e.g. ``prune.structure``): try each choice."""
 
-    def __init__(self, stage: str, config: StageConfig | None) -> None:
+    def __init__(self, name: str, choices: Sequence[Any]) -> None:
+        super().__init__(name)
+        self.name = name
+        self.choices = list(choices)
+
+
+class _Probe:
+    """Stands in for an ``optuna.Trial`` inside ``suggest``: answers each param from a config,
+    and derived categorical params from ``chosen`` (a branch of the search in :func:`stage_params`)."""
+
+    def __init__(self, stage: str, config: StageConfig | None, chosen: Mapping[str, Any]) -> None:
         self.stage = stage
         self.values = config.model_dump(mode="json") if config is not None else None
+        self.chosen = chosen
         self.params: dict[str, Any] = {}
 
     def _answer(self, name: str, distribution: BaseDistribution) -> Any:
         field = name.removeprefix(f"{self.stage}.")
-        if field == "enabled":
+        if name in self.chosen:
+            value: Any = self.chosen[name]
+        elif field == "enabled":
             value: Any = self.values is not None
         elif self.values is None:
             if not (isinstance(distribution, CategoricalDistribution) and OFF_CHOICE in distribution.choices):
@@ -45,6 +62,8 @@ class _Probe:
             value = OFF_CHOICE
         elif field in self.values:
             value = self.values[field]
+        elif isinstance(distribution, CategoricalDistribution):
+            raise _Branch(name, distribution.choices)
         else:
             raise _Unanswerable(name)
         if not _contains(distribution, value):
@@ -78,15 +97,27 @@ def _contains(distribution: BaseDistribution, value: Any) -> bool:
 
 def stage_params(config_type: type[StageConfig], stage: str, config: StageConfig | None,
                  ctx: StageContext) -> dict[str, Any] | None:
-    """The params under which ``config_type.suggest`` returns ``config`` (None: it cannot)."""
-    probe = _Probe(stage, config)
-    try:
-        produced = config_type.suggest(cast(optuna.Trial, probe), ctx)
-    except (_Unanswerable, ValueError):
-        return None
-    same = (produced is None and config is None) or (
-        produced is not None and config is not None and produced.to_dict() == config.to_dict())
-    return probe.params if same else None
+    """The params under which ``config_type.suggest`` returns ``config`` (None: it cannot).
+
+    Params that are config fields are read from the config; a categorical param that is not
+    (one that picks which fields to set) is tried choice by choice, depth first."""
+    pending: list[dict[str, Any]] = [{}]
+    for _ in range(MAX_PROBES):
+        if not pending:
+            break
+        probe = _Probe(stage, config, pending.pop())
+        try:
+            produced = config_type.suggest(cast(optuna.Trial, probe), ctx)
+        except _Branch as branch:
+            pending.extend({**probe.chosen, branch.name: choice} for choice in reversed(branch.choices))
+            continue
+        except (_Unanswerable, ValueError):
+            continue
+        same = (produced is None and config is None) or (
+            produced is not None and config is not None and produced.to_dict() == config.to_dict())
+        if same:
+            return probe.params
+    return None
 
 
 def runtime_params(runtime: str, runtimes: Sequence[str]) -> dict[str, str]:

@@ -203,7 +203,8 @@ def test_the_fastest_feasible_recipe_is_tried_under_the_other_runtimes(
     assert trials[1].user_attrs[ATTR_SEED] == "runtime-sweep-of-trial-0"
     first_sweep = Recipe.from_dict(trials[1].user_attrs[ATTR_RECIPE])
     assert (first_sweep.runtime, first_sweep.model_stages()) == ("compile", ())
-    assert trials[1].params == {"prune.enabled": False, "quantize.method": "none", "runtime": "compile"}
+    assert trials[1].params == {"prune.enabled": False, "distill.enabled": False, "quantize.method": "none",
+                                "runtime": "compile"}
     # No (model stages, runtime) pair runs twice through a sweep, whichever trial leads afterwards.
     recipes = [Recipe.from_dict(t.user_attrs[ATTR_RECIPE]) for t in trials if ATTR_RECIPE in t.user_attrs]
     pairs = [(str(r.model_stages()), r.runtime) for r in recipes]
@@ -222,7 +223,7 @@ def test_a_repeated_recipe_is_answered_by_its_first_trial_and_not_counted(
                     track=False)
     study = search.open_study()
     search.ensure_baseline(study)  # enqueues the baseline
-    study.enqueue_trial({"prune.enabled": False, "quantize.method": "none"})  # the baseline's recipe again
+    study.enqueue_trial({"prune.enabled": False, "distill.enabled": False, "quantize.method": "none"})  # the baseline's recipe again
     trials = run_search(search, trials=2).study.trials
     assert trials[1].state.name == "PRUNED" and trials[1].user_attrs[ATTR_REPEAT_OF] == 0
     assert trials[1].user_attrs[ATTR_REASON] == "repeat of trial 0" and trials[1].values is None
