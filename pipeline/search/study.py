@@ -161,15 +161,22 @@ class Search:
             study.set_user_attr(ATTR_SEARCH, self.config.model_dump(mode="json"))
         return study
 
+    def latency_batch_sizes(self) -> tuple[int, ...]:
+        """The batch sizes a trial measures: the objective's alone on the quick budget, else the
+        spec's latency batch sizes plus the objective's (``--latency-batch 256`` need not be one of them)."""
+        objective = self.objectives.latency_batch
+        if self.config.latency_budget == "quick":
+            return (objective,)
+        return tuple(dict.fromkeys((*self.spec.latency_batch_sizes, objective)))
+
     @property
     def runner(self) -> Runner:
         if self._runner is None:
-            quick = self.config.latency_budget == "quick"
             self._runner = Runner(
                 self.pipeline, self.spec, self.device,
                 cache=NodeCache(self.config.cache_mb * 1024**2, export_dir=cache_dir("exports")),
                 latency=LATENCY_BUDGETS[self.config.latency_budget],
-                batch_sizes=(self.objectives.latency_batch,) if quick else None,
+                batch_sizes=self.latency_batch_sizes(),
                 work_dir=results_dir() / "work" / self.study_name,
             )
         return self._runner
