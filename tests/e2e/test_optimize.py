@@ -59,8 +59,9 @@ class Study:
 
 
 def counted(trials: list[Any]) -> list[Any]:
-    """The trials that count against the budget (repeats of a measured recipe do not)."""
-    return [t for t in trials if "paretorch.repeat_of" not in t.user_attrs]
+    """The finished trials that count against the budget (repeats of a measured recipe do not; a
+    seed still waiting for its turn has not run)."""
+    return [t for t in trials if "paretorch.repeat_of" not in t.user_attrs and t.state.is_finished()]
 
 
 def run(command: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
