@@ -25,7 +25,7 @@ export PYTHONUNBUFFERED := 1
 .PHONY: setup evaluate optimize report ui dashboard screenshots bench test lint clean help
 
 help:
-	@echo "make optimize MODEL=digits   search prune/quantize/AMP/export trade-offs, log to MLflow, print the Pareto table"
+	@echo "make optimize MODEL=digits   search prune/distill/quantize/AMP/export trade-offs, log to MLflow, print the Pareto table"
 	@echo "make evaluate MODEL=digits   measure the unoptimized model"
 	@echo "make report MODEL=digits     print the Pareto table of that study again, from storage"
 	@echo "make ui                      MLflow UI over the results (prints the runs-table URL of each model)"
