@@ -43,7 +43,8 @@ Command = Any
 def register_search_commands(sub: argparse._SubParsersAction[Any], commands: dict[str, Command]) -> None:
     """Add ``optimize``, ``report`` and ``apply`` to the CLI's subparsers."""
     optimize = sub.add_parser(
-        "optimize", help="search prune/distill/quantize/AMP/runtime trade-offs, log trials to MLflow, print the Pareto table",
+        "optimize",
+        help="search prune/distill/quantize/AMP/runtime trade-offs, log trials to MLflow, print the Pareto table",
         description="Search accuracy/latency trade-offs over composed stages with Optuna; every trial is logged to "
         "MLflow; the Pareto trials are exported (Core ML, ONNX) at the end. Re-running the same command resumes the "
         "study; --trials is the study's total.")

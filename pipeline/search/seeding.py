@@ -55,7 +55,7 @@ class _Probe:
         if name in self.chosen:
             value: Any = self.chosen[name]
         elif field == "enabled":
-            value: Any = self.values is not None
+            value = self.values is not None
         elif self.values is None:
             if not (isinstance(distribution, CategoricalDistribution) and OFF_CHOICE in distribution.choices):
                 raise _Unanswerable(name)

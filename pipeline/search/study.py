@@ -49,6 +49,7 @@ from pipeline.search.objectives import (
 from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
 from pipeline.search.seeding import merge_params, runtime_params, stage_params
 from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
+from pipeline.search.sweep import RuntimeSweepIndex
 from pipeline.search.workers import claim_config
 
 
@@ -388,24 +389,3 @@ class Search:
     def record(self, trial: FrozenTrial) -> TrialRecord:
         """The record of a finished trial: the one this process built, else read from storage."""
         return self.records.get(trial.number) or TrialRecord.from_trial(trial)
-
-
-@dataclass
-class RuntimeSweepIndex:
-    """For the runtime sweep: which runtimes each resolved stage list has run under, and the
-    fastest feasible latency so far."""
-
-    runtimes: dict[str, set[str]] = field(default_factory=dict)
-    fastest: float = float("inf")
-    seen: set[int] = field(default_factory=set)
-
-    def add(self, record: TrialRecord, latency: float | None) -> float | None:
-        """Index ``record`` (once); returns ``latency`` for the caller's convenience."""
-        if record.number in self.seen:
-            return latency
-        self.seen.add(record.number)
-        if record.stages_key is not None:
-            self.runtimes.setdefault(record.stages_key, set()).add(record.runtime)
-        if latency is not None:
-            self.fastest = min(self.fastest, latency)
-        return latency

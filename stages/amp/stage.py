@@ -41,7 +41,8 @@ from pipeline.core.stage import Stage, StageConfig, StageContext
 from stages.amp.casting import REDUCED_DTYPES, cast_floating_outputs_to_float32, dtype_name
 from stages.amp.switch import PrecisionSwitch
 from stages.amp.units import find_precision_units, output_units
-from stages.common.sensitivity import SENSITIVITIES, calibrate, run_forward
+from stages.common.rankings import SENSITIVITIES
+from stages.common.sensitivity import calibrate, run_forward
 
 if TYPE_CHECKING:
     import optuna

@@ -50,7 +50,8 @@ from pipeline.core.device import Capabilities, move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.stage import Stage, StageConfig, StageContext
-from stages.common.sensitivity import SENSITIVITIES, calibrate, reference_outputs, relative_output_error
+from stages.common.rankings import SENSITIVITIES
+from stages.common.sensitivity import calibrate, reference_outputs, relative_output_error
 from stages.quantize.fallback import QuantizedSwap, SimulatedStaticInt8
 from stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, LayerSelection, select_layers
 from stages.quantize.methods import METHODS, method, methods_on

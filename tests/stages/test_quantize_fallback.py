@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from pipeline.core.errors import ConfigError
 from pipeline.core.spec import ACCURACY, ModelSpec
 from pipeline.core.stage import StageContext, apply, export_mirror
-from stages.common.sensitivity import SENSITIVITIES
+from stages.common.rankings import SENSITIVITIES
 from stages.export.layer_filter import LayerFilter
 from stages.quantize.stage import QuantizeConfig
 

@@ -223,7 +223,8 @@ def test_a_repeated_recipe_is_answered_by_its_first_trial_and_not_counted(
                     track=False)
     study = search.open_study()
     search.ensure_baseline(study)  # enqueues the baseline
-    study.enqueue_trial({"prune.enabled": False, "distill.enabled": False, "quantize.method": "none"})  # the baseline's recipe again
+    # the baseline's recipe again:
+    study.enqueue_trial({"prune.enabled": False, "distill.enabled": False, "quantize.method": "none"})
     trials = run_search(search, trials=2).study.trials
     assert trials[1].state.name == "PRUNED" and trials[1].user_attrs[ATTR_REPEAT_OF] == 0
     assert trials[1].user_attrs[ATTR_REASON] == "repeat of trial 0" and trials[1].values is None
