@@ -77,8 +77,10 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         raise
     except Exception as exc:  # a bad URL, a missing driver or an unreachable database
         hint = ""
-        if "psycopg" in str(exc) or "DB access module" in str(exc):
+        if isinstance(exc, ImportError) or "DB access module" in str(exc):
             hint = " (PostgreSQL needs the driver: pip install 'paretorch[postgresql]')"
+        elif "Connection refused" in str(exc) or "could not connect" in str(exc):
+            hint = " (is the database server running and reachable at that host and port?)"
         raise PipelineError(mask_secrets(f"cannot open the Optuna storage {url}: {one_line(exc)}{hint}")) from exc
 
 
