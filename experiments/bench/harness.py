@@ -33,6 +33,7 @@ from rich.console import Console
 
 from pipeline.core.device import capabilities, describe, resolve_device
 from pipeline.core.evaluate import LatencySettings, ModelReport
+from pipeline.core.paths import results_dir
 from pipeline.core.runtime import available_runtimes
 from pipeline.core.spec import ModelSpec
 from pipeline.engine.graph import recipe_pipeline
@@ -180,7 +181,7 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: float
             baseline_metric = report.metric_value
     search_info: dict[str, Any] = {}
     if trials > 0:
-        work = RESULTS_DIR.parent.parent / "runs" / "bench"
+        work = results_dir() / "bench"
         work.mkdir(parents=True, exist_ok=True)
         print(f"[bench] {spec.name}: search, {trials} trials, objective latency at batch {batch}",
               file=sys.stderr, flush=True)
@@ -260,8 +261,8 @@ def render_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(results_dir: Path = RESULTS_DIR) -> str:
-    results = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
+def render_markdown(folder: Path = RESULTS_DIR) -> str:
+    results = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
     parts = [
         "# Benchmarks",
         "",
