@@ -42,7 +42,14 @@ from pipeline.core.errors import SpecError
 from pipeline.core.fidelity import MEAN_COSINE, NEIGHBOUR_AGREEMENT, SQNR_DB, fidelity_spec, reference_outputs
 from pipeline.core.paths import cache_dir
 from pipeline.core.spec import Batch, ModelSpec
-from pipeline.sources.huggingface import SEQUENCE_LENGTH, PooledEmbedding, set_offline, split_batches, tokenize
+from pipeline.sources.huggingface import (
+    ATTENTION_MASK_INPUT,
+    SEQUENCE_LENGTH,
+    PooledEmbedding,
+    set_offline,
+    split_batches,
+    tokenize,
+)
 from pipeline.sources.inputs import tile
 
 SETTINGS = {"seed": 0, "evaluation": 256, "calibration": 64, "min_chars": 40, "max_chars": 300}
@@ -212,6 +219,7 @@ def spec() -> ModelSpec:
         targets=reference_embeddings,
         output_kind="embedding",
         training_inputs=training_inputs,
+        padding_mask=ATTENTION_MASK_INPUT,
         latency_batch_sizes=(1, 32),
         description="all-MiniLM-L6-v2 sentence embeddings (seq 128); fidelity to fp32 on 256 pydoc sentences",
     )

@@ -32,6 +32,9 @@ class Capabilities:
     reduced_dtypes: tuple[torch.dtype, ...]
     #: Reduced dtypes that are expected to be faster than fp32 (measured in STACK.md).
     fast_dtypes: tuple[torch.dtype, ...]
+    #: Reduced dtypes under which training (forward and backward under autocast) is faster
+    #: than fp32: distillation autocasts to the first one, else trains in fp32.
+    training_dtypes: tuple[torch.dtype, ...] = ()
     #: CUDA compute capability (major, minor); None elsewhere. Quantization methods read it
     #: (float8 needs >= 8.9); which method runs where is the quantize stage's method table.
     cuda_capability: tuple[int, int] | None = None
@@ -98,6 +101,9 @@ def _cpu_capabilities() -> Capabilities:
         reduced_dtypes=(torch.bfloat16, torch.float16),
         # fp16 runs on CPU but was ~6x slower than fp32 (STACK.md).
         fast_dtypes=(torch.bfloat16,) if bf16_fast else (),
+        # bf16 autocast *training* was 1.8x slower than fp32 on an avx512_bf16 Xeon (MiniLM,
+        # batch 32, seq 64: 2.9 s vs 1.6 s per step; STACK.md): inference-fast is not training-fast.
+        training_dtypes=(),
         compile=True,
         cuda_graphs=False,
         event_timing=False,
@@ -112,6 +118,7 @@ def _cuda_capabilities() -> Capabilities:
         kind="cuda",
         reduced_dtypes=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
         fast_dtypes=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
+        training_dtypes=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
         cuda_capability=(major, minor),
         compile=True,
         cuda_graphs=True,
@@ -127,6 +134,8 @@ def _mps_capabilities() -> Capabilities:
         # fp16 is the fast path on Apple GPUs; bf16 needs macOS 14+.
         reduced_dtypes=(torch.float16, torch.bfloat16) if bf16 else (torch.float16,),
         fast_dtypes=(torch.float16,),
+        # Autocast training on MPS (fp16 with a GradScaler) is unverified without a Mac: fp32.
+        training_dtypes=(),
         compile=True,
         cuda_graphs=False,
         event_timing=True,

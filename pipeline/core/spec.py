@@ -68,6 +68,11 @@ class ModelSpec:
       (see :mod:`pipeline.core.training_data`). Never overlaps evaluation (checked).
     * ``output_kind``: ``logits``, ``embedding`` or ``auto`` (decided from the
       output); chooses the distillation loss.
+    * ``padding_mask`` (optional): the index of the forward input that is a
+      ``(batch, sequence)`` right-padding mask (1 = token, 0 = padding), e.g. 1 for a
+      Hugging Face ``(input_ids, attention_mask)`` model. Training then cuts each batch
+      to its longest sample and groups samples of similar length (the padding the
+      model would ignore is not computed); latency and evaluation are unaffected.
     * ``protected_layers``: module names no stage may prune or quantize
       (the output head is protected automatically by the stages).
     """
@@ -83,6 +88,7 @@ class ModelSpec:
     loss: Callable[[Tensor, Tensor], Tensor] | None = None
     training_inputs: Callable[[], Sequence[Batch]] | None = None
     output_kind: str = "auto"
+    padding_mask: int | None = None
     protected_layers: tuple[str, ...] = ()
     #: Further metrics on the same outputs and targets, reported (ModelReport.extra) but not optimized,
     #: e.g. KL divergence next to top-1 agreement (see pipeline.core.fidelity).

@@ -30,15 +30,34 @@ class TrainingData:
 
     ``inputs`` are the positional forward inputs with the samples along dim 0;
     ``targets`` are the labels for the spec's loss, or None (unlabelled).
+    ``padding_mask`` is the index of the input that is a right-padding mask
+    (``ModelSpec.padding_mask``): then :meth:`batch` cuts the padding no sample needs.
     """
 
     source: TrainingSource
     inputs: Batch
     targets: Tensor | None
+    padding_mask: int | None = None
 
     @property
     def samples(self) -> int:
         return int(self.inputs[0].shape[0])
+
+    @property
+    def lengths(self) -> Tensor | None:
+        """Tokens per sample (the padding mask's row sums), or None without a mask."""
+        if self.padding_mask is None:
+            return None
+        return self.inputs[self.padding_mask].ne(0).sum(dim=1)
+
+    def batch(self, index: Tensor) -> tuple[Batch, Tensor | None]:
+        """Samples ``index`` (inputs, targets), the sequence inputs cut to the longest of them."""
+        inputs = tuple(t[index] for t in self.inputs)
+        if self.padding_mask is not None:
+            padded = self.inputs[self.padding_mask].shape[1]
+            longest = max(1, int(inputs[self.padding_mask].ne(0).sum(dim=1).max()))
+            inputs = tuple(t[:, :longest] if t.dim() >= 2 and t.shape[1] == padded else t for t in inputs)
+        return inputs, self.targets[index] if self.targets is not None else None
 
 
 def sample_digests(batches: Iterable[Batch]) -> list[bytes]:
@@ -94,4 +113,22 @@ def distillation_data(spec: ModelSpec) -> TrainingData | None:
     except RuntimeError as exc:
         raise SpecError(f"model '{spec.name}': {source}() batches cannot be concatenated sample-wise "
                         f"(shapes differ beyond the batch dimension): {exc}") from exc
-    return TrainingData(source, inputs, targets)
+    if spec.padding_mask is not None:
+        check_right_padding(spec.name, inputs, spec.padding_mask)
+    return TrainingData(source, inputs, targets, spec.padding_mask)
+
+
+def check_right_padding(name: str, inputs: Batch, index: int) -> None:
+    """:class:`SpecError` unless ``inputs[index]`` is a (batch, sequence) mask padded on the right."""
+    if not 0 <= index < len(inputs):
+        raise SpecError(f"model '{name}': padding_mask={index} but the model takes {len(inputs)} inputs: "
+                        f"give the index of its attention-mask input, or None")
+    mask = inputs[index]
+    if mask.dim() != 2:
+        raise SpecError(f"model '{name}': padding_mask input {index} has shape {tuple(mask.shape)}; "
+                        f"a (batch, sequence) mask is needed, or set padding_mask=None")
+    positions = torch.arange(mask.shape[1])
+    right_padded = (mask.ne(0) == (positions < mask.ne(0).sum(dim=1, keepdim=True))).all()
+    if not bool(right_padded):
+        raise SpecError(f"model '{name}': padding_mask input {index} is not padded on the right "
+                        f"(tokens first, then zeros in every row): pad on the right, or set padding_mask=None")

@@ -33,6 +33,8 @@ from pipeline.sources.inputs import read_text_inputs, split_batches, tile
 
 PREFIX = "hf:"
 SEQUENCE_LENGTH = 128
+#: Index of the attention mask in the ``(input_ids, attention_mask)`` inputs (``ModelSpec.padding_mask``).
+ATTENTION_MASK_INPUT = 1
 MAX_CALIBRATION_LINES = 64
 
 
@@ -195,6 +197,7 @@ def hf_spec(ref: str, inputs_file: str | None = None, output_kind: str = "auto")
         calibration=lambda: split_batches(tokens("calibration")),
         evaluation_inputs=lambda: split_batches(tokens("evaluation")),
         output_kind=output_kind,
+        padding_mask=ATTENTION_MASK_INPUT if getattr(tokenizer, "padding_side", "right") == "right" else None,
         description=(
             f"Hugging Face model from {directory} ({'classifier logits' if layout.classifier else layout.pooling}"
             f"-pooled embeddings), fidelity on {len(evaluation_lines)} lines of {inputs_file}"

@@ -26,6 +26,9 @@ Schedule = Literal["constant", "cosine", "linear"]
 PROGRESS_LINES = 10
 #: Samples (at most) of the training data on which the loss before and after is measured.
 PROBE_SAMPLES = 256
+#: With a padding mask, samples are sorted by length within groups of this many batches
+#: (then the batches of a group are shuffled): little padding, still a random order.
+LENGTH_GROUP_BATCHES = 16
 
 
 def show_progress(message: str) -> None:
@@ -81,6 +84,39 @@ class Outcome:
     cut_short: bool = False
 
 
+class TeacherOutputs:
+    """The frozen teacher's output per training sample, computed the first time a sample is
+    seen: after one pass over the data, steps run the student alone. Off (``enabled=False``)
+    when hidden layers are matched, and turned off when the output's shape varies by batch
+    (e.g. per-token logits of length-cut batches)."""
+
+    def __init__(self, samples: int, enabled: bool) -> None:
+        self.samples, self.enabled = samples, enabled
+        self.store: Tensor | None = None
+        self.known = torch.zeros(samples, dtype=torch.bool)
+        #: Teacher forward passes run (batches), and batches answered from the store.
+        self.passes = 0
+        self.hits = 0
+
+    def lookup(self, index: Tensor) -> Tensor | None:
+        if not self.enabled or self.store is None or not bool(self.known[index].all()):
+            return None
+        self.hits += 1
+        return self.store[index.to(self.store.device)]
+
+    def keep(self, index: Tensor, output: Tensor) -> None:
+        self.passes += 1
+        if not self.enabled:
+            return
+        if self.store is None:
+            self.store = output.new_empty((self.samples, *output.shape[1:]))
+        if self.store.shape[1:] != output.shape[1:]:
+            self.enabled, self.store = False, None
+            return
+        self.store[index.to(self.store.device)] = output.detach()
+        self.known[index] = True
+
+
 class Distiller:
     """One student, one frozen teacher and the training data, on one device."""
 
@@ -95,22 +131,31 @@ class Distiller:
         self.student_layers = check_layer_names(student, [s for s, _ in layer_map], "student")
         self.teacher_layers = check_layer_names(teacher, [t for _, t in layer_map], "teacher")
         self.teacher.eval().requires_grad_(False)
+        self.teacher_outputs = TeacherOutputs(data.samples, enabled=not layer_map)
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
-    def _batch(self, index: Tensor) -> tuple[Batch, Tensor | None]:
-        inputs = move_batch(tuple(t[index] for t in self.data.inputs), self.device)
-        targets = self.data.targets[index].to(self.device) if self.data.targets is not None else None
-        return inputs, targets
+    def _teacher(self, index: Tensor, inputs: Batch) -> tuple[object, dict[str, Tensor]]:
+        """The teacher's output on samples ``index`` (stored or computed) and its mapped layers' outputs."""
+        stored = self.teacher_outputs.lookup(index)
+        if stored is not None:
+            return stored, {}
+        with captured_outputs(self.teacher_layers) as hidden, torch.no_grad():
+            output = self.teacher(*inputs)
+        if isinstance(output, Tensor):
+            self.teacher_outputs.keep(index, output)
+        return output, hidden
 
-    def loss(self, inputs: Batch, targets: Tensor | None) -> Tensor:
-        """The weighted loss of one batch (gradients flow into the student only)."""
+    def loss(self, index: Tensor) -> Tensor:
+        """The weighted loss of samples ``index`` (gradients flow into the student only)."""
+        inputs, targets = self.data.batch(index)
+        inputs = move_batch(inputs, self.device)
+        targets = targets.to(self.device) if targets is not None else None
         with self._autocast():
-            with captured_outputs(self.teacher_layers) as teacher_hidden, torch.no_grad():
-                teacher_out = self.teacher(*inputs)
+            teacher_out, teacher_hidden = self._teacher(index, inputs)
             with captured_outputs(self.student_layers) as student_hidden:
                 student_out = self.student(*inputs)
             if not isinstance(student_out, Tensor) or not isinstance(teacher_out, Tensor):
@@ -129,17 +174,21 @@ class Distiller:
         with torch.no_grad():
             for start in range(0, count, batch_size):
                 index = torch.arange(start, min(start + batch_size, count))
-                total += float(self.loss(*self._batch(index))) * len(index)
+                total += float(self.loss(index)) * len(index)
         return total / count
 
     def _indices(self, batch_size: int, seed: int) -> Iterator[Tensor]:
-        """Endless seeded batches of sample indices: a fresh permutation per pass over the data."""
+        """Endless seeded batches of sample indices: a fresh permutation per pass over the data,
+        grouped by length when the data has a padding mask (:func:`length_grouped`)."""
         generator = torch.Generator().manual_seed(seed)
         size = min(batch_size, self.data.samples)
+        lengths = self.data.lengths
         while True:
             order = torch.randperm(self.data.samples, generator=generator)
-            for start in range(0, self.data.samples - size + 1, size):
-                yield order[start : start + size]
+            batches = [order[start : start + size] for start in range(0, self.data.samples - size + 1, size)]
+            if lengths is not None:
+                batches = length_grouped(batches, lengths, generator)
+            yield from batches
 
     def run(self, opt: Optimization) -> Outcome:
         """Train the student for ``opt.steps`` steps; it is left in eval mode."""
@@ -160,7 +209,7 @@ class Distiller:
         done, cut_short = 0, False
         for step, index in zip(range(last), self._indices(opt.batch_size, opt.seed), strict=False):
             optimizer.zero_grad(set_to_none=True)
-            loss = self.loss(*self._batch(index))
+            loss = self.loss(index)
             if not bool(torch.isfinite(loss.detach())):
                 raise InfeasibleConfig(f"distill diverged: loss is {float(loss)} at step {step + 1} "
                                        f"with lr={opt.lr} (try a smaller lr)")
@@ -184,3 +233,16 @@ class Distiller:
             p.grad = None
         after = self.probe_loss(opt.batch_size)
         return Outcome(before, after, done, time.perf_counter() - start, cut_short)
+
+
+def length_grouped(batches: list[Tensor], lengths: Tensor, generator: torch.Generator) -> list[Tensor]:
+    """The same samples re-batched: each run of :data:`LENGTH_GROUP_BATCHES` batches is sorted
+    by sample length and cut again into batches of the same sizes, whose order is then shuffled."""
+    grouped: list[Tensor] = []
+    for start in range(0, len(batches), LENGTH_GROUP_BATCHES):
+        group = batches[start : start + LENGTH_GROUP_BATCHES]
+        samples = torch.cat(group)
+        by_length = samples[torch.argsort(lengths[samples], descending=True, stable=True)]
+        cut = list(torch.split(by_length, [len(b) for b in group]))
+        grouped.extend(cut[i] for i in torch.randperm(len(cut), generator=generator).tolist())
+    return grouped

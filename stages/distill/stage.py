@@ -104,10 +104,10 @@ class DistillConfig(StageConfig):
 
 
 def autocast_dtype(caps: Capabilities) -> torch.dtype | None:
-    """The reduced dtype distillation runs under autocast: bfloat16 if fast here (no loss
-    scaling needed), else float16 if fast, else None (float32: no fast reduced dtype)."""
+    """The reduced dtype distillation runs under autocast: bfloat16 if it trains fast here (no
+    loss scaling needed), else float16 if it does, else None (float32)."""
     for dtype in (torch.bfloat16, torch.float16):
-        if dtype in caps.fast_dtypes:
+        if dtype in caps.training_dtypes:
             return dtype
     return None
 
@@ -129,6 +129,7 @@ def apply_distill(model: nn.Module, config: DistillConfig, ctx: StageContext) ->
 
     Records ``distill.seconds`` (training time, apart from latency), ``distill.loss_before``
     and ``distill.loss_after`` (mean loss on up to 256 training samples), ``distill.steps``,
+    ``distill.teacher_passes`` (teacher forward batches: its outputs are kept per sample),
     ``distill.samples``, ``distill.data`` (which spec data: training, training_inputs or
     calibration), ``distill.output_kind`` and ``distill.autocast`` (dtype or float32).
     """
@@ -148,6 +149,7 @@ def apply_distill(model: nn.Module, config: DistillConfig, ctx: StageContext) ->
     ctx.record("distill.loss_before", outcome.loss_before)
     ctx.record("distill.loss_after", outcome.loss_after)
     ctx.record("distill.steps", outcome.steps)
+    ctx.record("distill.teacher_passes", distiller.teacher_outputs.passes)
     if outcome.cut_short:
         budget = f"time budget of {config.max_seconds:g} s"
         ctx.record("distill.cut_short", f"{budget}: {outcome.steps} of {config.steps} steps")
