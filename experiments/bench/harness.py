@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from experiments.bench.recovery import RECOVERY_PREFIX
+from experiments.bench.recovery import render as render_recovery
 from pipeline.core.device import capabilities, describe, resolve_device
 from pipeline.core.evaluate import LatencySettings, ModelReport
 from pipeline.core.paths import results_dir
@@ -262,7 +264,10 @@ def render_table(result: dict[str, Any]) -> str:
 
 
 def render_markdown(folder: Path = RESULTS_DIR) -> str:
-    results = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    """BENCHMARKS.md: one table per benchmark file, then the recovery tables (``recovery-*.json``)."""
+    files = sorted(folder.glob("*.json"))
+    results = [json.loads(p.read_text()) for p in files if not p.name.startswith(RECOVERY_PREFIX)]
+    recoveries = [json.loads(p.read_text()) for p in files if p.name.startswith(RECOVERY_PREFIX)]
     parts = [
         "# Benchmarks",
         "",
@@ -273,6 +278,8 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
     ]
     for result in results:
         parts += [render_table(result), ""]
+    for recovery in recoveries:
+        parts += [render_recovery(recovery), ""]
     return "\n".join(parts)
 
 

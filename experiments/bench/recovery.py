@@ -17,6 +17,7 @@ import json
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,6 +28,9 @@ from pipeline.core.stage import StageContext, apply_stage
 from pipeline.sources.resolve import resolve_spec
 from stages.distill.stage import DistillConfig
 from stages.prune.stage import PruneConfig
+
+#: Result files of this script start so (the benchmark tables skip them).
+RECOVERY_PREFIX = "recovery-"
 
 #: ``kind:ratio`` on the command line -> a prune config.
 PRUNE_KINDS = {
@@ -54,6 +58,39 @@ def same_name_layers(student: torch.nn.Module, teacher: torch.nn.Module) -> tupl
 def metric_of(model: torch.nn.Module, spec: ModelSpec, device: torch.device) -> float:
     model = model.to(device).eval()
     return compute_metric(model, spec.evaluation(), spec.metric, device)
+
+
+DEFAULT_NOTE = "prune once, then distill from scratch per step count"
+
+
+def describe_prune(prune: dict[str, object]) -> str:
+    """``depth 0.17``, ``FFN 0.25``, ``heads 0.25`` or ``heads+FFN 0.3`` for a prune config dict."""
+    if prune.get("method") == "depth":
+        return f"depth {prune['ratio']}"
+    heads, ffn = prune.get("head_ratio"), prune.get("ffn_ratio")
+    if heads == 0.0:
+        return f"FFN {ffn}"
+    if ffn == 0.0:
+        return f"heads {heads}"
+    return f"heads+FFN {prune['ratio']}"
+
+
+def render(result: dict[str, Any]) -> str:
+    """A Markdown table of one recovery file: per prune, the metric after each distillation run."""
+    lines = [
+        f"### Recovery by distillation: {result['model']} on {result['device']}",
+        "",
+        f"`python -m experiments.bench.recovery` ({result.get('note', DEFAULT_NOTE)}); unpruned "
+        f"{result['metric']} {result['baseline']:.4f}, distillation batch {result['batch_size']}.",
+        "",
+        f"| prune | distill steps | lr | hidden layers matched | {result['metric']} | drop | distill s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["rows"]:
+        lr = f"{row['lr']:g}" if row.get("steps") else "-"
+        lines.append(f"| {describe_prune(row['prune'])} | {row['steps']} | {lr} | {row.get('hidden_layers', 0)} "
+                     f"| {row['metric']:.4f} | {row['drop']:+.4f} | {row['seconds']:.1f} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: v for k, v in row.items() if k != "prune"} | {"prune": str(prune.to_dict())[:90]}),
                   flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"recovery-{spec.name}-{device.type}.json"
+    path = args.out / f"{RECOVERY_PREFIX}{spec.name}-{device.type}.json"
     path.write_text(json.dumps({
         "model": spec.name, "device": device.type, "host": platform.node(), "torch": torch.__version__,
         "metric": spec.metric.name, "baseline": baseline, "batch_size": args.batch_size,

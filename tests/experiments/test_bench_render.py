@@ -3,9 +3,12 @@ the best single technique within the allowed drop, and the baseline's drift."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from experiments.bench.harness import render_table
+from experiments.bench.harness import render_markdown, render_table
+from experiments.bench.recovery import RECOVERY_PREFIX
 
 
 def _row(name: str, kind: str, ms: float, drop: float = 0.0) -> dict[str, Any]:
@@ -42,3 +45,19 @@ def test_a_search_that_lands_on_a_single_technique_says_so() -> None:
     table = render_table(result)
     assert "the same recipe as the 'compile' row: the search found nothing faster" in table
     assert "vs best single" not in table
+
+
+def test_recovery_files_get_their_own_table_not_a_benchmark_table(tmp_path: Path) -> None:
+    (tmp_path / "m-cuda.json").write_text(json.dumps(_result()))
+    prune = {"stage": "prune", "method": "structured", "ratio": 0.25, "head_ratio": 0.0, "ffn_ratio": 0.25}
+    rows = [{"prune": prune, "steps": 0, "lr": 1e-4, "metric": 0.65, "drop": 0.35, "seconds": 0.0},
+            {"prune": prune, "steps": 300, "lr": 1e-4, "hidden_layers": 6, "metric": 0.88, "drop": 0.12,
+             "seconds": 11.3}]
+    recovery = {"model": "m", "device": "cuda", "metric": "agreement", "baseline": 1.0, "batch_size": 32,
+                "rows": rows}
+    (tmp_path / f"{RECOVERY_PREFIX}m-cuda.json").write_text(json.dumps(recovery))
+    text = render_markdown(tmp_path)
+    assert text.count("### m on cuda (test)") == 1
+    assert "### Recovery by distillation: m on cuda" in text
+    assert "| FFN 0.25 | 0 | - | 0 | 0.6500 | +0.3500 | 0.0 |" in text
+    assert "| FFN 0.25 | 300 | 0.0001 | 6 | 0.8800 | +0.1200 | 11.3 |" in text
