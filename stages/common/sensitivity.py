@@ -87,6 +87,8 @@ class CalibrationResult:
     cut_short: str | None = None
     #: Units not ranked before the time budget ran out (ranked most sensitive).
     unmeasured: tuple[str, ...] = ()
+    #: Units the greedy phase had kept original (whole groups) that refinement changed again.
+    refined: tuple[str, ...] = ()
 
     @property
     def sensitivity(self) -> dict[str, float]:
@@ -178,6 +180,7 @@ def calibrate(
     change: str = "changed",
     blocks: bool = False,
     seconds: float | None = None,
+    refine: bool = False,
 ) -> CalibrationResult:
     """Rank ``candidates`` by sensitivity (on the first batches only past
     :data:`SENSITIVITY_PASSES`), then start from every candidate changed and move the
@@ -193,7 +196,12 @@ def calibrate(
     batches: its sensitivities and already measured greedy steps are reused (only steps it
     lacks are measured, and added to it), with the same result as calibrating afresh.
     ``seconds``: the time budget (module docstring); ``stage`` and ``change`` word the
-    error messages ("amp", "reduced")."""
+    error messages ("amp", "reduced").
+
+    ``refine``: afterwards, try each unit kept original on its own, least sensitive first,
+    and leave it changed when the whole-model error stays within the budget. Groups move
+    back whole (a block at a time), so this splits them: fewer units stay original, for
+    one measurement per kept unit (within the time budget; not kept by ``known``)."""
     clock = _Clock(seconds)
     reference: list[list[Tensor]] = []
 
@@ -252,16 +260,38 @@ def calibrate(
         steps.append((len(_flatten(ranked[:moved])), error))
     if error > error_budget:  # cut short before the budget held: nothing changed is the only safe policy
         moved, error = len(ranked), 0.0
-    switch.set_changed(_flatten(ranked[moved:]))
-    changed = set(_flatten(ranked[moved:]))
+    changed = _flatten(ranked[moved:])
+    refined: list[str] = []
+    if refine and cut_short is None:
+        error = _refine(changed, refined, _flatten(ranked[:moved]), error, error_budget, measure, clock, change)
+    switch.set_changed(changed)
     return CalibrationResult(
-        changed=tuple(unit for unit in candidates if unit in changed),
+        changed=tuple(unit for unit in candidates if unit in set(changed)),
         output_error=error,
         ranking=ranking,
         steps=steps,
         cut_short=cut_short,
         unmeasured=unmeasured,
+        refined=tuple(refined),
     )
+
+
+def _refine(changed: list[str], refined: list[str], kept: Sequence[str], error: float, error_budget: float,
+            measure: MeasureFn, clock: _Clock, change: str) -> float:
+    """Change each ``kept`` unit (most sensitive first, so taken from the end) on top of
+    ``changed`` where the error stays within the budget; appends to ``changed`` and
+    ``refined``; returns the error of the final policy. Stops when time runs out."""
+    for unit in reversed(kept):
+        try:
+            clock.check()
+        except _OutOfTime:
+            break
+        trial = _try_measure(measure, (*changed, unit), f"with {unit} {change} as well")
+        if isinstance(trial, float) and trial <= error_budget:
+            changed.append(unit)
+            refined.append(unit)
+            error = trial
+    return error
 
 
 @dataclass

@@ -241,7 +241,7 @@ def _calibrate_fallback(
     known = SENSITIVITIES.get(key) if key is not None else None
     result = calibrate(
         switch, layers, batches, budget, known, stage="quantize", change="quantized", blocks=True,
-        seconds=config.calibration_seconds,
+        seconds=config.calibration_seconds, refine=True,
     )
     if key is not None and result.cut_short is None:
         SENSITIVITIES.put(key, result.ranking)
@@ -251,6 +251,7 @@ def _calibrate_fallback(
     ctx.record("quantize.sensitivity", result.sensitivity)
     ctx.record("quantize.steps", [list(step) for step in result.steps])
     ctx.record("quantize.float_layers", float_layers)
+    ctx.record("quantize.refined_layers", len(result.refined))
     if result.cut_short is not None:
         ctx.record("quantize.calibration_cut_short", result.cut_short)
     return float_layers
