@@ -247,6 +247,7 @@ def open_search(search: Search) -> tuple[optuna.Study, Baseline, Tracker | None]
             params={"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
             tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe()},
         )
+        tracker.show_columns(search.objectives.headline_keys())
     return study, baseline, tracker
 
 
