@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import posixpath
 import urllib.parse
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,16 @@ if TYPE_CHECKING:
 PROXY_SCHEME = "mlflow-artifacts"
 #: The folder beside a local store's database that holds its artifacts.
 ARTIFACTS_FOLDER = "mlartifacts"
+#: MLflow's entry-point group for artifact repositories, and this module's entry in it (pyproject.toml).
+ENTRY_POINT_GROUP = "mlflow.artifact_repository"
+ENTRY_POINT = f"{__name__}:repository"
+
+
+def registered() -> bool:
+    """Whether the installed package metadata registers :func:`repository` with MLflow (an install from
+    before it does not: MLflow would then refuse the store's ``mlflow-artifacts:`` locations)."""
+    return any(e.name == PROXY_SCHEME and e.value == ENTRY_POINT
+               for e in metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
 def artifact_root_for(uri: str) -> Path | None:

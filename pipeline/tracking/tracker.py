@@ -35,7 +35,7 @@ from pipeline.core.locks import file_lock
 from pipeline.core.paths import results_dir
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.writable import check_writable_dir
-from pipeline.tracking.artifacts import artifact_root_for, experiment_location
+from pipeline.tracking.artifacts import artifact_root_for, experiment_location, registered
 from pipeline.tracking.columns import KEY_TAGS, VIEW_TAG, headline_view
 
 if TYPE_CHECKING:
@@ -116,6 +116,9 @@ class Tracker:
         elif self.artifact_root is not None:
             check_writable_dir(self.artifact_root.parent, "the MLflow store's directory",
                                "--tracking-uri or --results-dir")
+            if not registered():
+                raise PipelineError("the installed paretorch predates its MLflow artifact entry point "
+                                    "(pyproject.toml): reinstall it (make setup, or pip install -e .)")
         lock = (file_lock(self.artifact_root.parent / f"{Path(self.uri).name}.lock") if self.artifact_root
                 else contextlib.nullcontext())
         try:

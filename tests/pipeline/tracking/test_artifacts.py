@@ -11,6 +11,8 @@ from mlflow.store.artifact.artifact_repository_registry import get_artifact_repo
 from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
 
+from pipeline.core.errors import PipelineError
+from pipeline.tracking import artifacts
 from pipeline.tracking.artifacts import experiment_location, local_path
 from pipeline.tracking.tracker import TRIAL_TAG, Tracker, experiment_name
 
@@ -70,6 +72,14 @@ def test_mlflow_resolves_the_scheme_through_the_installed_entry_point(tmp_path: 
     served = get_artifact_repository("mlflow-artifacts:/paretorch-digits/abc", tracking_uri="http://127.0.0.1:5000")
     assert isinstance(served, MlflowArtifactsRepository)
     assert served.artifact_uri == "http://127.0.0.1:5000/api/2.0/mlflow-artifacts/artifacts/paretorch-digits/abc"
+
+
+def test_a_stale_install_is_one_error_that_says_to_reinstall(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    assert artifacts.registered()
+    monkeypatch.setattr(artifacts, "ENTRY_POINT", "somewhere.else:repository")
+    with pytest.raises(PipelineError, match=r"reinstall it \(make setup"):
+        Tracker(store(tmp_path))
 
 
 def test_paths_stay_inside_the_artifact_root(tmp_path: Path) -> None:
