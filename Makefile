@@ -55,12 +55,12 @@ optimize: $(STAMP)
 report: $(STAMP)
 	$(PY) -m pipeline report --model $(MODEL) --device $(DEVICE) --max-drop $(MAX_DROP) $(ARGS)
 
-# Foreground MLflow UI over the results' store; stop with Ctrl-C.
+# Foreground MLflow UI over the results' store; stop with Ctrl-C. Artifacts are served from this
+# results folder (mlflow-artifacts:/ locations), wherever it was moved or copied to.
 ui: $(STAMP)
 	mkdir -p $(PARETORCH_RESULTS_DIR)/mlartifacts
 	@$(PY) -m pipeline.cli.links --base http://127.0.0.1:$(UI_PORT)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(PARETORCH_RESULTS_DIR)/mlflow.db \
-		--default-artifact-root $(PARETORCH_RESULTS_DIR)/mlartifacts \
 		--artifacts-destination $(PARETORCH_RESULTS_DIR)/mlartifacts \
 		--host 127.0.0.1 --port $(UI_PORT) --workers 1
 

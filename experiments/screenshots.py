@@ -1,8 +1,9 @@
 """Headless-Chromium screenshots of what a user opens over a finished study (``make screenshots``).
 
 Starts the MLflow UI and optuna-dashboard over a results folder on free local ports,
-takes PNGs of the MLflow runs table (model-training view), each study's parent run and
-the dashboard's study page, then stops both servers. Needs ``chromium`` on the PATH.
+takes PNGs of the MLflow runs table (model-training view, headline columns), each study's
+parent run, and the dashboard's study, trials and note pages (plus the first infeasible trial
+it badges "Best Trial", with its note), then stops both servers. Needs ``chromium`` on the PATH.
 """
 
 from __future__ import annotations
@@ -15,19 +16,27 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import optuna
 from mlflow import MlflowClient
 
 from pipeline.core.paths import results_dir
+from pipeline.search.dashboard import badged_infeasible
 from pipeline.tracking.tracker import ROLE_TAG, experiment_name
-from pipeline.tracking.views import run_view_url, runs_view_url
+from pipeline.tracking.views import experiment_url, run_view_url
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1600,1000",
-                  "--virtual-time-budget=20000")
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--virtual-time-budget=20000")
+#: Window size of most shots; the runs table is wider: MLflow 3.17 opens its Assistant panel over the right
+#: third of a new browser profile, which hides the last columns (the tags) at 1600 px.
+WINDOW = (1600, 1000)
+WIDE_WINDOW = (2400, 1000)
 
 
 def chromium() -> str | None:
@@ -70,9 +79,12 @@ def serving(command: list[str], health: str, log: Path, timeout: float = 240) ->
             os.killpg(process.pid, signal.SIGKILL)
 
 
-def screenshot(browser: str, url: str, path: Path) -> Path:
-    subprocess.run([browser, *CHROMIUM_FLAGS, f"--screenshot={path}", url], check=True, capture_output=True,
-                   timeout=180)
+def screenshot(browser: str, url: str, path: Path, window: tuple[int, int] = WINDOW) -> Path:
+    """A PNG of ``url`` from a fresh browser profile (no stored UI state)."""
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        subprocess.run([browser, *CHROMIUM_FLAGS, f"--window-size={window[0]},{window[1]}",
+                        f"--user-data-dir={profile}", f"--screenshot={path}", url],
+                       check=True, capture_output=True, timeout=180)
     return path
 
 
@@ -93,15 +105,17 @@ def take(results: Path, output: Path, model: str) -> list[Path]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     artifacts = results / "mlartifacts"
-    with serving([str(bin_dir / "mlflow"), "ui", "--backend-store-uri", store, "--default-artifact-root",
-                  str(artifacts), "--artifacts-destination", str(artifacts), "--host", "127.0.0.1",
-                  "--port", str(port), "--workers", "1"], f"{base}/health", output / "mlflow-ui.log"):
-        shots.append(screenshot(browser, runs_view_url(base, experiment.experiment_id), output / "mlflow-runs.png"))
+    with serving([str(bin_dir / "mlflow"), "ui", "--backend-store-uri", store, "--artifacts-destination",
+                  str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                 f"{base}/health", output / "mlflow-ui.log"):
+        shots.append(screenshot(browser, experiment_url(base, experiment), output / "mlflow-runs.png", WIDE_WINDOW))
         for i, parent in enumerate(parents):
             url = run_view_url(base, experiment.experiment_id, parent.info.run_id)
             shots.append(screenshot(browser, url, output / f"mlflow-parent-{i}.png"))
             plot = run_view_url(base, experiment.experiment_id, parent.info.run_id, artifact="pareto.png")
             shots.append(screenshot(browser, plot, output / f"mlflow-parent-{i}-plot.png"))
+    optuna_store = f"sqlite:///{results / 'optuna.db'}"
+    study = optuna.load_study(study_name=optuna.get_all_study_names(optuna_store)[0], storage=optuna_store)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with serving([str(bin_dir / "optuna-dashboard"), f"sqlite:///{results / 'optuna.db'}", "--host", "127.0.0.1",
@@ -109,6 +123,10 @@ def take(results: Path, output: Path, model: str) -> list[Path]:
         shots.append(screenshot(browser, f"{base}/dashboard/studies/1", output / "dashboard-study.png"))
         shots.append(screenshot(browser, f"{base}/dashboard/studies/1/analytics", output / "dashboard-analytics.png"))
         shots.append(screenshot(browser, f"{base}/dashboard/studies/1/trials", output / "dashboard-trials.png"))
+        shots.append(screenshot(browser, f"{base}/dashboard/studies/1/note", output / "dashboard-note.png"))
+        for trial in badged_infeasible(study.get_trials(deepcopy=False), study.directions)[:1]:
+            shots.append(screenshot(browser, f"{base}/dashboard/studies/1/trials?numbers={trial.number}",
+                                    output / "dashboard-badged-infeasible.png"))
     return shots
 
 

@@ -22,6 +22,7 @@ from pipeline.core.secrets import mask_secrets
 from pipeline.core.stage import StageConfig
 from pipeline.engine.recipe import Recipe
 from pipeline.search.config import finished_states
+from pipeline.search.dashboard import note_study
 from pipeline.search.duplicates import TrialBudget, is_repeat
 from pipeline.search.explain import dominated_by, front_tags
 from pipeline.search.front import (
@@ -194,6 +195,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
         tracker.refresh_children()  # trials that other workers logged
     recipes, finish_notes = finish_study(search, study, tracker, console)
     notes.extend(finish_notes)
+    note_study(study, [t.number for t, _ in distinct_front(study)], search.config.max_drop)
     search.times.by_category = dict(search.runner.totals)
     search.times.wall = time.perf_counter() - wall_start
     rows = pareto_rows(study, search.objectives)
@@ -247,6 +249,7 @@ def open_search(search: Search) -> tuple[optuna.Study, Baseline, Tracker | None]
             params={"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
             tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe()},
         )
+        tracker.show_columns(search.objectives.headline_keys())
     return study, baseline, tracker
 
 

@@ -33,7 +33,7 @@ from pipeline.search.config import (
     make_sampler,
     study_name,
 )
-from pipeline.search.dashboard import set_constraints
+from pipeline.search.dashboard import note_infeasible, set_constraints
 from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
 from pipeline.search.insight import sensitivity_tables
 from pipeline.search.objectives import (
@@ -370,14 +370,17 @@ class Search:
                                metadata={"study": self.study_name, "trial": trial.number})
         drop = self.objectives.drop(self.baseline, report.metric_value)
         feasible = drop <= self.config.max_drop
+        over_drop = None if feasible else f"drop {drop:.4f} > allowed {self.config.max_drop:g}"
         self._store(trial, record(
             state=COMPLETE, recipe=recipe, metrics=self.objectives.trial_metrics(report, self.baseline),
             seconds={**result.seconds, "trial": time.perf_counter() - start},
             cache={"hits": result.cache_hits, "misses": result.cache_misses}, feasible=feasible,
-            over_drop=None if feasible else f"drop {drop:.4f} > allowed {self.config.max_drop:g}",
+            over_drop=over_drop,
             tables=sensitivity_tables(result.nodes),
         ))
         set_constraints(trial, {CONSTRAINT_NAME: self.objectives.constraint(self.baseline, report.metric_value)})
+        if over_drop is not None:
+            note_infeasible(trial, over_drop)
         return self.objectives.values(report)
 
     def _store(self, trial: optuna.Trial, record: TrialRecord) -> None:

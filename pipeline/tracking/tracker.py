@@ -10,7 +10,9 @@
 * the parent carries the Pareto table (``log_table``) and the Pareto plot (PNG and HTML).
 
 Default store: SQLite in the results directory (``<results>/mlflow.db``, artifacts
-under ``<results>/mlartifacts``), the store ``make ui`` serves.
+under ``<results>/mlartifacts``), the store ``make ui`` serves. Its experiments keep their
+artifacts at ``mlflow-artifacts:/<experiment folder>`` (``pipeline.tracking.artifacts``), so a
+moved or copied results folder shows its own files.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from pipeline.core.locks import file_lock
 from pipeline.core.paths import results_dir
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.writable import check_writable_dir
+from pipeline.tracking.artifacts import artifact_root_for, experiment_location, registered
+from pipeline.tracking.columns import KEY_TAGS, VIEW_TAG, headline_view
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -50,14 +54,6 @@ _INVALID_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
 def default_tracking_uri() -> str:
     """``sqlite:///<results>/mlflow.db``."""
     return f"sqlite:///{results_dir() / 'mlflow.db'}"
-
-
-def artifact_root_for(uri: str) -> Path | None:
-    """Where a local store keeps artifacts: ``mlartifacts/`` beside a SQLite file; None for a server
-    (it decides)."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts"
-    return None
 
 
 def check_server(uri: str, timeout: float = SERVER_TIMEOUT_S) -> None:
@@ -120,6 +116,9 @@ class Tracker:
         elif self.artifact_root is not None:
             check_writable_dir(self.artifact_root.parent, "the MLflow store's directory",
                                "--tracking-uri or --results-dir")
+            if not registered():
+                raise PipelineError("the installed paretorch predates its MLflow artifact entry point "
+                                    "(pyproject.toml): reinstall it (make setup, or pip install -e .)")
         lock = (file_lock(self.artifact_root.parent / f"{Path(self.uri).name}.lock") if self.artifact_root
                 else contextlib.nullcontext())
         try:
@@ -163,6 +162,15 @@ class Tracker:
         self._log(self.parent_run_id, params=params)
         return self.parent_run_id
 
+    def show_columns(self, metrics: Sequence[str], tags: Sequence[str] = KEY_TAGS) -> None:
+        """Add these metrics and run tags to the columns the experiment's runs table opens with
+        (``pipeline.tracking.columns``; the URL ``make ui`` prints): the trial runs, one row each."""
+        current = self.client.get_experiment(self.experiment_id).tags.get(VIEW_TAG)
+        view = headline_view([clean_key(m) for m in metrics], [clean_key(t) for t in tags], current,
+                             search_filter=f"tags.`{ROLE_TAG}` = 'trial'")
+        if view != current:
+            self.client.set_experiment_tag(self.experiment_id, VIEW_TAG, view)
+
     def _get_or_create_experiment(self, name: str) -> str:
         from mlflow.exceptions import MlflowException
 
@@ -171,7 +179,7 @@ class Tracker:
             return str(experiment.experiment_id)
         location = None
         if self.artifact_root is not None:
-            location = (self.artifact_root / clean_key(name).replace("/", "-")).as_uri()
+            location = experiment_location(clean_key(name).replace("/", "-"))
         try:
             return str(self.client.create_experiment(name, artifact_location=location))
         except MlflowException:  # another worker created it first

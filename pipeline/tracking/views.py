@@ -1,23 +1,36 @@
 """Links into the MLflow UI that open where a user should start.
 
 MLflow 3.17 opens an experiment on its GenAI "Traces" page; the runs table of a training
-experiment is at ``#/experiments/<id>/runs?workflowType=machine_learning``.
+experiment is at ``#/experiments/<id>/runs?workflowType=machine_learning``, and
+``&viewStateShareKey=<key>`` opens it with a shared view's columns (``pipeline.tracking.columns``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
 
+from pipeline.tracking.columns import VIEW_KEY, VIEW_PARAMETER, VIEW_TAG
 from pipeline.tracking.tracker import experiment_name
+
+if TYPE_CHECKING:
+    from mlflow.entities import Experiment
 
 #: Prefix of the metrics that are not headline numbers (MLflow groups them under it).
 DETAIL_PREFIX = "detail."
 
 
-def runs_view_url(base: str, experiment_id: str) -> str:
-    """The runs table (model-training view) of one experiment."""
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+def runs_view_url(base: str, experiment_id: str, view_key: str | None = None) -> str:
+    """The runs table (model-training view) of one experiment; with ``view_key``, opened on that shared
+    view (its columns: ``pipeline.tracking.columns``)."""
+    url = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    return f"{url}&{VIEW_PARAMETER}={view_key}" if view_key else url
+
+
+def experiment_url(base: str, experiment: Experiment) -> str:
+    """The runs table of ``experiment``, on paretorch's headline columns where a study has set them."""
+    return runs_view_url(base, experiment.experiment_id, VIEW_KEY if VIEW_TAG in experiment.tags else None)
 
 
 def run_view_url(base: str, experiment_id: str, run_id: str, artifact: str | None = None) -> str:
@@ -52,7 +65,7 @@ def experiment_links(tracking_uri: str, base: str) -> list[tuple[str, str]]:
     prefix = experiment_name("")
     experiments = [e for e in client.search_experiments() if e.name.startswith(prefix)]
     experiments.sort(key=lambda e: e.last_update_time or 0, reverse=True)
-    return [(e.name, runs_view_url(base, e.experiment_id)) for e in experiments]
+    return [(e.name, experiment_url(base, e)) for e in experiments]
 
 
 def namespace_metrics(metrics: Mapping[str, float], headline: Collection[str]) -> dict[str, float]:

@@ -207,12 +207,40 @@ def test_mlflow_ui_answers_a_rest_search(optimized: Study, tmp_path: Path) -> No
         with urllib.request.urlopen(request, timeout=30) as response:
             runs = json.loads(response.read())["runs"]
         assert len(runs) == 8
-    assert f"#/experiments/{optimized.experiment_id()}/runs?workflowType=machine_learning" in log.read_text()
+    assert (f"#/experiments/{optimized.experiment_id()}/runs?workflowType=machine_learning"
+            "&viewStateShareKey=paretorch-headline") in log.read_text()
+
+
+def test_a_copied_results_folder_serves_its_own_artifacts(optimized: Study, tmp_path: Path) -> None:
+    """`cp -r runs elsewhere`, change a recipe in the copy, `make ui RESULTS=elsewhere`: the UI's REST API
+    lists and serves the copy's files; a client on the original store still reads the original."""
+    copy = tmp_path / "copied-results"
+    shutil.copytree(optimized.results, copy, ignore=shutil.ignore_patterns("cache", "*.lock"))
+    run = next(r for r in optimized.runs("trial") if r.data.tags.get("pareto") == "true"
+               and "recipe.json" in {a.path for a in optimized.mlflow.list_artifacts(r.info.run_id)})
+    run_id = run.info.run_id
+    assert run.info.artifact_uri == f"mlflow-artifacts:/paretorch-digits/{run_id}/artifacts"
+    copied_recipe = copy / "mlartifacts" / "paretorch-digits" / run_id / "artifacts" / "recipe.json"
+    original = copied_recipe.read_text()
+    copied_recipe.write_text('{"edited": "in the copy"}')
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with serving(["make", "--no-print-directory", "-C", str(REPO), "ui", f"RESULTS={copy}", f"UI_PORT={port}"],
+                 f"{base}/health", tmp_path / "ui.log"):
+        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/artifacts/list?run_id={run_id}", timeout=30) as answer:
+            listed = {f["path"] for f in json.loads(answer.read())["files"]}
+        with urllib.request.urlopen(f"{base}/get-artifact?run_id={run_id}&path=recipe.json", timeout=30) as answer:
+            served = answer.read().decode()
+    assert {"recipe.json", "export.coreml", "export.onnx"} <= listed
+    assert served == '{"edited": "in the copy"}'
+    downloaded = optimized.mlflow.download_artifacts(run_id, "recipe.json", str(tmp_path))
+    assert Path(downloaded).read_text() == original
 
 
 @pytest.mark.skipif(chromium() is None, reason="chromium is not installed (Debian: apt-get install -y chromium)")
 def test_headless_browser_screenshots_of_both_uis(optimized: Study, tmp_path: Path) -> None:
     shots = take(optimized.results, tmp_path, "digits")
     names = {p.name for p in shots}
-    assert {"mlflow-runs.png", "mlflow-parent-0.png", "dashboard-study.png", "dashboard-trials.png"} <= names
+    assert {"mlflow-runs.png", "mlflow-parent-0.png", "dashboard-study.png", "dashboard-trials.png",
+            "dashboard-note.png"} <= names
     assert all(p.stat().st_size > 20_000 for p in shots), "a blank page is a few KiB"

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from matplotlib.figure import Figure
 
-from pipeline.tracking.tracker import PARENT_TAG, Tracker, artifact_root_for, clean_key, experiment_name
+from pipeline.tracking.artifacts import artifact_root_for
+from pipeline.tracking.tracker import PARENT_TAG, Tracker, clean_key, experiment_name
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def test_study_parent_and_trial_children(store: str, tmp_path: Path) -> None:
     tracker.log_trial(2, "FAIL", {}, {}, {}, texts={"traceback.txt": "Traceback ... RuntimeError: boom"})
     client = tracker.client
     experiment = client.get_experiment_by_name(experiment_name("digits"))
-    assert experiment is not None and experiment.artifact_location.endswith("mlartifacts/paretorch-digits")
+    assert experiment is not None and experiment.artifact_location == "mlflow-artifacts:/paretorch-digits"
     children = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent}'")
     by_trial = {int(r.data.tags["paretorch.trial"]): r for r in children}
     assert set(by_trial) == {0, 1, 2}

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from pipeline.tracking.views import markdown_table, namespace_metrics, run_view_url, runs_view_url
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from pipeline.tracking.columns import VIEW_TAG, headline_view
+from pipeline.tracking.tracker import Tracker
+from pipeline.tracking.views import experiment_links, markdown_table, namespace_metrics, run_view_url, runs_view_url
 
 
 def test_links_open_the_model_training_view() -> None:
     assert runs_view_url("http://127.0.0.1:5000/", "3") == \
         "http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning"
+    assert runs_view_url("http://h:1", "3", "k") == \
+        "http://h:1/#/experiments/3/runs?workflowType=machine_learning&viewStateShareKey=k"
     assert run_view_url("http://h:1", "3", "abc", artifact="pareto.png") == \
         "http://h:1/#/experiments/3/runs/abc/artifacts/pareto.png?workflowType=machine_learning"
 
@@ -22,3 +32,33 @@ def test_only_headline_metrics_stay_at_the_top_level() -> None:
 def test_markdown_table_escapes_pipes() -> None:
     text = markdown_table({"trial": [1], "recipe": ["prune | eager"]})
     assert text.splitlines() == ["| trial | recipe |", "|---|---|", "| 1 | prune \\| eager |"]
+
+
+def test_each_study_adds_its_headline_columns_to_the_experiments_view(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(store)
+    tracker.open_study("digits", "study-b32", params={}, tags={})
+    assert experiment_links(store, "http://h:1") == [
+        ("paretorch/digits", f"http://h:1/#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning")]
+    headline = ("accuracy", "metric_drop", "latency_ms_p50_b32", "speedup", "size_bytes")
+    tracker.show_columns(headline)
+    other = Tracker(store)
+    other.open_study("digits", "study-b1", params={}, tags={})
+    other.show_columns(("accuracy", "metric_drop", "latency_ms_p50_b1", "speedup", "size_bytes"))
+    view = json.loads(tracker.client.get_experiment(tracker.experiment_id).tags[VIEW_TAG])
+    assert view == {"selectedColumns": [
+        "metrics.`accuracy`", "metrics.`metric_drop`", "metrics.`latency_ms_p50_b32`", "metrics.`speedup`",
+        "metrics.`size_bytes`", "tags.`feasible`", "tags.`pareto`", "metrics.`latency_ms_p50_b1`"],
+        # every trial a row of its own (sorted by a metric, the UI does not fold children under the parent)
+        "searchFilter": "tags.`paretorch.role` = 'trial'", "orderByKey": "metrics.`speedup`", "orderByAsc": False}
+    [(name, url)] = experiment_links(store, "http://h:1")
+    assert name == "paretorch/digits"
+    assert url.endswith(f"/#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning"
+                        "&viewStateShareKey=paretorch-headline")
+
+
+def test_an_unreadable_view_is_replaced_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        view = json.loads(headline_view(["accuracy"], (), previous="{not json"))
+    assert view["selectedColumns"] == ["metrics.`accuracy`"]
+    assert "replacing the unreadable MLflow runs-table view" in caplog.text
