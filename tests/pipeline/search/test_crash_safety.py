@@ -48,8 +48,11 @@ class Study:
                 self.name, "--trials", str(trials), "--threads", "1"]
 
     def start(self, trials: int) -> subprocess.Popen[str]:
+        # A shell's background job (CI runners, `nohup ... &`) starts with SIGINT ignored, and a
+        # Python started with SIGINT ignored never raises KeyboardInterrupt: give the study the
+        # default disposition a terminal's Ctrl-C meets.
         return subprocess.Popen(self.command(trials), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True, preexec_fn=default_sigint)
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:
         if self.name not in optuna.get_all_study_names(self.storage):
@@ -67,6 +70,10 @@ class Study:
             assert process.poll() is None, process.communicate()[0]
             time.sleep(0.5)
         raise AssertionError(f"seed {seed} never ran")
+
+
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_interrupt_and_kill_then_rerun(tmp_path: Path) -> None:
