@@ -10,8 +10,24 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from pipeline.core.device import CPU_BF16_ENV_VAR, capabilities
 from pipeline.core.paths import RESULTS_ENV_VAR
 from pipeline.core.spec import ACCURACY, ModelSpec
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_bf16_fast() -> Iterator[None]:
+    """The CPU's capability row says bf16 is fast, as on the hosts these tests were written on:
+    what a test expects of AMP on the CPU must not depend on the host's measured bf16 speed
+    (the probe itself is tested in tests/pipeline/core/test_device.py)."""
+    old = os.environ.get(CPU_BF16_ENV_VAR)
+    os.environ[CPU_BF16_ENV_VAR] = "fast"
+    capabilities.cache_clear()
+    yield
+    if old is None:
+        os.environ.pop(CPU_BF16_ENV_VAR, None)
+    else:
+        os.environ[CPU_BF16_ENV_VAR] = old
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,6 +8,7 @@ the CPU path differs only in its clock and memory source.
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import time
@@ -94,13 +95,54 @@ def capabilities(device: torch.device) -> Capabilities:
     raise DeviceError(f"no capability table for device type '{kind}'")
 
 
+#: bf16 counts as fast on a CPU when the probe's matmul under autocast takes at most this share
+#: of its float32 time. Measured on one thread: an avx512_bf16 Xeon without AMX 1.6x *slower*
+#: (62.7 vs 38.5 ms, Linear 384->1536 on 4096 rows), another host of this workplace 2.8x faster
+#: (MiniLM); the CPU flags alone do not tell them apart.
+CPU_FAST_RATIO = 0.8
+#: ``fast`` or ``slow`` skips the probe (a CPU the user knows; reproducible tests); unset: measured.
+CPU_BF16_ENV_VAR = "PARETORCH_CPU_BF16"
+
+
+def autocast_time_ratio(dtype: torch.dtype, features: int = 512, rows: int = 256, repeats: int = 5) -> float:
+    """Time of a Linear under CPU autocast to ``dtype`` over its float32 time (best of ``repeats``)."""
+    layer = torch.nn.Linear(features, features)
+    inputs = torch.randn(rows, features)
+
+    def best(enabled: bool) -> float:
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=enabled):
+            layer(inputs)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for _ in range(4):
+                    layer(inputs)
+                times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(True) / best(False)
+
+
+def cpu_bf16_is_fast() -> bool:
+    """Whether bf16 runs faster than float32 on this CPU: oneDNN supports it, and a probe matmul
+    under autocast takes at most :data:`CPU_FAST_RATIO` of the float32 time (about 0.1 s), unless
+    ``$PARETORCH_CPU_BF16`` says ``fast`` or ``slow``."""
+    forced = os.environ.get(CPU_BF16_ENV_VAR, "").strip().lower()
+    if forced in ("fast", "slow"):
+        return forced == "fast"
+    if forced:
+        raise DeviceError(f"{CPU_BF16_ENV_VAR}={forced}: set it to fast or slow, or unset it to measure")
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False
+    return autocast_time_ratio(torch.bfloat16) <= CPU_FAST_RATIO
+
+
 def _cpu_capabilities() -> Capabilities:
-    bf16_fast = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return Capabilities(
         kind="cpu",
         reduced_dtypes=(torch.bfloat16, torch.float16),
-        # fp16 runs on CPU but was ~6x slower than fp32 (STACK.md).
-        fast_dtypes=(torch.bfloat16,) if bf16_fast else (),
+        # fp16 runs on CPU but was ~6x slower than fp32 (STACK.md); bf16 is measured.
+        fast_dtypes=(torch.bfloat16,) if cpu_bf16_is_fast() else (),
         # bf16 autocast *training* was 1.8x slower than fp32 on an avx512_bf16 Xeon (MiniLM,
         # batch 32, seq 64: 2.9 s vs 1.6 s per step; STACK.md): inference-fast is not training-fast.
         training_dtypes=(),

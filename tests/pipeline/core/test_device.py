@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import pipeline.core.device as device_module
 from pipeline.core.device import (
     Stopwatch,
     available_kinds,
@@ -52,6 +53,29 @@ def test_cpu_capabilities_match_stack_facts() -> None:
     assert caps.cuda_capability is None
     with pytest.raises(InfeasibleConfig, match=r"torch\.float64 is not supported on cpu"):
         caps.require_dtype(torch.float64)
+
+
+@pytest.mark.parametrize(("supported", "ratio", "fast"), [(True, 0.4, True), (True, 1.7, False), (False, 0.4, False)])
+def test_cpu_bf16_is_fast_only_where_measured_faster(monkeypatch: pytest.MonkeyPatch, supported: bool, ratio: float,
+                                                     fast: bool) -> None:
+    monkeypatch.delenv(device_module.CPU_BF16_ENV_VAR)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: supported)
+    monkeypatch.setattr(device_module, "autocast_time_ratio", lambda dtype: ratio)
+    assert device_module.cpu_bf16_is_fast() is fast
+
+
+def test_the_environment_overrides_the_probe_or_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_module, "autocast_time_ratio", lambda dtype: 0.4)
+    monkeypatch.setenv(device_module.CPU_BF16_ENV_VAR, "slow")
+    assert device_module.cpu_bf16_is_fast() is False
+    monkeypatch.setenv(device_module.CPU_BF16_ENV_VAR, "quick")
+    with pytest.raises(DeviceError, match=r"PARETORCH_CPU_BF16=quick: set it to fast or slow, or unset it"):
+        device_module.cpu_bf16_is_fast()
+
+
+def test_the_autocast_probe_measures_a_ratio() -> None:
+    ratio = device_module.autocast_time_ratio(torch.bfloat16, features=64, rows=16, repeats=2)
+    assert 0.0 < ratio < float("inf")
 
 
 def test_stopwatch_measures_elapsed_time() -> None:
