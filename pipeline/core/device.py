@@ -155,12 +155,12 @@ def _cpu_capabilities() -> Capabilities:
 
 def _cuda_capabilities() -> Capabilities:
     major, minor = torch.cuda.get_device_capability()
-    bf16 = torch.cuda.is_bf16_supported()
+    reduced = (torch.bfloat16, torch.float16) if torch.cuda.is_bf16_supported() else (torch.float16,)
     return Capabilities(
         kind="cuda",
-        reduced_dtypes=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
-        fast_dtypes=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
-        training_dtypes=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
+        reduced_dtypes=reduced,
+        fast_dtypes=reduced,
+        training_dtypes=reduced,
         cuda_capability=(major, minor),
         compile=True,
         cuda_graphs=True,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import torch
@@ -43,9 +44,9 @@ class TrainingData:
     def samples(self) -> int:
         return int(self.inputs[0].shape[0])
 
-    @property
+    @cached_property
     def lengths(self) -> Tensor | None:
-        """Tokens per sample (the padding mask's row sums), or None without a mask."""
+        """Tokens per sample (the padding mask's row sums), or None without a mask (computed once)."""
         if self.padding_mask is None:
             return None
         return self.inputs[self.padding_mask].ne(0).sum(dim=1)
@@ -53,9 +54,9 @@ class TrainingData:
     def batch(self, index: Tensor) -> tuple[Batch, Tensor | None]:
         """Samples ``index`` (inputs, targets), the sequence inputs cut to the longest of them."""
         inputs = tuple(t[index] for t in self.inputs)
-        if self.padding_mask is not None:
+        if self.lengths is not None and self.padding_mask is not None:
             padded = self.inputs[self.padding_mask].shape[1]
-            longest = max(1, int(inputs[self.padding_mask].ne(0).sum(dim=1).max()))
+            longest = max(1, int(self.lengths[index].max()))
             inputs = tuple(t[:, :longest] if t.dim() >= 2 and t.shape[1] == padded else t for t in inputs)
         return inputs, self.targets[index] if self.targets is not None else None
 

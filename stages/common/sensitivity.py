@@ -263,7 +263,8 @@ def calibrate(
     changed = _flatten(ranked[moved:])
     refined: list[str] = []
     if refine and cut_short is None:
-        error = _refine(changed, refined, _flatten(ranked[:moved]), error, error_budget, measure, clock, change)
+        refined, error = _refine(changed, _flatten(ranked[:moved]), error, error_budget, measure, clock, change)
+        changed += refined
     switch.set_changed(changed)
     return CalibrationResult(
         changed=tuple(unit for unit in candidates if unit in set(changed)),
@@ -276,22 +277,22 @@ def calibrate(
     )
 
 
-def _refine(changed: list[str], refined: list[str], kept: Sequence[str], error: float, error_budget: float,
-            measure: MeasureFn, clock: _Clock, change: str) -> float:
-    """Change each ``kept`` unit (most sensitive first, so taken from the end) on top of
-    ``changed`` where the error stays within the budget; appends to ``changed`` and
-    ``refined``; returns the error of the final policy. Stops when time runs out."""
+def _refine(changed: Sequence[str], kept: Sequence[str], error: float, error_budget: float,
+            measure: MeasureFn, clock: _Clock, change: str) -> tuple[list[str], float]:
+    """The ``kept`` units (most sensitive first, so tried from the end) that can be changed on
+    top of ``changed`` with the error still within the budget, and the error with them.
+    Stops when time runs out."""
+    refined: list[str] = []
     for unit in reversed(kept):
         try:
             clock.check()
         except _OutOfTime:
             break
-        trial = _try_measure(measure, (*changed, unit), f"with {unit} {change} as well")
+        trial = _try_measure(measure, (*changed, *refined, unit), f"with {unit} {change} as well")
         if isinstance(trial, float) and trial <= error_budget:
-            changed.append(unit)
             refined.append(unit)
             error = trial
-    return error
+    return refined, error
 
 
 @dataclass

@@ -94,14 +94,12 @@ class TeacherOutputs:
         self.samples, self.enabled = samples, enabled
         self.store: Tensor | None = None
         self.known = torch.zeros(samples, dtype=torch.bool)
-        #: Teacher forward passes run (batches), and batches answered from the store.
+        #: Teacher forward passes run (batches).
         self.passes = 0
-        self.hits = 0
 
     def lookup(self, index: Tensor) -> Tensor | None:
         if not self.enabled or self.store is None or not bool(self.known[index].all()):
             return None
-        self.hits += 1
         return self.store[index.to(self.store.device)]
 
     def keep(self, index: Tensor, output: Tensor) -> None:
