@@ -37,3 +37,14 @@ CONFIGS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "configs"
 DEFAULT_SEARCH_CONFIG = CONFIGS_DIR / "search.yaml"
 #: Where ``--pipeline NAME`` finds ``NAME.yaml``.
 PIPELINES_DIR = CONFIGS_DIR / "pipelines"
+
+
+SQLITE_PREFIX = "sqlite:///"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URL, without the URL's ``?query`` (which may carry
+    options or secrets that must not reach a file name); None for any other URL."""
+    if not url.startswith(SQLITE_PREFIX):
+        return None
+    return Path(url.removeprefix(SQLITE_PREFIX).partition("?")[0]).expanduser()

@@ -31,6 +31,7 @@ from sqlalchemy import text
 
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.locks import file_lock
+from pipeline.core.paths import sqlite_file
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.writable import check_writable_dir
 from pipeline.sources.archive import one_line
@@ -48,9 +49,8 @@ def local_path(url: str) -> Path | None:
     """The file of a local storage (SQLite or journal), None for a server."""
     if url.startswith(JOURNAL_PREFIX):
         return Path(url.removeprefix(JOURNAL_PREFIX)).expanduser().resolve()
-    if url.startswith("sqlite:///"):
-        return Path(url.removeprefix("sqlite:///")).expanduser().resolve()
-    return None
+    database = sqlite_file(url)
+    return database.resolve() if database is not None else None
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:

@@ -23,6 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.core.paths import sqlite_file
+
 if TYPE_CHECKING:
     from mlflow.store.artifact.artifact_repo import ArtifactRepository
 
@@ -45,9 +47,8 @@ def registered() -> bool:
 def artifact_root_for(uri: str) -> Path | None:
     """Where a local store keeps artifacts: ``mlartifacts/`` beside a SQLite file; None for a server
     or another database (it decides)."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri.removeprefix("sqlite:///")).parent / ARTIFACTS_FOLDER
-    return None
+    database = sqlite_file(uri)
+    return database.parent / ARTIFACTS_FOLDER if database is not None else None
 
 
 def experiment_location(folder: str) -> str:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.locks import file_lock
-from pipeline.core.paths import results_dir
+from pipeline.core.paths import results_dir, sqlite_file
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.writable import check_writable_dir
 from pipeline.tracking.artifacts import artifact_root_for, experiment_location, registered
@@ -119,8 +119,8 @@ class Tracker:
             if not registered():
                 raise PipelineError("the installed paretorch predates its MLflow artifact entry point "
                                     "(pyproject.toml): reinstall it (make setup, or pip install -e .)")
-        lock = (file_lock(self.artifact_root.parent / f"{Path(self.uri).name}.lock") if self.artifact_root
-                else contextlib.nullcontext())
+        database = sqlite_file(self.uri)
+        lock = file_lock(database.with_name(f"{database.name}.lock")) if database else contextlib.nullcontext()
         try:
             with lock:  # a local store's schema is created or migrated on first use: not safe to race
                 self.client: MlflowClient = MlflowClient(tracking_uri=self.uri)
