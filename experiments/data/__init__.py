@@ -1,0 +1,1 @@
+"""Labelled data the shipped specs are scored on, installed offline from pinned packages."""

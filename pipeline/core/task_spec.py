@@ -1,0 +1,119 @@
+"""Score a model on labelled data (``--eval-data``, :mod:`pipeline.core.task_data`) instead of fidelity.
+
+:func:`with_task_data` turns any :class:`ModelSpec` (a Python spec, a TorchScript or
+``.pt2`` file, an ``hf:`` directory) into one whose metric is the task's: accuracy,
+Spearman x 100 of pair similarities, or nDCG@10. The fidelity metrics to the unoptimized
+model stay on every trial as extra metrics (computed against its outputs on the same
+rows, once), so a user sees both "as good on my task" and "how far from the original".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from functools import cache
+
+import torch
+from torch import Tensor
+
+from pipeline.core.errors import SpecError
+from pipeline.core.fidelity import NEIGHBOUR_AGREEMENT, fidelity_metrics, reference_outputs
+from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, split_batches
+from pipeline.core.task_data import ClassificationData, PairsData, RetrievalData, TaskData, resolve_labels
+from pipeline.core.task_metrics import classification_metrics, pairs_metric, retrieval_metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRows:
+    """What the model is run on and how the metric reads it: inputs, targets, metrics."""
+
+    inputs: Batch
+    targets: Tensor
+    metrics: tuple[Metric, ...]
+
+
+def distinct_texts(texts: Sequence[str]) -> tuple[list[str], list[int]]:
+    """The distinct texts in first-seen order, and each input's index among them."""
+    index: dict[str, int] = {}
+    positions = [index.setdefault(text, len(index)) for text in texts]
+    return list(index), positions
+
+
+def _encode(spec: ModelSpec, texts: Sequence[str], data: TaskData) -> Batch:
+    if spec.encode_text is None:
+        raise SpecError(f"--eval-data {data.source} holds text, but model '{spec.name}' has no text encoder: "
+                        "a Python spec sets ModelSpec(encode_text=its tokenizer); a TorchScript/.pt2 model takes "
+                        "a .pt file of tensor inputs and labels")
+    return spec.encode_text(list(texts))
+
+
+def _classes(spec: ModelSpec, inputs: Batch) -> int:
+    """The number of classes, from the model's output on two evaluation rows."""
+    with torch.inference_mode():
+        output = spec.build().eval()(*(t[:2] for t in inputs))
+    if not isinstance(output, Tensor) or output.dim() != 2 or output.shape[1] < 2:
+        shape = tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__
+        raise SpecError(f"model '{spec.name}' returns {shape}; classification data needs (batch, classes) logits")
+    return int(output.shape[1])
+
+
+def task_rows(spec: ModelSpec, data: TaskData, label_names: Sequence[str] = ()) -> TaskRows:
+    """Encode the data's rows for ``spec``'s model and build the task's metrics (primary first)."""
+    if isinstance(data, ClassificationData):
+        inputs = data.tensors if data.tensors is not None else _encode(spec, data.texts or (), data)
+        classes = _classes(spec, inputs)
+        return TaskRows(inputs, resolve_labels(data, classes, label_names), classification_metrics(classes))
+    if isinstance(data, PairsData):
+        texts, positions = distinct_texts([*data.first, *data.second])
+        count = len(data)
+        metric = pairs_metric(positions[:count], positions[count:], data.scores, len(texts))
+        return TaskRows(_encode(spec, texts, data), torch.arange(len(texts)), (metric,))
+    if isinstance(data, RetrievalData):
+        relevance = torch.zeros(len(data.queries), len(data.corpus), dtype=torch.float64)
+        for query, judged in enumerate(data.relevant):
+            for document, gain in judged.items():
+                relevance[query, document] = gain
+        rows = len(data.queries) + len(data.corpus)
+        inputs = _encode(spec, [*data.queries, *data.corpus], data)
+        return TaskRows(inputs, torch.arange(rows), retrieval_metrics(len(data.queries), relevance))
+    raise TypeError(f"unknown task data {type(data).__name__}")
+
+
+def against_reference(metric: Metric, reference: Callable[[], Tensor]) -> Metric:
+    """``metric`` computed against the unoptimized model's outputs (not the task's targets)."""
+
+    def compute(outputs: Tensor, _targets: Tensor) -> Tensor:
+        return metric.compute(outputs, reference().to(outputs.device))
+
+    return dataclasses.replace(metric, compute=compute)
+
+
+def with_task_data(spec: ModelSpec, data: TaskData, label_names: Sequence[str] = (),
+                   batch_size: int = 32) -> ModelSpec:
+    """``spec`` scored on ``data``: the task's metric, fidelity metrics as extras."""
+    rows = task_rows(spec, data, label_names)
+    targets = rows.targets
+    batches = split_batches(rows.inputs, batch_size)
+    labelled: list[LabelledBatch] = [
+        (batch, targets[start : start + int(batch[0].shape[0])])
+        for batch, start in zip(batches, range(0, int(targets.shape[0]), batch_size), strict=True)
+    ]
+
+    @cache
+    def reference() -> Tensor:
+        return torch.cat(reference_outputs(spec.build(), batches))
+
+    primary, *task_extras = rows.metrics
+    # The data says what the outputs are: class logits for labels, embeddings for pairs and retrieval.
+    kind = "logits" if isinstance(data, ClassificationData) else "embedding"
+    fidelity = [*fidelity_metrics(kind), *([NEIGHBOUR_AGREEMENT] if kind == "embedding" else [])]
+    taken = {m.name for m in rows.metrics}
+    return dataclasses.replace(
+        spec,
+        evaluation=lambda: list(labelled),
+        metric=primary,
+        extra_metrics=(*task_extras, *(against_reference(m, reference) for m in dict.fromkeys(fidelity)
+                                       if m.name not in taken)),
+        output_kind=spec.output_kind if spec.output_kind != "auto" else kind,
+        description=f"{spec.description}; scored on {data.task} data {data.source} ({len(data)} rows)",
+    )
