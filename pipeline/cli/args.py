@@ -23,6 +23,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inputs-file", default=None, metavar="PATH",
                         help="TorchScript/.pt2 models: a .pt file of a tensor or tuple of tensors (batch first); "
                         "hf: models: a UTF-8 text file, one input per line")
+    parser.add_argument("--eval-data", default=None, metavar="PATH",
+                        help="labelled evaluation data, for any model: judge by the task metric instead of fidelity. "
+                        "A .tsv/.csv/.jsonl table with text,label (classification: accuracy) or sentence1,sentence2,"
+                        "score (pairs: Spearman x 100), a .pt file {'inputs', 'labels'} (tensor classification) or "
+                        "a BEIR directory (retrieval: nDCG@10). See README 'Judge by your task'")
     parser.add_argument("--output-kind", default="auto", choices=("auto", "logits", "embedding"),
                         help="TorchScript/.pt2/hf: models: how fidelity is measured: logits -> top-1 agreement, "
                         "embedding -> mean cosine; auto: logits for a 2-D output whose rows are not unit-norm")
@@ -38,5 +43,6 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
         inputs_file=getattr(args, "inputs_file", None),
         output_kind=getattr(args, "output_kind", "auto"),
         trust_pickle=getattr(args, "trust_pickle", False),
+        eval_data=getattr(args, "eval_data", None),
     )
     return resolve_spec(args.model, options)

@@ -75,6 +75,9 @@ class ModelSpec:
       model would ignore is not computed); latency and evaluation are unaffected.
     * ``protected_layers``: module names no stage may prune or quantize
       (the output head is protected automatically by the stages).
+    * ``encode_text`` (optional): texts -> the model's input batch (its tokenizer, padded
+      alike); needed to score a text model on labelled text data (``--eval-data``,
+      :mod:`pipeline.core.task_spec`).
     """
 
     name: str
@@ -90,6 +93,9 @@ class ModelSpec:
     output_kind: str = "auto"
     padding_mask: int | None = None
     protected_layers: tuple[str, ...] = ()
+    encode_text: Callable[[Sequence[str]], Batch] | None = None
+    #: Class names in index order (a classifier's ``id2label``): labels in --eval-data may use them.
+    label_names: tuple[str, ...] = ()
     #: Further metrics on the same outputs and targets, reported (ModelReport.extra) but not optimized,
     #: e.g. KL divergence next to top-1 agreement (see pipeline.core.fidelity).
     extra_metrics: tuple[Metric, ...] = ()
@@ -101,6 +107,16 @@ class ModelSpec:
         if self.output_kind not in OUTPUT_KINDS:
             raise SpecError(f"model '{self.name}': unknown output_kind '{self.output_kind}': "
                             f"choose one of {', '.join(OUTPUT_KINDS)}")
+
+
+#: Rows per evaluation / calibration batch where the data does not say.
+BATCH_SIZE = 32
+
+
+def split_batches(samples: Batch, batch_size: int = BATCH_SIZE) -> list[Batch]:
+    """Cut a batch of samples into consecutive batches of ``batch_size``."""
+    total = int(samples[0].shape[0])
+    return [tuple(t[i : i + batch_size] for t in samples) for i in range(0, total, batch_size)]
 
 
 def move_batch(batch: Batch, device: torch.device, dtype: torch.dtype | None = None) -> Batch:

@@ -49,8 +49,9 @@ def _encode(spec: ModelSpec, texts: Sequence[str], data: TaskData) -> Batch:
 
 def _classes(spec: ModelSpec, inputs: Batch) -> int:
     """The number of classes, from the model's output on two evaluation rows."""
+    model = spec.build().eval()  # outside inference mode: a spec's build may train on first use
     with torch.inference_mode():
-        output = spec.build().eval()(*(t[:2] for t in inputs))
+        output = model(*(t[:2] for t in inputs))
     if not isinstance(output, Tensor) or output.dim() != 2 or output.shape[1] < 2:
         shape = tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__
         raise SpecError(f"model '{spec.name}' returns {shape}; classification data needs (batch, classes) logits")

@@ -23,6 +23,7 @@ from torch import nn
 from pipeline.core.errors import SpecError
 from pipeline.core.fidelity import OUTPUT_KINDS
 from pipeline.core.spec import ModelSpec
+from pipeline.core.task_data import ClassificationData, load_task_data, task_texts
 from pipeline.sources import exported, huggingface, torchscript
 from pipeline.sources.exported import exported_spec
 from pipeline.sources.huggingface import hf_spec
@@ -38,6 +39,8 @@ class SourceOptions:
     output_kind: str = "auto"
     #: Load ``.pt2`` archives whose entries are unpickled (which can run code): ``--trust-pickle``.
     trust_pickle: bool = False
+    #: Labelled evaluation data (``--eval-data``): the task metric replaces fidelity (any model form).
+    eval_data: str | None = None
 
     @property
     def given(self) -> list[str]:
@@ -73,15 +76,21 @@ def resolve_source(ref: str, options: SourceOptions = SourceOptions()) -> ModelS
         return None
     if options.output_kind not in OUTPUT_KINDS:
         raise SpecError(f"unknown --output-kind '{options.output_kind}': choose one of {', '.join(OUTPUT_KINDS)}")
+    data = load_task_data(options.eval_data) if options.eval_data else None
     if kind == "hf":
         if options.input_shape:
             raise SpecError("--input-shape does not apply to hf: models: pass --inputs-file with one text per line")
-        spec = hf_spec(ref, options.inputs_file, options.output_kind)
-    elif kind == "pt2":
-        spec = exported_spec(ref, options.input_shape, options.inputs_file, options.output_kind,
-                             options.trust_pickle)
+        spec = hf_spec(ref, options.inputs_file, options.output_kind, task_texts(data) if data else None)
     else:
-        spec = torchscript_spec(ref, options.input_shape, options.inputs_file, options.output_kind)
+        samples = data.tensors if isinstance(data, ClassificationData) else None
+        if data is not None and samples is None:
+            raise SpecError(f"--eval-data {data.source} holds text; a {kind} model takes tensors: pass a .pt file "
+                            "torch.save({'inputs': tensor_or_tuple, 'labels': int_tensor}, path)")
+        if kind == "pt2":
+            spec = exported_spec(ref, options.input_shape, options.inputs_file, options.output_kind,
+                                 options.trust_pickle, samples)
+        else:
+            spec = torchscript_spec(ref, options.input_shape, options.inputs_file, options.output_kind, samples)
     object.__setattr__(spec, "source", ref)
     return spec
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from torch import nn
 
 from pipeline.core.errors import SpecError
-from pipeline.core.spec import ModelSpec
+from pipeline.core.spec import Batch, ModelSpec
 from pipeline.sources.archive import SAVE_HINT, archive_kind, file_model_spec, one_line
 from pipeline.sources.inputs import TensorInputs
 from pipeline.sources.pt2_safety import code_entries, untrusted_message
@@ -54,11 +54,11 @@ def load_exported(path: Path, trust_pickle: bool = False) -> nn.Module:
 
 def exported_spec(
     path_text: str, input_shape: str | None = None, inputs_file: str | None = None, output_kind: str = "auto",
-    trust_pickle: bool = False,
+    trust_pickle: bool = False, eval_samples: Batch | None = None,
 ) -> ModelSpec:
     """A fidelity spec for a ``.pt2`` ExportedProgram (inputs from ``--input-shape`` or ``--inputs-file``)."""
     path = Path(path_text).expanduser()
     load = partial(load_exported, trust_pickle=trust_pickle)
     model = load(path)  # bad files fail before the inputs are even looked at
-    inputs = TensorInputs.from_options(input_shape, inputs_file, f".pt2 file {path}")
+    inputs = TensorInputs.from_options(input_shape, inputs_file, f".pt2 file {path}", eval_samples)
     return file_model_spec(path, ".pt2", load, model, inputs, output_kind)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -168,17 +169,49 @@ def tokenize(tokenizer: Any, texts: list[str], sequence_length: int = SEQUENCE_L
     return (encoded["input_ids"].to(torch.int64), encoded["attention_mask"].to(torch.int64))
 
 
-def hf_spec(ref: str, inputs_file: str | None = None, output_kind: str = "auto") -> ModelSpec:
-    """A fidelity spec for ``hf:path/to/dir``; ``inputs_file`` is a text file, one input per line.
+def encode_texts(tokenizer: Any, texts: Sequence[str], max_tokens: int = SEQUENCE_LENGTH) -> Batch:
+    """Texts as one batch padded to its longest text (at most ``max_tokens``), as a user's serving code
+    pads: labelled data is scored at its own lengths, not at the longest the model takes."""
+    encoded = tokenizer(list(texts), padding="longest", truncation=True, max_length=max_tokens,
+                        return_tensors="pt")
+    return (encoded["input_ids"].to(torch.int64), encoded["attention_mask"].to(torch.int64))
+
+
+def max_tokens(directory: Path) -> int:
+    """The longest input a user's sentence-transformers code feeds (``sentence_bert_config.json``
+    ``max_seq_length``), else :data:`SEQUENCE_LENGTH`."""
+    config_path = directory / "sentence_bert_config.json"
+    if config_path.is_file():
+        length = _read_json(config_path).get("max_seq_length")
+        if isinstance(length, int) and length > 0:
+            return length
+    return SEQUENCE_LENGTH
+
+
+def label_names(directory: Path) -> tuple[str, ...]:
+    """A classifier's class names in index order (``config.json`` ``id2label``), or () when it has none."""
+    id2label = _read_json(directory / "config.json").get("id2label") or {}
+    try:
+        ordered = sorted((int(index), str(name)) for index, name in id2label.items())
+    except (AttributeError, ValueError):
+        return ()
+    return tuple(name for _, name in ordered)
+
+
+def hf_spec(ref: str, inputs_file: str | None = None, output_kind: str = "auto",
+            eval_texts: Sequence[str] | None = None) -> ModelSpec:
+    """A fidelity spec for ``hf:path/to/dir``; ``inputs_file`` is a text file, one input per line
+    (without it, the texts of ``--eval-data``: ``eval_texts``).
 
     The last quarter of the lines (at most :data:`MAX_CALIBRATION_LINES`) is for
     calibration, the rest for evaluation.
     """
     directory = Path(ref.removeprefix(PREFIX)).expanduser()
     layout = inspect_directory(directory)
-    if not inputs_file:
-        raise SpecError(f"hf:{directory} needs --inputs-file: a UTF-8 text file with one input per line")
-    lines = read_text_inputs(inputs_file)
+    if not inputs_file and not eval_texts:
+        raise SpecError(f"hf:{directory} needs --inputs-file (a UTF-8 text file with one input per line) "
+                        "or --eval-data (labelled texts)")
+    lines = read_text_inputs(inputs_file) if inputs_file else list(dict.fromkeys(eval_texts or ()))
     calibration_count = max(1, min(MAX_CALIBRATION_LINES, len(lines) // 4))
     evaluation_lines, calibration_lines = lines[:-calibration_count], lines[-calibration_count:]
     tokenizer = load_tokenizer(directory)
@@ -198,8 +231,11 @@ def hf_spec(ref: str, inputs_file: str | None = None, output_kind: str = "auto")
         evaluation_inputs=lambda: split_batches(tokens("evaluation")),
         output_kind=output_kind,
         padding_mask=ATTENTION_MASK_INPUT if getattr(tokenizer, "padding_side", "right") == "right" else None,
+        encode_text=partial(encode_texts, tokenizer, max_tokens=max_tokens(directory)),
+        label_names=label_names(directory) if layout.classifier else (),
         description=(
             f"Hugging Face model from {directory} ({'classifier logits' if layout.classifier else layout.pooling}"
-            f"-pooled embeddings), fidelity on {len(evaluation_lines)} lines of {inputs_file}"
+            f"-pooled embeddings), fidelity on {len(evaluation_lines)} lines of "
+            f"{inputs_file or 'the --eval-data texts'}"
         ),
     )

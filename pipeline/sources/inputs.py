@@ -26,12 +26,11 @@ import torch
 from torch import Tensor
 
 from pipeline.core.errors import SpecError
-from pipeline.core.spec import Batch
+from pipeline.core.spec import Batch, split_batches
 
 #: Generated evaluation set size for models without data (fixed seed).
 MIN_EVALUATION_SAMPLES = 128
 CALIBRATION_SAMPLES = 32
-BATCH_SIZE = 32
 #: Generated inputs (the evaluation samples) may take at most this much memory.
 MAX_GENERATED_BYTES = 4 * 1024**3
 SEEDS = {"evaluation": 0, "calibration": 1, "example": 2}
@@ -150,12 +149,6 @@ def generate(templates: tuple[InputTemplate, ...], count: int, seed: int) -> Bat
     return tuple(template.generate(count, generator) for template in templates)
 
 
-def split_batches(samples: Batch, batch_size: int = BATCH_SIZE) -> list[Batch]:
-    """Cut a batch of samples into consecutive batches of ``batch_size``."""
-    total = int(samples[0].shape[0])
-    return [tuple(t[i : i + batch_size] for t in samples) for i in range(0, total, batch_size)]
-
-
 def tile(samples: Batch, batch_size: int) -> Batch:
     """The first ``batch_size`` samples, repeating them if there are fewer."""
     total = int(samples[0].shape[0])
@@ -172,7 +165,9 @@ class TensorInputs:
     samples: Batch | None = None
 
     @classmethod
-    def from_options(cls, input_shape: str | None, inputs_file: str | None, source: str) -> TensorInputs:
+    def from_options(cls, input_shape: str | None, inputs_file: str | None, source: str,
+                     eval_samples: Batch | None = None) -> TensorInputs:
+        """From ``--input-shape`` or ``--inputs-file``; else from the inputs of ``--eval-data`` (``eval_samples``)."""
         if input_shape and inputs_file:
             raise SpecError("give either --input-shape or --inputs-file, not both")
         if inputs_file:
@@ -180,9 +175,12 @@ class TensorInputs:
             return cls(templates=templates, samples=samples)
         if input_shape:
             return cls(templates=parse_input_shape(input_shape))
+        if eval_samples is not None:
+            return cls(templates=tuple(_template_like(t) for t in eval_samples), samples=eval_samples)
         raise SpecError(
-            f"{source} carries no input data: pass --input-shape (e.g. 1x3x224x224) "
-            "or --inputs-file (a .pt file of a tensor or tuple of tensors)"
+            f"{source} carries no input data: pass --input-shape (e.g. 1x3x224x224), "
+            "--inputs-file (a .pt file of a tensor or tuple of tensors) "
+            "or --eval-data (a .pt file of inputs and labels)"
         )
 
     def evaluation(self) -> list[Batch]:

@@ -29,6 +29,8 @@ from torch import nn
 
 from pipeline.core.errors import SpecError
 from pipeline.core.spec import ModelSpec
+from pipeline.core.task_data import load_task_data
+from pipeline.core.task_spec import with_task_data
 from pipeline.sources import SourceOptions, resolve_source
 
 #: The package of the shipped model specs (one module per model, each with a ``spec``).
@@ -57,6 +59,20 @@ def resolve_spec(ref: str, options: SourceOptions | None = None) -> ModelSpec:
     options = options or SourceOptions()
     if not ref:
         raise SpecError(f"no model given: pass MODEL=<name> (built-ins: {', '.join(builtin_names())})")
+    return attach_eval_data(_resolve(ref, options), options)
+
+
+def attach_eval_data(spec: ModelSpec, options: SourceOptions) -> ModelSpec:
+    """``spec`` scored on ``--eval-data`` when given (every model form), else as it is."""
+    if not options.eval_data:
+        return spec
+    scored = with_task_data(spec, load_task_data(options.eval_data), spec.label_names)
+    # The source names the data too: a study scored on labels is not the fidelity study of the same model.
+    object.__setattr__(scored, "source", f"{spec.source or spec.name} --eval-data {options.eval_data}")
+    return scored
+
+
+def _resolve(ref: str, options: SourceOptions) -> ModelSpec:
     for resolver in SOURCE_RESOLVERS:
         spec = resolver(ref, options)
         if spec is not None:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import SpecError
-from pipeline.core.spec import ModelSpec
+from pipeline.core.spec import Batch, ModelSpec
 from pipeline.sources.archive import SAVE_HINT, archive_kind, file_model_spec, one_line
 from pipeline.sources.inputs import TensorInputs
 
@@ -38,10 +38,11 @@ def load_torchscript(path: Path) -> nn.Module:
 
 
 def torchscript_spec(
-    path_text: str, input_shape: str | None = None, inputs_file: str | None = None, output_kind: str = "auto"
+    path_text: str, input_shape: str | None = None, inputs_file: str | None = None, output_kind: str = "auto",
+    eval_samples: Batch | None = None,
 ) -> ModelSpec:
     """A fidelity spec for a TorchScript file (inputs from ``--input-shape`` or ``--inputs-file``)."""
     path = Path(path_text).expanduser()
     model = load_torchscript(path)  # bad files fail before the inputs are even looked at
-    inputs = TensorInputs.from_options(input_shape, inputs_file, f"TorchScript file {path}")
+    inputs = TensorInputs.from_options(input_shape, inputs_file, f"TorchScript file {path}", eval_samples)
     return file_model_spec(path, "TorchScript", load_torchscript, model, inputs, output_kind)

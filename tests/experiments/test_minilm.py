@@ -1,4 +1,4 @@
-"""The MiniLM spec: offline loading, the model-card embedding, the sentence sample, fidelity."""
+"""The MiniLM spec: offline loading, the model-card embedding, the sentence sample, the human task, fidelity."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.fidelity import MEAN_COSINE, NEIGHBOUR_AGREEMENT, fidelity_report
+from pipeline.core.evaluate import compute_metrics
 from pipeline.core.spec import ModelSpec
+from pipeline.core.task_metrics import PAIRS_METRIC
 
 CPU = torch.device("cpu")
 
@@ -31,7 +32,7 @@ def minilm(results_dir: Path) -> Iterator[tuple[ModelSpec, nn.Module]]:
         patch.setattr(socket.socket, "connect", refuse)
         minilm_spec = spec()
         model = load_model(minilm_spec)
-        minilm_spec.evaluation()  # targets: computed once (and cached on disk) with the network refused too
+        minilm_spec.evaluation()  # the task's rows: tokenized with the network refused too
     yield minilm_spec, model
 
 
@@ -39,7 +40,7 @@ def test_loads_offline_as_an_embedding_model(minilm: tuple[ModelSpec, nn.Module]
     spec, model = minilm
     assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["TRANSFORMERS_OFFLINE"] == "1"
     assert spec.name == "minilm" and spec.latency_batch_sizes == (1, 32)
-    assert spec.metric is NEIGHBOUR_AGREEMENT
+    assert spec.metric.name == PAIRS_METRIC
     input_ids, attention_mask = spec.example_inputs(3)
     assert input_ids.shape == attention_mask.shape == (3, 128) and input_ids.dtype == torch.int64
     with torch.inference_mode():
@@ -60,7 +61,7 @@ def test_embeddings_match_sentence_transformers(minilm: tuple[ModelSpec, nn.Modu
     texts = sentences("evaluation")[:4]
     reference = SentenceTransformer(str(model_dir()), device="cpu").encode(texts, convert_to_tensor=True)
     with torch.inference_mode():
-        ours = model(*[t[:4] for t in spec.evaluation()[0][0]])
+        ours = model(*spec.example_inputs(4))
     assert torch.nn.functional.cosine_similarity(ours, reference.cpu()).min().item() > 0.99999
 
 
@@ -89,19 +90,15 @@ def test_training_inputs_are_every_other_distinct_sentence(minilm: tuple[ModelSp
     assert spec.output_kind == "embedding"
 
 
-def test_fidelity_is_one_for_the_unoptimized_model(minilm: tuple[ModelSpec, nn.Module]) -> None:
+def test_unoptimized_model_scores_the_human_task_and_full_fidelity(minilm: tuple[ModelSpec, nn.Module]) -> None:
     spec, model = minilm
-    evaluation = spec.evaluation()
-    assert sum(len(inputs[0]) for inputs, _ in evaluation) == 256
-    with torch.inference_mode():
-        outputs = torch.cat([model(*inputs) for inputs, _ in evaluation])
-    targets = torch.cat([target for _, target in evaluation])
-    report = fidelity_report(outputs, targets, (spec.metric, MEAN_COSINE))
-    assert report["neighbour_agreement"] == 1.0
-    assert report["mean_cosine"] == pytest.approx(1.0, abs=1e-6)
+    values = compute_metrics(model, spec.evaluation(), (spec.metric, *spec.extra_metrics), CPU)
+    assert values[PAIRS_METRIC] == pytest.approx(44.33, abs=0.05)  # README's figure
+    assert values["neighbour_agreement"] == 1.0
+    assert values["mean_cosine"] == pytest.approx(1.0, abs=1e-6)
 
 
-def test_fidelity_is_clearly_below_one_for_a_damaged_copy(minilm: tuple[ModelSpec, nn.Module]) -> None:
+def test_a_damaged_copy_loses_task_score_and_fidelity(minilm: tuple[ModelSpec, nn.Module]) -> None:
     spec, model = minilm
     damaged = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(0)
@@ -109,24 +106,10 @@ def test_fidelity_is_clearly_below_one_for_a_damaged_copy(minilm: tuple[ModelSpe
         for module in damaged.modules():
             if isinstance(module, nn.Linear):
                 module.weight.add_(torch.randn(module.weight.shape, generator=generator) * module.weight.std() * 0.2)
-    batches = spec.evaluation()[:2]  # 64 sentences keep the test short
-    with torch.inference_mode():
-        outputs = torch.cat([damaged(*inputs) for inputs, _ in batches])
-    targets = torch.cat([target for _, target in batches])
-    report = fidelity_report(outputs, targets, (NEIGHBOUR_AGREEMENT, MEAN_COSINE))
-    assert report["neighbour_agreement"] < 0.9
-    assert report["mean_cosine"] < 0.95
-
-
-def test_targets_are_cached_on_disk(minilm: tuple[ModelSpec, nn.Module], results_dir: Path) -> None:
-    from experiments.models.minilm import _targets_path, reference_embeddings
-
-    spec, _ = minilm
-    path = _targets_path()
-    assert path.is_file() and path.is_relative_to(results_dir)
-    inputs = [batch for batch, _ in spec.evaluation()]
-    cached = reference_embeddings(inputs)
-    assert all(torch.equal(a, b) for a, (_, b) in zip(cached, spec.evaluation(), strict=True))
+    values = compute_metrics(damaged, spec.evaluation(), (spec.metric, *spec.extra_metrics), CPU)
+    assert values[PAIRS_METRIC] < 40.0
+    assert values["neighbour_agreement"] < 0.9
+    assert values["mean_cosine"] < 0.95
 
 
 def test_structured_pruning_removes_whole_attention_heads(minilm: tuple[ModelSpec, nn.Module]) -> None:

@@ -221,7 +221,7 @@ def test_bad_file_sources_give_one_line_errors(
     [
         ("hf:{root}/no_config", {"inputs_file": "lines.txt"}, r"has no config\.json: point hf: at the directory"),
         ("hf:{root}/absent", {"inputs_file": "lines.txt"}, r"hf: directory not found"),
-        ("hf:{minilm}", {}, r"needs --inputs-file: a UTF-8 text file"),
+        ("hf:{minilm}", {}, r"needs --inputs-file \(a UTF-8 text file"),
         ("hf:{minilm}", {"inputs_file": "empty.txt"}, r"has 0 distinct non-empty line\(s\): give at least 2"),
         ("hf:{minilm}", {"inputs_file": "lines.txt", "input_shape": "1x3"}, r"--input-shape does not apply to hf:"),
         ("digits", {"input_shape": "1x3"}, r"--input-shape: only for TorchScript .* not for 'digits'"),

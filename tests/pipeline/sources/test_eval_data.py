@@ -1,0 +1,171 @@
+"""--eval-data on every model form: a TorchScript classifier, an hf: embedding model, a Python spec, MiniLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from torch import nn
+
+from pipeline.cli.main import main
+from pipeline.core.evaluate import compute_metric
+from pipeline.core.spec import ACCURACY
+from pipeline.core.task_metrics import PAIRS_METRIC
+from pipeline.search.objectives import ATTR_BASELINE
+from pipeline.sources import SourceOptions
+from pipeline.sources.resolve import resolve_spec
+
+CPU = torch.device("cpu")
+QUICK = ["--trials", "2", "--no-tracking", "--latency-budget", "quick", "--runtimes", "eager", "--threads", "1"]
+
+
+class TinyClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))
+
+
+@pytest.fixture(scope="module")
+def classifier_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("eval_data")
+    torch.manual_seed(0)
+    model = TinyClassifier().eval()
+    inputs = torch.randn(64, 6)
+    with torch.no_grad():
+        labels = model(inputs).argmax(dim=1)
+    labels[:16] = (labels[:16] + 1) % 4  # a quarter wrong: the unoptimized accuracy is 0.75
+    paths = {"model": root / "classifier.pt", "data": root / "labelled.pt", "bad": root / "bad_labels.pt"}
+    torch.jit.script(model).save(str(paths["model"]))
+    torch.save({"inputs": inputs, "labels": labels}, paths["data"])
+    torch.save({"inputs": inputs, "labels": labels + 10}, paths["bad"])
+    return paths
+
+
+def test_torchscript_classifier_is_scored_by_accuracy(classifier_files: dict[str, Path]) -> None:
+    spec = resolve_spec(str(classifier_files["model"]), SourceOptions(eval_data=str(classifier_files["data"])))
+    assert spec.metric is ACCURACY
+    assert "top1_agreement" in [m.name for m in spec.extra_metrics]  # fidelity stays as an extra
+    model = spec.build()
+    assert compute_metric(model, spec.evaluation(), spec.metric, CPU) == pytest.approx(0.75)
+
+
+def test_torchscript_classifier_optimized_with_eval_data(classifier_files: dict[str, Path], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["optimize", "--model", str(classifier_files["model"]), "--eval-data", str(classifier_files["data"]),
+                 "--results-dir", str(tmp_path), "--device", "cpu", *QUICK])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert study.user_attrs[ATTR_BASELINE]["metric_value"] == pytest.approx(0.75)
+    assert "accuracy" in study.metric_names
+
+
+def test_label_out_of_range_is_one_error_line(classifier_files: dict[str, Path],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["evaluate", "--model", str(classifier_files["model"]), "--eval-data", str(classifier_files["bad"])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: --eval-data") and "out of range: the model has 4 classes" in err[0]
+
+
+def test_text_data_for_a_tensor_model_says_what_to_pass(classifier_files: dict[str, Path], tmp_path: Path) -> None:
+    table = tmp_path / "t.tsv"
+    table.write_text("text\tlabel\na\t0\nb\t1\n")
+    with pytest.raises(Exception, match=r"holds text; a torchscript model takes tensors"):
+        resolve_spec(str(classifier_files["model"]), SourceOptions(eval_data=str(table)))
+
+
+# --------------------------------------------------------------------------- hf: embedding model
+
+
+@pytest.fixture(scope="module")
+def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small BERT encoder with MiniLM's tokenizer, saved as a sentence-transformers directory."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from experiments.models.minilm import model_dir
+
+    directory = tmp_path_factory.mktemp("tiny_hf")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir()), local_files_only=True)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).eval().save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64}))
+    return directory
+
+
+PAIRS = [
+    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
+    ("A woman is slicing an onion.", "A woman cuts an onion.", 4.2),
+    ("A dog runs in the park.", "The stock market fell today.", 0.1),
+    ("Children are playing football.", "Kids play soccer outside.", 3.9),
+    ("The cat sleeps on the sofa.", "A cat is sleeping on a couch.", 4.6),
+    ("It is raining in London.", "A chef prepares a meal.", 0.3),
+    ("Two men are fighting.", "Two men are talking.", 1.8),
+    ("A plane is taking off.", "An airplane departs.", 4.4),
+    ("A boy reads a book.", "A girl writes a letter.", 1.2),
+    ("The sun is shining.", "It is a sunny day.", 4.0),
+    ("A man is cooking pasta.", "A man is riding a horse.", 0.9),
+    ("The car is red.", "The automobile is red.", 4.7),
+]
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"
+    path.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in PAIRS))
+    return path
+
+
+def test_hf_embedding_model_is_scored_on_pairs(tiny_hf_dir: Path, pairs_file: Path) -> None:
+    spec = resolve_spec(f"hf:{tiny_hf_dir}", SourceOptions(eval_data=str(pairs_file)))
+    assert spec.metric.name == PAIRS_METRIC
+    assert "neighbour_agreement" in [m.name for m in spec.extra_metrics]
+    inputs, targets = spec.evaluation()[0]
+    assert inputs[0].shape[1] <= 64  # padded to the longest text, not to 128
+    assert targets.tolist() == list(range(len(targets)))
+
+
+def test_hf_embedding_model_optimized_with_eval_data(tiny_hf_dir: Path, pairs_file: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["optimize", "--model", f"hf:{tiny_hf_dir}", "--eval-data", str(pairs_file), "--results-dir",
+                 str(tmp_path), "--device", "cpu", "--disable", "prune,distill,amp", *QUICK])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert PAIRS_METRIC in out
+
+
+# --------------------------------------------------------------------------- Python spec and MiniLM
+
+
+def test_python_spec_takes_eval_data(digits_spec: object, tmp_path: Path) -> None:
+    from experiments.models import digits
+
+    batches = digits.spec().evaluation()
+    inputs = torch.cat([b[0][0] for b in batches])[:100]
+    labels = torch.cat([b[1] for b in batches])[:100]
+    torch.save({"inputs": inputs, "labels": labels}, tmp_path / "digits.pt")
+    spec = resolve_spec("digits", SourceOptions(eval_data=str(tmp_path / "digits.pt")))
+    assert spec.metric is ACCURACY and sum(len(t) for _, t in spec.evaluation()) == 100
+    assert spec.source.startswith("digits --eval-data")  # its own study, not the digits study
+
+
+def test_minilm_task_data_loads_offline() -> None:
+    from experiments.data import word_similarity
+    from experiments.models import minilm
+
+    data = word_similarity.load()
+    assert len(data) == 353 + 999 and data.first[0] == "love" and data.second[0] == "sex"
+    assert min(data.scores) >= 0.0 and max(data.scores) <= 10.0 and len(set(data.scores)) > 100
+    spec = minilm.spec()
+    assert spec.metric.name == PAIRS_METRIC
+    assert {"neighbour_agreement", "mean_cosine"} <= {m.name for m in spec.extra_metrics}
