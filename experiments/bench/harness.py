@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import time
@@ -31,9 +32,12 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
+from experiments.bench.fidelity_check import render as render_fidelity_check
 from experiments.bench.recovery import RECOVERY_PREFIX
 from experiments.bench.recovery import render as render_recovery
 from pipeline.core.device import capabilities, describe, resolve_device
+from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import LatencySettings, ModelReport
 from pipeline.core.paths import results_dir
 from pipeline.core.runtime import available_runtimes
@@ -42,6 +46,7 @@ from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
 from pipeline.search import Search, SearchConfig, run_search
+from pipeline.search.allowed_drop import AllowedDrop
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
 from pipeline.sources.resolve import resolve_spec
 from stages.amp.stage import AmpConfig
@@ -56,8 +61,8 @@ BENCH_LATENCY = LatencySettings(warmup_runs=10, min_runs=50, min_seconds=1.0)
 #: The distillation of the "prune + distill" rows: bounded in time, so a CPU run of MiniLM
 #: (about 0.8 s per step of 16 on one core) stays affordable; on a GPU it ends by steps.
 BENCH_DISTILL = DistillConfig(steps=400, lr=3e-4, batch_size=16, max_seconds=300)
-#: The allowed metric drop of the search (``--max-drop``); other values get their own result file.
-DEFAULT_MAX_DROP = 0.01
+#: The allowed metric drop of the search (``--max-drop``: ``0.01`` or ``1%``); other values get their own result file.
+DEFAULT_MAX_DROP = AllowedDrop("absolute", 0.01)
 #: The output-error budget of the "int8 with float fallback" row.
 BENCH_FALLBACK_BUDGET = 0.01
 #: Stages whose own time the rows and the search summary report.
@@ -130,7 +135,7 @@ def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, base
     )
 
 
-def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: int, max_drop: float,
+def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: int, max_drop: AllowedDrop,
                     work: Path) -> tuple[list[Any], str, dict[str, Any]]:
     """Run a fresh search (no tracking) and return the fastest feasible Pareto recipe."""
 
@@ -159,7 +164,7 @@ def describe_chain(configs: list[Any], runtime: str) -> str:
     return " -> ".join(parts) + f" @ {runtime}"
 
 
-def bench(model: str, device_name: str, trials: int, batch: int, max_drop: float) -> dict[str, Any]:
+def bench(model: str, device_name: str, trials: int, batch: int, max_drop: AllowedDrop) -> dict[str, Any]:
 
     device = resolve_device(device_name)
     spec = resolve_spec(model)
@@ -197,7 +202,7 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: float
     recheck, _ = measure_recipe(spec, device, [], "eager", batch_sizes)
     return {
         "model": spec.name, "metric": spec.metric.name, "device": describe(device), "device_kind": device.type,
-        "objective_batch": batch, "max_drop": max_drop, "latency_settings": asdict(BENCH_LATENCY),
+        "objective_batch": batch, "max_drop": max_drop.to_json(), "latency_settings": asdict(BENCH_LATENCY),
         "torch": torch.__version__, "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "search": search_info,
         "rows": [asdict(r) for r in rows],
@@ -219,12 +224,15 @@ def render_table(result: dict[str, Any]) -> str:
     rows = result["rows"]
     base = next((r for r in rows if r["kind"] == "baseline"), None)
     base_ms = base["latency_ms_p50"].get(batch) if base else None
+    allowed = AllowedDrop.parse(result["max_drop"])
+    limit = allowed.threshold(base["metric"]) if base else math.nan
     singles = [r for r in rows if r["kind"] == "single" and r["drop"] == r["drop"]
-               and r["drop"] <= result["max_drop"] and r["latency_ms_p50"].get(batch)]
+               and r["drop"] <= limit and r["latency_ms_p50"].get(batch)]
     best_single = min(singles, key=lambda r: r["latency_ms_p50"][batch]) if singles else None
     lines = [
         f"### {result['model']} on {result['device']} (objective: batch {batch}"
-        + (f", allowed drop {result['max_drop']:g})" if result["max_drop"] != DEFAULT_MAX_DROP else ")"),
+        + (f", allowed drop {allowed.describe(base['metric'] if base else None)})" if allowed != DEFAULT_MAX_DROP
+           else ")"),
         "",
         f"torch {result['torch']}, measured {result['date']}; latency = median of >= "
         f"{result['latency_settings']['min_runs']} runs and >= {result['latency_settings']['min_seconds']} s "
@@ -267,10 +275,13 @@ def render_table(result: dict[str, Any]) -> str:
 
 
 def render_markdown(folder: Path = RESULTS_DIR) -> str:
-    """BENCHMARKS.md: one table per benchmark file, then the recovery tables (``recovery-*.json``)."""
+    """BENCHMARKS.md: one table per benchmark file, then the recovery tables (``recovery-*.json``), then
+    the fidelity checks (``fidelity-check-*.json``)."""
     files = sorted(folder.glob("*.json"))
-    results = [json.loads(p.read_text()) for p in files if not p.name.startswith(RECOVERY_PREFIX)]
+    results = [json.loads(p.read_text()) for p in files
+               if not p.name.startswith((RECOVERY_PREFIX, FIDELITY_CHECK_PREFIX))]
     recoveries = [json.loads(p.read_text()) for p in files if p.name.startswith(RECOVERY_PREFIX)]
+    checks = [json.loads(p.read_text()) for p in files if p.name.startswith(FIDELITY_CHECK_PREFIX)]
     parts = [
         "# Benchmarks",
         "",
@@ -283,6 +294,8 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
         parts += [render_table(result), ""]
     for recovery in recoveries:
         parts += [render_recovery(recovery), ""]
+    for check in checks:
+        parts += [render_fidelity_check(check), ""]
     return "\n".join(parts)
 
 
@@ -293,19 +306,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--batch", type=int, default=None, help="objective batch size (default: 1 on accelerators, "
                         "32 on the CPU)")
-    parser.add_argument("--max-drop", type=float, default=DEFAULT_MAX_DROP)
+    parser.add_argument("--max-drop", default=DEFAULT_MAX_DROP.given(),
+                        help="allowed metric drop: absolute (0.01) or a percentage of the baseline metric (1%%)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--render-only", action="store_true", help="only rewrite BENCHMARKS.md from the JSON files")
     args = parser.parse_args(argv)
+    try:
+        max_drop = AllowedDrop.parse(args.max_drop)
+    except ConfigError as exc:
+        parser.error(str(exc))
     if not args.render_only:
         device = resolve_device(args.device)
         default_batch = 32 if device.type == "cpu" else 1
         batch = args.batch or default_batch
-        result = bench(args.model, args.device, args.trials, batch, args.max_drop)
+        result = bench(args.model, args.device, args.trials, batch, max_drop)
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = "" if batch == default_batch else f"-b{batch}"  # e.g. the GPU throughput objective, batch 256
-        if args.max_drop != DEFAULT_MAX_DROP:
-            suffix += f"-drop{args.max_drop:g}"
+        if max_drop != DEFAULT_MAX_DROP:  # -drop0.03, -drop1pct
+            suffix += f"-drop{max_drop.percent:g}pct" if max_drop.kind == "relative" else f"-drop{max_drop.amount:g}"
         path = args.out / f"{result['model']}-{result['device_kind']}{suffix}.json"
         path.write_text(json.dumps(result, indent=2))
         print(render_table(result))

@@ -25,6 +25,7 @@ from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.report import evaluation_table, format_bytes
 from pipeline.core.secrets import mask_secrets
+from pipeline.core.self_check import ALLOW_FLAG
 from pipeline.core.spec import ModelSpec
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import recipe_pipeline
@@ -33,6 +34,7 @@ from pipeline.engine.runner import Runner
 from pipeline.search import LATENCY_BUDGETS, Search, SearchConfig, SeedRecipe, run_search
 from pipeline.search.config import finished_states
 from pipeline.search.loop import run_worker
+from pipeline.search.objectives import ATTR_BASELINE, Baseline
 from pipeline.search.pareto import pareto_rows, pareto_table
 from pipeline.search.storage import validate_storage_url
 from pipeline.search.workers import WORKER_FLAG, launch_workers
@@ -86,6 +88,13 @@ def register_search_commands(sub: argparse._SubParsersAction[Any], commands: dic
     commands["apply"] = cmd_apply
 
 
+def add_nondeterministic_arg(parser: argparse._ActionsContainer) -> None:
+    """``--allow-nondeterministic`` (optimize, report and evaluate): see :mod:`pipeline.core.self_check`."""
+    parser.add_argument(ALLOW_FLAG, action="store_true",
+                        help="go on when the unoptimized model scores differently twice or at another batch size "
+                        "(a model that keeps state between calls or is nondeterministic); the run says by how much")
+
+
 def add_threads_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: torch's choice). On a loaded machine, 1 thread "
@@ -105,8 +114,11 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     """Options that name a study (shared by ``optimize`` and ``report``); unset ones come from the search config."""
     group = parser.add_argument_group("search (defaults from experiments/configs/search.yaml)")
     group.add_argument("--search-config", default=None, metavar="YAML", help="a search config file")
+    add_nondeterministic_arg(group)
     group.add_argument("--pipeline", default=None, help="default, a name in experiments/pipelines/ or a YAML path")
-    group.add_argument("--max-drop", type=float, default=None, help="allowed absolute metric drop (default 0.01)")
+    group.add_argument("--max-drop", default=None, metavar="DROP",
+                       help="allowed metric drop vs the unoptimized model: absolute (0.01) or a percentage of "
+                       "the baseline metric (1%%) (default 0.01)")
     group.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))
     group.add_argument("--seed", type=int, default=None, help="sampler seed")
     group.add_argument("--objectives", default=None, help="comma list of metric,latency,size (default metric,latency)")
@@ -161,6 +173,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     spec = spec_from_args(args)
     search = build_search(args, spec, track=not args.no_tracking)
+    search.allow_nondeterministic = args.allow_nondeterministic
     console = make_console()
     if args.worker_index is not None:  # one worker of a study that the parent process prepared
         search.worker = args.worker_index
@@ -211,7 +224,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
     counts = ", ".join(f"{v} {k.lower()}" for k, v in sorted(states.items()))
     console = make_console()
-    console.print(pareto_table(rows, search.objectives, f"{spec.name}: Pareto front of {search.study_name} ({counts})"))
+    stored = study.user_attrs.get(ATTR_BASELINE)
+    baseline = Baseline(**stored) if stored is not None else None
+    console.print(pareto_table(rows, search.objectives, f"{spec.name}: Pareto front of {search.study_name} ({counts})",
+                               baseline))
     return 0
 
 

@@ -12,13 +12,14 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pipeline.cli.args import add_model_args, spec_from_args
-from pipeline.cli.commands import add_threads_arg, register_search_commands, set_threads
+from pipeline.cli.commands import add_nondeterministic_arg, add_threads_arg, register_search_commands, set_threads
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.evaluate import evaluate_model
 from pipeline.core.paths import set_results_dir
 from pipeline.core.report import evaluation_table, print_table
 from pipeline.core.secrets import mask_secrets
+from pipeline.core.self_check import require_stable, self_check
 from pipeline.core.spec import load_model
 
 EXIT_USER_ERROR = 2
@@ -32,6 +33,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     spec = spec_from_args(args)
     model = load_model(spec)
+    line = require_stable(self_check(model, spec, device), spec.name, args.allow_nondeterministic, "evaluate")
+    print(line, file=sys.stderr if args.json else sys.stdout)
     report = evaluate_model(model, spec, device, runtime=args.runtime)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -55,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--runtime", default="eager", help="eager | compile | compile_cudagraphs")
     evaluate.add_argument("--json", action="store_true", help="print the measurements as JSON")
     add_threads_arg(evaluate)
+    add_nondeterministic_arg(evaluate)
     _COMMANDS["evaluate"] = cmd_evaluate
 
     # Later command groups register here: register_xyz(sub, _COMMANDS).

@@ -63,6 +63,22 @@ class StageConfig(BaseModel):
         fields = ", ".join(f"{k}={v}" for k, v in self.model_dump(mode="json").items() if v not in (None, [], ()))
         return f"{self.stage}({fields})"
 
+    def budget_use(self) -> BudgetUse | None:
+        """The output-error budget this (resolved) config held by keeping layers in float, if any.
+
+        Stages rank layers by output error, a proxy; the trial's verdict is the task metric.
+        The search records both, so that a budget stricter than the task needs is visible."""
+        return None
+
+
+@dataclass(frozen=True)
+class BudgetUse:
+    """An output-error budget a stage held, and what it cost: layers left in float for it."""
+
+    name: str  # the config field, e.g. "quantize.fallback_budget"
+    budget: float
+    float_layers: int
+
 
 class ExportConfig(StageConfig):
     """Base of export stage configs: exports are not searched, ``suggest`` returns the defaults."""

@@ -6,19 +6,20 @@ import hashlib
 import json
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import optuna
 import torch
 import yaml
 from optuna.trial import TrialState
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import LatencySettings
 from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
 from pipeline.core.stage import format_validation_error
 from pipeline.engine.graph import Pipeline
+from pipeline.search.allowed_drop import AllowedDrop
 from pipeline.search.objectives import ObjectiveName
 
 if TYPE_CHECKING:
@@ -44,13 +45,17 @@ class SeedRecipe(BaseModel):
     stages: tuple[dict[str, Any], ...] = ()
 
 
+#: ``max_drop``: ``0.01`` (absolute) or ``"1%"`` (of the baseline metric); a bad value raises the flag's ConfigError.
+MaxDrop = Annotated[AllowedDrop, PlainValidator(AllowedDrop.parse), PlainSerializer(AllowedDrop.to_json)]
+
+
 class SearchConfig(BaseModel):
     """What is searched and how (``experiments/configs/search.yaml``; CLI flags override fields)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     pipeline: str = "default"
     objectives: tuple[ObjectiveName, ...] = ("metric", "latency")
-    max_drop: float = Field(default=0.01, ge=0.0)
+    max_drop: MaxDrop = AllowedDrop("absolute", 0.01)
     sampler: Literal["tpe", "nsga2", "random"] = "tpe"
     seed: int = 0
     runtimes: tuple[str, ...] = ("eager", "compile", "compile_cudagraphs")

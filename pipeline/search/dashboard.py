@@ -61,10 +61,11 @@ def badged_infeasible(trials: Sequence[FrozenTrial], directions: Sequence[optuna
     return [t for t in front if infeasible(t)]
 
 
-def study_dashboard_note(study: optuna.Study, front: Sequence[int], max_drop: float) -> str:
-    """The study's note: the feasible front, and which "Best Trial" badges to ignore."""
+def study_dashboard_note(study: optuna.Study, front: Sequence[int], allowed_drop: str) -> str:
+    """The study's note: the feasible front, and which "Best Trial" badges to ignore. ``allowed_drop``:
+    the allowed drop in words (:meth:`pipeline.search.objectives.Objectives.describe_drop`)."""
     badged = badged_infeasible(study.get_trials(deepcopy=False), study.directions)
-    lines = [f"**Pareto front** (within the allowed drop of {max_drop:g}): "
+    lines = [f"**Pareto front** (within the allowed drop of {allowed_drop}): "
              f"trial{'s' if len(front) != 1 else ''} {', '.join(map(str, front)) or 'none'}."]
     if badged:
         numbers = ", ".join(str(t.number) for t in badged)
@@ -74,8 +75,8 @@ def study_dashboard_note(study: optuna.Study, front: Sequence[int], max_drop: fl
     return "\n\n".join(lines)
 
 
-def note_study(study: optuna.Study, front: Sequence[int], max_drop: float) -> None:
+def note_study(study: optuna.Study, front: Sequence[int], allowed_drop: str) -> None:
     """Write :func:`study_dashboard_note` as the study's note (shown on the dashboard's Note page)."""
     from optuna_dashboard import save_note
 
-    save_note(study, study_dashboard_note(study, front, max_drop))
+    save_note(study, study_dashboard_note(study, front, allowed_drop))

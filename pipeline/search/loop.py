@@ -17,6 +17,7 @@ from rich.table import Table
 
 from pipeline.core.device import describe
 from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.fidelity import fidelity_note
 from pipeline.core.paths import results_dir
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.stage import StageConfig
@@ -60,6 +61,8 @@ from pipeline.tracking.tracker import Tracker
 from pipeline.tracking.views import NOTE_TAG, markdown_table
 
 Launcher = Callable[[], tuple[bool, list[str]]]
+#: The parent run's tag that says the metric is fidelity, which is conservative (pipeline.core.fidelity.fidelity_note).
+FIDELITY_NOTE_TAG = "fidelity_note"
 
 
 @dataclass
@@ -167,8 +170,13 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
                 launch: Launcher | None) -> SearchOutcome:
     wall_start = time.perf_counter()
     study, baseline, tracker = open_search(search)
+    if search.self_check_line:
+        console.print(search.self_check_line, highlight=False, soft_wrap=True)
+    if fidelity := fidelity_note(search.spec.metric):
+        console.print(fidelity, highlight=False, soft_wrap=True)
     parent = tracker.parent_run_id if tracker is not None else None
     logger = TrialLogger(search, tracker, console)
+    console.print(f"allowed drop: {search.objectives.describe_drop(baseline)}", highlight=False)
     done = catch_up(search, study, tracker, logger)
     budget = TrialBudget(trials, finished_states())
     remaining = trials - budget.counted(study)
@@ -195,7 +203,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
         tracker.refresh_children()  # trials that other workers logged
     recipes, finish_notes = finish_study(search, study, tracker, console)
     notes.extend(finish_notes)
-    note_study(study, [t.number for t, _ in distinct_front(study)], search.config.max_drop)
+    note_study(study, [t.number for t, _ in distinct_front(study)], search.objectives.describe_drop(baseline))
     search.times.by_category = dict(search.runner.totals)
     search.times.wall = time.perf_counter() - wall_start
     rows = pareto_rows(study, search.objectives)
@@ -204,7 +212,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
     total = budget.counted(study)
     title = (f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials ({logger.device}); latency re-measured "
              f"with the baseline ({measured[BASELINE].latency_ms:.3f} ms), interleaved, {ROUNDS} rounds")
-    table = pareto_table(rows, search.objectives, title)
+    table = pareto_table(rows, search.objectives, title, baseline)
     if tracker is not None:
         metrics = {"trials": float(total), "pareto_trials": float(len(rows)), "seconds_wall": search.times.wall,
                    "baseline_latency_ms_remeasured": measured[BASELINE].latency_ms,
@@ -214,7 +222,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
                                   {"pareto.png": pareto_figure_png(study, search.objectives, baseline),
                                    "pareto.html": pareto_figure_html(study, search.objectives, baseline)},
                                   metrics)
-        tracker.client.set_tag(tracker.parent_run_id, NOTE_TAG, study_note(title, rows, search))
+        tracker.client.set_tag(tracker.parent_run_id, NOTE_TAG, study_note(title, rows, search, baseline))
         tracker.close_study("KILLED" if interrupted else "FINISHED")
     return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, search.times,
                          search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
@@ -246,8 +254,10 @@ def open_search(search: Search) -> tuple[optuna.Study, Baseline, Tracker | None]
     if tracker is not None:
         tracker.open_study(
             search.spec.name, search.study_name,
-            params={"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
-            tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe()},
+            params={**{"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
+                    **search.objectives.drop_params(baseline)},
+            tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe(),
+                  **({FIDELITY_NOTE_TAG: note} if (note := fidelity_note(search.spec.metric)) else {})},
         )
         tracker.show_columns(search.objectives.headline_keys())
     return study, baseline, tracker
@@ -262,14 +272,15 @@ def run_worker(search: Search, trials: int, timeout: float | None = None, consol
     return run_trials(search, study, budget, timeout, [logger, search.sweep_runtimes, budget])
 
 
-def study_note(title: str, rows: list[Any], search: Search) -> str:
+def study_note(title: str, rows: list[Any], search: Search, baseline: Baseline) -> str:
     """The parent run's Description: the Pareto table and where to look next."""
     columns = table_columns(rows, search.objectives)
     columns.pop("exports", None)
     return (f"**{title}**\n\n{markdown_table(columns)}\n\n"
             f"Plot: Artifacts > pareto.png (interactive: pareto.html). Every trial run is tagged `feasible`; "
-            f"`reason` says why a trial is infeasible, over the allowed drop ({search.config.max_drop:g}) or "
-            f"failed; `dominated_by` names the front trial that beats it. Headline metrics are top-level, "
+            f"`reason` says why a trial is infeasible, over the allowed drop "
+            f"({search.objectives.describe_drop(baseline)}) or failed; `dominated_by` names the front trial that "
+            f"beats it. Headline metrics are top-level, "
             f"the rest under `detail.`.")
 
 

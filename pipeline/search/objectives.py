@@ -3,9 +3,11 @@
 Defaults: maximize the spec's metric (minimize it when lower is better) and
 minimize latency p50 at the spec's first latency batch size; optionally
 minimize the serialized size. The allowed metric drop against the unoptimized
-baseline is a constraint (``drop - max_drop <= 0`` is feasible), stored on the
-trial with ``trial.set_constraint`` (Optuna 5's replacement of the deprecated
-sampler ``constraints_func``), which every sampler and ``study.best_trials`` read.
+baseline (``--max-drop``: absolute, or a percentage of the baseline metric, see
+:mod:`pipeline.search.allowed_drop`) is a constraint (``drop - allowed <= 0`` is
+feasible), stored on the trial with ``trial.set_constraint`` (Optuna 5's replacement
+of the deprecated sampler ``constraints_func``), which every sampler and
+``study.best_trials`` read. :meth:`Objectives.verdict` is the one place a drop is judged.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Literal
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import ModelReport
 from pipeline.core.spec import ModelSpec
+from pipeline.search.allowed_drop import FLAG, AllowedDrop
 
 ObjectiveName = Literal["metric", "latency", "size"]
 OBJECTIVE_NAMES: tuple[ObjectiveName, ...] = ("metric", "latency", "size")
@@ -64,31 +67,43 @@ class Baseline:
 
 
 @dataclass(frozen=True)
+class DropVerdict:
+    """A trial's metric against the allowed drop."""
+
+    feasible: bool
+    #: ``drop - allowed``: the Optuna constraint, feasible when <= 0.
+    constraint: float
+    #: Why it is not feasible (``drop 0.0300 > allowed 0.0098 (1% of the baseline 0.9822)``); None when feasible.
+    reason: str | None
+
+
+@dataclass(frozen=True)
 class Objectives:
     """The objective list of one study and how to read it off a :class:`ModelReport`."""
 
     spec: ModelSpec
     names: tuple[ObjectiveName, ...]
     latency_batch: int
-    max_drop: float
+    allowed_drop: AllowedDrop
 
     @classmethod
-    def create(cls, spec: ModelSpec, names: Sequence[str], max_drop: float,
+    def create(cls, spec: ModelSpec, names: Sequence[str], max_drop: AllowedDrop | str | float,
                latency_batch: int | None = None) -> Objectives:
         unknown = [n for n in names if n not in OBJECTIVE_NAMES]
         if unknown or not names or len(set(names)) != len(names):
             raise ConfigError(f"objectives must be distinct names from {', '.join(OBJECTIVE_NAMES)}; got {list(names)}")
         if "metric" not in names:
             raise ConfigError("the objectives must include 'metric' (the task metric is what the drop is measured on)")
-        if max_drop < 0:
-            raise ConfigError(f"max_drop={max_drop}: must be >= 0 (an absolute drop of the metric)")
+        allowed = AllowedDrop.parse(max_drop)
         bounds = spec.metric.bounds
-        if bounds is not None and max_drop > bounds[1] - bounds[0]:
+        if allowed.kind == "absolute" and bounds is not None and allowed.amount > bounds[1] - bounds[0]:
             low, high = bounds
-            raise ConfigError(f"--max-drop {max_drop}: {spec.metric.name} lies in [{low:g}, {high:g}], so a drop "
-                              f"above {high - low:g} means nothing; give an absolute drop such as 0.01 (one point)")
+            raise ConfigError(f"{FLAG} {allowed.given()}: {spec.metric.name} lies in [{low:g}, {high:g}], so a drop "
+                              f"above {high - low:g} means nothing; give an absolute drop such as 0.01 (one point) "
+                              f"or a relative one such as 1%")
         batch = latency_batch if latency_batch is not None else spec.latency_batch_sizes[0]
-        return cls(spec=spec, names=tuple(names), latency_batch=batch, max_drop=max_drop)  # type: ignore[arg-type]
+        return cls(spec=spec, names=tuple(names), latency_batch=batch,  # type: ignore[arg-type]
+                   allowed_drop=allowed)
 
     @property
     def latency_key(self) -> str:
@@ -110,7 +125,8 @@ class Objectives:
     def headline_keys(self) -> tuple[str, ...]:
         """The metrics a user reads first: the task metric, its drop, the objective latency,
         the speed-up and the size (MLflow logs the others under ``detail.``)."""
-        return (self.spec.metric.name, "metric_drop", self.latency_key, "speedup", "size_bytes")
+        return (self.spec.metric.name, "metric_drop", "metric_drop_relative", self.latency_key, "speedup",
+                "size_bytes")
 
     def values(self, report: ModelReport) -> tuple[float, ...]:
         by_name = {
@@ -127,15 +143,48 @@ class Objectives:
         """How much worse than the baseline (absolute; positive = worse)."""
         return self.spec.metric.drop(baseline.metric_value, metric_value)
 
+    def threshold(self, baseline: Baseline) -> float:
+        """The absolute drop allowed against ``baseline`` (a :class:`ConfigError` when a relative drop
+        meets a baseline metric <= 0)."""
+        return self.allowed_drop.threshold(baseline.metric_value)
+
+    def limit(self, baseline: Baseline) -> float:
+        """The worst metric value within the allowed drop (the line on the Pareto plot)."""
+        sign = -1.0 if self.spec.metric.higher_is_better else 1.0
+        return baseline.metric_value + sign * self.threshold(baseline)
+
+    def verdict(self, baseline: Baseline, metric_value: float) -> DropVerdict:
+        """Whether ``metric_value`` is within the allowed drop: the one comparison every feasibility
+        check uses (the trial's tag, the Optuna constraint, the runtime sweep)."""
+        drop = self.drop(baseline, metric_value)
+        allowed = self.threshold(baseline)
+        constraint = drop - allowed
+        if constraint <= 0:
+            return DropVerdict(True, constraint, None)
+        detail = "" if self.allowed_drop.kind == "absolute" else (
+            f" ({self.allowed_drop.given()} of the baseline {baseline.metric_value:.4g})")
+        return DropVerdict(False, constraint, f"drop {drop:.4f} > allowed {allowed:.4g}{detail}")
+
     def constraint(self, baseline: Baseline, metric_value: float) -> float:
-        """``drop - max_drop``: feasible when <= 0."""
-        return self.drop(baseline, metric_value) - self.max_drop
+        """``drop - allowed``: feasible when <= 0 (:meth:`verdict`'s constraint)."""
+        return self.verdict(baseline, metric_value).constraint
+
+    def describe_drop(self, baseline: Baseline | None = None) -> str:
+        """The allowed drop in words: ``0.01 absolute``, ``1% of the baseline 0.9822 = 0.009822 absolute``."""
+        return self.allowed_drop.describe(baseline.metric_value if baseline is not None else None)
+
+    def drop_params(self, baseline: Baseline) -> dict[str, str | float]:
+        """The study's parent-run params: the allowed drop as given, its kind and the absolute threshold."""
+        return {"max_drop": self.allowed_drop.given(), "max_drop_kind": self.allowed_drop.kind,
+                "max_drop_absolute": self.threshold(baseline)}
 
     def trial_metrics(self, report: ModelReport, baseline: Baseline) -> dict[str, float]:
         """Everything logged for one trial: the report's measurements plus drop and ratios."""
         metrics = report.as_metrics()
         latency = report.latency_p50(self.latency_batch)
         metrics["metric_drop"] = self.drop(baseline, report.metric_value)
+        if baseline.metric_value > 0:
+            metrics["metric_drop_relative"] = metrics["metric_drop"] / baseline.metric_value
         metrics["speedup"] = baseline.latency_ms / latency if latency > 0 else 0.0
         metrics["size_ratio"] = report.size_bytes / baseline.size_bytes if baseline.size_bytes else 0.0
         return metrics

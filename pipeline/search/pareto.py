@@ -130,10 +130,12 @@ def _export_note(note: Mapping[str, str] | None) -> str:
     return ", ".join(parts) or "none"
 
 
-def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str) -> Table:
-    """The table printed at the end of ``optimize`` and by ``report``."""
+def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
+                 baseline: Baseline | None = None) -> Table:
+    """The table printed at the end of ``optimize`` and by ``report``; its caption says the allowed drop."""
     metric = objectives.spec.metric.name
-    table = Table(title=title, show_header=True, header_style="bold", show_lines=False)
+    table = Table(title=title, show_header=True, header_style="bold", show_lines=False,
+                  caption=f"allowed drop: {objectives.describe_drop(baseline)}")
     table.add_column("trial", justify="right")
     table.add_column(metric, justify="right")
     table.add_column("drop", justify="right")
@@ -219,10 +221,7 @@ def pareto_figure_png(study: optuna.Study, objectives: Objectives, baseline: Bas
     feasible = [p for p in points if p.feasible]
     figure = Figure(figsize=(8, 5), dpi=110)
     axes = figure.add_subplot()
-    threshold = None
-    if baseline is not None:
-        threshold = (baseline.metric_value - objectives.max_drop if objectives.spec.metric.higher_is_better
-                     else baseline.metric_value + objectives.max_drop)
+    threshold = objectives.limit(baseline) if baseline is not None else None
     ys = [p.metric for p in feasible] + ([baseline.metric_value, threshold] if baseline and threshold else [])
     xs = [p.latency_ms for p in feasible] + ([baseline.latency_ms] if baseline else [])
     if not ys:
@@ -248,7 +247,7 @@ def pareto_figure_png(study: optuna.Study, objectives: Objectives, baseline: Bas
     if baseline is not None and threshold is not None:
         axes.scatter([baseline.latency_ms], [baseline.metric_value], marker="*", s=160, c="tab:blue",
                      label="baseline")
-        axes.axhline(threshold, ls="--", c="0.5", lw=0.8, label=f"allowed drop ({objectives.max_drop:g})")
+        axes.axhline(threshold, ls="--", c="0.5", lw=0.8, label=f"allowed drop ({objectives.describe_drop(baseline)})")
     axes.set_xlim(*xlim)
     axes.set_ylim(*ylim)
     axes.set_xlabel(f"latency p50, batch {objectives.latency_batch} (ms)")

@@ -18,12 +18,14 @@ from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtime import available_runtimes
 from pipeline.core.secrets import mask_secrets
+from pipeline.core.self_check import SelfCheck, require_stable, self_check
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import StageConfig, StageContext, config_from_dict, stage_for
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
 from pipeline.engine.recipe import configs_to_json
 from pipeline.engine.runner import TIME_CATEGORIES, Runner
+from pipeline.search.budgets import budget_metrics
 from pipeline.search.config import (
     LATENCY_BUDGETS,
     SearchConfig,
@@ -51,6 +53,9 @@ from pipeline.search.seeding import merge_params, runtime_params, stage_params
 from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
 from pipeline.search.sweep import RuntimeSweepIndex
 from pipeline.search.workers import claim_config
+
+#: Study user attr: the unoptimized model's self-check (pipeline.core.self_check), measured once per study.
+ATTR_SELF_CHECK = "self_check"
 
 
 @dataclass
@@ -109,6 +114,10 @@ class Search:
         self.extra_seeds: list[SeedRecipe] = []
         #: This process's index among the study's workers (0 when alone): moves the sampler's seed.
         self.worker = 0
+        #: Go on when the unoptimized model's metric moves between passes (``--allow-nondeterministic``).
+        self.allow_nondeterministic = False
+        #: The self-check's one line for the console (set by :meth:`ensure_baseline`).
+        self.self_check_line: str | None = None
 
     # ------------------------------------------------------------------ study
 
@@ -185,6 +194,7 @@ class Search:
     def ensure_baseline(self, study: optuna.Study) -> Baseline:
         """The stored baseline, or measure it now, store it and enqueue the baseline and seed trials."""
         with self.lock():  # workers starting together measure and enqueue once
+            self.check_model(study)
             stored = study.user_attrs.get(ATTR_BASELINE)
             if stored is not None:
                 self.baseline = Baseline(**stored)
@@ -192,6 +202,7 @@ class Search:
                 result = self.runner.run({}, "eager", exports=False)
                 self.baseline = self.objectives.baseline_from(result.report, trial=None)
                 study.set_user_attr(ATTR_BASELINE, json.loads(self.baseline.to_json()))
+            self.objectives.threshold(self.baseline)  # a relative drop of a baseline <= 0 fails here, before any trial
             if not study.trials:
                 self.enqueue(study, SeedRecipe(name="baseline"))
                 for seed in self.config.seeds:
@@ -199,6 +210,15 @@ class Search:
             for seed in self.extra_seeds:
                 self.enqueue(study, seed)
         return self.baseline
+
+    def check_model(self, study: optuna.Study) -> None:
+        """The stored self-check, or score the unoptimized model twice and re-batched now; raises if its
+        metric moves, unless :attr:`allow_nondeterministic`. Recorded on the study once it passes (or is allowed)."""
+        stored = study.user_attrs.get(ATTR_SELF_CHECK)
+        check = SelfCheck(**stored) if stored is not None else self_check(self.runner.model, self.spec, self.device)
+        self.self_check_line = require_stable(check, self.spec.name, self.allow_nondeterministic)
+        if stored is None:
+            study.set_user_attr(ATTR_SELF_CHECK, check.to_dict())
 
     def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
         """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped
@@ -270,7 +290,10 @@ class Search:
 
     def _feasible_latency(self, record: TrialRecord) -> float | None:
         """The trial's objective latency if it completed within the allowed drop, else None."""
-        if record.state != COMPLETE or record.metrics.get("metric_drop", float("inf")) > self.config.max_drop:
+        value = record.metrics.get(self.spec.metric.name)
+        if record.state != COMPLETE or value is None or self.baseline is None:
+            return None
+        if not self.objectives.verdict(self.baseline, value).feasible:
             return None
         latency = record.metrics.get(self.objectives.latency_key)
         return float(latency) if latency is not None else None
@@ -368,19 +391,19 @@ class Search:
         report = result.report
         recipe = result.recipe(self.spec.name, deferred_exports={n: configs.get(n) for n in exports},
                                metadata={"study": self.study_name, "trial": trial.number})
-        drop = self.objectives.drop(self.baseline, report.metric_value)
-        feasible = drop <= self.config.max_drop
-        over_drop = None if feasible else f"drop {drop:.4f} > allowed {self.config.max_drop:g}"
+        verdict = self.objectives.verdict(self.baseline, report.metric_value)
         self._store(trial, record(
-            state=COMPLETE, recipe=recipe, metrics=self.objectives.trial_metrics(report, self.baseline),
+            state=COMPLETE, recipe=recipe,
+            metrics={**self.objectives.trial_metrics(report, self.baseline),
+                     **budget_metrics(recipe.stages, verdict.constraint)},
             seconds={**result.seconds, "trial": time.perf_counter() - start},
-            cache={"hits": result.cache_hits, "misses": result.cache_misses}, feasible=feasible,
-            over_drop=over_drop,
+            cache={"hits": result.cache_hits, "misses": result.cache_misses}, feasible=verdict.feasible,
+            over_drop=verdict.reason,
             tables=sensitivity_tables(result.nodes),
         ))
-        set_constraints(trial, {CONSTRAINT_NAME: self.objectives.constraint(self.baseline, report.metric_value)})
-        if over_drop is not None:
-            note_infeasible(trial, over_drop)
+        set_constraints(trial, {CONSTRAINT_NAME: verdict.constraint})
+        if verdict.reason is not None:
+            note_infeasible(trial, verdict.reason)
         return self.objectives.values(report)
 
     def _store(self, trial: optuna.Trial, record: TrialRecord) -> None:

@@ -37,7 +37,7 @@ from torch import nn
 from pipeline.core.device import Capabilities, move_module
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
-from pipeline.core.stage import Stage, StageConfig, StageContext
+from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext
 from stages.amp.casting import REDUCED_DTYPES, cast_floating_outputs_to_float32, dtype_name
 from stages.amp.switch import PrecisionSwitch
 from stages.amp.units import find_precision_units, output_units
@@ -99,6 +99,11 @@ class AmpConfig(StageConfig):
         dtype = trial.suggest_categorical("amp.dtype", ["auto", *names])
         error_budget = trial.suggest_float("amp.error_budget", 1e-3, 5e-2, log=True)
         return cls.model_validate({"dtype": dtype, "error_budget": error_budget})
+
+    def budget_use(self) -> BudgetUse | None:
+        if not self.fp32_layers:
+            return None
+        return BudgetUse("amp.error_budget", self.error_budget, len(self.fp32_layers))
 
 
 def reduced_dtype(config: AmpConfig, capabilities: Capabilities) -> torch.dtype:

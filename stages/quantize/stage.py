@@ -49,7 +49,7 @@ from torch import nn
 from pipeline.core.device import Capabilities, move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
 from pipeline.core.mirror import ExportMirror
-from pipeline.core.stage import Stage, StageConfig, StageContext
+from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext
 from stages.common.rankings import SENSITIVITIES
 from stages.common.sensitivity import calibrate, reference_outputs, relative_output_error
 from stages.quantize.fallback import QuantizedSwap, SimulatedStaticInt8
@@ -128,6 +128,11 @@ class QuantizeConfig(StageConfig):
         return cls.model_validate(
             {"method": name, "group_size": group_size, "mapping": mapping, "fallback_budget": budget}
         )
+
+    def budget_use(self) -> BudgetUse | None:
+        if self.fallback_budget is None or not self.float_layers:
+            return None
+        return BudgetUse("quantize.fallback_budget", self.fallback_budget, len(self.float_layers))
 
 
 def _quantize_error(config: QuantizeConfig, what: str, exc: Exception) -> InfeasibleConfig:

@@ -75,7 +75,7 @@ def test_flag_errors_name_the_flag_not_the_config_file() -> None:
 def test_max_drop_is_checked_against_the_metric_range(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["optimize", "--model", "digits", "--max-drop", "5", "--no-tracking", "--trials", "1"])
     err = capsys.readouterr().err
-    assert code == 2 and "--max-drop 5.0: accuracy lies in [0, 1]" in err
+    assert code == 2 and "--max-drop 5: accuracy lies in [0, 1]" in err
 
 
 def test_storage_urls_are_checked_and_journal_paths_accepted() -> None:

@@ -15,6 +15,8 @@ from pipeline.core.fidelity import (
     KL_DIVERGENCE,
     MEAN_COSINE,
     NEIGHBOUR_AGREEMENT,
+    NEIGHBOUR_OVERLAP_AT_10,
+    PAIRWISE_RANK_CORRELATION,
     SQNR_CAP_DB,
     SQNR_DB,
     TOP1_AGREEMENT,
@@ -89,7 +91,7 @@ def test_output_kind_rule() -> None:
     assert infer_output_kind(torch.randn(8, 1)) == "embedding"
     assert infer_output_kind(torch.randn(8, 4, 5)) == "embedding"
     assert fidelity_metrics("logits") == (TOP1_AGREEMENT, KL_DIVERGENCE)
-    assert fidelity_metrics("embedding") == (MEAN_COSINE, SQNR_DB)
+    assert fidelity_metrics("embedding") == (MEAN_COSINE, PAIRWISE_RANK_CORRELATION, NEIGHBOUR_OVERLAP_AT_10, SQNR_DB)
     with pytest.raises(ValueError, match="unknown output kind 'x'"):
         fidelity_metrics("x")
 

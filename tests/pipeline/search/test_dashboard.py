@@ -48,7 +48,7 @@ def test_the_dashboard_badges_an_infeasible_trial_and_the_notes_say_so() -> None
     front = [t.number for t in study.best_trials]
     assert front == [0, 3], "Optuna's front honours the constraint"
     assert [t.number for t in badged_infeasible(study.trials, study.directions)] == [1]
-    note_study(study, front, MAX_DROP)
+    note_study(study, front, str(MAX_DROP))
 
     detail = study_detail(storage, study._study_id)
     best = {t["number"] for t in detail["best_trials"]}
@@ -66,5 +66,5 @@ def test_no_badge_warning_when_every_badged_trial_is_feasible() -> None:
     study = optuna.create_study(directions=["maximize", "minimize"])
     study.optimize(objective, n_trials=1)
     assert badged_infeasible(study.trials, study.directions) == []
-    note = study_dashboard_note(study, [0], MAX_DROP)
+    note = study_dashboard_note(study, [0], str(MAX_DROP))
     assert note.startswith("**Pareto front** (within the allowed drop of 0.01): trial 0.") and "Ignore" not in note

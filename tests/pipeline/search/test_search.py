@@ -53,7 +53,7 @@ def boom_stage() -> Iterator[None]:
 
 
 def test_search_config_validation_names_the_field(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"max_drop=-0.5: Input should be greater than or equal to 0"):
+    with pytest.raises(ConfigError, match=r"--max-drop -0.5: a drop cannot be negative"):
         SearchConfig.load(None, max_drop=-0.5)
     bad = tmp_path / "search.yaml"
     bad.write_text("sampler: grid\n")
@@ -62,7 +62,7 @@ def test_search_config_validation_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="search config not found"):
         SearchConfig.load(tmp_path / "missing.yaml")
     shipped = SearchConfig.load()
-    assert shipped.objectives == ("metric", "latency") and shipped.max_drop == 0.01
+    assert shipped.objectives == ("metric", "latency") and shipped.max_drop.to_json() == 0.01
     assert [s.name for s in shipped.seeds] == ["amp-only", "int8-dynamic-only", "prune-0.3", "prune-0.3-distill"]
 
 

@@ -191,7 +191,7 @@ def test_source_kind_routing() -> None:
         ("garbage.pt", {"input_shape": SHAPE}, r"not a torch archive \(not a zip file\)"),
         ("script_named.pt2", {"input_shape": SHAPE}, r"is a TorchScript archive, not a torch\.export program: rename"),
         ("program_named.pt", {"input_shape": SHAPE}, r"is a torch\.export \(\.pt2\) archive, not TorchScript: rename"),
-        ("scripted.pt", {}, r"carries no input data: pass --input-shape .* or --inputs-file"),
+        ("scripted.pt", {}, r"carries no input data: pass --input-shape .* --inputs-file .* or --eval-data"),
         ("dynamic.pt2", {}, r"carries no input data: pass --input-shape"),
         ("scripted.pt", {"input_shape": "1x3xeightx8"}, r"bad --input-shape '1x3xeightx8'.*e\.g\. 1x3x224x224"),
         ("scripted.pt", {"input_shape": "1x0x8"}, r"bad --input-shape"),

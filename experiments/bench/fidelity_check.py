@@ -1,0 +1,254 @@
+"""Which label-free fidelity metric tracks a human-labelled task score: MiniLM variants on STS pairs.
+
+    python -m experiments.bench.fidelity_check PAIRS.tsv [--distill-steps 200] [--out experiments/bench/results]
+
+``PAIRS.tsv``: human-labelled sentence pairs, tab-separated, no header: the score in
+column 5, the two sentences in columns 6 and 7 (the STS benchmark layout; read with
+quoting off). MiniLM variants are made with the project's own stages (``run_chain``):
+fp32, int8 dynamic, int8 and int4 weight-only, structured pruning without recovery and
+with a short distillation, unstructured pruning. For each variant:
+
+* the human-labelled score: Spearman x 100 between the cosine of the two sentences'
+  embeddings and the human score, over the pairs;
+* every embedding fidelity metric of :mod:`pipeline.core.fidelity`, on the embeddings of
+  the pairs' distinct sentences against the fp32 embeddings of the same sentences.
+
+Then, per fidelity metric, how well it tracks the human score across the variants
+(Spearman and Pearson), and where it puts the variants whose human score is within 1 %
+of fp32 ("as good") against the others. One JSON file,
+``fidelity-check-<model>-<device>.json``; ``make bench`` renders it into BENCHMARKS.md.
+
+On this project's 2-core CPU (2 threads) the two 200-step distillations take most of the
+time: the recorded run took about 45 minutes on a host busy with other jobs (distillations
+518 s and 806 s, each variant's embeddings 5-140 s); ``--distill-steps 50`` shortens it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from experiments.models import minilm
+from pipeline.api import StageContext, load_model, run_chain
+from pipeline.core.fidelity import (
+    MEAN_COSINE,
+    NEIGHBOUR_AGREEMENT,
+    NEIGHBOUR_OVERLAP_AT_10,
+    PAIRWISE_RANK_CORRELATION,
+    SQNR_DB,
+    fidelity_report,
+)
+from pipeline.core.ranking import pearson, spearman
+from pipeline.core.stage import StageConfig
+from pipeline.engine.cache import NodeCache
+from pipeline.sources.huggingface import tokenize
+from stages.distill.stage import DistillConfig
+from stages.prune.stage import PruneConfig
+from stages.quantize.stage import QuantizeConfig
+
+#: Result files of this script start so (the benchmark tables render them apart).
+FIDELITY_CHECK_PREFIX = "fidelity-check-"
+#: Fidelity metrics compared (all on the same embeddings).
+METRICS = (MEAN_COSINE, SQNR_DB, NEIGHBOUR_AGREEMENT, PAIRWISE_RANK_CORRELATION, NEIGHBOUR_OVERLAP_AT_10)
+#: A variant whose human score is within this share of fp32's counts as "as good".
+AS_GOOD = 0.01
+#: Columns (0-based) of the score and the two sentences in the pairs file.
+SCORE_COLUMN, FIRST_COLUMN, SECOND_COLUMN = 4, 5, 6
+EMBED_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """Human-labelled pairs, as indices into the distinct sentences."""
+
+    sentences: list[str]
+    first: Tensor
+    second: Tensor
+    scores: Tensor
+
+
+def read_pairs(path: Path) -> Pairs:
+    """The pairs of a TSV file (score column 5, sentences 6 and 7, quoting off; extra fields ignored)."""
+    index: dict[str, int] = {}
+    first, second, scores = [], [], []
+    with path.open(encoding="utf-8", newline="") as handle:
+        for line, row in enumerate(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE), start=1):
+            if len(row) <= SECOND_COLUMN:
+                raise ValueError(f"{path}:{line}: {len(row)} fields, need at least {SECOND_COLUMN + 1}")
+            scores.append(float(row[SCORE_COLUMN]))
+            first.append(index.setdefault(row[FIRST_COLUMN], len(index)))
+            second.append(index.setdefault(row[SECOND_COLUMN], len(index)))
+    if len(scores) < 3:
+        raise ValueError(f"{path}: {len(scores)} pairs, need at least 3")
+    return Pairs(list(index), torch.tensor(first), torch.tensor(second), torch.tensor(scores, dtype=torch.float64))
+
+
+def human_score(embeddings: Tensor, pairs: Pairs) -> float:
+    """Spearman x 100 between the cosine of each pair's two embeddings and its human score."""
+    cosine = nn.functional.cosine_similarity(embeddings[pairs.first].float(), embeddings[pairs.second].float(), dim=1)
+    return 100.0 * float(spearman(cosine, pairs.scores))
+
+
+def embed(model: nn.Module, tokenizer: Any, sentences: Sequence[str], batch_size: int = EMBED_BATCH) -> Tensor:
+    """Embeddings of ``sentences`` in their order; batches of similar length, each cut to its longest sentence."""
+    input_ids, attention_mask = tokenize(tokenizer, list(sentences))
+    lengths = attention_mask.sum(dim=1)
+    order = torch.argsort(lengths, stable=True)
+    out: Tensor | None = None
+    with torch.inference_mode():
+        for start in range(0, len(sentences), batch_size):
+            rows = order[start : start + batch_size]
+            width = int(lengths[rows].max())
+            batch = model(input_ids[rows, :width], attention_mask[rows, :width]).float()
+            if out is None:
+                out = torch.empty(len(sentences), batch.shape[1])
+            out[rows] = batch
+    assert out is not None
+    return out
+
+
+def variants(distill_steps: int) -> dict[str, list[StageConfig]]:
+    """Name -> stage chain of every variant checked (fp32 first)."""
+    prune = PruneConfig(ratio=0.3)
+    ffn = PruneConfig(ratio=0.2, head_ratio=0.0, ffn_ratio=0.2)
+    distill = DistillConfig(steps=distill_steps)
+    return {
+        "fp32": [],
+        "int8 dynamic": [QuantizeConfig(method="int8_dynamic")],
+        "int8 weight-only": [QuantizeConfig(method="int8_weight_only")],
+        "int4 weight-only (g32)": [QuantizeConfig(method="intx_weight_only", group_size=32)],
+        "unstructured 0.3": [PruneConfig(method="unstructured", ratio=0.3)],
+        "unstructured 0.5": [PruneConfig(method="unstructured", ratio=0.5)],
+        "heads+FFN 0.3": [prune],
+        f"heads+FFN 0.3 + distill {distill_steps}": [prune, distill],
+        "FFN 0.2": [ffn],
+        f"FFN 0.2 + distill {distill_steps}": [ffn, distill],
+        "depth 0.17 (1 of 6 layers)": [PruneConfig(method="depth", ratio=0.17)],
+    }
+
+
+def tracking(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per fidelity metric: its Spearman and Pearson with the human score across the optimized variants
+    (``rows[1:]``: the first row is fp32, the reference, whose fidelity is perfect by construction), and
+    the range it gives the variants within :data:`AS_GOOD` of fp32's human score and the others."""
+    variants = rows[1:]
+    human = torch.tensor([row["human"] for row in variants], dtype=torch.float64)
+    good = human >= rows[0]["human"] * (1.0 - AS_GOOD)
+    result = {}
+    for name in names:
+        values = torch.tensor([row["fidelity"][name] for row in variants], dtype=torch.float64)
+        lowest_good = float(values[good].min()) if bool(good.any()) else None
+        highest_other = float(values[~good].max()) if bool((~good).any()) else None
+        result[name] = {
+            "spearman": float(spearman(values, human)),
+            "pearson": float(pearson(values, human)),
+            "lowest_as_good": lowest_good,
+            "highest_worse": highest_other,
+            "separates": lowest_good is None or highest_other is None or highest_other < lowest_good,
+        }
+    return result
+
+
+def run_variants(pairs: Pairs, distill_steps: int, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Build each variant with ``run_chain`` from the MiniLM spec and score it (fp32 first)."""
+    spec = minilm.spec()
+    model = load_model(spec)
+    tokenizer = minilm._tokenizer()
+    cache = NodeCache()
+    reference: Tensor | None = None
+    rows = []
+    for name, configs in variants(distill_steps).items():
+        start = time.perf_counter()
+        ctx = StageContext(spec, torch.device("cpu"))
+        variant = run_chain(model, configs, ctx, cache=cache).model if configs else model
+        built = time.perf_counter() - start
+        embeddings = embed(variant, tokenizer, pairs.sentences)
+        reference = embeddings if reference is None else reference
+        row = {
+            "variant": name,
+            "recipe": [config.to_dict() | {"stage": config.stage} for config in configs],
+            "human": human_score(embeddings, pairs),
+            "fidelity": fidelity_report(embeddings, reference, METRICS),
+            "build_s": round(built, 1),
+            "embed_s": round(time.perf_counter() - start - built, 1),
+        }
+        rows.append(row)
+        log(json.dumps({k: v for k, v in row.items() if k != "recipe"}))
+    return rows
+
+
+def render(result: dict[str, Any]) -> str:
+    """A Markdown section of one check file: the variants, then how each metric tracks the human score."""
+    names = list(result["tracking"])
+    fp32 = result["rows"][0]["human"]
+    lines = [
+        f"### Fidelity vs a human-labelled score: {result['model']} on {result['device']}",
+        "",
+        f"`python -m experiments.bench.fidelity_check` on {result['pairs']} human-labelled sentence pairs "
+        f"({result['sentences']} distinct sentences; STS benchmark dev split). Human score: Spearman x 100 of "
+        "the pair's cosine vs the human grade; fidelity: the variant's embeddings of the sentences against fp32's.",
+        "",
+        "| variant | human score | " + " | ".join(names) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in names) + " |",
+    ]
+    for row in result["rows"]:
+        marker = " *" if row["human"] >= fp32 * (1.0 - AS_GOOD) else ""
+        values = " | ".join(f"{row['fidelity'][name]:.4f}" for name in names)
+        lines.append(f"| {row['variant']} | {row['human']:.2f}{marker} | {values} |")
+    lines += [
+        "",
+        f"\\* within {AS_GOOD:.0%} of fp32's human score (\"as good\").",
+        "",
+        "Across the optimized variants (fp32 left out: its fidelity is perfect by construction):",
+        "",
+        "| fidelity metric | Spearman with human score | Pearson | lowest value of an as-good variant "
+        "| highest value of a worse one | a threshold separates them |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, stats in result["tracking"].items():
+        good, worse = ("-" if stats[k] is None else f"{stats[k]:.4f}" for k in ("lowest_as_good", "highest_worse"))
+        lines.append(f"| {name} | {stats['spearman']:.3f} | {stats['pearson']:.3f} | {good} | {worse} "
+                     f"| {'yes' if stats['separates'] else 'no'} |")
+    if result.get("note"):
+        lines += ["", result["note"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pairs", type=Path, help="TSV of human-labelled pairs (score, sentence 1, sentence 2 "
+                        "in columns 5-7)")
+    parser.add_argument("--distill-steps", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("experiments/bench/results"))
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    pairs = read_pairs(args.pairs)
+    rows = run_variants(pairs, args.distill_steps)
+    names = [metric.name for metric in METRICS]
+    result = {
+        "model": "minilm", "device": "cpu", "host": platform.node(), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "pairs": int(pairs.scores.numel()), "sentences": len(pairs.sentences),
+        "as_good": AS_GOOD, "rows": rows, "tracking": tracking(rows, names),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{FIDELITY_CHECK_PREFIX}minilm-cpu.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(render(result))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""Can the metric tell the unoptimized model from itself? Score it twice, and re-batched, before a search.
+
+A model that keeps state between calls (a streaming voice-activity detector, a running
+normalizer) or draws random numbers in eval mode scores differently each time it is
+scored: its metric then measures the call history, not the optimization, and a search
+would put unchanged copies on the Pareto front. :func:`self_check` computes the spec's
+metric three times on the model as it is (twice at the evaluation set's own batching, once
+re-cut at another batch size) and compares the metric and, on the CPU, the raw outputs;
+:func:`require_stable` turns a moving metric into a :class:`SpecError` unless the user
+allows it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.core.device import move_module
+from pipeline.core.errors import SpecError
+from pipeline.core.evaluate import compute_metrics
+from pipeline.core.spec import ModelSpec
+
+#: The CLI flag that lets a run go on with an unstable baseline.
+ALLOW_FLAG = "--allow-nondeterministic"
+#: On the CPU, float32 outputs of the passes must agree within these (same kernels, any batch size).
+CPU_RTOL, CPU_ATOL = 1e-4, 1e-5
+#: The metric may move by this times max(1, |metric|): on the CPU (ties), on accelerators (nondeterministic kernels).
+CPU_METRIC_TOLERANCE, ACCELERATOR_METRIC_TOLERANCE = 1e-4, 1e-3
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """The spec's metric on the unoptimized model, scored twice and re-batched."""
+
+    metric: str
+    first: float
+    second: float
+    rebatched: float
+    batch_size: int
+    rebatch_size: int
+    #: Largest absolute difference between the first pass's outputs and another pass's.
+    output_change: float
+    #: What moved (a phrase for the error line), or "" when the model is stable.
+    moved: str
+    seconds: float
+
+    @property
+    def stable(self) -> bool:
+        return not self.moved
+
+    @property
+    def spread(self) -> float:
+        """How far the metric moved between the passes."""
+        values = (self.first, self.second, self.rebatched)
+        return max(values) - min(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line: what was compared, the result and the cost."""
+        if self.stable:
+            return (f"self-check: {self.metric} {self.first:.6g} scored twice and at batch {self.rebatch_size}, "
+                    f"stable (largest output change {self.output_change:.1g}; {self.seconds:.1f} s)")
+        return (f"warning: the baseline is unstable ({ALLOW_FLAG}): {self.metric} {self.first:.6g}, then "
+                f"{self.second:.6g}, then {self.rebatched:.6g} at batch {self.rebatch_size} (moves by up to "
+                f"{self.spread:.3g}; outputs by up to {self.output_change:.3g}): "
+                "metric differences below that are noise")
+
+
+def self_check(model: nn.Module, spec: ModelSpec, device: torch.device) -> SelfCheck:
+    """Score ``model`` (moved to ``device``, eval mode, eager) with ``spec.metric`` three times on
+    ``spec.evaluation()``: twice at its batching, once re-cut at another batch size."""
+    start = time.perf_counter()
+    model = move_module(model, device).eval()
+    batches = spec.evaluation()
+    batch_size = int(batches[0][1].shape[0])
+    rebatch_size = batch_size // 2 if batch_size > 1 else 2
+    samples = sum(int(target.shape[0]) for _, target in batches)
+    passes: list[tuple[float, Tensor]] = []
+    for size in (None, None, rebatch_size):
+        outputs: list[Tensor] = []
+
+        def recording(*inputs: Tensor, store: list[Tensor] = outputs) -> Tensor:
+            output = model(*inputs)
+            store.append(output.detach().float().clone())
+            return output
+
+        value = compute_metrics(recording, batches, (spec.metric,), device, size)[spec.metric.name]
+        passes.append((value, torch.cat(outputs)[:samples]))
+    (first, reference), *others = passes
+    changes = [_largest_change(reference, later) for _, later in others]
+    tolerance = (CPU_METRIC_TOLERANCE if device.type == "cpu" else ACCELERATOR_METRIC_TOLERANCE) * max(1.0, abs(first))
+    moved = ""
+    for (value, later), change, how in zip(others, changes, ("when scored twice",
+                                                             f"at batch {rebatch_size} instead of {batch_size}"),
+                                           strict=True):
+        if abs(value - first) > tolerance:
+            moved = f"its {spec.metric.name} moved from {first:.6g} to {value:.6g} {how}"
+        elif device.type == "cpu" and not _close(reference, later):
+            moved = f"its outputs moved by up to {change:.3g} {how} ({spec.metric.name} {first:.6g} -> {value:.6g})"
+        if moved:
+            break
+    return SelfCheck(spec.metric.name, first, passes[1][0], passes[2][0], batch_size, rebatch_size,
+                     max(changes), moved, time.perf_counter() - start)
+
+
+def _largest_change(a: Tensor, b: Tensor) -> float:
+    return float((a - b).abs().max().item()) if a.shape == b.shape else float("inf")
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, rtol=CPU_RTOL, atol=CPU_ATOL, equal_nan=True)
+
+
+def require_stable(check: SelfCheck, model_name: str, allow: bool, action: str = "search") -> str:
+    """The line to print about ``check``; raises :class:`SpecError` if the metric moved and ``allow`` is False."""
+    if not check.stable and not allow:
+        raise SpecError(f"model '{model_name}': {check.moved}: it keeps state between calls or is nondeterministic; "
+                        f"fix the model (reset its state in forward, eval mode, a fixed seed) or pass {ALLOW_FLAG} "
+                        f"to {action} anyway")
+    return check.summary()

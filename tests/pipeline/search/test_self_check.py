@@ -1,0 +1,161 @@
+"""The unoptimized model is scored twice and re-batched before any trial: a metric that moves stops the run.
+
+The toy model keeps a running state between calls and resets it when the batch size changes, like a
+streaming voice-activity TorchScript model: load_model's batch-2 forward and a new batch size leave
+the first pass identical to the reference, so only a second pass shows the state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from pipeline.cli.main import EXIT_USER_ERROR, main
+from pipeline.core.errors import SpecError
+from pipeline.core.fidelity import MEAN_ABS_ERROR, OUTPUT_R2, R2_FLOOR, default_fidelity_metrics, output_r2
+from pipeline.core.self_check import require_stable, self_check
+from pipeline.core.spec import ModelSpec, load_model
+from pipeline.search import Search, SearchConfig, run_search
+from pipeline.search.study import ATTR_SELF_CHECK
+from pipeline.sources.resolve import resolve_spec
+
+CPU = torch.device("cpu")
+
+SPEC_SOURCE = '''
+import torch
+from torch import nn
+
+from pipeline.core.fidelity import fidelity_spec
+
+DATA = torch.randn(200, 8, generator=torch.Generator().manual_seed(0))
+
+
+class StreamingScorer(nn.Module):
+    """One score per sample from a state kept between calls; a new batch size starts a new state."""
+
+    def __init__(self, stateful: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.linspace(-1.0, 1.0, 8)[None])
+            self.linear.bias.zero_()
+        self.stateful = stateful
+        self.state = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.stateful or self.state is None or self.state.shape[0] != x.shape[0]:
+            self.state = torch.zeros(x.shape[0], 1, device=x.device)
+        score = torch.sigmoid(self.linear(x) + self.state)
+        self.state = 0.9 * self.state + score.detach()
+        return score
+
+
+def make(stateful: bool):
+    return fidelity_spec(
+        "streaming" if stateful else "stateless", lambda: StreamingScorer(stateful), lambda b: (DATA[:b],),
+        lambda: [(DATA[:32],)], lambda: [(DATA[40 + i : 72 + i],) for i in range(0, 160, 32)],
+        latency_batch_sizes=(4,),
+    )
+
+
+def spec():
+    return make(True)
+
+
+def stateless():
+    return make(False)
+'''
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path) -> Path:
+    path = tmp_path / "streaming.py"
+    path.write_text(SPEC_SOURCE)
+    return path
+
+
+def _spec(spec_file: Path, attr: str = "spec") -> ModelSpec:
+    return resolve_spec(f"{spec_file}:{attr}")
+
+
+def _search(spec: ModelSpec, tmp_path: Path) -> Search:
+    config = SearchConfig.load(None, latency_budget="quick", exports="none", runtimes=("eager",), seeds=())
+    return Search(spec, CPU, config, storage=f"sqlite:///{tmp_path / 'optuna.db'}", track=False)
+
+
+def test_one_value_per_sample_is_scored_by_r2_not_cosine(spec_file: Path) -> None:
+    assert _spec(spec_file).metric is OUTPUT_R2
+    assert _spec(spec_file).extra_metrics == (MEAN_ABS_ERROR,)
+    assert default_fidelity_metrics("embedding", torch.randn(8))[0] is OUTPUT_R2
+    assert default_fidelity_metrics("embedding", torch.randn(8, 4))[0].name == "mean_cosine"
+    reference = torch.rand(64, 1)
+    assert output_r2(reference, reference).item() == 1.0
+    mean = torch.full_like(reference, reference.mean().item())
+    assert output_r2(mean, reference).item() == pytest.approx(0.0, abs=1e-5)
+    assert output_r2(reference + 0.5, torch.zeros_like(reference)).item() == R2_FLOOR  # constant reference, missed
+    assert output_r2(reference * 0.9, reference).item() < 0.99  # cosine would say 1.0
+
+
+def test_stateful_model_is_caught_with_one_line(spec_file: Path) -> None:
+    spec = _spec(spec_file)
+    check = self_check(load_model(spec), spec, CPU)
+    assert check.first == 1.0 and check.second < 0.9 and not check.stable
+    with pytest.raises(SpecError) as caught:
+        require_stable(check, spec.name, allow=False)
+    message = str(caught.value)
+    assert message.startswith("model 'streaming': its output_r2 moved from 1 to ")
+    assert message.endswith("when scored twice: it keeps state between calls or is nondeterministic; fix the model "
+                            "(reset its state in forward, eval mode, a fixed seed) or pass --allow-nondeterministic "
+                            "to search anyway")
+    assert "\n" not in message
+    assert require_stable(check, spec.name, allow=True).startswith("warning: the baseline is unstable")
+
+
+def test_deterministic_models_pass(spec_file: Path, residual_spec: ModelSpec) -> None:
+    for spec in (_spec(spec_file, "stateless"), residual_spec):
+        check = self_check(load_model(spec), spec, CPU)
+        assert check.stable and check.first == check.second == pytest.approx(check.rebatched)
+        assert require_stable(check, spec.name, allow=False).startswith("self-check:")
+
+
+def test_search_stops_before_any_trial_unless_allowed(spec_file: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _spec(spec_file)
+    stopped = _search(spec, tmp_path)
+    with pytest.raises(SpecError, match="keeps state between calls"):
+        run_search(stopped, 2, console=Console(file=open(tmp_path / "out.txt", "w")))  # noqa: SIM115
+    study = stopped.open_study(create=False)
+    assert not study.trials and ATTR_SELF_CHECK not in study.user_attrs
+
+    allowed = _search(spec, tmp_path)
+    allowed.allow_nondeterministic = True
+    out = tmp_path / "allowed.txt"
+    with out.open("w") as stream:
+        outcome = run_search(allowed, 1, console=Console(file=stream, width=200))
+    assert outcome.study.trials and outcome.study.user_attrs[ATTR_SELF_CHECK]["moved"]
+    assert "warning: the baseline is unstable (--allow-nondeterministic): output_r2 1, then " in out.read_text()
+
+    # Resumed: the recorded check is read back, not measured again, and still needs the flag.
+    monkeypatch.setattr("pipeline.search.study.self_check", lambda *a: pytest.fail("self-check measured again"))
+    again = _search(spec, tmp_path)
+    with pytest.raises(SpecError, match="moved from 1 to"):
+        again.ensure_baseline(again.open_study(create=False))
+    again.allow_nondeterministic = True
+    again.ensure_baseline(again.open_study(create=False))
+
+
+def test_cli_stops_with_one_error_line(spec_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--model", f"{spec_file}:spec", "--device", "cpu"]
+    assert main(["optimize", *common, "--storage", f"sqlite:///{tmp_path / 'o.db'}", "--no-tracking",
+                 "--trials", "1", "--exports", "none", "--latency-budget", "quick"]) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("error: model 'streaming': its output_r2 moved from 1 to ") and err.count("\n") == 1
+    assert "pass --allow-nondeterministic to search anyway" in err
+
+    assert main(["evaluate", *common]) == EXIT_USER_ERROR
+    assert "to evaluate anyway" in capsys.readouterr().err
+    assert main(["evaluate", *common, "--allow-nondeterministic"]) == 0
+    assert "warning: the baseline is unstable" in capsys.readouterr().out
