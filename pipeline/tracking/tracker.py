@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import logging
 import os
 import re
@@ -291,7 +292,11 @@ class Tracker:
     def log_study_summary(self, table: Mapping[str, list[Any]], figures: Mapping[str, Any],
                           metrics: Mapping[str, float]) -> None:
         """The Pareto table and plots on the parent run, plus study-level numbers."""
-        self.client.log_table(self.parent_run_id, dict(table), "pareto_table.json")
+        # log_table would append to an existing pareto_table.json (a resumed study): write it whole instead,
+        # in log_table's own layout (columns + rows).
+        columns = list(table)
+        rows = [list(row) for row in zip(*(table[c] for c in columns), strict=True)]
+        self.client.log_text(self.parent_run_id, json.dumps({"columns": columns, "data": rows}), "pareto_table.json")
         for artifact_file, figure in figures.items():
             save_kwargs = {"include_plotlyjs": True} if artifact_file.endswith(".html") else None
             self.client.log_figure(self.parent_run_id, figure, artifact_file, save_kwargs=save_kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -64,10 +65,14 @@ def test_study_parent_and_trial_children(store: str, tmp_path: Path) -> None:
     figure = Figure()
     figure.add_subplot().plot([1, 2], [3, 4])
     again.log_study_summary({"trial": [3], "accuracy": [0.98]}, {"pareto.png": figure}, {"trials": 4.0})
+    # a resumed study logs its summary again: the table is replaced, not appended
+    again.log_study_summary({"trial": [3, 5], "accuracy": [0.98, 0.97]}, {"pareto.png": figure}, {"trials": 6.0})
+    table = json.loads(Path(client.download_artifacts(parent, "pareto_table.json", str(tmp_path))).read_text())
+    assert table == {"columns": ["trial", "accuracy"], "data": [[3, 0.98], [5, 0.97]]}
     again.close_study()
     parent_run = client.get_run(parent)
     assert {a.path for a in client.list_artifacts(parent)} == {"pareto_table.json", "pareto.png"}
-    assert parent_run.data.metrics["trials"] == 4.0 and parent_run.info.status == "FINISHED"
+    assert parent_run.data.metrics["trials"] == 6.0 and parent_run.info.status == "FINISHED"
     assert parent_run.data.params == {"search.max_drop": "0.01"}
 
 
