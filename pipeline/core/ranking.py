@@ -1,5 +1,8 @@
 """Rank statistics on the device: ranks with ties averaged, Spearman's rho, nDCG@k, recall@k.
 
+They compute in float32, which every backend has (MPS has no float64); ranks stay exact
+integers (or halves) up to 2**24 samples.
+
 Every function takes and returns tensors (0-dim results), so that a metric built on
 them runs where the outputs are and is read back once by the evaluator.
 """
@@ -14,15 +17,15 @@ def average_ranks(values: Tensor) -> Tensor:
     """1-based ranks of a 1-D tensor, tied values sharing the mean of their ranks (as scipy's rankdata)."""
     if values.dim() != 1:
         raise ValueError(f"average_ranks takes a 1-D tensor, got shape {tuple(values.shape)}")
-    values = values.double()
+    values = values.float()
     order = torch.argsort(values, stable=True)
     sorted_values = values[order]
     # Start of each run of equal values, and the mean rank of each run.
     new_run = torch.ones_like(sorted_values, dtype=torch.bool)
     new_run[1:] = sorted_values[1:] != sorted_values[:-1]
     run_id = torch.cumsum(new_run.long(), dim=0) - 1
-    positions = torch.arange(1, values.numel() + 1, dtype=torch.float64, device=values.device)
-    run_sum = torch.zeros(int(run_id[-1]) + 1 if values.numel() else 0, dtype=torch.float64, device=values.device)
+    positions = torch.arange(1, values.numel() + 1, dtype=torch.float32, device=values.device)
+    run_sum = torch.zeros(int(run_id[-1]) + 1 if values.numel() else 0, dtype=torch.float32, device=values.device)
     run_sum.index_add_(0, run_id, positions)
     run_count = torch.zeros_like(run_sum).index_add_(0, run_id, torch.ones_like(positions))
     ranks = torch.empty_like(values)
@@ -34,10 +37,10 @@ def pearson(x: Tensor, y: Tensor) -> Tensor:
     """Pearson correlation of two 1-D tensors (0 when either is constant)."""
     if x.shape != y.shape or x.dim() != 1:
         raise ValueError(f"pearson needs two 1-D tensors of one shape, got {tuple(x.shape)} and {tuple(y.shape)}")
-    x = x.double() - x.double().mean()
-    y = y.double() - y.double().mean()
+    x = x.float() - x.float().mean()
+    y = y.float() - y.float().mean()
     denominator = x.norm() * y.norm()
-    return torch.where(denominator > 0, (x * y).sum() / denominator.clamp_min(1e-300), torch.zeros_like(denominator))
+    return torch.where(denominator > 0, (x * y).sum() / denominator.clamp_min(1e-30), torch.zeros_like(denominator))
 
 
 def spearman(x: Tensor, y: Tensor) -> Tensor:
@@ -55,10 +58,10 @@ def ndcg_at_k(scores: Tensor, relevance: Tensor, k: int = 10) -> Tensor:
     """
     _check_retrieval(scores, relevance)
     k = min(k, scores.shape[1])
-    discounts = 1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float64, device=scores.device))
-    top = torch.topk(scores.double(), k, dim=1).indices
-    dcg = (relevance.double().gather(1, top) * discounts).sum(dim=1)
-    ideal = (torch.topk(relevance.double(), k, dim=1).values * discounts).sum(dim=1)
+    discounts = 1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float32, device=scores.device))
+    top = torch.topk(scores.float(), k, dim=1).indices
+    dcg = (relevance.float().gather(1, top) * discounts).sum(dim=1)
+    ideal = (torch.topk(relevance.float(), k, dim=1).values * discounts).sum(dim=1)
     return (dcg / ideal).mean()
 
 
@@ -67,9 +70,9 @@ def recall_at_k(scores: Tensor, relevance: Tensor, k: int = 10) -> Tensor:
     _check_retrieval(scores, relevance)
     k = min(k, scores.shape[1])
     relevant = relevance > 0
-    top = torch.topk(scores.double(), k, dim=1).indices
-    found = relevant.gather(1, top).sum(dim=1).double()
-    return (found / relevant.sum(dim=1).double()).mean()
+    top = torch.topk(scores.float(), k, dim=1).indices
+    found = relevant.gather(1, top).sum(dim=1).float()
+    return (found / relevant.sum(dim=1).float()).mean()
 
 
 def _check_retrieval(scores: Tensor, relevance: Tensor) -> None:

@@ -49,7 +49,7 @@ def pairs_metric(first: Sequence[int], second: Sequence[int], scores: Sequence[f
     """Spearman x 100 between cos(output[first[i]], output[second[i]]) and ``scores[i]``."""
     first_index = torch.tensor(first, dtype=torch.int64)
     second_index = torch.tensor(second, dtype=torch.int64)
-    gold = torch.tensor(scores, dtype=torch.float64)
+    gold = torch.tensor(scores, dtype=torch.float32)
 
     def compute(outputs: Tensor, targets: Tensor) -> Tensor:
         embeddings = _rows(outputs, targets, rows, PAIRS_METRIC)

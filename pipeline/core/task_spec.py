@@ -70,7 +70,7 @@ def task_rows(spec: ModelSpec, data: TaskData, label_names: Sequence[str] = ()) 
         metric = pairs_metric(positions[:count], positions[count:], data.scores, len(texts))
         return TaskRows(_encode(spec, texts, data), torch.arange(len(texts)), (metric,))
     if isinstance(data, RetrievalData):
-        relevance = torch.zeros(len(data.queries), len(data.corpus), dtype=torch.float64)
+        relevance = torch.zeros(len(data.queries), len(data.corpus))
         for query, judged in enumerate(data.relevant):
             for document, gain in judged.items():
                 relevance[query, document] = gain
