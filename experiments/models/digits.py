@@ -2,7 +2,8 @@
 
 Real data, fixed seed, and train / calibration / evaluation splits that never
 overlap. The trained weights are cached in the results directory under a hash
-of this file and the settings, so training runs once (seconds), not per command.
+of this file and the settings, so training runs once (a minute or more on a busy CPU,
+with a progress line), not per command.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.paths import cache_dir
+from pipeline.core.progress import phase
 from pipeline.core.spec import ACCURACY, Batch, LabelledBatch, ModelSpec
 
 SETTINGS: dict[str, int] = {"seed": 0, "epochs": 40, "batch_size": 64, "train": 1200, "calibration": 200}
@@ -91,14 +93,17 @@ def train() -> nn.Module:
     images, labels = _splits()["train"]
     generator = torch.Generator().manual_seed(SETTINGS["seed"])
     model.train()
-    for _ in range(SETTINGS["epochs"]):
-        order = torch.randperm(len(labels), generator=generator)
-        for start in range(0, len(labels), SETTINGS["batch_size"]):
-            idx = order[start : start + SETTINGS["batch_size"]]
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(images[idx]), labels[idx]).backward()
-            optimizer.step()
-        scheduler.step()
+    epochs = SETTINGS["epochs"]
+    with phase(f"digits: training the model once ({epochs} epochs), cached afterwards", total=epochs) as shown:
+        for _ in range(epochs):
+            order = torch.randperm(len(labels), generator=generator)
+            for start in range(0, len(labels), SETTINGS["batch_size"]):
+                idx = order[start : start + SETTINGS["batch_size"]]
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(model(images[idx]), labels[idx]).backward()
+                optimizer.step()
+            scheduler.step()
+            shown.advance()
     return model.eval()
 
 

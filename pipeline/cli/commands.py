@@ -12,6 +12,7 @@ import argparse
 import json
 import shutil
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from rich.console import Console
 from pipeline.cli.args import add_model_args, spec_from_args
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.paired import free_cores, load_average, usable_cores
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.report import evaluation_table, format_bytes
 from pipeline.core.secrets import mask_secrets
@@ -33,9 +35,10 @@ from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
 from pipeline.search import LATENCY_BUDGETS, Search, SearchConfig, SeedRecipe, run_search
 from pipeline.search.config import finished_states
+from pipeline.search.front import machine_line
 from pipeline.search.loop import run_worker
 from pipeline.search.objectives import ATTR_BASELINE, Baseline
-from pipeline.search.pareto import pareto_rows, pareto_table
+from pipeline.search.pareto import FRONT_NOTE, pareto_rows, pareto_table
 from pipeline.search.storage import validate_storage_url
 from pipeline.search.workers import WORKER_FLAG, launch_workers
 
@@ -110,6 +113,21 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def threads_line(threads: int | None, device: torch.device, workers: int = 1) -> str:
+    """Never oversubscribe: without ``--threads``, a CPU search runs on at most the cores free now (the
+    usable cores minus the 1-minute load of other work, shared among the workers). The header line."""
+    if threads is not None:
+        return f"threads: {torch.get_num_threads()} (--threads)"
+    if device.type != "cpu":
+        return f"threads: {torch.get_num_threads()} (torch's choice; the model runs on {device.type})"
+    load, cores = load_average(), usable_cores()
+    chosen = max(1, min(torch.get_num_threads(), free_cores(load, cores) // workers))
+    torch.set_num_threads(chosen)
+    share = f", {workers} workers" if workers > 1 else ""
+    return (f"threads: {chosen} ({cores} usable core(s), load {load:.1f} from other work{share}; "
+            f"--threads N to choose)")
+
+
 def add_search_args(parser: argparse.ArgumentParser) -> None:
     """Options that name a study (shared by ``optimize`` and ``report``); unset ones come from the search config."""
     group = parser.add_argument_group("search (defaults from experiments/configs/search.yaml)")
@@ -175,6 +193,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     search = build_search(args, spec, track=not args.no_tracking)
     search.allow_nondeterministic = args.allow_nondeterministic
     console = make_console()
+    console.print(threads_line(args.threads, search.device, args.workers), highlight=False)
     if args.worker_index is not None:  # one worker of a study that the parent process prepared
         search.worker = args.worker_index
         return 130 if run_worker(search, args.trials, args.timeout, console) else 0
@@ -186,12 +205,18 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if args.workers > 1:
         argv = getattr(args, "argv", None) or sys.argv[1:]
         launch = partial(launch_workers, argv, args.workers, console)
-    outcome = run_search(search, args.trials, args.timeout, console, launch=launch)
+    outcome = run_search(search, args.trials, args.timeout, console, launch=launch,
+                         started=getattr(args, "started", None))
     console.print(outcome.table)
     if search.config.exports == "pareto":
-        console.print("exports ran after the search, for the Pareto trials only (exports: pareto)")
+        console.print("exports: for the Pareto trials only, after the search (exports: pareto); "
+                      "the table's exports column says which ran")
     for note in outcome.notes:
         console.print(f"note: {note}")
+    if outcome.machine:
+        console.print(outcome.machine, highlight=False, soft_wrap=True)
+    if (started := getattr(args, "started", None)) is not None:
+        outcome.times.wall = time.perf_counter() - started  # the whole command, from its start
     console.print(f"time: {outcome.times.describe()}")
     console.print(f"cache: {outcome.cache}")
     console.print(f"study {outcome.study_name} in {search.storage_label}")
@@ -226,8 +251,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     console = make_console()
     stored = study.user_attrs.get(ATTR_BASELINE)
     baseline = Baseline(**stored) if stored is not None else None
-    console.print(pareto_table(rows, search.objectives, f"{spec.name}: Pareto front of {search.study_name} ({counts})",
-                               baseline))
+    console.print(pareto_table(rows, search.objectives, f"{spec.name}: Pareto front of {search.study_name} ({counts}); "
+                               f"{FRONT_NOTE}; re-measured: the front timed again when the study ended", baseline))
+    if machine := machine_line(study):
+        console.print(machine, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 from pipeline.cli.args import add_model_args, spec_from_args
@@ -66,10 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
+    """Run one command; ``started``: its ``time.perf_counter()`` start (default: now), for its ``time:`` line."""
+    started = time.perf_counter() if started is None else started
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what worker processes are started with
+    args.started = started
     try:
         if getattr(args, "results_dir", None):
             set_results_dir(args.results_dir)

@@ -8,10 +8,13 @@ the CPU path differs only in its clock and memory source.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import resource
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -19,6 +22,7 @@ from pathlib import Path
 import torch
 
 from pipeline.core.errors import DeviceError, InfeasibleConfig
+from pipeline.core.paths import results_dir
 
 DEVICE_CHOICES = ("auto", "mps", "cuda", "cpu")
 #: Order in which ``auto`` picks a device.
@@ -104,29 +108,71 @@ CPU_FAST_RATIO = 0.8
 CPU_BF16_ENV_VAR = "PARETORCH_CPU_BF16"
 
 
-def autocast_time_ratio(dtype: torch.dtype, features: int = 512, rows: int = 256, repeats: int = 5) -> float:
-    """Time of a Linear under CPU autocast to ``dtype`` over its float32 time (best of ``repeats``)."""
+def autocast_time_ratio(dtype: torch.dtype, features: int = 512, rows: int = 256, repeats: int = 9) -> float:
+    """Time of a Linear under CPU autocast to ``dtype`` over its float32 time: ``repeats`` paired rounds
+    (autocast, then float32, each a block of calls), the median of the per-round ratios, so a busy
+    period slows both sides of a round alike."""
     layer = torch.nn.Linear(features, features)
     inputs = torch.randn(rows, features)
 
-    def best(enabled: bool) -> float:
-        with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=enabled):
-            layer(inputs)
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                for _ in range(4):
-                    layer(inputs)
-                times.append(time.perf_counter() - start)
-        return min(times)
+    def block(enabled: bool) -> float:
+        with torch.autocast("cpu", dtype=dtype, enabled=enabled):
+            start = time.perf_counter()
+            for _ in range(4):
+                layer(inputs)
+            return time.perf_counter() - start
 
-    return best(True) / best(False)
+    with torch.no_grad():
+        block(True), block(False)  # warm-up: oneDNN primitives for both dtypes
+        ratios = [block(True) / block(False) for _ in range(repeats)]
+    return statistics.median(ratios)
+
+
+#: The file under ``<results>/cache`` that keeps facts measured once per host (CPU model and torch version).
+HOST_FACTS_FILE = "host-facts.json"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; else the platform's processor string)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
+def host_facts_file() -> Path:
+    return results_dir() / "cache" / HOST_FACTS_FILE
+
+
+def host_fact(name: str, measure: Callable[[], object]) -> object:
+    """A fact about this host (CPU model + torch version) measured once and kept in :func:`host_facts_file`,
+    so that runs agree with each other; ``measure`` runs when no run stored it yet."""
+    path = host_facts_file()
+    key = f"{cpu_model()} | torch {torch.__version__}"
+    try:
+        facts = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        facts = {}
+    known = facts.get(key, {})
+    if name in known:
+        return known[name]
+    value = measure()
+    facts.setdefault(key, {})[name] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(facts, indent=2, sort_keys=True))
+    except OSError:  # a read-only results directory: measured again next time
+        pass
+    return value
 
 
 def cpu_bf16_is_fast() -> bool:
     """Whether bf16 runs faster than float32 on this CPU: oneDNN supports it, and a probe matmul
-    under autocast takes at most :data:`CPU_FAST_RATIO` of the float32 time (about 0.1 s), unless
-    ``$PARETORCH_CPU_BF16`` says ``fast`` or ``slow``."""
+    under autocast takes at most :data:`CPU_FAST_RATIO` of the float32 time (paired rounds, about
+    0.2 s), unless ``$PARETORCH_CPU_BF16`` says ``fast`` or ``slow``. Decided once per host and kept
+    (:func:`host_fact`): a probe on a loaded machine could otherwise decide differently from run to run."""
     forced = os.environ.get(CPU_BF16_ENV_VAR, "").strip().lower()
     if forced in ("fast", "slow"):
         return forced == "fast"
@@ -134,7 +180,7 @@ def cpu_bf16_is_fast() -> bool:
         raise DeviceError(f"{CPU_BF16_ENV_VAR}={forced}: set it to fast or slow, or unset it to measure")
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
-    return autocast_time_ratio(torch.bfloat16) <= CPU_FAST_RATIO
+    return bool(host_fact("cpu_bf16_fast", lambda: autocast_time_ratio(torch.bfloat16) <= CPU_FAST_RATIO))
 
 
 def _cpu_capabilities() -> Capabilities:

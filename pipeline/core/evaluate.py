@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import tempfile
@@ -17,7 +18,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.core.device import Stopwatch, describe, move_module, peak_memory_bytes, reset_peak_memory, synchronize
 from pipeline.core.noise import median_ci
-from pipeline.core.runtime import is_compiled, prepare_runtime
+from pipeline.core.padding import LatencyInputs, to_bucket, trim_to_longest
+from pipeline.core.padding import latency_inputs as choose_latency_inputs
+from pipeline.core.runtime import is_compiled, needs_static_shapes, prepare_runtime
 from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
 
 logger = logging.getLogger(__name__)
@@ -68,6 +71,8 @@ class ModelReport:
     compile_seconds: float
     device: str
     extra: dict[str, float] = field(default_factory=dict)
+    #: Sequence specs: the lengths each latency batch was measured at, and the bucket's measured cost.
+    latency_inputs: dict[int, LatencyInputs] = field(default_factory=dict)
 
     def latency_p50(self, batch_size: int | None = None) -> float:
         """Median latency in ms at ``batch_size`` (default: the first measured)."""
@@ -90,23 +95,36 @@ class ModelReport:
             metrics[f"latency_ms_p90_b{batch}"] = stats.p90_ms
             metrics[f"latency_ms_p50_b{batch}_ci_low"] = stats.p50_ci_low_ms
             metrics[f"latency_ms_p50_b{batch}_ci_high"] = stats.p50_ci_high_ms
+        for batch, lengths in self.latency_inputs.items():
+            metrics[f"latency_tokens_b{batch}"] = float(lengths.measured_length)
+            metrics[f"latency_longest_tokens_b{batch}"] = float(lengths.length)
+            overhead = lengths.bucket_overhead_pct(self.latency[batch].p50_ms) if batch in self.latency else None
+            if lengths.trimmed_p50_ms is not None and overhead is not None:
+                metrics[f"latency_ms_p50_b{batch}_unbucketed"] = lengths.trimmed_p50_ms
+                metrics[f"bucket_overhead_pct_b{batch}"] = overhead
         metrics.update(self.extra)
         return metrics
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["latency"] = {str(k): asdict(v) for k, v in self.latency.items()}
+        data["latency_inputs"] = {str(k): asdict(v) for k, v in self.latency_inputs.items()}
         return data
 
 
 # --------------------------------------------------------------------------- pieces
 
 
-def fixed_size_chunks(batches: Sequence[LabelledBatch], batch_size: int) -> list[tuple[Batch, int]]:
+def fixed_size_chunks(batches: Sequence[LabelledBatch], batch_size: int,
+                      padding_mask: int | None = None) -> list[tuple[Batch, int]]:
     """The evaluation inputs re-cut into chunks of exactly ``batch_size`` rows, each with its
     count of real rows; the last chunk is padded with copies of its last row. A compiled
-    runtime then reuses the shape it compiled for latency instead of compiling new ones."""
+    runtime then reuses the shape it compiled for latency instead of compiling new ones.
+    ``padding_mask`` (a sequence spec's mask input): every chunk is cut to one length, the
+    smallest length bucket that fits the longest sample (one compiled shape, as latency's)."""
     inputs = tuple(torch.cat(parts) for parts in zip(*(batch_inputs for batch_inputs, _ in batches), strict=True))
+    if padding_mask is not None:
+        inputs = to_bucket(inputs, padding_mask)
     chunks: list[tuple[Batch, int]] = []
     for start in range(0, inputs[0].shape[0], batch_size):
         chunk = tuple(t[start : start + batch_size] for t in inputs)
@@ -123,15 +141,16 @@ def compute_metrics(
     metrics: Sequence[Metric],
     device: torch.device,
     batch_size: int | None = None,
+    padding_mask: int | None = None,
 ) -> dict[str, float]:
     """Run ``fn`` once over the evaluation batches and compute every metric on the device.
 
-    ``batch_size``: feed the inputs in chunks of this size (see :func:`fixed_size_chunks`);
-    the metric is unchanged. Outputs and targets stay on the device; the only host reads
-    are the final values.
+    ``batch_size``: feed the inputs in chunks of this size, with ``padding_mask`` in one length
+    bucket (see :func:`fixed_size_chunks`); the metric is unchanged. Outputs and targets stay on
+    the device; the only host reads are the final values.
     """
     chunks = (
-        fixed_size_chunks(batches, batch_size)
+        fixed_size_chunks(batches, batch_size, padding_mask)
         if batch_size is not None
         else [(inputs, int(target.shape[0])) for inputs, target in batches]
     )
@@ -265,25 +284,39 @@ def evaluate_model(
     runtime: str = "eager",
     settings: LatencySettings = LatencySettings(),
     batch_sizes: Sequence[int] | None = None,
+    fn: Callable[..., Tensor] | None = None,
 ) -> ModelReport:
-    """Measure ``model`` (not modified; moved to ``device``) under ``runtime``."""
+    """Measure ``model`` (not modified; moved to ``device``) under ``runtime``; ``fn``: the model
+    already prepared for ``runtime`` (on ``device``), else prepared here."""
     model = move_module(model, device).eval()
-    fn = prepare_runtime(model, runtime, device)
+    fn = prepare_runtime(model, runtime, device) if fn is None else fn
     compile_ms = 0.0
     latency: dict[int, LatencyStats] = {}
+    lengths: dict[int, LatencyInputs] = {}
     reset_peak_memory(device)
     for batch_size in batch_sizes or spec.latency_batch_sizes:
-        inputs = move_batch(spec.example_inputs(batch_size), device)
-        stats = measure_latency(fn, inputs, device, settings)
+        # A sequence spec's batch is cut to its longest sample, or to a length bucket (static shapes).
+        cpu_inputs, batch_lengths = choose_latency_inputs(spec, batch_size, runtime)
+        stats = measure_latency(fn, move_batch(cpu_inputs, device), device, settings)
         latency[batch_size] = stats
         if is_compiled(runtime):
             compile_ms += max(0.0, stats.first_call_ms - stats.p50_ms)
+        if batch_lengths is not None and spec.padding_mask is not None:
+            if batch_lengths.measured_length != batch_lengths.length:
+                # What the bucket costs, measured: the same batch at its own length.
+                own = measure_latency(fn, move_batch(trim_to_longest(cpu_inputs, spec.padding_mask), device),
+                                      device, settings)
+                compile_ms += max(0.0, own.first_call_ms - own.p50_ms)
+                batch_lengths = dataclasses.replace(batch_lengths, trimmed_p50_ms=own.p50_ms)
+            lengths[batch_size] = batch_lengths
     peak = peak_memory_bytes(device)
     # A compiled runtime evaluates at the largest measured batch size: no extra compilation.
     metric_batch = max(latency) if is_compiled(runtime) else None
-    values = compute_metrics(fn, spec.evaluation(), (spec.metric, *spec.extra_metrics), device, metric_batch)
+    bucketed = spec.padding_mask if needs_static_shapes(runtime) else None
+    values = compute_metrics(fn, spec.evaluation(), (spec.metric, *spec.extra_metrics), device, metric_batch,
+                             bucketed)
     metric_value = values.pop(spec.metric.name)
-    macs = count_macs(model, move_batch(spec.example_inputs(1), device))
+    macs = count_macs(model, move_batch(choose_latency_inputs(spec, 1, "eager")[0], device))
     return ModelReport(
         metric_name=spec.metric.name,
         metric_value=metric_value,
@@ -296,4 +329,5 @@ def evaluate_model(
         compile_seconds=compile_ms / 1000.0,
         device=describe(device),
         extra=values,
+        latency_inputs=lengths,
     )

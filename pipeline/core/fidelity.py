@@ -51,6 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import SpecError
+from pipeline.core.progress import phase
 from pipeline.core.ranking import spearman
 from pipeline.core.spec import OUTPUT_KINDS, Batch, LabelledBatch, Metric, ModelSpec, OutputKind
 
@@ -323,12 +324,14 @@ def fidelity_note(metric: Metric) -> str | None:
 def reference_outputs(model: nn.Module, batches: Sequence[Batch]) -> list[Tensor]:
     """The unoptimized model's outputs on ``batches`` (CPU, float32, no grad)."""
     outputs = []
-    with torch.inference_mode():
+    with torch.inference_mode(), phase(f"reference outputs of the unoptimized model ({len(batches)} batches)",
+                                       total=len(batches)) as shown:
         for batch in batches:
             output = model(*batch)
             if not isinstance(output, Tensor):
                 raise SpecError(f"the model returned {type(output).__name__}, not a tensor; fidelity needs one tensor")
             outputs.append(output.detach().float().cpu().clone())
+            shown.advance()
     return outputs
 
 

@@ -95,3 +95,14 @@ def _graph_steps(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
 
 def is_compiled(runtime: str) -> bool:
     return runtime != "eager"
+
+
+#: Runtimes compiled for static shapes (``torch.compile(dynamic=False)``, CUDA graphs): every new
+#: input shape compiles (and records) anew, so sequence inputs are fed in length buckets
+#: (:mod:`pipeline.core.padding`), as one serves such a model.
+STATIC_SHAPE_RUNTIMES: frozenset[str] = frozenset({"compile", "compile_cudagraphs"})
+
+
+def needs_static_shapes(runtime: str) -> bool:
+    """Whether ``runtime`` needs a few fixed input shapes (sequence inputs padded to length buckets)."""
+    return runtime in STATIC_SHAPE_RUNTIMES

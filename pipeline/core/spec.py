@@ -72,7 +72,9 @@ class ModelSpec:
       ``(batch, sequence)`` right-padding mask (1 = token, 0 = padding), e.g. 1 for a
       Hugging Face ``(input_ids, attention_mask)`` model. Training then cuts each batch
       to its longest sample and groups samples of similar length (the padding the
-      model would ignore is not computed); latency and evaluation are unaffected.
+      model would ignore is not computed); ``example_inputs`` is then a sample of real
+      inputs, and each latency batch is cut to its longest sample, or to a length bucket
+      under a static-shape runtime (:mod:`pipeline.core.padding`).
     * ``protected_layers``: module names no stage may prune or quantize
       (the output head is protected automatically by the stages).
     * ``encode_text`` (optional): texts -> the model's input batch (its tokenizer, padded
@@ -117,6 +119,13 @@ def split_batches(samples: Batch, batch_size: int = BATCH_SIZE) -> list[Batch]:
     """Cut a batch of samples into consecutive batches of ``batch_size``."""
     total = int(samples[0].shape[0])
     return [tuple(t[i : i + batch_size] for t in samples) for i in range(0, total, batch_size)]
+
+
+def tile(samples: Batch, batch_size: int) -> Batch:
+    """The first ``batch_size`` samples, repeating them if there are fewer."""
+    total = int(samples[0].shape[0])
+    repeats = -(-batch_size // total)
+    return tuple(t.repeat(repeats, *([1] * (t.dim() - 1)))[:batch_size].contiguous() for t in samples)
 
 
 def move_batch(batch: Batch, device: torch.device, dtype: torch.dtype | None = None) -> Batch:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from pipeline.core.errors import SpecError
+from pipeline.core.padding import cut_to
 from pipeline.core.spec import Batch, ModelSpec
 
 TrainingSource = Literal["training", "training_inputs", "calibration"]
@@ -55,9 +56,7 @@ class TrainingData:
         """Samples ``index`` (inputs, targets), the sequence inputs cut to the longest of them."""
         inputs = tuple(t[index] for t in self.inputs)
         if self.lengths is not None and self.padding_mask is not None:
-            padded = self.inputs[self.padding_mask].shape[1]
-            longest = max(1, int(self.lengths[index].max()))
-            inputs = tuple(t[:, :longest] if t.dim() >= 2 and t.shape[1] == padded else t for t in inputs)
+            inputs = cut_to(inputs, max(1, int(self.lengths[index].max())), self.padding_mask)
         return inputs, self.targets[index] if self.targets is not None else None
 
 

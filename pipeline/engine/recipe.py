@@ -107,14 +107,14 @@ class Recipe:
     def exports(self) -> tuple[StageConfig, ...]:
         return tuple(c for c in self.stages if is_export(c))
 
-    def describe(self, brief: bool = False) -> str:
+    def describe(self, brief: bool = False, exports: bool = True) -> str:
         """One line: ``prune(ratio=0.3) + quantize(method=int8_dynamic) | compile | -> onnx, coreml``;
-        ``brief``: lists as counts (``fp32_layers=[12 items]``), for console lines."""
+        ``brief``: lists as counts (``fp32_layers=[12 items]``), for console lines; ``exports=False``: without
+        the exports the recipe names (where they have not run, or another column says which ran)."""
         body = " + ".join(describe_config(c, brief) for c in self.model_stages()) or "baseline"
         text = f"{body} | {self.runtime}"
-        exports = self.exports()
-        if exports:
-            text += " | -> " + ", ".join(c.stage.removeprefix("export.") for c in exports)
+        if exports and self.exports():
+            text += " | -> " + ", ".join(c.stage.removeprefix("export.") for c in self.exports())
         return text
 
     def flat_params(self) -> dict[str, str]:

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from pipeline.core.device import move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, ModelReport, evaluate_model
+from pipeline.core.padding import LATENCY_INPUTS
 from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtime import is_compiled
+from pipeline.core.runtime import is_compiled, prepare_runtime
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage
 from pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
@@ -143,6 +145,9 @@ class Runner:
         #: Per model stage, over this runner's life: runs, cache hits and seconds (e.g. distillation,
         #: paid once per distinct prefix).
         self.stage_tallies: dict[str, StageTally] = {}
+        #: The last evaluated model prepared for its runtime, by evaluation key: a search times it again,
+        #: paired with the baseline, without compiling it twice (:meth:`prepared`).
+        self._prepared: tuple[str, Callable[..., Tensor]] | None = None
         #: Seconds spent per category over this runner's life, failed runs included.
         self.totals: dict[str, float] = dict.fromkeys(TIME_CATEGORIES, 0.0)
         start = time.perf_counter()
@@ -204,6 +209,13 @@ class Runner:
             cache_hits=self.cache.stats.total_hits - hits0,
             cache_misses=self.cache.stats.total_misses - misses0,
         )
+
+    def prepared(self, result: RunResult) -> Callable[..., Tensor] | None:
+        """The objective's model of ``result`` as it was prepared for its runtime and measured, if this
+        runner's last evaluation was that one (None after a cached evaluation: prepare it again)."""
+        if self._prepared is None or self._prepared[0] != result.objective.key:
+            return None
+        return self._prepared[1]
 
     # ------------------------------------------------------------------ nodes
 
@@ -267,7 +279,8 @@ class Runner:
     def _evaluate(self, name: str, parent: NodeResult, runtime: str) -> NodeResult:
         if parent.kind == "export":
             return NodeResult(name, "evaluate", parent.key, _export_evaluation(parent.value))
-        settings = {"runtime": runtime, "latency": asdict(self.latency), "batch_sizes": self.batch_sizes}
+        settings = {"runtime": runtime, "latency": asdict(self.latency), "batch_sizes": self.batch_sizes,
+                    "latency_inputs": LATENCY_INPUTS}
         key = node_key("evaluate", settings, (parent.key,), self.device.type)
         cached = self.cache.get(key, "evaluation")
         hit = cached is not None
@@ -276,8 +289,11 @@ class Runner:
                 # Fresh dynamo state: many models of one class would otherwise hit the
                 # recompile limit and silently run eager.
                 torch.compiler.reset()
-            report = evaluate_model(parent.value, self.spec, self.device, runtime=runtime,
-                                    settings=self.latency, batch_sizes=self.batch_sizes)
+            model = move_module(parent.value, self.device).eval()
+            fn = prepare_runtime(model, runtime, self.device)
+            self._prepared = (key, fn)
+            report = evaluate_model(model, self.spec, self.device, runtime=runtime,
+                                    settings=self.latency, batch_sizes=self.batch_sizes, fn=fn)
             cached = CachedOutput(report, nbytes=0)
             self.cache.put(key, cached)
         return NodeResult(name, "evaluate", key, cached.value, cached=hit)

@@ -1,12 +1,12 @@
 """The front, measured again: its trials and the baseline timed interleaved, in one process.
 
-During a search each trial is timed once, minutes apart from the baseline; on a loaded
-machine that skews speed-ups either way (a plain ``torch.compile`` showed 28x where back to
-back it is 1.2x). Before the report, :func:`remeasure` times the baseline and every distinct
-front trial in rounds (each round times each model once, in turn), so slow periods hit all
-of them alike. Each latency is the median of the per-round medians with its 95% interval
-(pipeline/core/noise.py); speed-ups divide the baseline's re-measured median, and rows whose
-intervals overlap are ties (:func:`~pipeline.search.pareto.mark_ties`).
+During the search each trial is timed paired with the baseline (:mod:`pipeline.core.paired`), and
+the front is chosen from those paired speed-ups. When the study ends, :func:`remeasure` times the
+baseline and every distinct front trial once more in rounds (each round times each model once, in
+turn), so slow periods hit all of them alike: a check of the front side by side, shown as its own
+column ("re-measured") next to the in-search paired speed-up, never in its place. Each latency is
+the median of the per-round medians with its 95% interval (pipeline/core/noise.py); the re-measured
+speed-up divides the baseline's re-measured median.
 """
 
 from __future__ import annotations
@@ -15,24 +15,20 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-import torch
-from optuna.trial import FrozenTrial
+import optuna
+from optuna.trial import FrozenTrial, TrialState
 from torch import Tensor
 
-from pipeline.core.device import move_module
-from pipeline.core.evaluate import LatencySettings, measure_latency
 from pipeline.core.noise import median_ci
-from pipeline.core.runtime import prepare_runtime
-from pipeline.core.spec import Batch, move_batch
+from pipeline.core.paired import ROUNDS, noise_line, time_rounds
+from pipeline.core.spec import Batch
 from pipeline.core.stage import StageConfig
-from pipeline.search.pareto import ParetoRow, mark_ties
+from pipeline.search.objectives import ATTR_LATENCY_UNSTABLE, ATTR_METRICS
+from pipeline.search.pareto import ParetoRow
 from pipeline.search.study import Search
 
 #: Key of the baseline among the re-measured candidates.
 BASELINE = -1
-#: Rounds of the interleaved measurement (9: the smallest count whose 95% median interval is not the full range).
-ROUNDS = 9
-ROUND_SETTINGS = LatencySettings(warmup_runs=3, min_runs=10, min_seconds=0.05)
 
 
 @dataclass(frozen=True)
@@ -46,29 +42,22 @@ class Remeasured:
 
 def objective_inputs(search: Search) -> Batch:
     """The spec's example inputs at the objective batch size, on the search's device."""
-    return move_batch(search.spec.example_inputs(search.objectives.latency_batch), search.device)
+    return search.latency_inputs()
 
 
 def trial_function(search: Search, configs: Mapping[str, StageConfig | None], runtime: str) -> Callable[..., Tensor]:
     """A trial's model (from the runner's cache when it is there) prepared for its runtime."""
-    result = search.runner.run(configs, runtime, exports=False, evaluate=False)
-    model = move_module(result.nodes[search.pipeline.objective_node().inputs[0]].value, search.device).eval()
-    return prepare_runtime(model, runtime, search.device)
+    return search.prepared_function(configs, runtime)
 
 
 def remeasure(search: Search, candidates: Mapping[int, tuple[Mapping[str, StageConfig | None], str]],
-              rounds: int = ROUNDS, settings: LatencySettings = ROUND_SETTINGS) -> dict[int, Remeasured]:
-    """Time each candidate (key -> (per-node configs, runtime)) at the objective batch, interleaved."""
-    device = search.device
-    inputs = objective_inputs(search)
+              rounds: int = ROUNDS) -> dict[int, Remeasured]:
+    """Time each candidate (key -> (per-node configs, runtime)) at the objective batch, interleaved
+    (the search's round timer: :attr:`Search.timer`)."""
     functions = {key: trial_function(search, configs, runtime) for key, (configs, runtime) in candidates.items()}
-    samples: dict[int, list[float]] = {key: [] for key in functions}
-    with torch.no_grad():
-        for _ in range(rounds):
-            for key, fn in functions.items():
-                samples[key].append(measure_latency(fn, inputs, device, settings).p50_ms)
+    samples = time_rounds(list(functions.values()), objective_inputs(search), search.timer, rounds)
     return {key: Remeasured(statistics.median(values), median_ci(values), len(values))
-            for key, values in samples.items()}
+            for key, values in zip(functions, samples, strict=True)}
 
 
 def front_candidates(search: Search, trials: Sequence[FrozenTrial]
@@ -82,15 +71,25 @@ def front_candidates(search: Search, trials: Sequence[FrozenTrial]
     return candidates
 
 
-def with_remeasured(rows: Sequence[ParetoRow], measured: Mapping[int, Remeasured]) -> list[ParetoRow]:
-    """Rows with re-measured latencies, intervals and speed-ups (vs the re-measured baseline), ties marked."""
+def remeasured_speedups(measured: Mapping[int, Remeasured]) -> dict[int, float]:
+    """Per re-measured trial, its speed-up over the re-measured baseline."""
     base = measured.get(BASELINE)
-    updated = []
-    for row in rows:
-        again = measured.get(row.trial)
-        if again is None or base is None:
-            updated.append(row)
-            continue
-        updated.append(replace(row, latency_ms=again.latency_ms, latency_ci=again.ci,
-                               speedup=base.latency_ms / again.latency_ms if again.latency_ms > 0 else 0.0))
-    return mark_ties(sorted(updated, key=lambda r: (r.latency_ms, -r.metric)))
+    if base is None:
+        return {}
+    return {key: base.latency_ms / again.latency_ms if again.latency_ms > 0 else 0.0
+            for key, again in measured.items() if key != BASELINE}
+
+
+def with_remeasured(rows: Sequence[ParetoRow], measured: Mapping[int, Remeasured]) -> list[ParetoRow]:
+    """Rows with their re-measured speed-up (vs the re-measured baseline) in its own column; the in-search
+    paired numbers, the order and the ties stay."""
+    speedups = remeasured_speedups(measured)
+    return [replace(row, remeasured=speedups[row.trial]) if row.trial in speedups else row for row in rows]
+
+
+def machine_line(study: optuna.Study) -> str | None:
+    """How noisy the study's machine was, from its complete trials' paired measurements
+    (:func:`pipeline.core.paired.noise_line`)."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    unstable = sum(1 for t in done if ATTR_LATENCY_UNSTABLE in t.user_attrs)
+    return noise_line([t.user_attrs.get(ATTR_METRICS, {}) for t in done], unstable)

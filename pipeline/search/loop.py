@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,15 +12,17 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, TextColumn
 from rich.table import Table
 
 from pipeline.core.device import describe
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.fidelity import fidelity_note
 from pipeline.core.paths import results_dir
+from pipeline.core.progress import phase, progress_columns, sharing
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.stage import StageConfig
+from pipeline.core.text import plain
 from pipeline.engine.recipe import Recipe
 from pipeline.search.config import finished_states
 from pipeline.search.dashboard import note_study
@@ -30,18 +32,23 @@ from pipeline.search.front import (
     BASELINE,
     ROUNDS,
     front_candidates,
+    machine_line,
     objective_inputs,
     remeasure,
+    remeasured_speedups,
     trial_function,
     with_remeasured,
 )
 from pipeline.search.objectives import (
     ATTR_DOMINATED_BY,
+    ATTR_EXPORTS,
     ATTR_METRICS,
     ATTR_RECIPE,
+    ATTR_REMEASURED,
     Baseline,
 )
 from pipeline.search.pareto import (
+    FRONT_NOTE,
     distinct_front,
     export_attr,
     pareto_figure_html,
@@ -81,6 +88,8 @@ class SearchOutcome:
     tracking_uri: str | None
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+    #: How noisy the machine was during the study (:func:`pipeline.search.front.machine_line`).
+    machine: str | None = None
 
 
 #: The per-study file that receives third-party warnings and progress bars (see :mod:`pipeline.search.quiet`).
@@ -143,33 +152,55 @@ class TrialLogger:
         if record.state == "COMPLETE":
             values = record.metrics
             metric = self.search.spec.metric.name
-            line = record.recipe.describe(brief=True) if record.recipe else ""
+            every = self.search.config.exports == "every_trial"  # else: exports run at the end, for the front only
+            line = record.recipe.describe(brief=True, exports=every) if record.recipe else ""
+            unstable = f" | {record.latency_unstable} (off the front)" if record.latency_unstable else ""
             return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {values.get('metric_drop', 0):+.4f}) | "
-                    f"{values.get(self.search.objectives.latency_key, 0):.3f} ms ({values.get('speedup', 0):.2f}x) | "
-                    f"{line} [{record.seconds.get('trial', 0.0):.1f} s, cache {record.cache.get('hits', 0)} hit(s)]")
+                    f"{values.get(self.search.objectives.latency_key, 0):.3f} ms ({speedup_text(values)}) | "
+                    f"{line} [{record.seconds.get('trial', 0.0):.1f} s, cache {record.cache.get('hits', 0)} hit(s)]"
+                    f"{unstable}")
         if record.state == "PRUNED":
             return f"{head} infeasible: {record.infeasible or '?'}"
         return f"{head} {(record.error or '?').strip().splitlines()[-1][:200]}"
 
 
+def speedup_text(metrics: Mapping[str, float]) -> str:
+    """``2.41x [2.30, 2.52] paired``: a trial's speed-up as its line shows it (the table's number)."""
+    text = f"{metrics.get('speedup', 0):.2f}x"
+    if "speedup_ci_low" in metrics and "speedup_ci_high" in metrics:
+        text += f" [{metrics['speedup_ci_low']:.2f}, {metrics['speedup_ci_high']:.2f}] paired"
+    return text
+
+
 def run_search(search: Search, trials: int, timeout: float | None = None,
-               console: Console | None = None, launch: Launcher | None = None) -> SearchOutcome:
+               console: Console | None = None, launch: Launcher | None = None,
+               started: float | None = None) -> SearchOutcome:
     """Run ``search``'s study up to ``trials`` finished trials (repeats not counted), export and log
     the Pareto front; third-party output goes to the study's log file (its path is printed).
 
     ``launch``: this process prepares the study, ``launch()`` runs the trials in worker processes,
-    then this process exports and logs the front (the workers call :func:`run_worker`)."""
+    then this process exports and logs the front (the workers call :func:`run_worker`).
+
+    ``started``: ``time.perf_counter()`` when the command started (the wall time covers it all); default now.
+    A study that has its ``trials`` already runs nothing, says so at once and changes nothing that was right:
+    no trial, no wall time, no re-measure (the stored one is shown), no MLflow write unless something was
+    missing (a child run, an export)."""
     console = console or Console()
     log = study_dir(search.study_name) / THIRD_PARTY_LOG
     console.print(f"third-party warnings and progress bars: {log}", highlight=False, soft_wrap=True)
     with stderr_to(log):
-        return _run_search(search, trials, timeout, console, launch)
+        return _run_search(search, trials, timeout, console, launch, started)
 
 
 def _run_search(search: Search, trials: int, timeout: float | None, console: Console,
-                launch: Launcher | None) -> SearchOutcome:
-    wall_start = time.perf_counter()
-    study, baseline, tracker = open_search(search)
+                launch: Launcher | None, started: float | None) -> SearchOutcome:
+    wall_start = time.perf_counter() if started is None else started
+    finished = finished_trials(search, trials)
+    if finished is not None:
+        console.print(f"study {search.study_name} has {finished} of {trials} trials; nothing to run"
+                      + (f" (--trials {trials} is the study's total)" if finished > trials else ""), highlight=False)
+    study, baseline, tracker = open_search(search, running=finished is None)
+    children = len(tracker.children) if tracker is not None else 0
     if search.self_check_line:
         console.print(search.self_check_line, highlight=False, soft_wrap=True)
     if fidelity := fidelity_note(search.spec.metric):
@@ -186,13 +217,16 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
         interrupted, notes = launch()
         catch_up(search, study, tracker, logger)  # a worker that died left its trial RUNNING and unlogged
     elif remaining > 0:
-        console.print(f"study {search.study_name}: {len(done)} trial(s) done, running {remaining} more "
-                      f"on {logger.device} (runtimes: {', '.join(search.runtimes)}); full recipes: MLflow "
-                      f"param and tag 'recipe', Optuna attr '{ATTR_RECIPE}'")
-        progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.fields[best]}"), console=console, transient=True)
-        logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, best="")
-        with progress:
+        repeats = len(done) - (trials - remaining)
+        console.print(f"study {search.study_name}: {trials - remaining} trial(s) done"
+                      + (f" (and {repeats} repeat(s) of measured recipes, not counted)" if repeats else "")
+                      + f", running {remaining} more on {logger.device} (runtimes: {', '.join(search.runtimes)}); "
+                      f"{exports_line(search)}; full recipes: MLflow param and tag 'recipe', Optuna attr "
+                      f"'{ATTR_RECIPE}'", highlight=False)
+        progress = Progress(*progress_columns(TextColumn("{task.fields[best]}")), console=console, transient=True,
+                            redirect_stderr=False)  # standard error stays in the study's third-party log
+        logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, note="", best="")
+        with progress, sharing(progress):  # a stage's long phase (distillation, calibration) is a row of this bar
             interrupted = run_trials(search, study, budget, timeout, [logger, search.sweep_runtimes, budget])
         if budget.exhausted:
             console.print(f"stopped early: the sampler proposed only repeats of measured recipes "
@@ -201,32 +235,51 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
         console.print("interrupted: exporting and logging what is done")
     if tracker is not None:
         tracker.refresh_children()  # trials that other workers logged
+    exported = export_outcomes(study)
     recipes, finish_notes = finish_study(search, study, tracker, console)
     notes.extend(finish_notes)
     note_study(study, [t.number for t, _ in distinct_front(study)], search.objectives.describe_drop(baseline))
+    # Nothing ran and nothing was missing (a child run, an export): what the last run stored stays as it is.
+    changed = remaining > 0 or export_outcomes(study) != exported or (
+        tracker is not None and (tracker.created or len(tracker.children) != children))
+    rows = pareto_rows(study, search.objectives)
+    front = [t for t, _ in distinct_front(study)]
+    stored = study.user_attrs.get(ATTR_REMEASURED, {})
+    again: dict[int, float] = {}
+    remeasured = "re-measured: when the study's trials last ran (stored; nothing ran since)"
+    if changed or not all(str(t.number) in stored for t in front):
+        with phase(f"re-measuring the front for the table: {len(front)} trial(s) and the unoptimized model, "
+                   f"interleaved, {ROUNDS} rounds"):
+            measured = remeasure(search, front_candidates(search, front))
+        rows = with_remeasured(rows, measured)
+        again = remeasured_speedups(measured)
+        study.set_user_attr(ATTR_REMEASURED, {str(k): v for k, v in again.items()})
+        remeasured = (f"re-measured: the front again with the baseline ({measured[BASELINE].latency_ms:.3f} ms), "
+                      f"interleaved, {ROUNDS} rounds")
+    total = budget.counted(study)
+    title = (f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials ({logger.device}); {FRONT_NOTE}; "
+             f"{remeasured}")
+    table = pareto_table(rows, search.objectives, title, baseline)
     search.times.by_category = dict(search.runner.totals)
     search.times.wall = time.perf_counter() - wall_start
-    rows = pareto_rows(study, search.objectives)
-    measured = remeasure(search, front_candidates(search, [t for t, _ in distinct_front(study)]))
-    rows = with_remeasured(rows, measured)
-    total = budget.counted(study)
-    title = (f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials ({logger.device}); latency re-measured "
-             f"with the baseline ({measured[BASELINE].latency_ms:.3f} ms), interleaved, {ROUNDS} rounds")
-    table = pareto_table(rows, search.objectives, title, baseline)
-    if tracker is not None:
-        metrics = {"trials": float(total), "pareto_trials": float(len(rows)), "seconds_wall": search.times.wall,
-                   "baseline_latency_ms_remeasured": measured[BASELINE].latency_ms,
-                   **{f"seconds_{k}": v for k, v in search.times.by_category.items()},
+    if tracker is not None and changed:
+        metrics = {"trials": float(total), "pareto_trials": float(len(rows)),
+                   **({"baseline_latency_ms_remeasured": measured[BASELINE].latency_ms} if again else {}),
                    **{f"baseline_{k}": float(v) for k, v in vars(baseline).items() if isinstance(v, int | float)}}
         tracker.log_study_summary(table_columns(rows, search.objectives),
                                   {"pareto.png": pareto_figure_png(study, search.objectives, baseline),
                                    "pareto.html": pareto_figure_html(study, search.objectives, baseline)},
                                   metrics)
+        if remaining > 0:  # the study's totals over all its runs; a run that ran no trial adds nothing
+            tracker.add_study_seconds({"seconds_wall": search.times.wall,
+                                       **{f"seconds_{k}": v for k, v in search.times.by_category.items()}})
         tracker.client.set_tag(tracker.parent_run_id, NOTE_TAG, study_note(title, rows, search, baseline))
+        for number, speedup in again.items():
+            tracker.log_trial_metrics(number, {"speedup_remeasured": speedup})
         tracker.close_study("KILLED" if interrupted else "FINISHED")
     return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, search.times,
                          search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
-                         interrupted, notes)
+                         interrupted, notes, machine_line(study))
 
 
 def catch_up(search: Search, study: optuna.Study, tracker: Tracker | None,
@@ -244,9 +297,31 @@ def catch_up(search: Search, study: optuna.Study, tracker: Tracker | None,
     return done
 
 
-def open_search(search: Search) -> tuple[optuna.Study, Baseline, Tracker | None]:
+def finished_trials(search: Search, trials: int) -> int | None:
+    """The trials that count (as :class:`TrialBudget` counts them) of an existing study that has ``trials``
+    of them already; None when there are trials to run."""
+    if search.study_name not in search.study_names():
+        return None
+    counted = TrialBudget(trials, finished_states()).counted(search.open_study(create=False))
+    return counted if counted >= trials else None
+
+
+def export_outcomes(study: optuna.Study) -> dict[str, Any]:
+    """The stored export outcomes (:func:`~pipeline.search.pareto.export_attr`): did a run add any?"""
+    return {k: v for k, v in study.user_attrs.items() if k.startswith(f"{ATTR_EXPORTS}.")}
+
+
+def exports_line(search: Search) -> str:
+    """When the exports run (the trial lines name them only where they ran with the trial)."""
+    names = ", ".join(n.op.removeprefix("export.") for n in search.pipeline.export_nodes()) or "none"
+    return {"pareto": f"exports ({names}) at the end, for the Pareto trials only",
+            "every_trial": f"exports ({names}) with every trial"}.get(search.config.exports, "no exports")
+
+
+def open_search(search: Search, running: bool = True) -> tuple[optuna.Study, Baseline, Tracker | None]:
     """The tracker (an unreachable server fails first), the model (checked before any study exists),
-    the study with its baseline and seeds, and the MLflow parent run: each get-or-create."""
+    the study with its baseline and seeds, and the MLflow parent run: each get-or-create.
+    ``running=False``: no trial will run, so the parent run's status is left as it is."""
     tracker = Tracker(search.tracking_uri) if search.track else None
     search.runner  # noqa: B018
     study = search.open_study()
@@ -258,6 +333,7 @@ def open_search(search: Search) -> tuple[optuna.Study, Baseline, Tracker | None]
                     **search.objectives.drop_params(baseline)},
             tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe(),
                   **({FIDELITY_NOTE_TAG: note} if (note := fidelity_note(search.spec.metric)) else {})},
+            running=running,
         )
         tracker.show_columns(search.objectives.headline_keys())
     return study, baseline, tracker
@@ -344,10 +420,10 @@ def export_trial(search: Search,
         try:
             result = search.runner.run(only, runtime, exports=True, evaluate=False)
         except InfeasibleConfig as exc:
-            status[node.name] = f"infeasible: {exc.reason}"
+            status[node.name] = plain(f"infeasible: {exc.reason}")
             continue
         except Exception as exc:  # recorded on the trial's run; the other exports still run
-            status[node.name] = f"failed: {type(exc).__name__}: {exc}"
+            status[node.name] = plain(f"failed: {type(exc).__name__}: {exc}")
             traceback.print_exc()
             continue
         export = result.nodes[node.name]

@@ -19,6 +19,7 @@ from typing import Literal
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import ModelReport
+from pipeline.core.paired import PairedLatency
 from pipeline.core.spec import ModelSpec
 from pipeline.search.allowed_drop import FLAG, AllowedDrop
 
@@ -42,11 +43,15 @@ ATTR_TRACEBACK = "paretorch.traceback"
 ATTR_FEASIBLE = "paretorch.feasible"  # complete and within the allowed drop (False otherwise)
 ATTR_REASON = "paretorch.reason"  # why a trial is not a feasible result: infeasible, over the drop, failed, repeat
 ATTR_REPEAT_OF = "paretorch.repeat_of"  # the earlier trial that measured the same recipe (a pruned repeat)
+ATTR_LATENCY_UNSTABLE = "paretorch.latency_unstable"  # why a complete trial's paired latency is not trusted
 # Study user attrs.
 ATTR_BASELINE = "paretorch.baseline"
 ATTR_EXPORTS = "paretorch.exports"  # + ".<trial number>": {export node: "ok" | reason}
 ATTR_SEARCH = "paretorch.search"  # the search config (JSON) that named the study
 ATTR_DOMINATED_BY = "paretorch.dominated_by"  # {trial: front trial that dominates it}, written when the study ends
+ATTR_REMEASURED = "paretorch.remeasured"  # {trial: re-measured speed-up}, the front timed again when the study ends
+#: The Optuna constraint of a trial whose latency is unstable (any positive value keeps it off ``best_trials``).
+UNSTABLE_CONSTRAINT = 1.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class DropVerdict:
     constraint: float
     #: Why it is not feasible (``drop 0.0300 > allowed 0.0098 (1% of the baseline 0.9822)``); None when feasible.
     reason: str | None
+    #: ``latency unstable: ...``: the metric may be within the drop, but the latency is not trusted.
+    unstable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,10 +135,11 @@ class Objectives:
         return (self.spec.metric.name, "metric_drop", "metric_drop_relative", self.latency_key, "speedup",
                 "size_bytes")
 
-    def values(self, report: ModelReport) -> tuple[float, ...]:
+    def values(self, report: ModelReport, latency_ms: float | None = None) -> tuple[float, ...]:
+        """The objective values; ``latency_ms``: the latency objective (the paired one, see :meth:`trial_metrics`)."""
         by_name = {
             "metric": report.metric_value,
-            "latency": report.latency_p50(self.latency_batch),
+            "latency": report.latency_p50(self.latency_batch) if latency_ms is None else latency_ms,
             "size": float(report.size_bytes),
         }
         return tuple(by_name[n] for n in self.names)
@@ -153,17 +161,22 @@ class Objectives:
         sign = -1.0 if self.spec.metric.higher_is_better else 1.0
         return baseline.metric_value + sign * self.threshold(baseline)
 
-    def verdict(self, baseline: Baseline, metric_value: float) -> DropVerdict:
+    def verdict(self, baseline: Baseline, metric_value: float, unstable: str | None = None) -> DropVerdict:
         """Whether ``metric_value`` is within the allowed drop: the one comparison every feasibility
-        check uses (the trial's tag, the Optuna constraint, the runtime sweep)."""
+        check uses (the trial's tag, the Optuna constraint, the runtime sweep). ``unstable``: why the
+        trial's paired latency is not trusted (:mod:`pipeline.core.paired`); such a trial is infeasible
+        too, its constraint positive, so ``study.best_trials`` leaves it out."""
         drop = self.drop(baseline, metric_value)
         allowed = self.threshold(baseline)
         constraint = drop - allowed
-        if constraint <= 0:
+        if constraint <= 0 and unstable is None:
             return DropVerdict(True, constraint, None)
+        unstable = f"latency unstable: {unstable}" if unstable is not None else None
+        if constraint <= 0:
+            return DropVerdict(False, max(constraint, 0.0) + UNSTABLE_CONSTRAINT, None, unstable)
         detail = "" if self.allowed_drop.kind == "absolute" else (
             f" ({self.allowed_drop.given()} of the baseline {baseline.metric_value:.4g})")
-        return DropVerdict(False, constraint, f"drop {drop:.4f} > allowed {allowed:.4g}{detail}")
+        return DropVerdict(False, constraint, f"drop {drop:.4f} > allowed {allowed:.4g}{detail}", unstable)
 
     def constraint(self, baseline: Baseline, metric_value: float) -> float:
         """``drop - allowed``: feasible when <= 0 (:meth:`verdict`'s constraint)."""
@@ -178,13 +191,26 @@ class Objectives:
         return {"max_drop": self.allowed_drop.given(), "max_drop_kind": self.allowed_drop.kind,
                 "max_drop_absolute": self.threshold(baseline)}
 
-    def trial_metrics(self, report: ModelReport, baseline: Baseline) -> dict[str, float]:
-        """Everything logged for one trial: the report's measurements plus drop and ratios."""
+    def trial_metrics(self, report: ModelReport, baseline: Baseline,
+                      paired: PairedLatency | None = None) -> dict[str, float]:
+        """Everything logged for one trial: the report's measurements plus drop and ratios.
+
+        With ``paired`` (the trial timed alternating with the baseline), ``speedup`` is its paired
+        speed-up and the objective latency is the study baseline's latency over it (every trial on the
+        baseline's one scale; its 95% interval likewise); the lone p50 stays as ``..._unpaired``."""
         metrics = report.as_metrics()
         latency = report.latency_p50(self.latency_batch)
         metrics["metric_drop"] = self.drop(baseline, report.metric_value)
         if baseline.metric_value > 0:
             metrics["metric_drop_relative"] = metrics["metric_drop"] / baseline.metric_value
         metrics["speedup"] = baseline.latency_ms / latency if latency > 0 else 0.0
+        if paired is not None and paired.speedup > 0:
+            key = self.latency_key
+            metrics[f"{key}_unpaired"] = latency
+            metrics.update(paired.metrics())
+            metrics[key] = baseline.latency_ms / paired.speedup
+            low, high = paired.ci
+            metrics[f"{key}_ci_low"] = baseline.latency_ms / high if high > 0 else 0.0
+            metrics[f"{key}_ci_high"] = baseline.latency_ms / low if low > 0 else metrics[key]
         metrics["size_ratio"] = report.size_bytes / baseline.size_bytes if baseline.size_bytes else 0.0
         return metrics

@@ -20,6 +20,7 @@ from pipeline.search.objectives import (
     ATTR_EXPORTS,
     ATTR_METRICS,
     ATTR_RECIPE_LINE,
+    ATTR_REMEASURED,
     Baseline,
     Objectives,
 )
@@ -27,6 +28,11 @@ from pipeline.search.objectives import (
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
+
+
+#: What the table's latency and speed-up are (its title says it, in ``optimize`` and ``report`` alike).
+FRONT_NOTE = ("speed-up: timed paired with the baseline during the search (median of per-round ratios, 95% CI), "
+              "p50 = the baseline's p50 / that speed-up")
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,10 @@ class ParetoRow:
     latency_ci: tuple[float, float] = (math.nan, math.nan)
     #: Front trials whose latency interval overlaps this one's: neither is faster with confidence.
     ties: tuple[int, ...] = ()
+    #: 95% interval of the paired speed-up (NaN for a trial measured before paired latency).
+    speedup_ci: tuple[float, float] = (math.nan, math.nan)
+    #: The speed-up measured again when the study ended, front trials interleaved (NaN: not re-measured).
+    remeasured: float = math.nan
 
 
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -62,11 +72,13 @@ def trial_row(trial: FrozenTrial, objectives: Objectives, exports: str = "") -> 
         latency_ms=float(metrics.get(objectives.latency_key, math.nan)),
         speedup=float(metrics.get("speedup", math.nan)),
         size_bytes=float(metrics.get("size_bytes", math.nan)),
-        recipe=str(trial.user_attrs.get(ATTR_RECIPE_LINE, "")),
+        # The exports the recipe names are left out: the exports column says which ran.
+        recipe=str(trial.user_attrs.get(ATTR_RECIPE_LINE, "")).partition(" | -> ")[0],
         exports=exports,
         compile_seconds=float(metrics.get("compile_seconds", 0.0)),
         latency_ci=(float(metrics.get(f"{objectives.latency_key}_ci_low", math.nan)),
                     float(metrics.get(f"{objectives.latency_key}_ci_high", math.nan))),
+        speedup_ci=(float(metrics.get("speedup_ci_low", math.nan)), float(metrics.get("speedup_ci_high", math.nan))),
     )
 
 
@@ -84,11 +96,15 @@ def distinct_front(study: optuna.Study) -> list[tuple[FrozenTrial, list[int]]]:
 
 
 def pareto_rows(study: optuna.Study, objectives: Objectives) -> list[ParetoRow]:
-    """Rows of the distinct Pareto front, fastest first; export notes from the study's user attrs."""
+    """Rows of the distinct Pareto front, fastest first; export notes and re-measured speed-ups from the
+    study's user attrs."""
     attrs = study.user_attrs
+    remeasured = attrs.get(ATTR_REMEASURED, {})
     rows = []
     for trial, repeats in distinct_front(study):
         row = trial_row(trial, objectives, _export_note(attrs.get(export_attr(trial.number))))
+        if str(trial.number) in remeasured:
+            row = replace(row, remeasured=float(remeasured[str(trial.number)]))
         if repeats:
             row = replace(row, recipe=f"{row.recipe} (again in {', '.join(map(str, repeats))})")
         rows.append(row)
@@ -109,6 +125,14 @@ def latency_cell(row: ParetoRow) -> str:
         text += f" [{row.latency_ci[0]:.3f}, {row.latency_ci[1]:.3f}]"
     if row.ties:
         text += f" ~ {', '.join(map(str, row.ties))}"
+    return text
+
+
+def speedup_cell(row: ParetoRow) -> str:
+    """``2.41x [2.30, 2.52]``: the paired speed-up and its 95% interval."""
+    text = f"{row.speedup:.2f}x"
+    if all(math.isfinite(v) for v in row.speedup_ci):
+        text += f" [{row.speedup_ci[0]:.2f}, {row.speedup_ci[1]:.2f}]"
     return text
 
 
@@ -140,7 +164,8 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
     table.add_column(metric, justify="right")
     table.add_column("drop", justify="right")
     table.add_column(f"p50 ms (b{objectives.latency_batch}) [95% CI] ~ tied with", justify="right")
-    table.add_column("speed-up", justify="right")
+    table.add_column("speed-up (paired) [95% CI]", justify="right")
+    table.add_column("re-measured", justify="right")
     table.add_column("size", justify="right")
     table.add_column("recipe")
     table.add_column("exports")
@@ -150,7 +175,8 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
             f"{row.metric:.4f}",
             f"{row.drop:+.4f}",
             latency_cell(row),
-            f"{row.speedup:.2f}x",
+            speedup_cell(row),
+            f"{row.remeasured:.2f}x" if math.isfinite(row.remeasured) else "-",
             format_bytes(row.size_bytes) if math.isfinite(row.size_bytes) else "?",
             row.recipe,
             row.exports,
@@ -168,6 +194,8 @@ def table_columns(rows: Sequence[ParetoRow], objectives: Objectives) -> dict[str
         "latency_95ci": [latency_cell(replace(r, ties=())).partition(" ")[2] for r in rows],
         "tied_with": [", ".join(map(str, r.ties)) for r in rows],
         "speedup": [round(r.speedup, 2) for r in rows],
+        "speedup_95ci": [speedup_cell(r).partition(" ")[2] for r in rows],
+        "speedup_remeasured": [round(r.remeasured, 2) if math.isfinite(r.remeasured) else None for r in rows],
         "size": [format_bytes(r.size_bytes) if math.isfinite(r.size_bytes) else "?" for r in rows],
         "recipe": [r.recipe for r in rows],
         "exports": [r.exports for r in rows],
@@ -197,10 +225,63 @@ def _points(study: optuna.Study, objectives: Objectives) -> list[_Point]:
     return points
 
 
-def _limits(values: Sequence[float], pad: float = 0.08, floor: float = 1e-9) -> tuple[float, float]:
+#: The latency axis is logarithmic when its largest value is more than this many times its smallest.
+LOG_SCALE_RATIO = 20.0
+
+
+def _limits(values: Sequence[float], pad: float = 0.08, floor: float = 1e-9, log: bool = False) -> tuple[float, float]:
+    if log:
+        low, high = _limits([math.log10(v) for v in values], pad, floor)
+        return 10.0**low, 10.0**high
     low, high = min(values), max(values)
     span = max(high - low, abs(high) * 0.02, floor)
     return low - pad * span, high + pad * span
+
+
+def log_scale(latencies: Sequence[float]) -> bool:
+    """A log latency axis for a wide range (> :data:`LOG_SCALE_RATIO` x between the extremes), where a linear
+    one would crowd the fast trials into its first pixels."""
+    positive = [v for v in latencies if math.isfinite(v) and v > 0]
+    return bool(positive) and max(positive) / min(positive) > LOG_SCALE_RATIO
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """What both plots show, and where: axes scaled to the feasible trials and the baseline; the trials over the
+    allowed drop inside them, and those outside drawn on the axes' edge (``edge``: their clipped positions)."""
+
+    xlim: tuple[float, float]
+    ylim: tuple[float, float]
+    log_x: bool
+    others: list[_Point]
+    inside: list[_Point]
+    outside: list[_Point]
+    edge: list[tuple[float, float]]
+    front: list[_Point]
+    threshold: float | None
+
+
+def _frame(points: Sequence[_Point], objectives: Objectives, baseline: Baseline | None) -> _Frame:
+    points = [p for p in points if math.isfinite(p.latency_ms) and math.isfinite(p.metric)]
+    feasible = [p for p in points if p.feasible]
+    threshold = objectives.limit(baseline) if baseline is not None else None
+    ys = [p.metric for p in feasible] + ([baseline.metric_value, threshold] if baseline and threshold else [])
+    xs = [p.latency_ms for p in feasible] + ([baseline.latency_ms] if baseline else [])
+    if not ys:
+        ys, xs = [p.metric for p in points] or [0.0], [p.latency_ms for p in points] or [0.0]
+    log_x = log_scale(xs) and min(xs) > 0
+    ylim, xlim = _limits(ys), _limits(xs, log=log_x)
+    over = [p for p in points if not p.feasible]
+    inside = [p for p in over if xlim[0] <= p.latency_ms <= xlim[1] and ylim[0] <= p.metric <= ylim[1]]
+    outside = [p for p in over if p not in inside]
+    edge = [(min(max(p.latency_ms, xlim[0]), xlim[1]), min(max(p.metric, ylim[0]), ylim[1])) for p in outside]
+    return _Frame(xlim, ylim, log_x, [p for p in feasible if not p.pareto], inside, outside, edge,
+                  sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms), threshold)
+
+
+def _latency_label(objectives: Objectives, frame: _Frame) -> str:
+    return (f"latency p50, batch {objectives.latency_batch} (ms): baseline / paired speed-up"
+            + ("; log scale" if frame.log_x else ""))
 
 
 def merged_labels(points: Sequence[_Point]) -> list[tuple[float, float, str]]:
@@ -212,45 +293,39 @@ def merged_labels(points: Sequence[_Point]) -> list[tuple[float, float, str]]:
 
 
 def pareto_figure_png(study: optuna.Study, objectives: Objectives, baseline: Baseline | None) -> Any:
-    """A matplotlib figure scaled to the feasible trials: the front as a step line with one label per
-    point (repeats merged), the baseline, the allowed-drop line; trials over the allowed drop that
-    fall outside the feasible region are drawn on the axes' edge (hollow triangles)."""
+    """A matplotlib figure scaled to the feasible trials (a log latency axis when their range is wide): the front
+    as a step line with one label per point (repeats merged), the baseline, the allowed-drop line; trials over the
+    allowed drop that fall outside the feasible region are drawn on the axes' edge (hollow triangles)."""
     from matplotlib.figure import Figure
 
-    points = _points(study, objectives)
-    feasible = [p for p in points if p.feasible]
+    frame = _frame(_points(study, objectives), objectives, baseline)
     figure = Figure(figsize=(8, 5), dpi=110)
     axes = figure.add_subplot()
-    threshold = objectives.limit(baseline) if baseline is not None else None
-    ys = [p.metric for p in feasible] + ([baseline.metric_value, threshold] if baseline and threshold else [])
-    xs = [p.latency_ms for p in feasible] + ([baseline.latency_ms] if baseline else [])
-    if not ys:
-        ys, xs = [p.metric for p in points] or [0.0], [p.latency_ms for p in points] or [0.0]
-    ylim, xlim = _limits(ys), _limits(xs)
-    others = [p for p in feasible if not p.pareto]
-    axes.scatter([p.latency_ms for p in others], [p.metric for p in others], marker="o", c="0.6", label="feasible")
-    over = [p for p in points if not p.feasible]
-    inside = [p for p in over if xlim[0] <= p.latency_ms <= xlim[1] and ylim[0] <= p.metric <= ylim[1]]
-    outside = [p for p in over if p not in inside]
-    axes.scatter([p.latency_ms for p in inside], [p.metric for p in inside], marker="x", c="0.6",
+    if frame.log_x:
+        axes.set_xscale("log")
+    axes.scatter([p.latency_ms for p in frame.others], [p.metric for p in frame.others], marker="o", c="0.6",
+                 label="feasible")
+    axes.scatter([p.latency_ms for p in frame.inside], [p.metric for p in frame.inside], marker="x", c="0.6",
                  label="over the allowed drop")
-    if outside:
-        axes.scatter([min(max(p.latency_ms, xlim[0]), xlim[1]) for p in outside],
-                     [min(max(p.metric, ylim[0]), ylim[1]) for p in outside], marker="v", facecolors="none",
-                     edgecolors="0.5", clip_on=False, label=f"over the allowed drop, off the chart ({len(outside)})")
-    front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms)
-    if front:
-        axes.step([p.latency_ms for p in front], [p.metric for p in front], where="post", c="tab:red", lw=1)
-        axes.scatter([p.latency_ms for p in front], [p.metric for p in front], c="tab:red", label="Pareto front")
-        for x, y, label in merged_labels(front):
+    if frame.outside:
+        axes.scatter([x for x, _ in frame.edge], [y for _, y in frame.edge], marker="v", facecolors="none",
+                     edgecolors="0.5", clip_on=False,
+                     label=f"over the allowed drop, off the chart ({len(frame.outside)})")
+    if frame.front:
+        axes.step([p.latency_ms for p in frame.front], [p.metric for p in frame.front], where="post", c="tab:red",
+                  lw=1)
+        axes.scatter([p.latency_ms for p in frame.front], [p.metric for p in frame.front], c="tab:red",
+                     label="Pareto front")
+        for x, y, label in merged_labels(frame.front):
             axes.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4))
-    if baseline is not None and threshold is not None:
+    if baseline is not None and frame.threshold is not None:
         axes.scatter([baseline.latency_ms], [baseline.metric_value], marker="*", s=160, c="tab:blue",
                      label="baseline")
-        axes.axhline(threshold, ls="--", c="0.5", lw=0.8, label=f"allowed drop ({objectives.describe_drop(baseline)})")
-    axes.set_xlim(*xlim)
-    axes.set_ylim(*ylim)
-    axes.set_xlabel(f"latency p50, batch {objectives.latency_batch} (ms)")
+        axes.axhline(frame.threshold, ls="--", c="0.5", lw=0.8,
+                     label=f"allowed drop ({objectives.describe_drop(baseline)})")
+    axes.set_xlim(*frame.xlim)
+    axes.set_ylim(*frame.ylim)
+    axes.set_xlabel(_latency_label(objectives, frame))
     axes.set_ylabel(objectives.spec.metric.name)
     axes.set_title(f"{objectives.spec.name}: {objectives.spec.metric.name} vs latency")
     axes.legend(loc="best", fontsize="small")
@@ -259,29 +334,41 @@ def pareto_figure_png(study: optuna.Study, objectives: Objectives, baseline: Bas
 
 
 def pareto_figure_html(study: optuna.Study, objectives: Objectives, baseline: Baseline | None) -> Any:
-    """The same plot in plotly (interactive; hover shows each trial's recipe)."""
+    """The same plot in plotly, on the same axes (interactive; hover shows each trial's recipe and, for a trial
+    drawn on the edge, its real latency and metric)."""
     import plotly.graph_objects as go
 
-    points = _points(study, objectives)
+    frame = _frame(_points(study, objectives), objectives, baseline)
     figure = go.Figure()
     groups = (
-        ("feasible", [p for p in points if p.feasible and not p.pareto], "circle", "gray"),
-        ("over the allowed drop", [p for p in points if not p.feasible], "x", "lightgray"),
-        ("Pareto front", sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms), "circle", "red"),
+        ("feasible", frame.others, [(p.latency_ms, p.metric) for p in frame.others], "circle", "gray"),
+        ("over the allowed drop", frame.inside, [(p.latency_ms, p.metric) for p in frame.inside], "x", "lightgray"),
+        (f"over the allowed drop, off the chart ({len(frame.outside)})", frame.outside, frame.edge,
+         "triangle-down-open", "gray"),
+        ("Pareto front", frame.front, [(p.latency_ms, p.metric) for p in frame.front], "circle", "red"),
     )
-    for name, chosen, symbol, color in groups:
+    for name, chosen, positions, symbol, color in groups:
+        if not chosen:
+            continue
         figure.add_trace(go.Scatter(
-            x=[p.latency_ms for p in chosen], y=[p.metric for p in chosen], name=name,
-            mode="lines+markers" if name == "Pareto front" else "markers",
+            x=[x for x, _ in positions], y=[y for _, y in positions], name=name,
+            mode="lines+markers" if name == "Pareto front" else "markers", cliponaxis=False,
             line={"shape": "hv"}, marker={"symbol": symbol, "color": color, "size": 9},
-            text=[f"trial {p.trial}: {p.recipe}" for p in chosen], hoverinfo="text+x+y",
+            text=[f"trial {p.trial}: {p.recipe} ({p.latency_ms:.4g} ms, {p.metric:.4g})" for p in chosen],
+            hoverinfo="text",
         ))
     if baseline is not None:
         figure.add_trace(go.Scatter(x=[baseline.latency_ms], y=[baseline.metric_value], name="baseline",
                                     mode="markers", marker={"symbol": "star", "size": 14, "color": "blue"}))
+    if baseline is not None and frame.threshold is not None:
+        figure.add_hline(y=frame.threshold, line_dash="dash", line_color="gray",
+                         annotation_text=f"allowed drop ({objectives.describe_drop(baseline)})")
+    xrange = [math.log10(v) for v in frame.xlim] if frame.log_x else list(frame.xlim)
+    figure.update_xaxes(type="log" if frame.log_x else "linear", range=xrange)
+    figure.update_yaxes(range=list(frame.ylim))
     figure.update_layout(
         title=f"{objectives.spec.name}: {objectives.spec.metric.name} vs latency",
-        xaxis_title=f"latency p50, batch {objectives.latency_batch} (ms)",
+        xaxis_title=_latency_label(objectives, frame),
         yaxis_title=objectives.spec.metric.name,
     )
     return figure

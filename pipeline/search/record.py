@@ -18,12 +18,14 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from pipeline.core.stage import StageConfig
+from pipeline.core.text import plain
 from pipeline.engine.recipe import OFF, Recipe, configs_from_json, configs_to_json, flatten_node_configs
 from pipeline.search.objectives import (
     ATTR_CACHE,
     ATTR_CONFIGS,
     ATTR_FEASIBLE,
     ATTR_INFEASIBLE,
+    ATTR_LATENCY_UNSTABLE,
     ATTR_METRICS,
     ATTR_REASON,
     ATTR_RECIPE,
@@ -70,8 +72,17 @@ class TrialRecord:
     feasible: bool | None = None
     #: Why a complete trial is not feasible (e.g. ``drop 0.034 > allowed 0.01``).
     over_drop: str | None = None
+    #: ``latency unstable: ...``: a complete trial whose paired latency stayed too noisy to trust (off the front).
+    latency_unstable: str | None = None
     #: Text artifacts of the trial's run built in this process (e.g. AMP sensitivity CSVs).
     tables: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Reasons and tracebacks quote third-party messages (a compiler's coloured error): stored and printed plain.
+        for name in ("infeasible", "error", "over_drop", "latency_unstable"):
+            text = getattr(self, name)
+            if text is not None:
+                object.__setattr__(self, name, plain(text))
 
     # ------------------------------------------------------------------ Optuna
 
@@ -93,6 +104,8 @@ class TrialRecord:
             attrs[ATTR_TRACEBACK] = self.error[-20000:]
         if self.repeat_of is not None:
             attrs[ATTR_REPEAT_OF] = self.repeat_of
+        if self.latency_unstable is not None:
+            attrs[ATTR_LATENCY_UNSTABLE] = self.latency_unstable
         attrs[ATTR_FEASIBLE] = bool(self.feasible)
         reason = self.reason()
         if reason is not None:
@@ -109,7 +122,7 @@ class TrialRecord:
             return f"failed: {failure_line(self.error or '?')[:300]}"
         if self.over_drop is not None:
             return f"over the allowed drop: {self.over_drop}"
-        return None
+        return self.latency_unstable
 
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> TrialRecord:
@@ -133,6 +146,7 @@ class TrialRecord:
             repeat_of=attrs.get(ATTR_REPEAT_OF),
             feasible=attrs.get(ATTR_FEASIBLE),
             over_drop=_over_drop(attrs.get(ATTR_REASON)),
+            latency_unstable=attrs.get(ATTR_LATENCY_UNSTABLE),
         )
 
     # ------------------------------------------------------------------ MLflow
@@ -166,6 +180,8 @@ class TrialRecord:
         reason = self.reason()
         if reason is not None:
             tags["reason"] = reason
+        if self.latency_unstable is not None:
+            tags["latency_unstable"] = self.latency_unstable[:500]
         if self.repeat_of is not None:
             tags["repeat_of"] = str(self.repeat_of)
         if self.error:

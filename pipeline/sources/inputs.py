@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from pipeline.core.errors import SpecError
-from pipeline.core.spec import Batch, split_batches
+from pipeline.core.spec import Batch, split_batches, tile
 
 #: Generated evaluation set size for models without data (fixed seed).
 MIN_EVALUATION_SAMPLES = 128
@@ -147,13 +147,6 @@ def generate(templates: tuple[InputTemplate, ...], count: int, seed: int) -> Bat
     """``count`` samples per input, reproducibly from ``seed``."""
     generator = torch.Generator().manual_seed(seed)
     return tuple(template.generate(count, generator) for template in templates)
-
-
-def tile(samples: Batch, batch_size: int) -> Batch:
-    """The first ``batch_size`` samples, repeating them if there are fewer."""
-    total = int(samples[0].shape[0])
-    repeats = -(-batch_size // total)
-    return tuple(t.repeat(repeats, *([1] * (t.dim() - 1)))[:batch_size].contiguous() for t in samples)
 
 
 @dataclass(frozen=True)

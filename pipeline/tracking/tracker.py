@@ -21,6 +21,7 @@ import base64
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -50,6 +51,11 @@ PARENT_TAG = "mlflow.parentRunId"
 #: Seconds to wait for an MLflow server's ``/health`` before giving up.
 SERVER_TIMEOUT_S = 10.0
 _INVALID_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
+#: Metrics logged to 4 significant digits: latencies and seconds, whose further digits are timing noise.
+#: The MLflow UI has no display precision setting (mlflow/mlflow#17150, #3693): it shows what is logged.
+#: Task metrics, drops, speed-ups and sizes are logged as measured (the table's numbers, rounded there).
+_DISPLAY_ROUNDED = re.compile(r"(^|[._])(latency|seconds)|_ms(_|$)")
+DISPLAY_DIGITS = 4
 
 
 def default_tracking_uri() -> str:
@@ -94,6 +100,14 @@ def library_tags() -> dict[str, str]:
     return tags
 
 
+def display_value(key: str, value: float) -> float:
+    """``value`` as logged under ``key``: latencies and seconds to :data:`DISPLAY_DIGITS` significant digits."""
+    value = float(value)
+    if _DISPLAY_ROUNDED.search(key) and math.isfinite(value):
+        return float(f"{value:.{DISPLAY_DIGITS}g}")
+    return value
+
+
 def clean_key(key: str) -> str:
     """An MLflow-safe param/metric/tag name (``prune#2.ratio`` -> ``prune_2.ratio``)."""
     return _INVALID_KEY_CHARS.sub("_", key)
@@ -133,18 +147,23 @@ class Tracker:
         self.parent_run_id = ""
         self.children: dict[int, str] = {}
         self.study_name = ""
+        #: This process created the study's parent run (it had none).
+        self.created = False
 
     # ------------------------------------------------------------------ study (parent run)
 
-    def open_study(self, spec_name: str, study_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
-        """Find or create the experiment and the study's parent run; returns the parent run id."""
+    def open_study(self, spec_name: str, study_name: str, params: Mapping[str, Any], tags: Mapping[str, str],
+                   running: bool = True) -> str:
+        """Find or create the experiment and the study's parent run; returns the parent run id.
+        ``running=False``: no trial will run, so an existing parent run keeps its status and end time."""
         self.study_name = study_name
         name = experiment_name(spec_name)
         self.experiment_id = self._get_or_create_experiment(name)
         parents = self._parents(study_name)
         if parents:
             self.parent_run_id = parents[0].info.run_id
-            self.client.update_run(self.parent_run_id, status="RUNNING")
+            if running:
+                self.client.update_run(self.parent_run_id, status="RUNNING")
             self._load_children()
             return self.parent_run_id
         run = self.client.create_run(
@@ -160,6 +179,7 @@ class Tracker:
             self._load_children()
             return oldest
         self.parent_run_id = run.info.run_id
+        self.created = True
         self._log(self.parent_run_id, params=params)
         return self.parent_run_id
 
@@ -302,16 +322,25 @@ class Tracker:
             self.client.log_figure(self.parent_run_id, figure, artifact_file, save_kwargs=save_kwargs)
         self._log(self.parent_run_id, metrics=metrics)
 
+    def add_study_seconds(self, seconds: Mapping[str, float]) -> None:
+        """Add one run's seconds (``seconds_wall``, ``seconds_<category>``) to the parent run's totals over all the
+        runs of the study: a resumed study adds its run, each run is the next step of the metrics' history, and a
+        re-run that runs no trial does not call this."""
+        current = self.client.get_run(self.parent_run_id).data.metrics
+        step = len(self.client.get_metric_history(self.parent_run_id, "seconds_wall"))
+        self._log(self.parent_run_id, metrics={k: current.get(clean_key(k), 0.0) + v for k, v in seconds.items()},
+                  step=step)
+
     # ------------------------------------------------------------------ helpers
 
     def _log(self, run_id: str, params: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None,
-             tags: Mapping[str, str] | None = None) -> None:
+             tags: Mapping[str, str] | None = None, step: int = 0) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
         self.client.log_batch(
             run_id,
-            metrics=[Metric(clean_key(k), float(v), now, 0) for k, v in (metrics or {}).items()],
+            metrics=[Metric(clean_key(k), display_value(k, v), now, step) for k, v in (metrics or {}).items()],
             params=[Param(clean_key(k), str(v)[:6000]) for k, v in (params or {}).items()],
             tags=[RunTag(clean_key(k), str(v)[:8000]) for k, v in (tags or {}).items()],
         )

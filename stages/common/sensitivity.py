@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import InfeasibleConfig, PipelineError
+from pipeline.core.progress import Phase, phase
 from pipeline.core.spec import Batch
 from stages.common.layer_outputs import floating_output_leaves
 from stages.common.rankings import SensitivityRanking
@@ -202,6 +203,17 @@ def calibrate(
     and leave it changed when the whole-model error stays within the budget. Groups move
     back whole (a block at a time), so this splits them: fewer units stay original, for
     one measurement per kept unit (within the time budget; not kept by ``known``)."""
+    reused = ", reusing an earlier ranking" if known is not None else ""
+    with phase(f"{stage}: calibrating {len(candidates)} layers on {len(batches)} batches{reused}") as shown:
+        return _calibrate(switch, candidates, batches, error_budget, known, shown,
+                          (stage, change, blocks, seconds, refine))
+
+
+def _calibrate(switch: UnitSwitch, candidates: Sequence[str], batches: Sequence[Batch], error_budget: float,
+               known: SensitivityRanking | None, shown: Phase,
+               options: tuple[str, str, bool, float | None, bool]) -> CalibrationResult:
+    """:func:`calibrate`, its phase shown (the number of measurements so far on a terminal)."""
+    stage, change, blocks, seconds, refine = options
     clock = _Clock(seconds)
     reference: list[list[Tensor]] = []
 
@@ -210,6 +222,7 @@ def calibrate(
             switch.set_changed(())
             reference.extend(reference_outputs(switch.model, batches, stage))
         switch.set_changed(changed)
+        shown.advance(note=f"{len(changed)} layers {change}")
         return relative_output_error(switch.model, batches[:batch_count], reference[:batch_count], what, stage)
 
     cut_short: str | None = None

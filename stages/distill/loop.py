@@ -1,11 +1,9 @@
-"""The distillation loop: seeded sampling, learning-rate schedule, autocast, progress lines."""
+"""The distillation loop: seeded sampling, learning-rate schedule, autocast, progress (pipeline.core.progress)."""
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,29 +13,19 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.progress import phase
 from pipeline.core.spec import Batch, OutputKind, move_batch
 from pipeline.core.training_data import TrainingData
 from stages.distill.losses import LossWeights, captured_outputs, check_layer_names, hidden_loss, output_loss
 
-log = logging.getLogger(__name__)
-
 Schedule = Literal["constant", "cosine", "linear"]
-#: How many progress lines a run shows (:func:`show_progress`).
+#: How many times a run updates the loss on its progress line (reading the loss waits for the device).
 PROGRESS_LINES = 10
 #: Samples (at most) of the training data on which the loss before and after is measured.
 PROBE_SAMPLES = 256
 #: With a padding mask, samples are sorted by length within groups of this many batches
 #: (then the batches of a group are shuffled): little padding, still a random order.
 LENGTH_GROUP_BATCHES = 16
-
-
-def show_progress(message: str) -> None:
-    """One progress line: on stderr when it is a terminal (a search's live display keeps it
-    above its bar), else an INFO log record (quiet in tests and redirected logs)."""
-    if sys.stderr.isatty():
-        print(message, file=sys.stderr, flush=True)
-    else:
-        log.info(message)
 
 
 def lr_factor(step: int, steps: int, schedule: Schedule, warmup: float) -> float:
@@ -205,27 +193,30 @@ class Distiller:
         every = max(1, opt.steps // PROGRESS_LINES)
         last = min(opt.steps, opt.stop_step or opt.steps)
         done, cut_short = 0, False
-        for step, index in zip(range(last), self._indices(opt.batch_size, opt.seed), strict=False):
-            optimizer.zero_grad(set_to_none=True)
-            loss = self.loss(index)
-            if not bool(torch.isfinite(loss.detach())):
-                raise InfeasibleConfig(f"distill diverged: loss is {float(loss)} at step {step + 1} "
-                                       f"with lr={opt.lr} (try a smaller lr)")
-            scaler.scale(loss).backward()
-            if opt.grad_clip is not None:
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(parameters, opt.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            done = step + 1
-            elapsed = time.perf_counter() - start
-            cut_short = opt.max_seconds is not None and elapsed > opt.max_seconds and done < last
-            if done % every == 0 or done == last or cut_short:
-                show_progress(f"distill: step {done}/{opt.steps} loss {float(loss.detach()):.5f} ({elapsed:.1f} s)"
-                              + (f", time budget of {opt.max_seconds:g} s reached" if cut_short else ""))
-            if cut_short:
-                break
+        with phase(f"distill: {last} steps", total=last) as shown:
+            for step, index in zip(range(last), self._indices(opt.batch_size, opt.seed), strict=False):
+                optimizer.zero_grad(set_to_none=True)
+                loss = self.loss(index)
+                if not bool(torch.isfinite(loss.detach())):
+                    raise InfeasibleConfig(f"distill diverged: loss is {float(loss)} at step {step + 1} "
+                                           f"with lr={opt.lr} (try a smaller lr)")
+                scaler.scale(loss).backward()
+                if opt.grad_clip is not None:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(parameters, opt.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                done = step + 1
+                cut_short = opt.max_seconds is not None and time.perf_counter() - start > opt.max_seconds \
+                    and done < last
+                note = None
+                if done % every == 0 or done == last or cut_short:
+                    note = f"loss {float(loss.detach()):.5f}" + (
+                        f", time budget of {opt.max_seconds:g} s reached" if cut_short else "")
+                shown.advance(note=note)
+                if cut_short:
+                    break
         optimizer.zero_grad(set_to_none=True)
         for p in parameters:
             p.grad = None

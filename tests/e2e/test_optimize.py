@@ -135,7 +135,8 @@ def test_mlflow_children_carry_the_trial_values(optimized: Study) -> None:
         else:
             assert child.data.tags["reason"]
         if trial.state.name == "COMPLETE":
-            assert [child.data.metrics[name] for name in names] == trial.values
+            # latencies are logged to 4 significant digits (pipeline.tracking.tracker.display_value)
+            assert [child.data.metrics[name] for name in names] == pytest.approx(trial.values, rel=1e-3)
             assert child.data.params["runtime"] == "eager"
             assert "version.torch" in child.data.tags
 

@@ -51,6 +51,25 @@ def test_loads_offline_as_an_embedding_model(minilm: tuple[ModelSpec, nn.Module]
     assert sum(isinstance(m, nn.Linear) for m in model.modules()) == 36
 
 
+def test_latency_batches_use_real_sentence_lengths(minilm: tuple[ModelSpec, nn.Module]) -> None:
+    """Latency batches are pydoc sentences padded to each batch's longest (not 128), with the embeddings of
+    full padding; a static-shape runtime gets the smallest length bucket that fits."""
+    from pipeline.core.padding import bucket_length, latency_inputs, pad_to
+
+    spec, model = minilm
+    inputs, lengths = latency_inputs(spec, 32, "eager")
+    assert lengths is not None and inputs[0].shape == (32, lengths.length) and 40 <= lengths.length <= 68
+    assert 20 <= lengths.mean_tokens <= 35
+    one, single = latency_inputs(spec, 1, "eager")
+    assert single is not None and one[0].shape[1] == 25  # the median evaluation sentence
+    static, bucket = latency_inputs(spec, 32, "compile_cudagraphs")
+    assert bucket is not None and static[0].shape[1] == bucket_length(lengths.length) == 64
+    with torch.inference_mode():
+        full = model(*pad_to(inputs, 128, 1))
+        assert torch.allclose(model(*inputs), full, atol=1e-5)
+        assert torch.allclose(model(*static), full, atol=1e-5)
+
+
 def test_embeddings_match_sentence_transformers(minilm: tuple[ModelSpec, nn.Module]) -> None:
     """Mean pooling + normalization as the model card defines them: same vectors as the library."""
     from sentence_transformers import SentenceTransformer

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,11 +59,33 @@ def test_cpu_capabilities_match_stack_facts() -> None:
 
 @pytest.mark.parametrize(("supported", "ratio", "fast"), [(True, 0.4, True), (True, 1.7, False), (False, 0.4, False)])
 def test_cpu_bf16_is_fast_only_where_measured_faster(monkeypatch: pytest.MonkeyPatch, supported: bool, ratio: float,
-                                                     fast: bool) -> None:
+                                                     fast: bool, tmp_path: Path) -> None:
     monkeypatch.delenv(device_module.CPU_BF16_ENV_VAR)
+    monkeypatch.setattr(device_module, "host_facts_file", lambda: tmp_path / "host-facts.json")
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: supported)
     monkeypatch.setattr(device_module, "autocast_time_ratio", lambda dtype: ratio)
     assert device_module.cpu_bf16_is_fast() is fast
+
+
+def test_the_bf16_verdict_is_kept_per_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Measured once, then read back: a later run (or a later probe under load) does not decide again."""
+    monkeypatch.delenv(device_module.CPU_BF16_ENV_VAR)
+    monkeypatch.setattr(device_module, "host_facts_file", lambda: tmp_path / "host-facts.json")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    probes: list[float] = []
+
+    def probe(dtype: torch.dtype) -> float:
+        probes.append(0.5 if not probes else 2.0)  # fast the first time, slow under load later
+        return probes[-1]
+
+    monkeypatch.setattr(device_module, "autocast_time_ratio", probe)
+    assert device_module.cpu_bf16_is_fast() is True
+    assert device_module.cpu_bf16_is_fast() is True and len(probes) == 1
+    facts = json.loads((tmp_path / "host-facts.json").read_text())
+    assert list(facts.values()) == [{"cpu_bf16_fast": True}]
+    assert next(iter(facts)).endswith(f"| torch {torch.__version__}")
+    monkeypatch.setenv(device_module.CPU_BF16_ENV_VAR, "slow")
+    assert device_module.cpu_bf16_is_fast() is False, "the environment still overrides the kept verdict"
 
 
 def test_the_environment_overrides_the_probe_or_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

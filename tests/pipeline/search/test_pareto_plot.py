@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from pipeline.core.spec import ModelSpec
 from pipeline.search.front import BASELINE, Remeasured, with_remeasured
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE, Baseline, Objectives
-from pipeline.search.pareto import latency_cell, mark_ties, pareto_figure_png, table_columns, trial_row
+from pipeline.search.pareto import (
+    latency_cell,
+    mark_ties,
+    pareto_figure_html,
+    pareto_figure_png,
+    table_columns,
+    trial_row,
+)
 
 
 def _study(objectives: Objectives, trials: list[tuple[float, float, str]]) -> optuna.Study:
@@ -58,11 +67,33 @@ def test_rows_whose_latency_intervals_overlap_are_ties(residual_spec: ModelSpec)
     assert latency_cell(rows[0]) == "1.000 [0.950, 1.050] ~ 1"
 
 
-def test_remeasured_rows_use_the_remeasured_baseline_for_speedups(residual_spec: ModelSpec) -> None:
+def test_remeasured_speedups_are_a_column_of_their_own(residual_spec: ModelSpec) -> None:
+    """The end-of-study re-measure divides the re-measured baseline, and shows next to the in-search
+    paired speed-up: the row's speed-up, order and ties stay the stored ones."""
     objectives = Objectives.create(residual_spec, ["metric", "latency"], 0.01, 1)
     study = _study(objectives, [(0.97, 1.0, "a"), (0.96, 0.5, "b")])
     rows = [trial_row(t, objectives) for t in study.trials]
     measured = {BASELINE: Remeasured(2.0, (1.9, 2.1), 9), 0: Remeasured(1.0, (0.9, 1.1), 9),
                 1: Remeasured(0.95, (0.9, 1.0), 9)}
     again = with_remeasured(rows, measured)
-    assert [(r.trial, r.speedup, r.ties) for r in again] == [(1, 2.0 / 0.95, (0,)), (0, 2.0, (1,))]
+    assert [(r.trial, r.speedup, r.remeasured) for r in again] == [(0, 1.0, 2.0), (1, 2.0, 2.0 / 0.95)]
+    assert table_columns(again, objectives)["speedup_remeasured"] == [2.0, 2.11]
+
+
+def test_a_wide_latency_range_gets_a_log_axis_in_both_plots(residual_spec: ModelSpec) -> None:
+    """Feasible latencies 0.1 to 5 ms (50x): a log axis, so the fast trials are not crowded into its first
+    pixels; a trial over the allowed drop at 500 ms does not stretch it (drawn on the edge)."""
+    objectives = Objectives.create(residual_spec, ["metric", "latency"], 0.01, 1)
+    baseline = Baseline(0.97, 1.0, 1000.0, 0)
+    study = _study(objectives, [(0.97, 1.0, "baseline"), (0.965, 0.1, "fast"), (0.968, 5.0, "slow"),
+                                (0.50, 500.0, "broken and slow")])
+    axes = pareto_figure_png(study, objectives, baseline).axes[0]
+    low, high = axes.get_xlim()
+    assert axes.get_xscale() == "log" and 0.05 < low < 0.1 and 5.0 < high < 10.0
+    assert "over the allowed drop, off the chart (1)" in [t.get_text() for t in axes.get_legend().get_texts()]
+    html = pareto_figure_html(study, objectives, baseline)
+    assert html.layout.xaxis.type == "log" and html.layout.xaxis.range == pytest.approx([math.log10(low),
+                                                                                          math.log10(high)])
+    narrow = _study(objectives, [(0.97, 1.0, "baseline"), (0.965, 0.5, "amp")])
+    assert pareto_figure_png(narrow, objectives, baseline).axes[0].get_xscale() == "linear"
+    assert pareto_figure_html(narrow, objectives, baseline).layout.xaxis.type == "linear"

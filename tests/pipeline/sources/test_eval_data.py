@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import optuna
@@ -12,6 +13,7 @@ from torch import nn
 
 from pipeline.cli.main import main
 from pipeline.core.evaluate import compute_metric
+from pipeline.core.paths import RESULTS_ENV_VAR
 from pipeline.core.spec import ACCURACY
 from pipeline.core.task_metrics import PAIRS_METRIC
 from pipeline.search.objectives import ATTR_BASELINE
@@ -19,6 +21,12 @@ from pipeline.sources import SourceOptions
 from pipeline.sources.resolve import resolve_spec
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def keep_results_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``main(--results-dir ...)`` points the process at another folder: restore the session's after each test."""
+    monkeypatch.setenv(RESULTS_ENV_VAR, os.environ[RESULTS_ENV_VAR])
 QUICK = ["--trials", "2", "--no-tracking", "--latency-budget", "quick", "--runtimes", "eager", "--threads", "1"]
 
 
@@ -72,7 +80,8 @@ def test_label_out_of_range_is_one_error_line(classifier_files: dict[str, Path],
     code = main(["evaluate", "--model", str(classifier_files["model"]), "--eval-data", str(classifier_files["bad"])])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert len(err) == 1 and err[0].startswith("error: --eval-data") and "out of range: the model has 4 classes" in err[0]
+    assert len(err) == 1 and err[0].startswith("error: --eval-data")
+    assert "out of range: the model has 4 classes" in err[0]
 
 
 def test_text_data_for_a_tensor_model_says_what_to_pass(classifier_files: dict[str, Path], tmp_path: Path) -> None:
@@ -133,6 +142,28 @@ def test_hf_embedding_model_is_scored_on_pairs(tiny_hf_dir: Path, pairs_file: Pa
     inputs, targets = spec.evaluation()[0]
     assert inputs[0].shape[1] <= 64  # padded to the longest text, not to 128
     assert targets.tolist() == list(range(len(targets)))
+
+
+def test_hf_latency_sample_is_the_eval_texts_at_their_own_lengths(tiny_hf_dir: Path, pairs_file: Path) -> None:
+    """Without --inputs-file the --eval-data texts are the latency sample; each batch is cut to its longest
+    text (a bucket for static shapes), with the outputs of full padding."""
+    from pipeline.core.padding import latency_inputs, pad_to
+    from pipeline.core.spec import load_model
+
+    spec = resolve_spec(f"hf:{tiny_hf_dir}", SourceOptions(eval_data=str(pairs_file)))
+    texts = list(dict.fromkeys([a for a, _, _ in PAIRS] + [b for _, b, _ in PAIRS]))
+    inputs, lengths = latency_inputs(spec, 4, "eager")
+    assert lengths is not None and inputs[0].shape == (4, lengths.length) and lengths.length < 20
+    assert spec.encode_text is not None
+    ids, mask = spec.encode_text(texts)
+    encoded = {tuple(row[keep.bool()].tolist()) for row, keep in zip(ids, mask, strict=True)}
+    assert all(tuple(row[keep.bool()].tolist()) in encoded for row, keep in zip(*inputs, strict=True))
+    static, bucket = latency_inputs(spec, 4, "compile_cudagraphs")
+    assert bucket is not None and static[0].shape[1] == 16
+    model = load_model(spec)
+    with torch.inference_mode():
+        full = model(*pad_to(inputs, 128, spec.padding_mask or 1))
+        assert torch.allclose(model(*inputs), full, atol=1e-5)
 
 
 def test_hf_embedding_model_optimized_with_eval_data(tiny_hf_dir: Path, pairs_file: Path, tmp_path: Path,

@@ -9,7 +9,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from pipeline.tracking.artifacts import artifact_root_for
-from pipeline.tracking.tracker import PARENT_TAG, Tracker, clean_key, experiment_name
+from pipeline.tracking.tracker import PARENT_TAG, Tracker, clean_key, display_value, experiment_name
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +80,13 @@ def test_helpers() -> None:
     assert clean_key("prune#2.ratio") == "prune_2.ratio"
     assert artifact_root_for("sqlite:////tmp/x/mlflow.db") == Path("/tmp/x/mlartifacts")
     assert artifact_root_for("http://127.0.0.1:5000") is None
+
+
+def test_latencies_and_seconds_are_logged_to_four_significant_digits() -> None:
+    """The MLflow UI shows a metric as logged (it has no display precision setting): timing noise is cut."""
+    assert display_value("latency_ms_p50_b1", 0.123456789) == 0.1235
+    assert display_value("detail.latency_ms_p90_b8_ci_low", 12.3456) == 12.35
+    assert display_value("seconds_wall", 96.4321) == 96.43
+    assert display_value("speedup", 1.23456789) == 1.23456789, "the table's number, to the digit"
+    assert display_value("accuracy", 0.987406) == 0.987406
+    assert display_value("size_bytes", 371712.0) == 371712.0

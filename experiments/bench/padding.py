@@ -1,0 +1,61 @@
+"""MiniLM fp32 eager latency on the CPU at the old inputs (every sentence padded to 128 tokens)
+against the new ones (the batch padded to its longest sentence), interleaved in one process.
+
+    .venv/bin/python -m experiments.bench.padding [--batch 32] [--rounds 7] [--threads 1]
+
+Prints one line per round and the medians, with the machine's load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import torch
+
+from experiments.models.minilm import spec as minilm_spec
+from pipeline.core.evaluate import LatencySettings, measure_latency
+from pipeline.core.noise import median_ci
+from pipeline.core.padding import latency_inputs, pad_to
+from pipeline.core.spec import load_model
+from pipeline.sources.huggingface import SEQUENCE_LENGTH
+
+CPU = torch.device("cpu")
+ROUND = LatencySettings(warmup_runs=2, min_runs=5, min_seconds=0.0)
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg()) + f" ({os.cpu_count()} cores)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    spec = minilm_spec()
+    model = load_model(spec)
+    trimmed, lengths = latency_inputs(spec, args.batch, "eager")
+    assert lengths is not None and spec.padding_mask is not None
+    padded = pad_to(trimmed, SEQUENCE_LENGTH, spec.padding_mask)
+    print(f"MiniLM fp32 eager, CPU, {args.threads} thread(s), batch {args.batch}: longest {lengths.length} tokens, "
+          f"mean {lengths.mean_tokens:.1f}; load average before: {load_average()}")
+    samples: dict[str, list[float]] = {"padded to 128": [], f"trimmed to {lengths.length}": []}
+    with torch.inference_mode():
+        for round_index in range(args.rounds):
+            for name, inputs in zip(samples, (padded, trimmed), strict=True):
+                samples[name].append(measure_latency(model, inputs, CPU, ROUND).p50_ms)
+            print(f"round {round_index + 1}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in samples.items()))
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    for name, values in samples.items():
+        low, high = median_ci(sorted(values))
+        print(f"{name}: median {medians[name]:.1f} ms (95% CI {low:.1f}-{high:.1f}, {len(values)} rounds)")
+    old, new = medians.values()
+    print(f"ratio {old / new:.2f}x; load average after: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()

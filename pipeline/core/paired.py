@@ -1,0 +1,196 @@
+"""Paired latency: a model timed in alternating rounds with the unoptimized model, in one process.
+
+A lone latency is only as good as the moment it was taken: on a busy machine one trial measured
+while another job ran looks several times slower than it is, and a speed-up that divides it by a
+baseline measured minutes earlier is wrong either way. :func:`measure_paired` times the baseline
+and the trial in rounds (baseline, trial, baseline, trial ...; each round a median of several calls,
+:func:`~pipeline.core.evaluate.measure_latency`), so a slow period slows both alike; the speed-up is
+the median of the per-round ratios, with a distribution-free 95% interval (:mod:`pipeline.core.noise`).
+
+Contention is checked per measurement: the interval's width, the 1-minute load average against the
+cores this process may use, and on the CPU the process's CPU time against the wall time of its
+rounds. A measurement whose interval is wider than :data:`MAX_CI_WIDTH` of its ratio is taken again
+(up to :data:`RETRIES` more times); one that stays wide is *unstable*, with the reason why.
+
+The clock is injectable: a :data:`RoundTimer` times one round of functions, so tests run on fake timings.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from pipeline.core.evaluate import LatencySettings, measure_latency
+from pipeline.core.noise import median_ci
+from pipeline.core.spec import Batch
+
+#: Times one round: each function once in turn (a median of several calls each), in ms.
+RoundTimer = Callable[[Sequence[Callable[..., Tensor]], Batch], list[float]]
+#: ``() -> (wall seconds, process CPU seconds)``; None where CPU time says nothing (an accelerator).
+CpuClock = Callable[[], tuple[float, float]]
+
+#: Rounds of a paired measurement (9: the smallest count whose 95% median interval is not the full range).
+ROUNDS = 9
+ROUND_SETTINGS = LatencySettings(warmup_runs=3, min_runs=10, min_seconds=0.05)
+#: A speed-up whose 95% interval is wider than this share of the speed-up is measured again.
+MAX_CI_WIDTH = 0.20
+#: How many more times an unstable measurement is taken before the trial is kept off the front.
+RETRIES = 2
+#: On the CPU, a process that got less CPU time than this share of the wall time was waiting for a core.
+BUSY_CPU_SHARE = 0.8
+
+
+def round_timer(device: torch.device, settings: LatencySettings = ROUND_SETTINGS) -> RoundTimer:
+    """The real clock: each function's median latency over ``settings`` (warm-up, then timed calls)."""
+
+    def time_round(functions: Sequence[Callable[..., Tensor]], inputs: Batch) -> list[float]:
+        return [measure_latency(fn, inputs, device, settings).p50_ms for fn in functions]
+
+    return time_round
+
+
+def process_clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def time_rounds(functions: Sequence[Callable[..., Tensor]], inputs: Batch, timer: RoundTimer,
+                rounds: int = ROUNDS) -> list[list[float]]:
+    """Per function, its time in each of ``rounds`` interleaved rounds."""
+    samples: list[list[float]] = [[] for _ in functions]
+    with torch.no_grad():
+        for _ in range(rounds):
+            for series, value in zip(samples, timer(functions, inputs), strict=True):
+                series.append(value)
+    return samples
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def load_average() -> float:
+    """The 1-minute load average (0 where the OS has none)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
+def free_cores(load: float | None = None, cores: int | None = None) -> int:
+    """Cores not busy with other work: the usable cores minus the 1-minute load, at least 1."""
+    cores = usable_cores() if cores is None else cores
+    load = load_average() if load is None else load
+    return max(1, min(cores, int(cores - load + 0.5)))
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """How busy the machine was during one measurement."""
+
+    load: float
+    cores: int
+    #: Process CPU seconds per wall second of the measurement (CPU devices); None where not measured.
+    cpu_share: float | None = None
+
+    def describe(self) -> str:
+        text = f"load {self.load:.1f} on {self.cores} core(s)"
+        if self.cpu_share is not None:
+            text += f", the process ran {self.cpu_share:.0%} of the wall time"
+        return text
+
+
+# --------------------------------------------------------------------------- one paired measurement
+
+
+@dataclass(frozen=True)
+class PairedLatency:
+    """A trial timed in rounds alternating with the baseline: medians, the speed-up and its interval."""
+
+    baseline_ms: float
+    trial_ms: float
+    #: Median of the per-round ratios baseline / trial.
+    speedup: float
+    ci: tuple[float, float]
+    rounds: int
+    machine: MachineLoad
+    attempts: int = 1
+    #: Why the measurement is not trusted (``speed-up 95% CI ... after 3 measurements``); None when stable.
+    unstable: str | None = None
+
+    @property
+    def ci_width(self) -> float:
+        """The interval's width as a share of the speed-up."""
+        return (self.ci[1] - self.ci[0]) / self.speedup if self.speedup > 0 else float("inf")
+
+    def metrics(self) -> dict[str, float]:
+        """What a trial stores (and MLflow logs) about its paired measurement."""
+        metrics = {"speedup": self.speedup, "speedup_ci_low": self.ci[0], "speedup_ci_high": self.ci[1],
+                   "speedup_ci_width_pct": 100.0 * self.ci_width, "latency_ms_paired": self.trial_ms,
+                   "baseline_latency_ms_paired": self.baseline_ms, "latency_rounds": float(self.rounds),
+                   "latency_attempts": float(self.attempts), "machine_load": self.machine.load,
+                   "machine_cores": float(self.machine.cores)}
+        if self.machine.cpu_share is not None:
+            metrics["machine_cpu_share"] = self.machine.cpu_share
+        return metrics
+
+
+def paired_once(baseline: Callable[..., Tensor], trial: Callable[..., Tensor], inputs: Batch, timer: RoundTimer,
+                rounds: int = ROUNDS, cpu_clock: CpuClock | None = process_clock) -> PairedLatency:
+    """One paired measurement of ``rounds`` rounds (baseline first in each)."""
+    before = cpu_clock() if cpu_clock is not None else None
+    base, mine = time_rounds((baseline, trial), inputs, timer, rounds)
+    share = None
+    if before is not None and cpu_clock is not None:
+        wall, cpu = (after - start for after, start in zip(cpu_clock(), before, strict=True))
+        share = cpu / wall if wall > 0 else None
+    ratios = [b / t if t > 0 else 0.0 for b, t in zip(base, mine, strict=True)]
+    return PairedLatency(statistics.median(base), statistics.median(mine), statistics.median(ratios),
+                         median_ci(ratios), rounds, MachineLoad(load_average(), usable_cores(), share))
+
+
+def measure_paired(baseline: Callable[..., Tensor], trial: Callable[..., Tensor], inputs: Batch, timer: RoundTimer,
+                   rounds: int = ROUNDS, max_width: float = MAX_CI_WIDTH, retries: int = RETRIES,
+                   cpu_clock: CpuClock | None = process_clock) -> PairedLatency:
+    """The trial's paired speed-up; measured again (up to ``retries`` more times) while its interval is
+    wider than ``max_width`` of the ratio. Keeps the narrowest attempt; ``unstable`` says why when even
+    that one is too wide."""
+    best: PairedLatency | None = None
+    for attempt in range(1, retries + 2):
+        measured = paired_once(baseline, trial, inputs, timer, rounds, cpu_clock)
+        if best is None or measured.ci_width < best.ci_width:
+            best = measured
+        if best.ci_width <= max_width:
+            return replace(best, attempts=attempt)
+    assert best is not None
+    why = (f"speed-up 95% CI [{best.ci[0]:.2f}, {best.ci[1]:.2f}] is {best.ci_width:.0%} of {best.speedup:.2f}x "
+           f"(more than {max_width:.0%}) in each of {retries + 1} measurements; {best.machine.describe()}")
+    return replace(best, attempts=retries + 1, unstable=why)
+
+
+# --------------------------------------------------------------------------- a study's machine
+
+
+def noise_line(trials: Sequence[Mapping[str, float]], unstable: int) -> str | None:
+    """One line on how noisy the machine was, from the trials' paired-measurement metrics
+    (:meth:`PairedLatency.metrics`); None when no trial was paired."""
+    paired = [m for m in trials if "speedup_ci_width_pct" in m]
+    if not paired:
+        return None
+    load = statistics.median(m.get("machine_load", 0.0) for m in paired)
+    cores = int(max(m.get("machine_cores", 1.0) for m in paired))
+    width = statistics.median(m["speedup_ci_width_pct"] for m in paired)
+    again = sum(1 for m in paired if m.get("latency_attempts", 1.0) > 1)
+    shares = [m["machine_cpu_share"] for m in paired if "machine_cpu_share" in m]
+    share = f", the process ran {statistics.median(shares):.0%} of the wall time" if shares else ""
+    return (f"machine: load {load:.1f} on {cores} core(s) during the study{share}; median paired-ratio CI width "
+            f"{width:.0f}% over {len(paired)} trial(s); {again} trial(s) re-measured, {unstable} kept off the front "
+            f"(latency unstable)")

@@ -1,0 +1,149 @@
+"""The front is chosen from paired speed-ups (a fake clock, no sleeping): a trial timed during a busy
+period keeps its ratio and its place, a trial whose timings swing stays off the front with its reason,
+and one speed-up reaches the trial line, the table, the report rows and the MLflow metric."""
+
+from __future__ import annotations
+
+import io
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+
+import optuna
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+from torch import nn
+
+from pipeline.core.spec import Batch, ModelSpec
+from pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from pipeline.search import Search, SearchConfig, run_search
+from pipeline.search.objectives import (
+    ATTR_FEASIBLE,
+    ATTR_LATENCY_UNSTABLE,
+    ATTR_METRICS,
+    ATTR_REASON,
+    ATTR_REMEASURED,
+    CONSTRAINT_NAME,
+)
+from pipeline.search.pareto import pareto_rows, table_columns
+from pipeline.tracking.tracker import TRIAL_TAG, experiment_name
+
+#: True latency (ms) per label; "busy" is timed while another job runs (everything 10x slower).
+TRUE_MS = {None: 1.0, "busy": 0.5, "quiet": 0.8}
+WILD_MS = [0.1, 2.0, 0.2, 1.5, 0.15, 3.0, 0.3, 0.12, 2.5]  # median ratio 3.3x, 95% CI [0.4, 8.3]
+
+
+class TagConfig(StageConfig):
+    """A test-only stage that labels the model (for the fake clock) and leaves its numbers as they are."""
+
+    stage = "toy.tag"
+    label: str = "quiet"
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> TagConfig | None:
+        return None
+
+
+def apply_tag(model: nn.Module, config: TagConfig, ctx: StageContext) -> nn.Module:
+    model.paretorch_label = config.label  # type: ignore[assignment]
+    return model
+
+
+def fake_timer() -> Callable[[Sequence[Callable[..., torch.Tensor]], Batch], list[float]]:
+    wild: Iterator[float] = itertools.cycle(WILD_MS)
+
+    def time_round(functions: Sequence[Callable[..., torch.Tensor]], inputs: Batch) -> list[float]:
+        labels = [getattr(fn, "paretorch_label", None) for fn in functions]
+        busy = 10.0 if "busy" in labels else 1.0
+        return [next(wild) if label == "wild" else TRUE_MS[label] * busy for label in labels]
+
+    return time_round
+
+
+@pytest.fixture(scope="module")
+def paired_search(residual_spec: ModelSpec, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Search]:
+    folder = tmp_path_factory.mktemp("paired")
+    pipeline_file = folder / "tagged.yaml"
+    pipeline_file.write_text("nodes:\n  - {op: model}\n  - {op: toy.tag}\n  - {name: evaluate, op: evaluate}\n")
+    seeds = [{"name": label, "stages": [{"stage": "toy.tag", "label": label}]} for label in ("busy", "quiet", "wild")]
+    config = SearchConfig.load(None, pipeline=str(pipeline_file), sampler="random", runtimes=("eager",),
+                               latency_budget="quick", exports="none", seeds=seeds)
+    with registered(Stage(TagConfig, apply_tag)):
+        search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{folder / 'optuna.db'}",
+                        tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+        search.timer = fake_timer()
+        search.cpu_clock = None
+        output = io.StringIO()
+        search.outcome = run_search(search, trials=4, console=Console(file=output, width=400))  # type: ignore[attr-defined]
+        search.output = output.getvalue()  # type: ignore[attr-defined]
+        yield search
+
+
+def by_seed(search: Search) -> dict[str, optuna.trial.FrozenTrial]:
+    study = search.outcome.study  # type: ignore[attr-defined]
+    return {t.user_attrs.get("paretorch.seed"): t for t in study.trials}
+
+
+def test_the_front_is_chosen_from_paired_ratios(paired_search: Search) -> None:
+    trials = by_seed(paired_search)
+    busy, quiet = trials["busy"].user_attrs[ATTR_METRICS], trials["quiet"].user_attrs[ATTR_METRICS]
+    # the busy trial's absolute times are the slowest of all (5 ms against 0.8 ms) ...
+    assert busy["latency_ms_paired"] == pytest.approx(5.0) and quiet["latency_ms_paired"] == pytest.approx(0.8)
+    # ... but paired with the baseline in the same rounds, it is the fastest
+    assert busy["speedup"] == pytest.approx(2.0) and quiet["speedup"] == pytest.approx(1.25)
+    assert busy["speedup_ci_low"] == pytest.approx(2.0) and busy["latency_attempts"] == 1
+    front = [t.number for t in paired_search.outcome.study.best_trials]  # type: ignore[attr-defined]
+    assert front == [trials["busy"].number], "equal metrics: only the fastest paired trial is on the front"
+    base = paired_search.outcome.baseline.latency_ms  # type: ignore[attr-defined]
+    assert trials["busy"].values[1] == pytest.approx(base / 2.0), "objective latency: the baseline's / speed-up"
+    assert trials["quiet"].values[1] == pytest.approx(base / 1.25)
+    assert trials["baseline"].user_attrs[ATTR_METRICS]["speedup"] == pytest.approx(1.0)
+
+
+def test_an_unstable_trial_is_kept_off_the_front_with_its_reason(paired_search: Search) -> None:
+    wild = by_seed(paired_search)["wild"]
+    metrics = wild.user_attrs[ATTR_METRICS]
+    assert wild.state.name == "COMPLETE" and metrics["speedup"] > 3.0, "its median ratio would lead the front"
+    assert metrics["latency_attempts"] == 3
+    assert wild.user_attrs[ATTR_REASON].startswith("latency unstable: speed-up 95% CI [0.40, 8.33]")
+    assert wild.user_attrs[ATTR_LATENCY_UNSTABLE] == wild.user_attrs[ATTR_REASON]
+    assert wild.user_attrs[ATTR_FEASIBLE] is False and wild.constraints[CONSTRAINT_NAME] > 0
+    assert wild.number not in {t.number for t in paired_search.outcome.study.best_trials}  # type: ignore[attr-defined]
+    line = next(x for x in paired_search.output.splitlines()  # type: ignore[attr-defined]
+                if x.startswith(f"trial {wild.number:3d}"))
+    assert "latency unstable: " in line and "(off the front)" in line
+    assert paired_search.outcome.machine.endswith(  # type: ignore[attr-defined]
+        "over 4 trial(s); 1 trial(s) re-measured, 1 kept off the front (latency unstable)")
+
+
+def test_one_speedup_reaches_line_table_report_and_mlflow(paired_search: Search, residual_spec: ModelSpec) -> None:
+    busy = by_seed(paired_search)["busy"]
+    stored = busy.user_attrs[ATTR_METRICS]["speedup"]
+    # the trial line
+    line = next(x for x in paired_search.output.splitlines()  # type: ignore[attr-defined]
+                if x.startswith(f"trial {busy.number:3d}"))
+    assert f"({stored:.2f}x [2.00, 2.00] paired)" in line
+    # the printed table: the paired speed-up, and the end-of-study re-measure in its own column
+    study = paired_search.outcome.study  # type: ignore[attr-defined]
+    rows = pareto_rows(study, paired_search.objectives)
+    assert [(r.trial, r.speedup) for r in rows] == [(busy.number, stored)]
+    assert rows[0].remeasured == pytest.approx(2.0) and study.user_attrs[ATTR_REMEASURED] == {
+        str(busy.number): pytest.approx(2.0)}
+    table = Console(file=io.StringIO(), width=400)
+    table.print(paired_search.outcome.table)  # type: ignore[attr-defined]
+    assert f"{stored:.2f}x [2.00, 2.00]" in table.file.getvalue()  # type: ignore[attr-defined]
+    # the report: a new process reads the same rows back from storage
+    again = Search(residual_spec, torch.device("cpu"), paired_search.config, storage=paired_search.storage,
+                   track=False)
+    report = pareto_rows(again.open_study(create=False), again.objectives)
+    assert report == rows
+    assert table_columns(report, again.objectives)["speedup"] == [round(stored, 2)]
+    # MLflow: the child run's speedup (the runs table sorts by it), and the re-measure under its own name
+    client = MlflowClient(tracking_uri=paired_search.tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name(residual_spec.name))
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{busy.number}'")
+    assert len(runs) == 1
+    assert runs[0].data.metrics["speedup"] == pytest.approx(stored)
+    assert runs[0].data.metrics["speedup_remeasured"] == pytest.approx(2.0)
