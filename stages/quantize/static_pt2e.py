@@ -36,10 +36,16 @@ def _dequantize_ops() -> frozenset[object]:
 
 
 def _batch_dynamic_shapes(inputs: Batch) -> tuple[dict[int, object] | None, ...]:
-    """Dim 0 of every input may vary (calibration, evaluation and latency batches differ)."""
+    """Dim 0 of every input may vary (calibration, evaluation and latency batches differ), and so may
+    dim 1 of integer inputs of two or more dims: token ids and masks, whose batches are padded to their
+    longest sample (``Dim.AUTO`` keeps a dim static where the model needs it)."""
     from torch.export import Dim
 
-    return tuple({0: Dim.AUTO} if isinstance(t, Tensor) and t.dim() > 0 else None for t in inputs)
+    def dims(t: Tensor) -> dict[int, object]:
+        sequence = t.dim() >= 2 and not t.is_floating_point() and not t.is_complex()
+        return {0: Dim.AUTO, 1: Dim.AUTO} if sequence else {0: Dim.AUTO}
+
+    return tuple(dims(t) if isinstance(t, Tensor) and t.dim() > 0 else None for t in inputs)
 
 
 def quantize_static_pt2e(
