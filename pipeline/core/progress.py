@@ -38,8 +38,10 @@ class Phase:
 
     def advance(self, steps: float = 1.0, note: str | None = None) -> None:
         if self._progress is not None:
-            fields = {"note": note} if note is not None else {}
-            self._progress.update(self._task, advance=steps, **fields)
+            if note is None:
+                self._progress.update(self._task, advance=steps)
+            else:  # a task field the columns show (rich passes unknown keywords to the task's fields)
+                self._progress.update(self._task, advance=steps, note=note)
 
 
 def progress_columns(*extra: Any) -> tuple[Any, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
-from pipeline.core.device import describe
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.fidelity import fidelity_note
 from pipeline.core.paths import results_dir
@@ -26,7 +25,7 @@ from pipeline.core.text import plain
 from pipeline.engine.recipe import Recipe
 from pipeline.search.config import finished_states
 from pipeline.search.dashboard import note_study
-from pipeline.search.duplicates import TrialBudget, is_repeat
+from pipeline.search.duplicates import TrialBudget
 from pipeline.search.explain import dominated_by, front_tags
 from pipeline.search.front import (
     BASELINE,
@@ -42,7 +41,6 @@ from pipeline.search.front import (
 from pipeline.search.objectives import (
     ATTR_DOMINATED_BY,
     ATTR_EXPORTS,
-    ATTR_METRICS,
     ATTR_RECIPE,
     ATTR_REMEASURED,
     Baseline,
@@ -63,6 +61,7 @@ from pipeline.search.quiet import stderr_to
 from pipeline.search.record import TrialRecord
 from pipeline.search.storage import fail_dead_trials
 from pipeline.search.study import Search, SearchTimes
+from pipeline.search.trial_log import TrialLogger
 from pipeline.search.workers import run_trials
 from pipeline.tracking.tracker import Tracker
 from pipeline.tracking.views import NOTE_TAG, markdown_table
@@ -101,75 +100,6 @@ def study_dir(name: str) -> Path:
     path = results_dir() / "studies" / name
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-class TrialLogger:
-    """Study callback: logs each finished trial to MLflow and moves the progress bar."""
-
-    def __init__(self, search: Search, tracker: Tracker | None, console: Console) -> None:
-        self.search = search
-        self.tracker = tracker
-        self.console = console
-        self.device = describe(search.device)
-        self.progress: Progress | None = None
-        self.task: Any = None
-        self.best = ""
-
-    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self.log(trial)
-        self._update_best(study)
-        self.console.print(self._line(trial), soft_wrap=True, highlight=False)
-        if self.progress is not None:
-            self.progress.update(self.task, advance=0 if is_repeat(trial) else 1, best=self.best)
-
-    def log(self, trial: FrozenTrial) -> None:
-        """Write the trial's child run from its record, in one call (params = the resolved recipe).
-        A repeat gets no run: its recipe's numbers are on the original trial's run."""
-        if self.tracker is None or is_repeat(trial):
-            return
-        record = self.search.record(trial)
-        common = {"device": self.device, "sampler": self.search.config.sampler}
-        self.tracker.log_trial(record.number, record.state, record.params(),
-                               record.tracking_metrics(self.search.objectives.headline_keys()),
-                               record.tracking_tags(common), record.start_ms, record.texts())
-
-    def _update_best(self, study: optuna.Study) -> None:
-        front = pareto_trials(study)
-        if not front:
-            self.best = "no feasible trial yet"
-            return
-        metric = self.search.spec.metric.name
-        fastest = max(front, key=lambda t: t.user_attrs.get(ATTR_METRICS, {}).get("speedup", 0.0))
-        values = fastest.user_attrs.get(ATTR_METRICS, {})
-        self.best = (f"front {len(front)} | best {values.get('speedup', 0):.2f}x at {metric} "
-                     f"{values.get(metric, float('nan')):.4f} (trial {fastest.number})")
-
-    def _line(self, trial: FrozenTrial) -> str:
-        record = self.search.record(trial)
-        head = f"trial {trial.number:3d} {record.state:8s}"
-        if record.repeat_of is not None:
-            return f"trial {trial.number:3d} repeat of trial {record.repeat_of} (not run, not counted)"
-        if record.state == "COMPLETE":
-            values = record.metrics
-            metric = self.search.spec.metric.name
-            every = self.search.config.exports == "every_trial"  # else: exports run at the end, for the front only
-            line = record.recipe.describe(brief=True, exports=every) if record.recipe else ""
-            unstable = f" | {record.latency_unstable} (off the front)" if record.latency_unstable else ""
-            return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {values.get('metric_drop', 0):+.4f}) | "
-                    f"{values.get(self.search.objectives.latency_key, 0):.3f} ms ({speedup_text(values)}) | "
-                    f"{line} [{record.seconds.get('trial', 0.0):.1f} s, cache {record.cache.get('hits', 0)} hit(s)]"
-                    f"{unstable}")
-        if record.state == "PRUNED":
-            return f"{head} infeasible: {record.infeasible or '?'}"
-        return f"{head} {(record.error or '?').strip().splitlines()[-1][:200]}"
-
-
-def speedup_text(metrics: Mapping[str, float]) -> str:
-    """``2.41x [2.30, 2.52] paired``: a trial's speed-up as its line shows it (the table's number)."""
-    text = f"{metrics.get('speedup', 0):.2f}x"
-    if "speedup_ci_low" in metrics and "speedup_ci_high" in metrics:
-        text += f" [{metrics['speedup_ci_low']:.2f}, {metrics['speedup_ci_high']:.2f}] paired"
-    return text
 
 
 def run_search(search: Search, trials: int, timeout: float | None = None,
