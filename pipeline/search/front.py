@@ -12,16 +12,14 @@ speed-up divides the baseline's re-measured median.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from torch import Tensor
 
 from pipeline.core.noise import median_ci
 from pipeline.core.paired import ROUNDS, noise_line, time_rounds
-from pipeline.core.spec import Batch
 from pipeline.core.stage import StageConfig
 from pipeline.search.objectives import ATTR_LATENCY_UNSTABLE, ATTR_METRICS
 from pipeline.search.pareto import ParetoRow
@@ -40,22 +38,12 @@ class Remeasured:
     rounds: int
 
 
-def objective_inputs(search: Search) -> Batch:
-    """The spec's example inputs at the objective batch size, on the search's device."""
-    return search.latency_inputs()
-
-
-def trial_function(search: Search, configs: Mapping[str, StageConfig | None], runtime: str) -> Callable[..., Tensor]:
-    """A trial's model (from the runner's cache when it is there) prepared for its runtime."""
-    return search.prepared_function(configs, runtime)
-
-
 def remeasure(search: Search, candidates: Mapping[int, tuple[Mapping[str, StageConfig | None], str]],
               rounds: int = ROUNDS) -> dict[int, Remeasured]:
     """Time each candidate (key -> (per-node configs, runtime)) at the objective batch, interleaved
-    (the search's round timer: :attr:`Search.timer`)."""
-    functions = {key: trial_function(search, configs, runtime) for key, (configs, runtime) in candidates.items()}
-    samples = time_rounds(list(functions.values()), objective_inputs(search), search.timer, rounds)
+    (the search's round timer: :attr:`StudyLatency.timer`)."""
+    functions = {key: search.latency.function(configs, runtime) for key, (configs, runtime) in candidates.items()}
+    samples = time_rounds(list(functions.values()), search.latency.inputs(), search.latency.timer, rounds)
     return {key: Remeasured(statistics.median(values), median_ci(values), len(values))
             for key, values in zip(functions, samples, strict=True)}
 

@@ -32,10 +32,8 @@ from pipeline.search.front import (
     ROUNDS,
     front_candidates,
     machine_line,
-    objective_inputs,
     remeasure,
     remeasured_speedups,
-    trial_function,
     with_remeasured,
 )
 from pipeline.search.objectives import (
@@ -323,7 +321,7 @@ def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
         elif export_attr(trial.number) not in study.user_attrs:
             study.set_user_attr(export_attr(trial.number), {})
         recipes[trial.number] = recipe.save(recipe_path)
-        profile = profile_calls(trial_function(search, record.configs, record.runtime), objective_inputs(search),
+        profile = profile_calls(search.latency.function(record.configs, record.runtime), search.latency.inputs(),
                                 search.device, folder / "profile")
         if tracker is not None:
             tracker.log_trial_files(trial.number, {"": [recipe_path], "profile": profile, **files})

@@ -6,29 +6,25 @@ import json
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
 import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
-from torch import Tensor
 
-from pipeline.core.device import capabilities, move_module
+from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
-from pipeline.core.padding import latency_inputs as representative_inputs
-from pipeline.core.paired import CpuClock, PairedLatency, RoundTimer, measure_paired, process_clock, round_timer
 from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtime import available_runtimes, prepare_runtime
+from pipeline.core.runtime import available_runtimes
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.self_check import SelfCheck, require_stable, self_check
-from pipeline.core.spec import Batch, ModelSpec, move_batch
+from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import StageConfig, StageContext, config_from_dict, stage_for
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
 from pipeline.engine.recipe import configs_to_json
-from pipeline.engine.runner import TIME_CATEGORIES, Runner, RunResult
+from pipeline.engine.runner import TIME_CATEGORIES, Runner
 from pipeline.search.budgets import budget_metrics
 from pipeline.search.config import (
     LATENCY_BUDGETS,
@@ -55,6 +51,7 @@ from pipeline.search.objectives import (
 from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
 from pipeline.search.seeding import merge_params, runtime_params, stage_params
 from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
+from pipeline.search.study_latency import StudyLatency
 from pipeline.search.sweep import RuntimeSweepIndex
 from pipeline.search.workers import claim_config
 
@@ -122,11 +119,8 @@ class Search:
         self.allow_nondeterministic = False
         #: The self-check's one line for the console (set by :meth:`ensure_baseline`).
         self.self_check_line: str | None = None
-        #: Times one round of paired latency (:mod:`pipeline.core.paired`); tests inject a fake clock here.
-        self.timer: RoundTimer = round_timer(device)
-        #: Process CPU time against wall time during a paired measurement: on the CPU only.
-        self.cpu_clock: CpuClock | None = process_clock if device.type == "cpu" else None
-        self._baseline_function: Callable[..., Tensor] | None = None
+        #: Paired latency of the trials against the baseline (its timer and CPU clock are injectable).
+        self.latency = StudyLatency(spec, device, self.objectives.latency_batch, lambda: self.runner)
 
     # ------------------------------------------------------------------ study
 
@@ -199,39 +193,6 @@ class Search:
                 work_dir=results_dir() / "work" / self.study_name,
             )
         return self._runner
-
-    def latency_inputs(self, runtime: str = "eager") -> Batch:
-        """The inputs latency is timed on at the objective batch size (:func:`pipeline.core.padding.latency_inputs`:
-        the same for a trial and the baseline it is paired with), on the search's device."""
-        return move_batch(representative_inputs(self.spec, self.objectives.latency_batch, runtime)[0], self.device)
-
-    def prepared_function(self, configs: Mapping[str, StageConfig | None], runtime: str,
-                          result: RunResult | None = None) -> Callable[..., Tensor]:
-        """A trial's model (from the runner's cache when it is there) prepared for its runtime; the one
-        the runner measured for ``result`` when it still holds it (a compiled model is not compiled twice)."""
-        fn = self.runner.prepared(result) if result is not None else None
-        if fn is not None:
-            return fn
-        result = self.runner.run(configs, runtime, exports=False, evaluate=False)
-        model = move_module(result.nodes[self.pipeline.objective_node().inputs[0]].value, self.device).eval()
-        return prepare_runtime(model, runtime, self.device)
-
-    def baseline_function(self) -> Callable[..., Tensor]:
-        """The unoptimized model, eager, prepared once for the study's paired measurements."""
-        if self._baseline_function is None:
-            self._baseline_function = self.prepared_function({}, "eager")
-        return self._baseline_function
-
-    def measure_paired(self, configs: Mapping[str, StageConfig | None], runtime: str,
-                       result: RunResult | None = None) -> PairedLatency:
-        """The trial timed in rounds alternating with the baseline (:func:`pipeline.core.paired.measure_paired`);
-        its seconds count as evaluation time."""
-        start = time.perf_counter()
-        try:
-            return measure_paired(self.baseline_function(), self.prepared_function(configs, runtime, result),
-                                  self.latency_inputs(runtime), self.timer, cpu_clock=self.cpu_clock)
-        finally:
-            self.runner.totals["evaluation"] += time.perf_counter() - start
 
     def ensure_baseline(self, study: optuna.Study) -> Baseline:
         """The stored baseline, or measure it now, store it and enqueue the baseline and seed trials."""
@@ -435,7 +396,7 @@ class Search:
                                metadata={"study": self.study_name, "trial": trial.number})
         paired_start = time.perf_counter()
         try:
-            paired = self.measure_paired(configs, runtime, result)
+            paired = self.latency.measure(configs, runtime, result)
         except Exception:
             self._store(trial, record(state=FAIL, error=traceback.format_exc()))
             raise

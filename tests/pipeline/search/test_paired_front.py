@@ -72,8 +72,8 @@ def paired_search(residual_spec: ModelSpec, tmp_path_factory: pytest.TempPathFac
     with registered(Stage(TagConfig, apply_tag)):
         search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{folder / 'optuna.db'}",
                         tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
-        search.timer = fake_timer()
-        search.cpu_clock = None
+        search.latency.timer = fake_timer()
+        search.latency.cpu_clock = None
         output = io.StringIO()
         search.outcome = run_search(search, trials=4, console=Console(file=output, width=400))  # type: ignore[attr-defined]
         search.output = output.getvalue()  # type: ignore[attr-defined]

@@ -1,0 +1,75 @@
+"""A study's latency measurements: each trial timed in rounds alternating with the unoptimized model.
+
+One object per study holds what every paired measurement shares: the baseline's prepared
+function (prepared once), the latency inputs per runtime (chosen once: the same batch for a trial
+and the baseline it is paired with, :func:`pipeline.core.padding.latency_inputs`), the round timer
+and the CPU clock (tests inject fakes for both).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from pipeline.core.device import move_module
+from pipeline.core.padding import latency_inputs
+from pipeline.core.paired import CpuClock, PairedLatency, RoundTimer, measure_paired, process_clock, round_timer
+from pipeline.core.runtime import prepare_runtime
+from pipeline.core.spec import Batch, ModelSpec, move_batch
+from pipeline.core.stage import StageConfig
+from pipeline.engine.runner import Runner, RunResult
+
+
+class StudyLatency:
+    """Paired latency of a study's trials against its baseline, at the objective batch size."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device, batch_size: int,
+                 runner: Callable[[], Runner]) -> None:
+        self.spec = spec
+        self.device = device
+        self.batch_size = batch_size
+        self._runner = runner  # the study's runner, built on first use
+        #: Times one round (:mod:`pipeline.core.paired`); tests inject a fake clock here.
+        self.timer: RoundTimer = round_timer(device)
+        #: Process CPU time against wall time during a measurement: on the CPU only.
+        self.cpu_clock: CpuClock | None = process_clock if device.type == "cpu" else None
+        self._baseline: Callable[..., Tensor] | None = None
+        self._inputs: dict[str, Batch] = {}
+
+    def inputs(self, runtime: str = "eager") -> Batch:
+        """The inputs latency is timed on for ``runtime``, on the device (chosen once per runtime)."""
+        if runtime not in self._inputs:
+            chosen = latency_inputs(self.spec, self.batch_size, runtime)[0]
+            self._inputs[runtime] = move_batch(chosen, self.device)
+        return self._inputs[runtime]
+
+    def function(self, configs: Mapping[str, StageConfig | None], runtime: str,
+                 result: RunResult | None = None) -> Callable[..., Tensor]:
+        """A trial's model (from the runner's cache when it is there) prepared for its runtime; the one
+        the runner measured for ``result`` when it still holds it (a compiled model is not compiled twice)."""
+        runner = self._runner()
+        fn = runner.prepared(result) if result is not None else None
+        if fn is not None:
+            return fn
+        result = runner.run(configs, runtime, exports=False, evaluate=False)
+        model = move_module(result.nodes[runner.pipeline.objective_node().inputs[0]].value, self.device).eval()
+        return prepare_runtime(model, runtime, self.device)
+
+    def baseline(self) -> Callable[..., Tensor]:
+        """The unoptimized model, eager, prepared once for the study."""
+        if self._baseline is None:
+            self._baseline = self.function({}, "eager")
+        return self._baseline
+
+    def measure(self, configs: Mapping[str, StageConfig | None], runtime: str,
+                result: RunResult | None = None) -> PairedLatency:
+        """The trial timed in rounds alternating with the baseline; its seconds count as evaluation time."""
+        start = time.perf_counter()
+        try:
+            return measure_paired(self.baseline(), self.function(configs, runtime, result), self.inputs(runtime),
+                                  self.timer, cpu_clock=self.cpu_clock)
+        finally:
+            self._runner().totals["evaluation"] += time.perf_counter() - start
