@@ -38,6 +38,12 @@ SAMPLE_BATCHES = 8
 LATENCY_INPUTS = f"median batch of {SAMPLE_ROWS}+ rows, cut to its longest sample; static shapes: buckets {BUCKETS}"
 
 
+def is_token_input(tensor: torch.Tensor) -> bool:
+    """An integer input of two or more dims (token ids, a mask): its dim 1 is a sequence whose length
+    varies from batch to batch, so exported graphs keep that dim dynamic."""
+    return tensor.dim() >= 2 and not tensor.is_floating_point() and not tensor.is_complex()
+
+
 def sequence_inputs(batch: Batch, mask_index: int) -> list[bool]:
     """Which inputs run along the mask's sequence axis: (batch, sequence, ...) tensors as wide as the mask."""
     width = int(batch[mask_index].shape[1])

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
 from pipeline.core.mirror import ExportMirror
+from pipeline.core.padding import is_token_input
 from pipeline.core.spec import Batch
 from pipeline.core.stage import ExportResult, StageContext, export_mirror
 from stages.export.atomic import artifact_size_bytes, atomic_artifact
@@ -148,7 +149,9 @@ def _export_float_graph(model: nn.Module, inputs: Batch, config: ONNXExportConfi
     dynamic_shapes = None
     if config.dynamic_batch:
         batch = torch.export.Dim("batch", min=1)
-        dynamic_shapes = tuple({0: batch} if t.dim() > 0 else None for t in inputs)
+        # token inputs also vary in length (batches padded to their longest): their dim 1 stays dynamic
+        dynamic_shapes = tuple(({0: batch, 1: torch.export.Dim.AUTO} if is_token_input(t) else {0: batch})
+                               if t.dim() > 0 else None for t in inputs)
     try:
         torch.onnx.export(
             model,

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.padding import is_token_input
 from pipeline.core.spec import Batch
 
 #: Key in ``GraphModule.meta``: True when the graph needs ``torch.compile`` with
@@ -42,8 +43,7 @@ def _batch_dynamic_shapes(inputs: Batch) -> tuple[dict[int, object] | None, ...]
     from torch.export import Dim
 
     def dims(t: Tensor) -> dict[int, object]:
-        sequence = t.dim() >= 2 and not t.is_floating_point() and not t.is_complex()
-        return {0: Dim.AUTO, 1: Dim.AUTO} if sequence else {0: Dim.AUTO}
+        return {0: Dim.AUTO, 1: Dim.AUTO} if is_token_input(t) else {0: Dim.AUTO}
 
     return tuple(dims(t) if isinstance(t, Tensor) and t.dim() > 0 else None for t in inputs)
 

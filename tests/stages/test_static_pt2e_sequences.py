@@ -1,4 +1,4 @@
-"""PT2E static int8 on a token model: batches padded to their own longest sample keep working."""
+"""Token models (batches padded to their own longest sample) through PT2E static int8 and the ONNX export."""
 
 from __future__ import annotations
 
@@ -35,3 +35,22 @@ def test_sequence_length_stays_dynamic() -> None:
             reference = model(ids, mask)
         assert out.shape == (3, 16)
         assert torch.nn.functional.cosine_similarity(out, reference).min() > 0.95
+
+
+def test_onnx_export_keeps_the_sequence_axis_dynamic(tmp_path: object) -> None:
+    import onnxruntime
+
+    from stages.export.onnx import ONNXExportConfig
+    from stages.export.onnx_export import _export_float_graph
+
+    torch.manual_seed(0)
+    model = TokenModel().eval()
+    path = tmp_path / "tokens.onnx"  # type: ignore[operator]
+    _export_float_graph(model, _batch(4, 12, 0), ONNXExportConfig(), path)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    for length in (6, 30):
+        ids, mask = _batch(3, length, 3)
+        (out,) = session.run(None, dict(zip(names, (ids.numpy(), mask.numpy()), strict=True)))
+        with torch.no_grad():
+            assert torch.allclose(torch.from_numpy(out), model(ids, mask), atol=1e-5)
