@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.core.device import Stopwatch, describe, move_module, peak_memory_bytes, reset_peak_memory, synchronize
 from pipeline.core.noise import median_ci
-from pipeline.core.padding import LatencyInputs, to_bucket, trim_to_longest
+from pipeline.core.padding import LatencyInputs, pad_to, to_bucket, trim_to_longest
 from pipeline.core.padding import latency_inputs as choose_latency_inputs
 from pipeline.core.runtime import is_compiled, needs_static_shapes, prepare_runtime
 from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
@@ -122,7 +122,11 @@ def fixed_size_chunks(batches: Sequence[LabelledBatch], batch_size: int,
     runtime then reuses the shape it compiled for latency instead of compiling new ones.
     ``padding_mask`` (a sequence spec's mask input): every chunk is cut to one length, the
     smallest length bucket that fits the longest sample (one compiled shape, as latency's)."""
-    inputs = tuple(torch.cat(parts) for parts in zip(*(batch_inputs for batch_inputs, _ in batches), strict=True))
+    parts = [batch_inputs for batch_inputs, _ in batches]
+    if padding_mask is not None:  # batches padded to different lengths (e.g. a fidelity floor's own rows)
+        width = max(int(batch[padding_mask].shape[1]) for batch in parts)
+        parts = [pad_to(batch, width, padding_mask) for batch in parts]
+    inputs = tuple(torch.cat(tensors) for tensors in zip(*parts, strict=True))
     if padding_mask is not None:
         inputs = to_bucket(inputs, padding_mask)
     chunks: list[tuple[Batch, int]] = []

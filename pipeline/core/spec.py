@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -49,6 +49,24 @@ def accuracy(outputs: Tensor, targets: Tensor) -> Tensor:
 
 
 ACCURACY = Metric("accuracy", higher_is_better=True, compute=accuracy, bounds=(0.0, 1.0))
+
+
+@dataclass(frozen=True)
+class FidelityFloor:
+    """``metric`` (an extra metric of the spec) must be at least ``floor``; ``why``: where the floor comes from."""
+
+    metric: str
+    floor: float
+    why: str
+
+    def failure(self, extras: Mapping[str, float]) -> str | None:
+        """Why ``extras`` fail this floor (None when they meet it)."""
+        value = extras.get(self.metric)
+        if value is None:
+            return f"{self.metric} was not measured, and the spec sets a floor of {self.floor:g} on it"
+        if value >= self.floor:
+            return None
+        return f"{self.metric} {value:.4f} < floor {self.floor:g} ({self.why})"
 
 
 @dataclass(frozen=True)
@@ -101,6 +119,8 @@ class ModelSpec:
     #: Further metrics on the same outputs and targets, reported (ModelReport.extra) but not optimized,
     #: e.g. KL divergence next to top-1 agreement (see pipeline.core.fidelity).
     extra_metrics: tuple[Metric, ...] = ()
+    #: Extra metrics that must reach a floor for a trial to count (:mod:`pipeline.core.fidelity_floor`).
+    fidelity_floors: tuple[FidelityFloor, ...] = ()
     description: str = ""
     #: Where the spec came from (filled in by resolution; shown in reports).
     source: str = field(default="", compare=False)

@@ -115,6 +115,24 @@ def test_unoptimized_model_scores_the_human_task_and_full_fidelity(minilm: tuple
     assert values[PAIRS_METRIC] == pytest.approx(44.33, abs=0.05)  # README's figure
     assert values["neighbour_agreement"] == 1.0
     assert values["mean_cosine"] == pytest.approx(1.0, abs=1e-6)
+    assert values["news_pairwise_rank_correlation"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_news_floor_is_measured_on_its_own_sentences(minilm: tuple[ModelSpec, nn.Module]) -> None:
+    """The floor's 512 news sentences follow the word pairs in the evaluation (the task metric sees only
+    the pairs), and the floor is the one the README and the fidelity check name."""
+    from experiments.data import news_sentences
+    from experiments.models.minilm import NEWS_FLOOR, NEWS_FLOOR_METRIC, sentences
+
+    spec, _ = minilm
+    [floor] = spec.fidelity_floors
+    assert (floor.metric, floor.floor) == (NEWS_FLOOR_METRIC, NEWS_FLOOR)
+    news = news_sentences.load()
+    assert len(news) == len(set(news)) == 512
+    assert not set(news) & set(sentences("training"))  # distillation never trains on them
+    word_rows = sum(int((targets >= 0).sum()) for _, targets in spec.evaluation())
+    assert word_rows == 1341  # the distinct words of the 1,352 pairs
+    assert int(spec.evaluation()[-1][1][-1]) == -1  # the floor's rows come last, marked -1
 
 
 def test_a_damaged_copy_loses_task_score_and_fidelity(minilm: tuple[ModelSpec, nn.Module]) -> None:
@@ -129,6 +147,7 @@ def test_a_damaged_copy_loses_task_score_and_fidelity(minilm: tuple[ModelSpec, n
     assert values[PAIRS_METRIC] < 40.0
     assert values["neighbour_agreement"] < 0.9
     assert values["mean_cosine"] < 0.95
+    assert values["news_pairwise_rank_correlation"] < 0.95
 
 
 def test_structured_pruning_removes_whole_attention_heads(minilm: tuple[ModelSpec, nn.Module]) -> None:
