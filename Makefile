@@ -74,13 +74,15 @@ screenshots: $(STAMP)
 	$(PY) -m experiments.screenshots --model $(MODEL)
 
 # Benchmarks: baseline, each single technique, and a search per model, then the busy-machine check
-# (the digits search quiet and beside a CPU-bound process: same front?); raw JSON in
+# (the digits search quiet and beside a CPU-bound process: same front?) and the search quality (digits:
+# hypervolume against trials, does a 30-trial search reach 95 % of a 100-trial one?); raw JSON in
 # experiments/bench/results/, tables in BENCHMARKS.md. Objective batch: 32 on CPU, 1 on GPUs.
 BENCH_TRIALS ?= 30
 BENCH_MODELS ?= digits minilm
 bench: $(STAMP)
 	for model in $(BENCH_MODELS); do $(PY) -m experiments.bench --model $$model --device $(DEVICE) --trials $(BENCH_TRIALS) || exit 1; done
 	$(PY) -m experiments.bench.busy --model digits --trials 20
+	$(PY) -m experiments.bench.search_quality --model digits --device cpu --trials 100 --compare 30 --seeds 0 1
 	$(PY) -m experiments.bench --render-only
 
 test: $(STAMP)

@@ -36,8 +36,12 @@ from experiments.bench.busy import BUSY_PREFIX
 from experiments.bench.busy import render as render_busy
 from experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
 from experiments.bench.fidelity_check import render as render_fidelity_check
+from experiments.bench.ort_rows import ORT_ROWS_PREFIX
+from experiments.bench.ort_rows import render as render_ort_rows
 from experiments.bench.recovery import RECOVERY_PREFIX
 from experiments.bench.recovery import render as render_recovery
+from experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
+from experiments.bench.search_quality import render as render_search_quality
 from pipeline.core.device import capabilities, describe, move_module, resolve_device
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import LatencySettings, ModelReport, compute_metrics
@@ -327,14 +331,17 @@ def render_table(result: dict[str, Any]) -> str:
 
 
 def render_markdown(folder: Path = RESULTS_DIR) -> str:
-    """BENCHMARKS.md: one table per benchmark file, then the recovery tables (``recovery-*.json``), then
-    the fidelity checks (``fidelity-check-*.json``)."""
+    """BENCHMARKS.md: one table per benchmark file, then the recovery tables (``recovery-*.json``), the
+    fidelity checks (``fidelity-check-*.json``), the busy-machine checks and the search-quality curves."""
     files = sorted(folder.glob("*.json"))
     results = [json.loads(p.read_text()) for p in files
-               if not p.name.startswith((RECOVERY_PREFIX, FIDELITY_CHECK_PREFIX, BUSY_PREFIX))]
+               if not p.name.startswith((RECOVERY_PREFIX, FIDELITY_CHECK_PREFIX, BUSY_PREFIX,
+                                         SEARCH_QUALITY_PREFIX, ORT_ROWS_PREFIX))]
+    ort_rows = [json.loads(p.read_text()) for p in files if p.name.startswith(ORT_ROWS_PREFIX)]
     busy_checks = [json.loads(p.read_text()) for p in files if p.name.startswith(BUSY_PREFIX)]
     recoveries = [json.loads(p.read_text()) for p in files if p.name.startswith(RECOVERY_PREFIX)]
     checks = [json.loads(p.read_text()) for p in files if p.name.startswith(FIDELITY_CHECK_PREFIX)]
+    qualities = [json.loads(p.read_text()) for p in files if p.name.startswith(SEARCH_QUALITY_PREFIX)]
     parts = [
         "# Benchmarks",
         "",
@@ -345,12 +352,16 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
     ]
     for result in results:
         parts += [render_table(result), ""]
+    for rows in ort_rows:
+        parts += [render_ort_rows(rows), ""]
     for recovery in recoveries:
         parts += [render_recovery(recovery), ""]
     for check in checks:
         parts += [render_fidelity_check(check), ""]
     for busy in busy_checks:
         parts += [render_busy(busy), ""]
+    for quality in qualities:
+        parts += [render_search_quality(quality), ""]
     return "\n".join(parts)
 
 

@@ -166,8 +166,8 @@ def _split(text: str | None) -> tuple[str, ...] | None:
     return tuple(p.strip() for p in text.split(",") if p.strip()) if text else None
 
 
-def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True) -> Search:
-    """The :class:`Search` that the CLI options describe."""
+def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True, name: str | None = None) -> Search:
+    """The :class:`Search` that the CLI options describe (``name``: this study, not the one they name)."""
     objectives = _split(args.objectives)
     if args.minimize_size:
         objectives = tuple(dict.fromkeys((*(objectives or ("metric", "latency")), "size")))
@@ -180,7 +180,19 @@ def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True) 
     if args.storage:
         validate_storage_url(args.storage)
     return Search(spec, resolve_device(args.device), config, storage=args.storage,
-                  tracking_uri=args.tracking_uri, track=track, name=args.study_name)
+                  tracking_uri=args.tracking_uri, track=track, name=name or args.study_name,
+                  worker=getattr(args, "worker_index", None) or 0, extra_seeds=enqueued(getattr(args, "enqueue", [])),
+                  allow_nondeterministic=args.allow_nondeterministic)
+
+
+def enqueued(paths: list[str]) -> list[SeedRecipe]:
+    """The seeds of ``--enqueue RECIPE`` files, named after their files."""
+    seeds = []
+    for path in paths:
+        recipe = Recipe.load(path)
+        seeds.append(SeedRecipe(name=Path(path).stem, runtime=recipe.runtime,
+                                stages=tuple(c.to_dict() for c in recipe.stages)))
+    return seeds
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
@@ -191,16 +203,10 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     spec = spec_from_args(args)
     search = build_search(args, spec, track=not args.no_tracking)
-    search.allow_nondeterministic = args.allow_nondeterministic
     console = make_console()
     console.print(threads_line(args.threads, search.device, args.workers), highlight=False)
     if args.worker_index is not None:  # one worker of a study that the parent process prepared
-        search.worker = args.worker_index
         return 130 if run_worker(search, args.trials, args.timeout, console) else 0
-    for path in args.enqueue:
-        recipe = Recipe.load(path)
-        search.extra_seeds.append(SeedRecipe(name=Path(path).stem, runtime=recipe.runtime,
-                                             stages=tuple(c.to_dict() for c in recipe.stages)))
     launch = None
     if args.workers > 1:
         argv = getattr(args, "argv", None) or sys.argv[1:]
@@ -238,7 +244,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise PipelineError(f"no study '{search.study_name}' in {search.storage_label}; "
                                 f"studies of {spec.name} there: "
                                 f"{', '.join(mine) or 'none'} (pass the optimize options you used, or --study-name)")
-        search.study_name = mine[0]
+        search = build_search(args, spec, track=False, name=mine[0])
     study = search.open_study(create=False)
     rows = pareto_rows(study, search.objectives)
     if args.json:

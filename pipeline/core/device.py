@@ -49,6 +49,9 @@ class Capabilities:
     event_timing: bool = False
     #: Core ML predictions can be made (macOS only).
     coreml_predict: bool = False
+    #: ONNX Runtime execution providers of the installed onnxruntime that run on this device, in
+    #: onnxruntime's priority order (:data:`ORT_PROVIDERS`); empty: the onnxruntime runtime is unavailable.
+    ort_providers: tuple[str, ...] = ()
 
     def preferred_reduced_dtype(self) -> torch.dtype | None:
         """The reduced dtype to try first: the first fast one, else the first available."""
@@ -60,6 +63,25 @@ class Capabilities:
         """Raise :class:`InfeasibleConfig` if ``dtype`` cannot run here."""
         if dtype not in self.reduced_dtypes and dtype != torch.float32:
             raise InfeasibleConfig(f"{dtype} is not supported on {self.kind}")
+
+
+#: ONNX Runtime execution providers the table knows: provider -> (device kind it runs on, None when
+#: verified on these machines, else why it is not yet). Providers of other kinds (Azure, ...) are not devices.
+ORT_PROVIDERS: dict[str, tuple[str, str | None]] = {
+    "CPUExecutionProvider": ("cpu", None),
+    "CUDAExecutionProvider": ("cuda", "unverified: needs the onnxruntime-gpu build, not installed on these machines"),
+    "TensorrtExecutionProvider": ("cuda", "unverified: needs onnxruntime-gpu with TensorRT, not installed here"),
+    "CoreMLExecutionProvider": ("mps", "unverified: not yet run on a Mac"),
+}
+
+
+def installed_ort_providers(kind: str) -> tuple[str, ...]:
+    """Execution providers of the installed onnxruntime that run on device ``kind`` (none without onnxruntime)."""
+    try:
+        import onnxruntime
+    except ImportError:  # onnxruntime is a pinned dependency; a trimmed install just has no such runtime
+        return ()
+    return tuple(p for p in onnxruntime.get_available_providers() if ORT_PROVIDERS.get(p, ("", None))[0] == kind)
 
 
 def available_kinds() -> list[str]:
@@ -196,6 +218,7 @@ def _cpu_capabilities() -> Capabilities:
         cuda_graphs=False,
         event_timing=False,
         coreml_predict=platform.system() == "Darwin",
+        ort_providers=installed_ort_providers("cpu"),
     )
 
 
@@ -211,6 +234,7 @@ def _cuda_capabilities() -> Capabilities:
         compile=True,
         cuda_graphs=True,
         event_timing=True,
+        ort_providers=installed_ort_providers("cuda"),
     )
 
 
@@ -228,6 +252,7 @@ def _mps_capabilities() -> Capabilities:
         cuda_graphs=False,
         event_timing=True,
         coreml_predict=True,
+        ort_providers=installed_ort_providers("mps"),
     )
 
 

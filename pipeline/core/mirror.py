@@ -22,6 +22,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 LayerKind = Literal["linear", "conv"]
+#: What a quantization does to activations: ``float`` (weight-only), ``dynamic`` (scales from each
+#: input at run time), ``static`` (scales calibrated ahead of time).
+ActivationQuant = Literal["float", "dynamic", "static"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class ExportMirror:
     quant_group_size: int | None = None
     #: Whether the *weights* are symmetric (a method's activation mapping does not count).
     quant_symmetric: bool = True
+    #: How the method treats activations (None: no quantization, or a stage that does not say).
+    quant_activations: ActivationQuant | None = None
     #: Which layer kinds the torch-side quantization touched.
     quant_layer_kinds: tuple[LayerKind, ...] = ("linear",)
     #: The quantize stage's layer filter: smallest quantized weight, and whether the head stays float.

@@ -1,23 +1,51 @@
-"""How a model is run for measurement: eager, torch.compile, or compile with CUDA graphs.
+"""How a model is run for measurement: eager, torch.compile, compile with CUDA graphs, or ONNX Runtime.
 
 The runtime is part of a recipe and a searched dimension. Compilation happens
 on the first call of each input shape; the evaluator reports that time as
 ``compile_seconds`` and never counts it in latency.
+
+``onnxruntime`` runs an exported file, not the torch module: the runner makes the file with the
+export stage named in :data:`EXPORTED_RUNTIMES` (through its node cache, so once per stage prefix)
+and opens it with :func:`pipeline.core.ort_session.open_session`; the session's creation time is
+reported apart from latency.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from pipeline.core.device import capabilities
 from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.ort_session import OrtModel, open_session
 
-RuntimeName = Literal["eager", "compile", "compile_cudagraphs"]
-RUNTIMES: tuple[RuntimeName, ...] = ("eager", "compile", "compile_cudagraphs")
+RuntimeName = Literal["eager", "compile", "compile_cudagraphs", "onnxruntime"]
+RUNTIMES: tuple[RuntimeName, ...] = ("eager", "compile", "compile_cudagraphs", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class ExportedRuntime:
+    """A runtime that runs an exported file: the export stage that writes it, the export settings the
+    runtime needs (on top of the pipeline's config of that stage, or the stage's defaults), and how it
+    opens the file on a device."""
+
+    export_stage: str
+    open_file: Callable[[Path, torch.device], OrtModel]
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: Runtimes that run an exported file rather than the torch module. ``onnxruntime``: the ONNX export
+#: (its float graph, ORT's transformer fusions and ORT's int8 mirror of the quantize stage); a numeric
+#: stage it cannot mirror makes the trial infeasible instead of measuring a float model, and the
+#: runtime measures latency itself (the export does not time it again).
+EXPORTED_RUNTIMES: dict[str, ExportedRuntime] = {
+    "onnxruntime": ExportedRuntime("export.onnx", open_session, {"measure_latency": False, "unmirrored": "infeasible"}),
+}
 
 
 def available_runtimes(device: torch.device) -> list[RuntimeName]:
@@ -28,7 +56,14 @@ def available_runtimes(device: torch.device) -> list[RuntimeName]:
         names.append("compile")
     if caps.cuda_graphs:
         names.append("compile_cudagraphs")
+    if caps.ort_providers:
+        names.append("onnxruntime")
     return names
+
+
+def exported_runtime(runtime: str) -> ExportedRuntime | None:
+    """How ``runtime`` gets its file, or None for a runtime of the torch module."""
+    return EXPORTED_RUNTIMES.get(runtime)
 
 
 def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Callable[..., Tensor]:
@@ -39,6 +74,9 @@ def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Cal
         raise InfeasibleConfig(f"runtime {runtime} is not available on {device.type}")
     if runtime == "eager":
         return model
+    if runtime in EXPORTED_RUNTIMES:
+        raise ValueError(f"runtime {runtime} runs an exported file, not a torch module: run the model through "
+                         f"the Runner (it exports with {EXPORTED_RUNTIMES[runtime].export_stage} and opens the file)")
     if isinstance(model, torch.jit.ScriptModule):
         raise InfeasibleConfig(f"runtime {runtime}: torch.compile cannot compile a TorchScript module (use eager)")
     # Inference only: freezing folds weights into the graph as constants, which the
@@ -93,8 +131,12 @@ def _graph_steps(compiled: Callable[..., Tensor]) -> Callable[..., Tensor]:
     return run
 
 
+#: Runtimes that compile the torch module on the first call of each input shape.
+COMPILED_RUNTIMES: frozenset[str] = frozenset({"compile", "compile_cudagraphs"})
+
+
 def is_compiled(runtime: str) -> bool:
-    return runtime != "eager"
+    return runtime in COMPILED_RUNTIMES
 
 
 #: Runtimes compiled for static shapes (``torch.compile(dynamic=False)``, CUDA graphs): every new

@@ -90,7 +90,7 @@ def self_check(model: nn.Module, spec: ModelSpec, device: torch.device) -> SelfC
             store.append(output.detach().float().clone())
             return output
 
-        value = compute_metrics(recording, batches, (spec.metric,), device, size)[spec.metric.name]
+        value = compute_metrics(recording, batches, (spec.metric,), device, size, spec.padding_mask)[spec.metric.name]
         passes.append((value, torch.cat(outputs)[:samples]))
     (first, reference), *others = passes
     changes = [_largest_change(reference, later) for _, later in others]

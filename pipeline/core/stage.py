@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -30,6 +30,7 @@ from torch import nn
 from pipeline.core.device import Capabilities, capabilities
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.mirror import ExportMirror, NotMirrored
+from pipeline.core.model_facts import ModelFacts
 from pipeline.core.spec import Batch, ModelSpec, move_batch
 
 if TYPE_CHECKING:
@@ -62,6 +63,12 @@ class StageConfig(BaseModel):
         """One short line for tables: ``prune(ratio=0.3, importance=l2)``."""
         fields = ", ".join(f"{k}={v}" for k, v in self.model_dump(mode="json").items() if v not in (None, [], ()))
         return f"{self.stage}({fields})"
+
+    def low_fidelity(self) -> StageConfig | None:
+        """A cheaper config of this stage whose outcome predicts this one's (e.g. a quarter of the
+        distillation steps), which a search runs first to screen out a costly trial that cannot reach
+        the front (:mod:`pipeline.search.screening`); None: the stage is not costly."""
+        return None
 
     def budget_use(self) -> BudgetUse | None:
         """The output-error budget this (resolved) config held by keeping layers in float, if any.
@@ -126,6 +133,12 @@ class StageContext:
     #: The unoptimized model the pipeline started from (the runner's source model; do not
     #: modify it), e.g. the teacher of distillation. None: unknown (scripted use of one stage).
     source_model: nn.Module | None = None
+    #: What the stages know about the unoptimized model (a search reads them once per study), so that
+    #: ``suggest`` offers no choice that cannot change this model (:meth:`offered`). None: unknown.
+    facts: ModelFacts | None = None
+    #: The choices each categorical param already has in the study: Optuna cannot change a
+    #: categorical's choices within a study, so :meth:`offered` keeps them.
+    study_choices: Mapping[str, Sequence[Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.device, str):  # scripted use: StageContext(spec, "cpu")
@@ -151,6 +164,17 @@ class StageContext:
     def resolve(self, config: StageConfig) -> None:
         self.resolved_config = config
 
+    def offered(self, name: str, choices: Sequence[T], why_not: Callable[[T], str | None]) -> list[T]:
+        """The choices of the categorical param ``name`` worth a trial on this model: those ``why_not``
+        (the stage's ``rules_out`` of a config with that choice, read against :attr:`facts`) gives no
+        reason against. Without facts, all of them; in a study that fixed the param's choices before,
+        those (a ruled-out one is then answered before it runs, not run)."""
+        if name in self.study_choices:
+            return list(self.study_choices[name])
+        if self.facts is None:
+            return list(choices)
+        return [choice for choice in choices if why_not(choice) is None]
+
     def upstream_config(self, config_type: type[C]) -> C | None:
         """The last upstream config of ``config_type``, if the recipe has one."""
         for config in reversed(self.upstream):
@@ -166,12 +190,17 @@ class StageContext:
 
 
 C = TypeVar("C", bound=StageConfig)
+T = TypeVar("T")
 ApplyFn = Callable[[nn.Module, Any, StageContext], Any]
 
 
 MirrorFn = Callable[[Any], ExportMirror]
 #: What a config needs from the device: a reason it cannot run there, or None.
 RequiresFn = Callable[[Any, Capabilities], str | None]
+#: Cheap facts a stage reads about the unoptimized model (once per study), e.g. its removable blocks.
+FactsFn = Callable[[nn.Module, "StageContext"], Any]
+#: Why a config cannot change the model these facts describe, or None.
+RulesOutFn = Callable[[Any, ModelFacts], str | None]
 
 
 @dataclass(frozen=True)
@@ -194,6 +223,12 @@ class Stage:
     * ``worthwhile``: ``(config, capabilities) -> reason | None``: why a config that *runs*
       on the device is not worth a trial there (the capability table says it can only be
       slower, e.g. a reduced dtype without fast kernels); the search skips such seeds.
+    * ``facts``: ``(model, ctx) -> facts``: cheap facts about the unoptimized model this stage
+      reads once per study (a Python model only; see :mod:`pipeline.core.model_facts`).
+    * ``rules_out``: ``(config, ModelFacts) -> reason | None``: why ``config`` cannot change this
+      model (no layer it touches, no block it removes, a TorchScript model it cannot act on);
+      a search checks every stage of a trial's chain before any of them runs, and such a
+      configuration is not a trial. ``suggest`` reads it through :meth:`StageContext.offered`.
     """
 
     config_type: type[StageConfig]
@@ -204,6 +239,8 @@ class Stage:
     requires: RequiresFn | None = None
     order: int | None = None
     worthwhile: RequiresFn | None = None
+    facts: FactsFn | None = None
+    rules_out: RulesOutFn | None = None
 
     def __post_init__(self) -> None:
         if not self.config_type.stage:
@@ -231,6 +268,10 @@ class Stage:
     def not_worthwhile(self, config: StageConfig, caps: Capabilities) -> str | None:
         """Why ``config`` is not worth a trial on a device with ``caps`` (None: it is)."""
         return self.worthwhile(config, caps) if self.worthwhile is not None else None
+
+    def ruled_out(self, config: StageConfig, facts: ModelFacts) -> str | None:
+        """Why ``config`` cannot change the model ``facts`` describe (None: it may)."""
+        return self.rules_out(config, facts) if self.rules_out is not None else None
 
     def mirror_of(self, config: StageConfig) -> ExportMirror:
         """What exports must reproduce of ``config`` (empty for float-graph stages)."""

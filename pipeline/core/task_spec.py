@@ -116,5 +116,6 @@ def with_task_data(spec: ModelSpec, data: TaskData, label_names: Sequence[str] =
         extra_metrics=(*task_extras, *(against_reference(m, reference) for m in dict.fromkeys(fidelity)
                                        if m.name not in taken)),
         output_kind=spec.output_kind if spec.output_kind != "auto" else kind,
+        fidelity_floors=(),  # the spec's floors guarded its own scoring; the user's data replaces it
         description=f"{spec.description}; scored on {data.task} data {data.source} ({len(data)} rows)",
     )

@@ -7,7 +7,10 @@ export stages also get ``ctx.float_model`` (the output of the last
 non-numeric stage: the float graph that Core ML and ONNX convert) and
 ``ctx.upstream`` (the resolved configs before them, which they mirror).
 Evaluation nodes measure a model with :func:`pipeline.core.evaluate.evaluate_model`
-or report what an exporter checked.
+or report what an exporter checked. A runtime that runs an exported file (``onnxruntime``,
+:data:`pipeline.core.runtime.EXPORTED_RUNTIMES`) gets it from its export stage through the same
+export cache (so once per stage prefix), opened once per file (:meth:`Runner.prepare`); the file's
+size is the model's size, and session creation is timed apart (``runtime_sessions``).
 
 Scripted chains (:func:`run_chain`) are this runner over a chain pipeline, so a
 script and a search trial run a recipe the same way.
@@ -16,7 +19,9 @@ script and a search trial run a recipe the same way.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,17 +33,20 @@ from torch import Tensor, nn
 from pipeline.core.device import move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, ModelReport, evaluate_model
+from pipeline.core.ort_session import OrtModel
 from pipeline.core.padding import LATENCY_INPUTS
 from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtime import is_compiled, prepare_runtime
+from pipeline.core.runtime import ExportedRuntime, exported_runtime, is_compiled, prepare_runtime
 from pipeline.core.spec import ModelSpec, load_model
-from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage
+from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, config_from_dict, get_stage
 from pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
 from pipeline.engine.graph import Pipeline
 from pipeline.engine.recipe import Recipe
 
-#: Time categories of a run: stage work, measurement, exports.
-TIME_CATEGORIES = ("model_load", "stages", "evaluation", "exports")
+#: Time categories of a run: stage work, measurement, exports, opening exported files in their runtime.
+TIME_CATEGORIES = ("model_load", "stages", "evaluation", "exports", "runtime_sessions")
+#: Sessions of exported runtimes kept open (most recent first out last): each holds its model's weights.
+OPEN_SESSIONS = 4
 
 
 @dataclass
@@ -57,6 +65,8 @@ class NodeResult:
     chain: tuple[StageConfig, ...] = ()
     float_model: nn.Module | None = None
     records: dict[str, Any] = field(default_factory=dict)
+    #: Evaluations under a runtime of an exported file: the export config that made the file it ran.
+    runtime_export: StageConfig | None = None
 
     @property
     def ran(self) -> bool:
@@ -106,6 +116,10 @@ class RunResult:
                 chain.append(result.resolved or result.config)
             elif deferred_exports and deferred_exports.get(node.name) is not None:
                 chain.append(deferred_exports[node.name])  # type: ignore[arg-type]
+        evaluated = self.nodes.get(self.pipeline.objective_node().name)  # None: a chain run without evaluation
+        runtime_export = evaluated.runtime_export if evaluated is not None else None
+        if runtime_export is not None:  # the file the runtime ran is the recipe's export of that stage
+            chain = [c for c in chain if c.stage != runtime_export.stage] + [runtime_export]
         return Recipe(stages=tuple(chain), runtime=self.runtime, model=model, metadata=dict(metadata or {}))
 
 
@@ -148,6 +162,10 @@ class Runner:
         #: The last evaluated model prepared for its runtime, by evaluation key: a search times it again,
         #: paired with the baseline, without compiling it twice (:meth:`prepared`).
         self._prepared: tuple[str, Callable[..., Tensor]] | None = None
+        #: Open sessions of exported runtimes by export key (at most OPEN_SESSIONS, least recent dropped).
+        self._sessions: OrderedDict[str, OrtModel] = OrderedDict()
+        #: Seconds of the current node that belong to another category (an exported runtime's export, session).
+        self._side_seconds: dict[str, float] = {}
         #: Seconds spent per category over this runner's life, failed runs included.
         self.totals: dict[str, float] = dict.fromkeys(TIME_CATEGORIES, 0.0)
         start = time.perf_counter()
@@ -191,14 +209,16 @@ class Runner:
                 if kind == "source":
                     result = NodeResult(node.name, kind, self.source_key, self.model, float_model=self.model)
                 elif kind == "evaluate":
-                    result = self._evaluate(node.name, results[node.inputs[0]], runtime)
+                    result = self._evaluate(node.name, results[node.inputs[0]], runtime, configs)
                 else:
                     config = configs.get(node.name, node.config)
                     result = self._stage(node.name, kind, config, results[node.inputs[0]])
             finally:
                 elapsed = time.perf_counter() - start
-                seconds[category] += elapsed
-                self.totals[category] += elapsed
+                side, self._side_seconds = self._side_seconds, {}
+                for side_category, side_elapsed in {category: elapsed - sum(side.values()), **side}.items():
+                    seconds[side_category] += side_elapsed
+                    self.totals[side_category] += side_elapsed
             result.seconds = elapsed
             results[node.name] = result
         return RunResult(
@@ -216,6 +236,21 @@ class Runner:
         if self._prepared is None or self._prepared[0] != result.objective.key:
             return None
         return self._prepared[1]
+
+    def prepare(self, configs: Mapping[str, StageConfig | None], runtime: str) -> Callable[..., Tensor]:
+        """The objective's model of ``configs`` (from the cache where it is there) prepared for ``runtime``:
+        a torch runtime wraps the module; an exported runtime opens (or reuses) its file's session."""
+        result = self.run(configs, runtime, exports=False, evaluate=False)
+        parent = result.nodes[self.pipeline.objective_node().inputs[0]]
+        model = move_module(parent.value, self.device).eval()
+        exported = exported_runtime(runtime)
+        if exported is None:
+            return prepare_runtime(model, runtime, self.device)
+        config = self._runtime_export_config(exported, parent, dict(configs))
+        try:
+            return self._open_exported(exported, self._runtime_export(exported, config, parent))
+        finally:
+            self._side_seconds = {}  # outside a run: the caller counts these seconds (as evaluation)
 
     # ------------------------------------------------------------------ nodes
 
@@ -276,11 +311,16 @@ class Runner:
         return NodeResult(name, "export", key, cached.value, config, resolved, hit,
                           chain=(*parent.chain, resolved), records=cached.records)
 
-    def _evaluate(self, name: str, parent: NodeResult, runtime: str) -> NodeResult:
+    def _evaluate(self, name: str, parent: NodeResult, runtime: str,
+                  configs: Mapping[str, StageConfig | None]) -> NodeResult:
         if parent.kind == "export":
             return NodeResult(name, "evaluate", parent.key, _export_evaluation(parent.value))
-        settings = {"runtime": runtime, "latency": asdict(self.latency), "batch_sizes": self.batch_sizes,
-                    "latency_inputs": LATENCY_INPUTS}
+        settings: dict[str, Any] = {"runtime": runtime, "latency": asdict(self.latency),
+                                    "batch_sizes": self.batch_sizes, "latency_inputs": LATENCY_INPUTS}
+        exported = exported_runtime(runtime)
+        export_config = None if exported is None else self._runtime_export_config(exported, parent, configs)
+        if export_config is not None:
+            settings["export"] = export_config.to_dict()
         key = node_key("evaluate", settings, (parent.key,), self.device.type)
         cached = self.cache.get(key, "evaluation")
         hit = cached is not None
@@ -290,13 +330,63 @@ class Runner:
                 # recompile limit and silently run eager.
                 torch.compiler.reset()
             model = move_module(parent.value, self.device).eval()
-            fn = prepare_runtime(model, runtime, self.device)
+            session: OrtModel | None = None
+            artifact: NodeResult | None = None
+            fn: Callable[..., Tensor]
+            if exported is not None and export_config is not None:
+                artifact = self._runtime_export(exported, export_config, parent)
+                fn = session = self._open_exported(exported, artifact)
+            else:
+                fn = prepare_runtime(model, runtime, self.device)
             self._prepared = (key, fn)
             report = evaluate_model(model, self.spec, self.device, runtime=runtime,
                                     settings=self.latency, batch_sizes=self.batch_sizes, fn=fn)
+            if artifact is not None and session is not None:
+                report = _exported_report(report, artifact.value, session)
             cached = CachedOutput(report, nbytes=0)
             self.cache.put(key, cached)
-        return NodeResult(name, "evaluate", key, cached.value, cached=hit)
+        return NodeResult(name, "evaluate", key, cached.value, cached=hit, runtime_export=export_config)
+
+    def _runtime_export_config(self, exported: ExportedRuntime, parent: NodeResult,
+                               configs: Mapping[str, StageConfig | None]) -> StageConfig:
+        """The config of the export that makes an exported runtime's file: the pipeline's node of that
+        stage off the same model (this run's config), else the stage's defaults, with the runtime's settings."""
+        base: StageConfig | None = None
+        for node in self.pipeline.export_nodes():
+            if node.op == exported.export_stage and node.inputs == (parent.name,):
+                base = configs.get(node.name, node.config)
+        if base is None:
+            base = get_stage(exported.export_stage).config_type()
+        return config_from_dict({**base.to_dict(), **exported.settings})
+
+    def _runtime_export(self, exported: ExportedRuntime, config: StageConfig, parent: NodeResult) -> NodeResult:
+        """The exported runtime's file, through the export cache; its seconds count as exports."""
+        start = time.perf_counter()
+        try:
+            key = node_key(exported.export_stage, config.to_dict(), (parent.key,), self.device.type)
+            return self._export(f"runtime.{exported.export_stage}", key, config, parent)
+        finally:
+            self._side_seconds["exports"] = self._side_seconds.get("exports", 0.0) + time.perf_counter() - start
+
+    def _open_exported(self, exported: ExportedRuntime, artifact: NodeResult) -> OrtModel:
+        """The session of an exported file, opened once (its seconds count as runtime sessions)."""
+        if artifact.key in self._sessions:
+            self._sessions.move_to_end(artifact.key)
+            return self._sessions[artifact.key]
+        session = exported.open_file(Path(artifact.value.path), self.device)
+        self._side_seconds["runtime_sessions"] = (self._side_seconds.get("runtime_sessions", 0.0)
+                                                  + session.creation_seconds)
+        self._sessions[artifact.key] = session
+        while len(self._sessions) > OPEN_SESSIONS:
+            self._sessions.popitem(last=False)
+        return session
+
+
+def _exported_report(report: ModelReport, export: ExportResult, session: OrtModel) -> ModelReport:
+    """An exported runtime's report: the file's size, the session's settings and creation seconds."""
+    device = f"{report.device}; {session.settings.describe()}"
+    return dataclasses.replace(report, size_bytes=export.size_bytes, device=device,
+                               extra={**report.extra, "runtime_session_seconds": session.creation_seconds})
 
 
 def _export_evaluation(result: ExportResult | None) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pipeline.core.stage import StageConfig
 
 
-def budget_metrics(stages: Iterable[StageConfig], constraint: float) -> dict[str, float]:
+def budget_metrics(stages: Iterable[StageConfig], headroom: float) -> dict[str, float]:
     """Per budget held: its value and the layers kept in float for it; with any, the task metric's
     headroom (allowed drop minus drop; > 0: the task metric would have allowed more)."""
     metrics: dict[str, float] = {}
@@ -25,5 +25,5 @@ def budget_metrics(stages: Iterable[StageConfig], constraint: float) -> dict[str
         metrics[use.name] = use.budget
         metrics[f"{use.name}_float_layers"] = float(use.float_layers)
     if metrics:
-        metrics["drop_headroom"] = -constraint
+        metrics["drop_headroom"] = headroom
     return metrics

@@ -65,9 +65,17 @@ class SearchConfig(BaseModel):
     exports: Literal["pareto", "every_trial", "none"] = "pareto"
     seeds: tuple[SeedRecipe, ...] = ()
     cache_mb: int = Field(default=2048, ge=0)
+    #: Trials composed from measured winners at most (:mod:`pipeline.search.compose`; 0: none).
+    compose: int = Field(default=6, ge=0)
+    #: The runtime sweep covers this many of the fastest feasible stage lists (:mod:`pipeline.search.sweep`).
+    sweep_top: int = Field(default=3, ge=1)
+    #: Costly stages run at low fidelity first (:mod:`pipeline.search.screening`).
+    screening: bool = True
 
-    #: Fields that do not change what a trial measures (left out of the study's name).
-    RUN_ONLY_FIELDS: ClassVar[frozenset[str]] = frozenset({"exports", "cache_mb"})
+    #: Fields that do not change what a trial measures (left out of the study's name): where results go,
+    #: and which trials the search proposes besides its sampler's (a resumed study may change them).
+    RUN_ONLY_FIELDS: ClassVar[frozenset[str]] = frozenset({"exports", "cache_mb", "compose", "sweep_top",
+                                                            "screening"})
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> SearchConfig:
@@ -101,8 +109,24 @@ def cli_flag(field_name: str) -> str:
 
 
 def study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipeline: Pipeline) -> str:
-    """``<spec>-<device type>-<hash of spec source, pipeline and search config>``."""
-    payload = {"spec": spec.source or spec.name, "pipeline": pipeline.to_dict(), "search": config.identity()}
+    """``<spec>-<device type>-<hash of spec source, search config and pipeline>``. The default pipeline is
+    named by the search config alone (``pipeline: default``), not by its stage list: installing or adding a
+    stage does not rename its studies (a resumed study records the stages it has,
+    :mod:`pipeline.search.study_names`). A pipeline file's nodes are hashed: they are what its trials mean."""
+    payload: dict[str, Any] = {"spec": spec.source or spec.name, "search": config.identity()}
+    if config.pipeline != "default":
+        payload["pipeline"] = pipeline.to_dict()
+    return _hashed(spec, device, payload)
+
+
+def legacy_study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipeline: Pipeline) -> str:
+    """The name :func:`study_name` gave before it stopped hashing the default pipeline's stage list
+    (the migration rule in :func:`pipeline.search.study_names.find_study` looks for it)."""
+    return _hashed(spec, device, {"spec": spec.source or spec.name, "pipeline": pipeline.to_dict(),
+                                  "search": config.identity()})
+
+
+def _hashed(spec: ModelSpec, device: torch.device, payload: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{spec.name}-{device.type}-{digest}"
 

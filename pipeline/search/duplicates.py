@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.core.stage import StageConfig
 from pipeline.search.objectives import ATTR_REPEAT_OF
+from pipeline.search.rule_out import is_ruled_out
 
 #: Consecutive repeats after which the budget stops the study: the sampler has run out of new recipes.
 MAX_CONSECUTIVE_REPEATS = 25
@@ -35,6 +36,12 @@ def recipe_key(configs: Iterable[StageConfig | None], runtime: str) -> str:
 def is_repeat(trial: FrozenTrial) -> bool:
     """True for a trial that was answered by an earlier trial's measurement."""
     return trial.user_attrs.get(ATTR_REPEAT_OF) is not None
+
+
+def not_counted(trial: FrozenTrial) -> bool:
+    """True for a trial that was not run: a repeat, or a configuration ruled out before running
+    (:mod:`pipeline.search.rule_out`)."""
+    return is_repeat(trial) or is_ruled_out(trial)
 
 
 @dataclass
@@ -59,8 +66,8 @@ def model_configs(configs: Mapping[str, StageConfig | None], export_nodes: Itera
 
 
 class TrialBudget:
-    """Study callback: stop once ``total`` trials finished, not counting repeats (and stop when
-    the sampler proposes only repeats, :data:`MAX_CONSECUTIVE_REPEATS` in a row)."""
+    """Study callback: stop once ``total`` trials finished, not counting repeats and ruled-out configurations
+    (and stop when the sampler proposes only those, :data:`MAX_CONSECUTIVE_REPEATS` in a row)."""
 
     def __init__(self, total: int, states: tuple[TrialState, ...]) -> None:
         self.total = total
@@ -70,10 +77,10 @@ class TrialBudget:
 
     def counted(self, study: optuna.Study) -> int:
         """Finished trials that count against the budget."""
-        return sum(1 for t in study.get_trials(deepcopy=False, states=self.states) if not is_repeat(t))
+        return sum(1 for t in study.get_trials(deepcopy=False, states=self.states) if not not_counted(t))
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self.consecutive = self.consecutive + 1 if is_repeat(trial) else 0
+        self.consecutive = self.consecutive + 1 if not_counted(trial) else 0
         if self.consecutive >= MAX_CONSECUTIVE_REPEATS:
             self.exhausted = True
             study.stop()

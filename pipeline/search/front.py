@@ -23,6 +23,7 @@ from pipeline.core.paired import ROUNDS, noise_line, time_rounds
 from pipeline.core.stage import StageConfig
 from pipeline.search.objectives import ATTR_LATENCY_UNSTABLE, ATTR_METRICS
 from pipeline.search.pareto import ParetoRow
+from pipeline.search.record import TrialRecord
 from pipeline.search.study import Search
 
 #: Key of the baseline among the re-measured candidates.
@@ -53,7 +54,7 @@ def front_candidates(search: Search, trials: Sequence[FrozenTrial]
     """The baseline (all stages off, eager) and the given trials' requested configs and runtimes."""
     candidates: dict[int, tuple[Mapping[str, StageConfig | None], str]] = {BASELINE: ({}, "eager")}
     for trial in trials:
-        record = search.record(trial)
+        record = TrialRecord.from_trial(trial)
         if record.recipe is not None:
             candidates[trial.number] = (record.configs, record.runtime)
     return candidates

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,18 +14,14 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
-from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.fidelity import fidelity_note
-from pipeline.core.paths import results_dir
 from pipeline.core.progress import phase, progress_columns, sharing
 from pipeline.core.secrets import mask_secrets
-from pipeline.core.stage import StageConfig
-from pipeline.core.text import plain
-from pipeline.engine.recipe import Recipe
+from pipeline.search.compose import composed_note
 from pipeline.search.config import finished_states
 from pipeline.search.dashboard import note_study
 from pipeline.search.duplicates import TrialBudget
-from pipeline.search.explain import dominated_by, front_tags
+from pipeline.search.finish import finish_study, study_dir, study_note
 from pipeline.search.front import (
     BASELINE,
     ROUNDS,
@@ -37,7 +32,6 @@ from pipeline.search.front import (
     with_remeasured,
 )
 from pipeline.search.objectives import (
-    ATTR_DOMINATED_BY,
     ATTR_EXPORTS,
     ATTR_RECIPE,
     ATTR_REMEASURED,
@@ -46,7 +40,6 @@ from pipeline.search.objectives import (
 from pipeline.search.pareto import (
     FRONT_NOTE,
     distinct_front,
-    export_attr,
     pareto_figure_html,
     pareto_figure_png,
     pareto_rows,
@@ -54,15 +47,17 @@ from pipeline.search.pareto import (
     pareto_trials,
     table_columns,
 )
-from pipeline.search.profile import profile_calls
+from pipeline.search.proposals import Proposals
 from pipeline.search.quiet import stderr_to
 from pipeline.search.record import TrialRecord
+from pipeline.search.rule_out import summarize as summarize_ruled_out
+from pipeline.search.screening import screened_note
 from pipeline.search.storage import fail_dead_trials
 from pipeline.search.study import Search, SearchTimes
 from pipeline.search.trial_log import TrialLogger
-from pipeline.search.workers import run_trials
+from pipeline.search.trial_objective import TrialObjective
+from pipeline.search.workers import Callback, run_trials
 from pipeline.tracking.tracker import Tracker
-from pipeline.tracking.views import NOTE_TAG, markdown_table
 
 Launcher = Callable[[], tuple[bool, list[str]]]
 #: The parent run's tag that says the metric is fidelity, which is conservative (pipeline.core.fidelity.fidelity_note).
@@ -91,13 +86,6 @@ class SearchOutcome:
 
 #: The per-study file that receives third-party warnings and progress bars (see :mod:`pipeline.search.quiet`).
 THIRD_PARTY_LOG = "third-party.log"
-
-
-def study_dir(name: str) -> Path:
-    """``<results>/studies/<study>``: recipes of the Pareto trials."""
-    path = results_dir() / "studies" / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def run_search(search: Search, trials: int, timeout: float | None = None,
@@ -129,8 +117,9 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
                       + (f" (--trials {trials} is the study's total)" if finished > trials else ""), highlight=False)
     study, baseline, tracker = open_search(search, running=finished is None)
     children = len(tracker.children) if tracker is not None else 0
-    if search.self_check_line:
-        console.print(search.self_check_line, highlight=False, soft_wrap=True)
+    for line in (search.self_check_line, search.stages_line, search.rules.unknown_line()):
+        if line:
+            console.print(line, highlight=False, soft_wrap=True)
     if fidelity := fidelity_note(search.spec.metric):
         console.print(fidelity, highlight=False, soft_wrap=True)
     parent = tracker.parent_run_id if tracker is not None else None
@@ -147,7 +136,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
     elif remaining > 0:
         repeats = len(done) - (trials - remaining)
         console.print(f"study {search.study_name}: {trials - remaining} trial(s) done"
-                      + (f" (and {repeats} repeat(s) of measured recipes, not counted)" if repeats else "")
+                      + (f" (and {repeats} repeat(s) or ruled-out configuration(s), not counted)" if repeats else "")
                       + f", running {remaining} more on {logger.device} (runtimes: {', '.join(search.runtimes)}); "
                       f"{exports_line(search)}; full recipes: MLflow param and tag 'recipe', Optuna attr "
                       f"'{ATTR_RECIPE}'", highlight=False)
@@ -155,9 +144,9 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
                             redirect_stderr=False)  # standard error stays in the study's third-party log
         logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, note="", best="")
         with progress, sharing(progress):  # a stage's long phase (distillation, calibration) is a row of this bar
-            interrupted = run_trials(search, study, budget, timeout, [logger, search.sweep_runtimes, budget])
+            interrupted = trial_loop(search, study, baseline, budget, timeout, logger)
         if budget.exhausted:
-            console.print(f"stopped early: the sampler proposed only repeats of measured recipes "
+            console.print(f"stopped early: the sampler proposed only repeats or ruled-out configurations "
                           f"({budget.consecutive} in a row)")
     if interrupted:
         console.print("interrupted: exporting and logging what is done")
@@ -166,6 +155,9 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
     exported = export_outcomes(study)
     recipes, finish_notes = finish_study(search, study, tracker, console)
     notes.extend(finish_notes)
+    every = study.get_trials(deepcopy=False)
+    notes.extend(line for line in (summarize_ruled_out(study), composed_note(every), screened_note(every))
+                 if line is not None)
     note_study(study, [t.number for t, _ in distinct_front(study)], search.objectives.describe_drop(baseline))
     # Nothing ran and nothing was missing (a child run, an export): what the last run stored stays as it is.
     changed = remaining > 0 or export_outcomes(study) != exported or (
@@ -201,7 +193,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
         if remaining > 0:  # the study's totals over all its runs; a run that ran no trial adds nothing
             tracker.add_study_seconds({"seconds_wall": search.times.wall,
                                        **{f"seconds_{k}": v for k, v in search.times.by_category.items()}})
-        tracker.client.set_tag(tracker.parent_run_id, NOTE_TAG, study_note(title, rows, search, baseline))
+        tracker.set_study_note(study_note(title, rows, search, baseline))
         for number, speedup in again.items():
             tracker.log_trial_metrics(number, {"speedup_remeasured": speedup})
         tracker.close_study("KILLED" if interrupted else "FINISHED")
@@ -221,7 +213,7 @@ def catch_up(search: Search, study: optuna.Study, tracker: Tracker | None,
             tracker.refresh_children()
             for trial in done:
                 if trial.number not in tracker.children:
-                    logger.log(trial)
+                    logger.log(TrialRecord.from_trial(trial))
     return done
 
 
@@ -270,101 +262,23 @@ def open_search(search: Search, running: bool = True) -> tuple[optuna.Study, Bas
 def run_worker(search: Search, trials: int, timeout: float | None = None, console: Console | None = None) -> bool:
     """One worker of a study that another process prepared (``--workers N``): run and log trials until the
     study has ``trials``; True if interrupted. The preparing process exports and logs the front."""
-    study, _baseline, tracker = open_search(search)
+    study, baseline, tracker = open_search(search)
     logger = TrialLogger(search, tracker, console or Console())
-    budget = TrialBudget(trials, finished_states())
-    return run_trials(search, study, budget, timeout, [logger, search.sweep_runtimes, budget])
+    return trial_loop(search, study, baseline, TrialBudget(trials, finished_states()), timeout, logger)
 
 
-def study_note(title: str, rows: list[Any], search: Search, baseline: Baseline) -> str:
-    """The parent run's Description: the Pareto table and where to look next."""
-    columns = table_columns(rows, search.objectives)
-    columns.pop("exports", None)
-    return (f"**{title}**\n\n{markdown_table(columns)}\n\n"
-            f"Plot: Artifacts > pareto.png (interactive: pareto.html). Every trial run is tagged `feasible`; "
-            f"`reason` says why a trial is infeasible, over the allowed drop "
-            f"({search.objectives.describe_drop(baseline)}) or failed; `dominated_by` names the front trial that "
-            f"beats it. Headline metrics are top-level, "
-            f"the rest under `detail.`.")
+def trial_loop(search: Search, study: optuna.Study, baseline: Baseline, budget: TrialBudget, timeout: float | None,
+               logger: Callback) -> bool:
+    """Run this process's trials (:func:`~pipeline.search.workers.run_trials`): the trial objective, and after
+    each trial its line and MLflow run (``logger``) then the search's own proposals; True if interrupted."""
+    objective, proposals = trial_parts(search, baseline)
+    return run_trials(objective, search.lock(), study, budget, timeout, [logger, proposals])
 
 
-def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
-                 console: Console) -> tuple[dict[int, Path], list[str]]:
-    """Export the Pareto trials (unless done before), save their recipes, tag them in MLflow."""
-    distinct = distinct_front(study)
-    dominated = dominated_by(study, pareto_trials(study))
-    study.set_user_attr(ATTR_DOMINATED_BY, {str(k): v for k, v in dominated.items()})
-    notes: list[str] = []
-    if tracker is not None:
-        tags = front_tags(study, distinct, dominated)
-        for number in tracker.children:
-            tracker.set_trial_tags(number, tags.get(number, {"pareto": "false"}))
-    recipes: dict[int, Path] = {}
-    for trial, _repeats in distinct:
-        folder = study_dir(search.study_name) / f"trial-{trial.number:03d}"
-        recipe_path = folder / "recipe.json"
-        already = export_attr(trial.number) in study.user_attrs and recipe_path.is_file()
-        if already and (tracker is None or tracker.trial_tags(trial.number).get("exported") == "true"):
-            recipes[trial.number] = recipe_path
-            continue
-        record = search.record(trial)
-        if record.recipe is None:
-            continue
-        recipe = record.recipe
-        files: dict[str, list[Path]] = {}
-        metrics: dict[str, float] = {}
-        if search.config.exports == "pareto":
-            console.print(f"exporting Pareto trial {trial.number}: {recipe.describe()}")
-            recipe, files, metrics, status = export_trial(search, record)
-            study.set_user_attr(export_attr(trial.number), status)
-            notes.extend(f"trial {trial.number} {k}: {v}" for k, v in status.items() if v != "ok")
-        elif export_attr(trial.number) not in study.user_attrs:
-            study.set_user_attr(export_attr(trial.number), {})
-        recipes[trial.number] = recipe.save(recipe_path)
-        profile = profile_calls(search.latency.function(record.configs, record.runtime), search.latency.inputs(),
-                                search.device, folder / "profile")
-        if tracker is not None:
-            tracker.log_trial_files(trial.number, {"": [recipe_path], "profile": profile, **files})
-            tracker.log_trial_metrics(trial.number, metrics)
-            tracker.set_trial_tags(trial.number, {"exported": "true"})
-    return recipes, notes
-
-
-def export_trial(search: Search,
-                 record: TrialRecord) -> tuple[Recipe, dict[str, list[Path]], dict[str, float], dict[str, str]]:
-    """Run each export of a complete trial on its (cached) model; one failing export does not stop the others."""
-    if record.recipe is None:
-        raise ValueError(f"trial {record.number} has no recipe: only complete trials export")
-    recipe, configs, runtime = record.recipe, record.configs, record.runtime
-    export_nodes = search.pipeline.export_nodes()
-    files: dict[str, list[Path]] = {}
-    metrics: dict[str, float] = {}
-    status: dict[str, str] = {}
-    resolved: list[StageConfig] = []
-    for node in export_nodes:
-        if configs.get(node.name) is None:
-            continue
-        only = {**configs, **{other.name: None for other in export_nodes if other.name != node.name}}
-        try:
-            result = search.runner.run(only, runtime, exports=True, evaluate=False)
-        except InfeasibleConfig as exc:
-            status[node.name] = plain(f"infeasible: {exc.reason}")
-            continue
-        except Exception as exc:  # recorded on the trial's run; the other exports still run
-            status[node.name] = plain(f"failed: {type(exc).__name__}: {exc}")
-            traceback.print_exc()
-            continue
-        export = result.nodes[node.name]
-        status[node.name] = "ok"
-        applied = export.resolved or export.config
-        if applied is not None:
-            resolved.append(applied)
-        entry = search.runner.cache.export_dir / export.key if search.runner.cache.export_dir else Path(".")
-        files[node.name] = sorted(p for p in entry.iterdir() if p.name != "manifest.json")
-        for name, value in (result.export_evaluations.items()):
-            for key, number in (value or {}).items():
-                if isinstance(number, int | float) and not isinstance(number, bool):
-                    metrics[f"{name}.{key}"] = float(number)
-    final = Recipe(stages=(*recipe.model_stages(), *resolved), runtime=recipe.runtime, model=recipe.model,
-                   metadata={**recipe.metadata, "exports": status})
-    return final, files, metrics, status
+def trial_parts(search: Search, baseline: Baseline) -> tuple[TrialObjective, Proposals]:
+    """The study's trial objective and the proposals made after each trial (the runtime sweep, compositions)."""
+    objective = TrialObjective(search, baseline)
+    proposals = Proposals(search.config, search.objectives, baseline, search.runtimes,
+                          [n.name for n in search.pipeline.stage_nodes()], objective.exports, search.enqueue,
+                          objective.measured)
+    return objective, proposals

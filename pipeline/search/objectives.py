@@ -13,12 +13,13 @@ of the deprecated sampler ``constraints_func``), which every sampler and
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import ModelReport
+from pipeline.core.fidelity_floor import floor_failures
 from pipeline.core.paired import PairedLatency
 from pipeline.core.spec import ModelSpec
 from pipeline.search.allowed_drop import FLAG, AllowedDrop
@@ -52,6 +53,8 @@ ATTR_DOMINATED_BY = "paretorch.dominated_by"  # {trial: front trial that dominat
 ATTR_REMEASURED = "paretorch.remeasured"  # {trial: re-measured speed-up}, the front timed again when the study ends
 #: The Optuna constraint of a trial whose latency is unstable (any positive value keeps it off ``best_trials``).
 UNSTABLE_CONSTRAINT = 1.0
+#: How a trial's reason starts when its metric is within the drop but a fidelity floor is not met.
+FLOOR_REASON = "below the fidelity floor: "
 
 
 @dataclass(frozen=True)
@@ -76,12 +79,14 @@ class DropVerdict:
     """A trial's metric against the allowed drop."""
 
     feasible: bool
-    #: ``drop - allowed``: the Optuna constraint, feasible when <= 0.
+    #: The Optuna constraint, feasible when <= 0: ``drop - allowed``, pushed above 0 when the latency is unstable.
     constraint: float
     #: Why it is not feasible (``drop 0.0300 > allowed 0.0098 (1% of the baseline 0.9822)``); None when feasible.
     reason: str | None
     #: ``latency unstable: ...``: the metric may be within the drop, but the latency is not trusted.
     unstable: str | None = None
+    #: ``allowed - drop``: how much more the metric may drop (negative: over the allowed drop).
+    headroom: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -161,26 +166,31 @@ class Objectives:
         sign = -1.0 if self.spec.metric.higher_is_better else 1.0
         return baseline.metric_value + sign * self.threshold(baseline)
 
-    def verdict(self, baseline: Baseline, metric_value: float, unstable: str | None = None) -> DropVerdict:
+    def verdict(self, baseline: Baseline, metric_value: float, unstable: str | None = None,
+                extras: Mapping[str, float] | None = None) -> DropVerdict:
         """Whether ``metric_value`` is within the allowed drop: the one comparison every feasibility
         check uses (the trial's tag, the Optuna constraint, the runtime sweep). ``unstable``: why the
         trial's paired latency is not trusted (:mod:`pipeline.core.paired`); such a trial is infeasible
-        too, its constraint positive, so ``study.best_trials`` leaves it out."""
+        too, its constraint positive, so ``study.best_trials`` leaves it out. ``extras``: the trial's
+        extra metrics, checked against the spec's fidelity floors (:mod:`pipeline.core.fidelity_floor`);
+        a trial below one is infeasible with the floor as its reason, its constraint positive."""
         drop = self.drop(baseline, metric_value)
         allowed = self.threshold(baseline)
         constraint = drop - allowed
+        floors = floor_failures(self.spec, extras or {}) if self.spec.fidelity_floors else []
+        if floors and constraint <= 0:
+            return DropVerdict(False, max(constraint, 0.0) + UNSTABLE_CONSTRAINT,
+                               FLOOR_REASON + "; ".join(floors), unstable and f"latency unstable: {unstable}",
+                               -constraint)
         if constraint <= 0 and unstable is None:
-            return DropVerdict(True, constraint, None)
+            return DropVerdict(True, constraint, None, headroom=-constraint)
         unstable = f"latency unstable: {unstable}" if unstable is not None else None
         if constraint <= 0:
-            return DropVerdict(False, max(constraint, 0.0) + UNSTABLE_CONSTRAINT, None, unstable)
+            return DropVerdict(False, max(constraint, 0.0) + UNSTABLE_CONSTRAINT, None, unstable, -constraint)
         detail = "" if self.allowed_drop.kind == "absolute" else (
             f" ({self.allowed_drop.given()} of the baseline {baseline.metric_value:.4g})")
-        return DropVerdict(False, constraint, f"drop {drop:.4f} > allowed {allowed:.4g}{detail}", unstable)
-
-    def constraint(self, baseline: Baseline, metric_value: float) -> float:
-        """``drop - allowed``: feasible when <= 0 (:meth:`verdict`'s constraint)."""
-        return self.verdict(baseline, metric_value).constraint
+        return DropVerdict(False, constraint, f"drop {drop:.4f} > allowed {allowed:.4g}{detail}", unstable,
+                           -constraint)
 
     def describe_drop(self, baseline: Baseline | None = None) -> str:
         """The allowed drop in words: ``0.01 absolute``, ``1% of the baseline 0.9822 = 0.009822 absolute``."""

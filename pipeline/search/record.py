@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import optuna
 from optuna.trial import FrozenTrial
 
 from pipeline.core.stage import StageConfig
@@ -35,7 +36,10 @@ from pipeline.search.objectives import (
     ATTR_SECONDS,
     ATTR_SEED,
     ATTR_TRACEBACK,
+    FLOOR_REASON,
+    DropVerdict,
 )
+from pipeline.search.rule_out import ATTR_RULED_OUT
 from pipeline.tracking.views import namespace_metrics
 
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
@@ -68,6 +72,8 @@ class TrialRecord:
     start_ms: int | None = None
     #: The earlier trial that measured the same recipe (this trial was not run).
     repeat_of: int | None = None
+    #: Why the configuration cannot change the model (this trial was not run: :mod:`pipeline.search.rule_out`).
+    ruled_out: str | None = None
     #: Complete and within the allowed drop (None: not known, e.g. a record without the drop).
     feasible: bool | None = None
     #: Why a complete trial is not feasible (e.g. ``drop 0.034 > allowed 0.01``).
@@ -79,10 +85,15 @@ class TrialRecord:
 
     def __post_init__(self) -> None:
         # Reasons and tracebacks quote third-party messages (a compiler's coloured error): stored and printed plain.
-        for name in ("infeasible", "error", "over_drop", "latency_unstable"):
+        for name in ("infeasible", "error", "over_drop", "latency_unstable", "ruled_out"):
             text = getattr(self, name)
             if text is not None:
                 object.__setattr__(self, name, plain(text))
+
+    @property
+    def counted(self) -> bool:
+        """False for a trial that was not run (a repeat, a ruled-out configuration): not one of the study's trials."""
+        return self.repeat_of is None and self.ruled_out is None
 
     # ------------------------------------------------------------------ Optuna
 
@@ -104,6 +115,8 @@ class TrialRecord:
             attrs[ATTR_TRACEBACK] = self.error[-20000:]
         if self.repeat_of is not None:
             attrs[ATTR_REPEAT_OF] = self.repeat_of
+        if self.ruled_out is not None:
+            attrs[ATTR_RULED_OUT] = self.ruled_out
         if self.latency_unstable is not None:
             attrs[ATTR_LATENCY_UNSTABLE] = self.latency_unstable
         attrs[ATTR_FEASIBLE] = bool(self.feasible)
@@ -116,12 +129,15 @@ class TrialRecord:
         """Why this trial is not a feasible result (None when it is one)."""
         if self.repeat_of is not None:
             return f"repeat of trial {self.repeat_of}"
+        if self.ruled_out is not None:
+            return f"ruled out: {self.ruled_out}"
         if self.infeasible is not None:
             return f"infeasible: {self.infeasible}"
         if self.state == FAIL:
             return f"failed: {failure_line(self.error or '?')[:300]}"
         if self.over_drop is not None:
-            return f"over the allowed drop: {self.over_drop}"
+            return self.over_drop if self.over_drop.startswith(FLOOR_REASON) else (
+                f"over the allowed drop: {self.over_drop}")
         return self.latency_unstable
 
     @classmethod
@@ -144,6 +160,7 @@ class TrialRecord:
             error=str(error) if error and trial.state.name == FAIL else None,
             start_ms=int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None,
             repeat_of=attrs.get(ATTR_REPEAT_OF),
+            ruled_out=attrs.get(ATTR_RULED_OUT),
             feasible=attrs.get(ATTR_FEASIBLE),
             over_drop=_over_drop(attrs.get(ATTR_REASON)),
             latency_unstable=attrs.get(ATTR_LATENCY_UNSTABLE),
@@ -204,6 +221,29 @@ class TrialRecord:
         return json.dumps([c.to_dict() for c in self.recipe.model_stages()], sort_keys=True, default=str)
 
 
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What the trial objective hands back to the trial loop: the trial's record, and what Optuna is told."""
+
+    record: TrialRecord
+    #: The objective values of a complete trial (None otherwise).
+    values: tuple[float, ...] | None = None
+    #: The exception a failed trial raised (Optuna marks the trial FAIL).
+    failure: Exception | None = None
+    #: A complete trial's metric against the allowed drop (its Optuna constraint).
+    verdict: DropVerdict | None = None
+
+    def optuna_result(self) -> tuple[float, ...]:
+        """The values, else raise what ends the trial in Optuna: the failure, or ``TrialPruned`` with its reason."""
+        if self.values is not None:
+            return self.values
+        if self.failure is not None:
+            raise self.failure
+        raise optuna.TrialPruned(self.record.reason() or "pruned")
+
+
 def _over_drop(reason: str | None) -> str | None:
     prefix = "over the allowed drop: "
+    if reason and reason.startswith(FLOOR_REASON):
+        return reason
     return reason.removeprefix(prefix) if reason and reason.startswith(prefix) else None

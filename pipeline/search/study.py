@@ -1,59 +1,57 @@
-"""One study: the trial objective (suggest, run, measure, constrain), the baseline and the seeds."""
+"""One study's lifecycle: its storage and lock, open or resume, the runner, the baseline and the seeds.
+
+A trial runs in :class:`pipeline.search.trial_objective.TrialObjective` (choose -> rule out -> run ->
+record); what the search proposes after each trial (the runtime sweep, compositions) is
+:class:`pipeline.search.proposals.Proposals`; the trial loop is :func:`pipeline.search.workers.run_trials`.
+"""
 
 from __future__ import annotations
 
 import json
-import time
-import traceback
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property
 
 import optuna
 import torch
-from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.core.device import capabilities
-from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
+from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtime import available_runtimes
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.self_check import SelfCheck, require_stable, self_check
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageConfig, StageContext, config_from_dict, stage_for
+from pipeline.core.stage import StageConfig, StageContext, config_from_dict, registered_stages, stage_for
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
-from pipeline.engine.recipe import configs_to_json
 from pipeline.engine.runner import TIME_CATEGORIES, Runner
-from pipeline.search.budgets import budget_metrics
 from pipeline.search.config import (
     LATENCY_BUDGETS,
     SearchConfig,
     SeedRecipe,
     default_storage,
     finished_states,
+    legacy_study_name,
     make_sampler,
     study_name,
 )
-from pipeline.search.dashboard import note_infeasible, set_constraints
-from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
-from pipeline.search.insight import sensitivity_tables
 from pipeline.search.objectives import (
     ATTR_BASELINE,
+    ATTR_CONFIGS,
     ATTR_SEARCH,
     ATTR_SEED,
     ATTR_SEED_PARAMS,
     ATTR_SEED_RECIPE,
-    CONSTRAINT_NAME,
     Baseline,
     Objectives,
 )
-from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
+from pipeline.search.rule_out import RuleOut
 from pipeline.search.seeding import merge_params, runtime_params, stage_params
 from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
 from pipeline.search.study_latency import StudyLatency
-from pipeline.search.sweep import RuntimeSweepIndex
-from pipeline.search.workers import claim_config
+from pipeline.search.study_names import ATTR_STAGES, ATTR_STUDY_KEY, find_study, stage_change
 
 #: Study user attr: the unoptimized model's self-check (pipeline.core.self_check), measured once per study.
 ATTR_SELF_CHECK = "self_check"
@@ -81,10 +79,17 @@ class SearchTimes:
 
 
 class Search:
-    """One study: its objectives, runner, tracker and the trial loop."""
+    """One study's lifecycle: storage, lock, open or resume, runner, baseline and seeds.
+
+    Everything a run chooses is given here (nothing is set on a built search): ``worker``, this
+    process's index among the study's workers (moves the sampler's seed); ``extra_seeds``, enqueued on
+    every run after the config's seeds (``--enqueue RECIPE``; duplicates skipped);
+    ``allow_nondeterministic``, go on when the unoptimized model's metric moves between passes."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, config: SearchConfig, storage: str | None = None,
-                 tracking_uri: str | None = None, track: bool = True, name: str | None = None) -> None:
+                 tracking_uri: str | None = None, track: bool = True, name: str | None = None, *,
+                 worker: int = 0, extra_seeds: Sequence[SeedRecipe] = (),
+                 allow_nondeterministic: bool = False) -> None:
         self.spec = spec
         self.device = device
         self.config = config
@@ -99,28 +104,36 @@ class Search:
         if not self.runtimes:
             raise ConfigError(f"none of the runtimes {list(config.runtimes)} runs on {device.type} "
                               f"(available: {', '.join(possible)})")
-        self.study_name = name or study_name(spec, device, config, self.pipeline)
+        self._given_name = name
+        self._name: str | None = name
         self.storage = storage or default_storage()
         self.tracking_uri = tracking_uri
         self.track = track
+        self.worker = worker
+        self.extra_seeds = tuple(extra_seeds)
+        self.allow_nondeterministic = allow_nondeterministic
         self.times = SearchTimes()
         self._runner: Runner | None = None
         self._storage: optuna.storages.BaseStorage | None = None
         self.baseline: Baseline | None = None
-        #: Records of the trials this process ran, by number (see :meth:`record`).
-        self.records: dict[int, TrialRecord] = {}
-        self._sweep: RuntimeSweepIndex | None = None
-        self._repeats: RepeatIndex | None = None
-        #: Seeds enqueued on every run (``--enqueue RECIPE``), after the config's seeds; duplicates skipped.
-        self.extra_seeds: list[SeedRecipe] = []
-        #: This process's index among the study's workers (0 when alone): moves the sampler's seed.
-        self.worker = 0
-        #: Go on when the unoptimized model's metric moves between passes (``--allow-nondeterministic``).
-        self.allow_nondeterministic = False
         #: The self-check's one line for the console (set by :meth:`ensure_baseline`).
         self.self_check_line: str | None = None
+        #: What changed in a resumed study's stages, for the console (set by :meth:`open_study`).
+        self.stages_line: str | None = None
         #: Paired latency of the trials against the baseline (its timer and CPU clock are injectable).
         self.latency = StudyLatency(spec, device, self.objectives.latency_batch, lambda: self.runner)
+
+    @property
+    def study_name(self) -> str:
+        """``--study-name``, else the stored study that answers to the default name (a study named before
+        names stopped hashing the stage list keeps its name: :mod:`pipeline.search.study_names`), else the
+        default name. Looked up in the storage once."""
+        if self._name is None:
+            key = study_name(self.spec, self.device, self.config, self.pipeline)
+            legacy = legacy_study_name(self.spec, self.device, self.config, self.pipeline)
+            stored = {s.study_name: s.user_attrs for s in self.storage_backend().get_all_studies()}
+            self._name = find_study(stored, key, legacy)
+        return self._name
 
     # ------------------------------------------------------------------ study
 
@@ -172,7 +185,28 @@ class Search:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study.set_metric_names(self.objectives.metric_names())
             study.set_user_attr(ATTR_SEARCH, self.config.model_dump(mode="json"))
+        if create:  # a run of the study (``report`` only reads it)
+            self._record_stages(study)
         return study
+
+    def _record_stages(self, study: optuna.Study) -> None:
+        """Record the stages this run searches (and, on the default name, the name the study answers to);
+        :attr:`stages_line` says what changed since the study's last run (a :class:`ConfigError` when its
+        trials used a stage that is not installed now)."""
+        current = [f"{n.name}:{n.op}" for n in self.pipeline.stage_nodes()]
+        stored = study.user_attrs.get(ATTR_STAGES)
+        installed = registered_stages()
+        uninstalled = {s.partition(":")[2] for s in stored or () if s.partition(":")[2] not in installed}
+        used = {raw.get("stage") for t in study.get_trials(deepcopy=False) if uninstalled
+                for raw in t.user_attrs.get(ATTR_CONFIGS, {}).values() if raw}
+        unreadable = [s for s in stored or () if s.partition(":")[2] in uninstalled & used]
+        self.stages_line = stage_change(self.study_name, stored, current, unreadable)
+        if stored != current:
+            study.set_user_attr(ATTR_STAGES, current)
+        if self._given_name is None:
+            key = study_name(self.spec, self.device, self.config, self.pipeline)
+            if study.user_attrs.get(ATTR_STUDY_KEY) != key:
+                study.set_user_attr(ATTR_STUDY_KEY, key)
 
     def latency_batch_sizes(self) -> tuple[int, ...]:
         """The batch sizes a trial measures: the objective's alone on the quick budget, else the
@@ -193,6 +227,12 @@ class Search:
                 work_dir=results_dir() / "work" / self.study_name,
             )
         return self._runner
+
+    @cached_property
+    def rules(self) -> RuleOut:
+        """What the unoptimized model's facts rule out (:mod:`pipeline.search.rule_out`), read once."""
+        stages = [self.pipeline.stage(n.name) for n in self.pipeline.stage_nodes()]
+        return RuleOut.read(self.runner.model, self.spec, self.device, stages)
 
     def ensure_baseline(self, study: optuna.Study) -> Baseline:
         """The stored baseline, or measure it now, store it and enqueue the baseline and seed trials."""
@@ -226,7 +266,9 @@ class Search:
     def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
         """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped
         (its stages are not in the pipeline or are disabled, or a stage says it is not
-        worth a trial on this device: :meth:`pipeline.core.stage.Stage.not_worthwhile`)."""
+        worth a trial on this device: :meth:`pipeline.core.stage.Stage.not_worthwhile`). A seed that
+        cannot change this model is enqueued: it is answered before it runs, with its reason, and not
+        counted (:mod:`pipeline.search.rule_out`), so that the user sees why."""
         available = {n.op for n in self.pipeline.stage_nodes() if n.name not in self.config.disabled}
         if any(raw.get("stage") not in available for raw in seed.stages):
             return False
@@ -244,7 +286,7 @@ class Search:
 
     def seed_params(self, configs: list[StageConfig], runtime: str) -> dict[str, object]:
         """The Optuna params of a seed (so seeded trials appear in the sampler's plots), by stage node."""
-        ctx = StageContext(spec=self.spec, device=self.device)
+        ctx = StageContext(spec=self.spec, device=self.device, facts=self.rules.facts)
         remaining = list(configs)
         parts: dict[str, dict[str, object] | None] = {}
         upstream: list[StageConfig] = []
@@ -260,169 +302,3 @@ class Search:
             if config is not None:
                 upstream.append(config)
         return {**merge_params(parts), **runtime_params(runtime, self.runtimes)}
-
-    def sweep_runtimes(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        """When ``trial`` is the fastest trial within the allowed drop so far, enqueue its
-        resolved recipe under each runtime not yet tried with the same stages (a calibrated
-        AMP policy replays, with no calibration). A study callback.
-
-        The runtime barely interacts with the stages, yet a sampler needs many trials to
-        pair the best stages with the best runtime: with MiniLM on one CPU core, a
-        30-trial TPE search never tried its best stages (bf16 AMP) under torch.compile.
-        The sweep keeps its own index (stages -> runtimes tried, fastest feasible latency),
-        updated once per trial, so it does not re-read the study."""
-        index = self._sweep_index(study)
-        record = self.record(trial)
-        latency = index.add(record, self._feasible_latency(record))
-        if latency is None or latency > index.fastest or len(self.runtimes) < 2 or record.recipe is None:
-            return
-        tried = index.runtimes.get(record.stages_key or "", set())
-        seed = partial(SeedRecipe, name=f"runtime-sweep-of-trial-{trial.number}",
-                       stages=tuple(c.to_dict() for c in record.recipe.model_stages()))
-        for runtime in self.runtimes:
-            if runtime not in tried:
-                self.enqueue(study, seed(runtime=runtime))
-
-    def _sweep_index(self, study: optuna.Study) -> RuntimeSweepIndex:
-        if self._sweep is None:
-            self._sweep = RuntimeSweepIndex()
-            for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-                record = self.record(done)
-                self._sweep.add(record, self._feasible_latency(record))
-        return self._sweep
-
-    def _feasible_latency(self, record: TrialRecord) -> float | None:
-        """The trial's objective latency if it completed within the allowed drop, else None."""
-        value = record.metrics.get(self.spec.metric.name)
-        if record.state != COMPLETE or value is None or self.baseline is None:
-            return None
-        if record.latency_unstable is not None or not self.objectives.verdict(self.baseline, value).feasible:
-            return None
-        latency = record.metrics.get(self.objectives.latency_key)
-        return float(latency) if latency is not None else None
-
-    # ------------------------------------------------------------------ one trial
-
-    def choose(self, trial: optuna.Trial) -> tuple[dict[str, StageConfig | None], str]:
-        """Per-node configs and the runtime: from the trial's seed, else each stage's ``suggest``."""
-        seed = trial.user_attrs.get(ATTR_SEED_RECIPE)
-        seeded = [config_from_dict(raw) for raw in seed["stages"]] if seed else None
-        fixed = dict(trial.user_attrs.get(ATTR_SEED_PARAMS, {}))
-        ctx = StageContext(spec=self.spec, device=self.device)
-        configs: dict[str, StageConfig | None] = {}
-        upstream: list[StageConfig] = []
-        for node in self.pipeline.stage_nodes():
-            exporting = self.pipeline.kind(node.name) == "export"
-            if node.config is not None:
-                config: StageConfig | None = node.config
-            elif node.name in self.config.disabled:
-                config = None
-            elif seeded is not None and (not exporting or any(c.stage == node.op for c in seeded)):
-                config = next((c for c in seeded if c.stage == node.op), None)
-                if config is not None:
-                    seeded.remove(config)
-                if not exporting:
-                    ctx.upstream = tuple(upstream)
-                    self._register_seed_params(trial, node.name, config, ctx, fixed)
-            else:
-                ctx.upstream = tuple(upstream)
-                config = self.pipeline.stage(node.name).config_type.suggest(trial, ctx)
-            configs[node.name] = config
-            if config is not None and not exporting:
-                upstream.append(config)
-        if seed and "runtime" in fixed:
-            runtime = str(trial.suggest_categorical("runtime", self.runtimes))
-        elif seed:
-            runtime = str(seed["runtime"])
-        elif len(self.runtimes) > 1:
-            runtime = str(trial.suggest_categorical("runtime", self.runtimes))
-        else:
-            runtime = self.runtimes[0]
-        return configs, runtime
-
-    def _register_seed_params(self, trial: optuna.Trial, node: str, config: StageConfig | None,
-                              ctx: StageContext, fixed: dict[str, object]) -> None:
-        """Let the stage's ``suggest`` record the params enqueued with a seed (it returns the seed's config)."""
-        stage = self.pipeline.stage(node)
-        params = stage_params(stage.config_type, stage.config_type.stage, config, ctx)
-        if params and all(fixed.get(k, object()) == v for k, v in params.items()):
-            stage.config_type.suggest(trial, ctx)
-
-    def repeats(self, study: optuna.Study) -> RepeatIndex:
-        """The recipes measured so far (built from storage once, then kept up to date)."""
-        if self._repeats is None:
-            self._repeats = RepeatIndex()
-            for done in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)),
-                               key=lambda t: t.number):
-                self._index_repeat(self.record(done))
-        return self._repeats
-
-    def _index_repeat(self, record: TrialRecord) -> None:
-        """Index a measured trial (complete, or infeasible for its recipe) under its requested and resolved keys."""
-        if self._repeats is None or record.repeat_of is not None or record.state == FAIL:
-            return
-        exports = [n.name for n in self.pipeline.export_nodes()]
-        resolved = recipe_key(record.recipe.model_stages(), record.runtime) if record.recipe else None
-        self._repeats.add(record.number, [recipe_key(model_configs(record.configs, exports), record.runtime), resolved])
-
-    def objective(self, trial: optuna.Trial) -> tuple[float, ...]:
-        """Run one trial; its :class:`TrialRecord` is kept in :attr:`records` and written to Optuna."""
-        if self.baseline is None:
-            raise PipelineError("the baseline must be measured before trials run (call ensure_baseline)")
-        start = time.perf_counter()
-        configs, runtime = self.choose(trial)
-        record = partial(TrialRecord, number=trial.number, runtime=runtime, configs=configs,
-                         seed=trial.user_attrs.get(ATTR_SEED),
-                         start_ms=int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None)
-        exports = [n.name for n in self.pipeline.export_nodes()]
-        original = self.repeats(trial.study).find(recipe_key(model_configs(configs, exports), runtime))
-        if original is not None:
-            self._store(trial, record(state=PRUNED, repeat_of=original))
-            raise optuna.TrialPruned(f"repeat of trial {original}")
-        earlier = claim_config(trial, configs_to_json(configs), runtime)
-        if earlier is not None:  # another worker runs (or ran) the same config: do not run it twice
-            self._store(trial, record(state=PRUNED, repeat_of=earlier))
-            raise optuna.TrialPruned(f"repeat of trial {earlier}")
-        try:
-            result = self.runner.run(configs, runtime, exports=self.config.exports == "every_trial")
-        except InfeasibleConfig as exc:
-            self._store(trial, record(state=PRUNED, infeasible=exc.reason))
-            raise optuna.TrialPruned(exc.reason) from exc
-        except Exception:
-            self._store(trial, record(state=FAIL, error=traceback.format_exc()))
-            raise
-        report = result.report
-        recipe = result.recipe(self.spec.name, deferred_exports={n: configs.get(n) for n in exports},
-                               metadata={"study": self.study_name, "trial": trial.number})
-        paired_start = time.perf_counter()
-        try:
-            paired = self.latency.measure(configs, runtime, result)
-        except Exception:
-            self._store(trial, record(state=FAIL, error=traceback.format_exc()))
-            raise
-        paired_seconds = time.perf_counter() - paired_start
-        verdict = self.objectives.verdict(self.baseline, report.metric_value, paired.unstable)
-        metrics = self.objectives.trial_metrics(report, self.baseline, paired)
-        self._store(trial, record(
-            state=COMPLETE, recipe=recipe,
-            metrics={**metrics,
-                     **budget_metrics(recipe.stages, self.objectives.constraint(self.baseline, report.metric_value))},
-            seconds={**result.seconds, "paired_latency": paired_seconds, "trial": time.perf_counter() - start},
-            cache={"hits": result.cache_hits, "misses": result.cache_misses}, feasible=verdict.feasible,
-            over_drop=verdict.reason, latency_unstable=verdict.unstable,
-            tables=sensitivity_tables(result.nodes),
-        ))
-        set_constraints(trial, {CONSTRAINT_NAME: verdict.constraint})
-        if (why := verdict.reason or verdict.unstable) is not None:
-            note_infeasible(trial, why)
-        return self.objectives.values(report, metrics[self.objectives.latency_key])
-
-    def _store(self, trial: optuna.Trial, record: TrialRecord) -> None:
-        self.records[record.number] = record
-        self._index_repeat(record)
-        for key, value in record.user_attrs().items():
-            trial.set_user_attr(key, value)
-
-    def record(self, trial: FrozenTrial) -> TrialRecord:
-        """The record of a finished trial: the one this process built, else read from storage."""
-        return self.records.get(trial.number) or TrialRecord.from_trial(trial)

@@ -14,10 +14,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
-from pipeline.core.device import move_module
 from pipeline.core.padding import latency_inputs
 from pipeline.core.paired import CpuClock, PairedLatency, RoundTimer, measure_paired, process_clock, round_timer
-from pipeline.core.runtime import prepare_runtime
 from pipeline.core.spec import Batch, ModelSpec, move_batch
 from pipeline.core.stage import StageConfig
 from pipeline.engine.runner import Runner, RunResult
@@ -54,9 +52,7 @@ class StudyLatency:
         fn = runner.prepared(result) if result is not None else None
         if fn is not None:
             return fn
-        result = runner.run(configs, runtime, exports=False, evaluate=False)
-        model = move_module(result.nodes[runner.pipeline.objective_node().inputs[0]].value, self.device).eval()
-        return prepare_runtime(model, runtime, self.device)
+        return runner.prepare(configs, runtime)
 
     def baseline(self) -> Callable[..., Tensor]:
         """The unoptimized model, eager, prepared once for the study."""

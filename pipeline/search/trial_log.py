@@ -1,5 +1,5 @@
 """The study callback that prints one line per finished trial, moves the progress bar and writes
-the trial's MLflow child run from its record."""
+the trial's MLflow child run from its record (the one the trial objective handed back)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from pipeline.core.device import describe
-from pipeline.search.duplicates import is_repeat
 from pipeline.search.objectives import ATTR_METRICS
 from pipeline.search.pareto import pareto_trials
+from pipeline.search.record import TrialRecord
 from pipeline.search.study import Search
 from pipeline.tracking.tracker import Tracker
 
@@ -31,19 +31,19 @@ class TrialLogger:
         self.task: Any = None
         self.best = ""
 
-    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self.log(trial)
+    def __call__(self, study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
+        self.log(record)
         self._update_best(study)
-        self.console.print(self._line(trial), soft_wrap=True, highlight=False)
+        self.console.print(self._line(record), soft_wrap=True, highlight=False)
         if self.progress is not None:
-            self.progress.update(self.task, advance=0 if is_repeat(trial) else 1, best=self.best)
+            self.progress.update(self.task, advance=1 if record.counted else 0, best=self.best)
 
-    def log(self, trial: FrozenTrial) -> None:
+    def log(self, record: TrialRecord) -> None:
         """Write the trial's child run from its record, in one call (params = the resolved recipe).
-        A repeat gets no run: its recipe's numbers are on the original trial's run."""
-        if self.tracker is None or is_repeat(trial):
+        A repeat gets no run: its recipe's numbers are on the original trial's run; nor does a ruled-out
+        configuration (not a trial: the study's summary counts them)."""
+        if self.tracker is None or not record.counted:
             return
-        record = self.search.record(trial)
         common = {"device": self.device, "sampler": self.search.config.sampler}
         self.tracker.log_trial(record.number, record.state, record.params(),
                                record.tracking_metrics(self.search.objectives.headline_keys()),
@@ -60,11 +60,15 @@ class TrialLogger:
         self.best = (f"front {len(front)} | best {values.get('speedup', 0):.2f}x at {metric} "
                      f"{values.get(metric, float('nan')):.4f} (trial {fastest.number})")
 
-    def _line(self, trial: FrozenTrial) -> str:
-        record = self.search.record(trial)
-        head = f"trial {trial.number:3d} {record.state:8s}"
+    def _line(self, record: TrialRecord) -> str:
+        return self._outcome(record) + (f" <- {record.seed}" if record.seed and record.repeat_of is None else "")
+
+    def _outcome(self, record: TrialRecord) -> str:
+        head = f"trial {record.number:3d} {record.state:8s}"
         if record.repeat_of is not None:
-            return f"trial {trial.number:3d} repeat of trial {record.repeat_of} (not run, not counted)"
+            return f"trial {record.number:3d} repeat of trial {record.repeat_of} (not run, not counted)"
+        if record.ruled_out is not None:
+            return f"trial {record.number:3d} ruled out: {record.ruled_out} (not run, not counted)"
         if record.state == "COMPLETE":
             values = record.metrics
             metric = self.search.spec.metric.name

@@ -22,19 +22,21 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.search.duplicates import TrialBudget
-from pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retry_trial, worker_id
+from pipeline.search.record import TrialOutcome, TrialRecord
+from pipeline.search.storage import ATTR_WORKER, StudyLock, fail_dead_trials, retry_trial, worker_id
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-    from pipeline.search.study import Search
 
 #: User attribute: a digest of the trial's per-node configs and runtime.
 ATTR_CONFIG_KEY = "paretorch.config_key"
 #: Hidden option that makes ``optimize`` one worker of a study that its parent process prepared.
 WORKER_FLAG = "--worker-index"
 
-Callback = Callable[[optuna.Study, FrozenTrial], None]
+#: Runs one trial and hands back its outcome (:class:`pipeline.search.trial_objective.TrialObjective`).
+Objective = Callable[[optuna.Trial], TrialOutcome]
+#: Called after each trial the loop ran, with the record the objective handed back.
+Callback = Callable[[optuna.Study, FrozenTrial, TrialRecord], None]
 
 
 def claim_config(trial: optuna.Trial, configs: dict[str, Any], runtime: str) -> int | None:
@@ -57,20 +59,33 @@ def counted_trials(study: optuna.Study, budget: TrialBudget) -> int:
     return budget.counted(study) + len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
 
-def run_trials(search: Search, study: optuna.Study, budget: TrialBudget, timeout: float | None,
-               callbacks: Sequence[Callback]) -> bool:
+def run_trials(objective: Objective, lock: StudyLock, study: optuna.Study, budget: TrialBudget,
+               timeout: float | None, callbacks: Sequence[Callback]) -> bool:
     """Run trials until ``budget.total`` are finished or running (all workers together), the budget is
     exhausted (only repeats proposed) or ``timeout`` passes; True if interrupted (Ctrl-C). The interrupted
-    trial is marked FAIL and its config enqueued again."""
-    lock = search.lock()
+    trial is marked FAIL and its config enqueued again.
+
+    Each trial's record goes from ``objective`` straight to ``callbacks`` (then the budget), once the trial
+    is finished in the study; a trial that ended without one (an error outside the objective's steps) is
+    read back from storage."""
     deadline = time.monotonic() + timeout if timeout is not None else None
     current: list[int] = []
+    handed: list[TrialOutcome] = []  # this optimize call's one trial, as the objective returned it
 
-    def objective(trial: optuna.Trial) -> tuple[float, ...]:
+    def run(trial: optuna.Trial) -> tuple[float, ...]:
         trial.set_user_attr(ATTR_WORKER, worker_id())
         current.append(trial.number)
         lock.release()  # the trial is RUNNING: it counts; other workers may start theirs
-        return search.objective(trial)
+        outcome = objective(trial)
+        handed.append(outcome)
+        return outcome.optuna_result()
+
+    def finished(study: optuna.Study, trial: FrozenTrial) -> None:
+        record = handed[-1].record if handed and handed[-1].record.number == trial.number \
+            else TrialRecord.from_trial(trial)
+        for callback in callbacks:
+            callback(study, trial, record)
+        budget(study, trial)
 
     try:
         while deadline is None or time.monotonic() < deadline:
@@ -79,7 +94,8 @@ def run_trials(search: Search, study: optuna.Study, budget: TrialBudget, timeout
                 fail_dead_trials(study)
                 if budget.exhausted or counted_trials(study, budget) >= budget.total:
                     return False
-                study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=list(callbacks))
+                handed.clear()
+                study.optimize(run, n_trials=1, catch=(Exception,), callbacks=[finished])
             finally:
                 lock.release()
     except KeyboardInterrupt:

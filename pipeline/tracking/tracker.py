@@ -48,6 +48,8 @@ STUDY_TAG = "paretorch.study"
 ROLE_TAG = "paretorch.role"
 TRIAL_TAG = "paretorch.trial"
 PARENT_TAG = "mlflow.parentRunId"
+#: The run tag MLflow renders as the run's Description (Markdown).
+NOTE_TAG = "mlflow.note.content"
 #: Seconds to wait for an MLflow server's ``/health`` before giving up.
 SERVER_TIMEOUT_S = 10.0
 _INVALID_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
@@ -114,7 +116,8 @@ def clean_key(key: str) -> str:
 
 
 class Tracker:
-    """Logs one study and its trials to MLflow; every call names its run id explicitly."""
+    """Logs one study and its trials to MLflow; every call names its run id explicitly. The only code
+    that talks to MLflow's client (kept private)."""
 
     def __init__(self, tracking_uri: str | None = None) -> None:
         from mlflow import MlflowClient
@@ -138,8 +141,8 @@ class Tracker:
         lock = file_lock(database.with_name(f"{database.name}.lock")) if database else contextlib.nullcontext()
         try:
             with lock:  # a local store's schema is created or migrated on first use: not safe to race
-                self.client: MlflowClient = MlflowClient(tracking_uri=self.uri)
-                self.client.search_experiments(max_results=1)
+                self._client: MlflowClient = MlflowClient(tracking_uri=self.uri)
+                self._client.search_experiments(max_results=1)
         except Exception as exc:
             raise PipelineError(mask_secrets(f"cannot open the MLflow store {self.uri}: {type(exc).__name__}: {exc}")) \
                 from exc
@@ -163,10 +166,10 @@ class Tracker:
         if parents:
             self.parent_run_id = parents[0].info.run_id
             if running:
-                self.client.update_run(self.parent_run_id, status="RUNNING")
+                self._client.update_run(self.parent_run_id, status="RUNNING")
             self._load_children()
             return self.parent_run_id
-        run = self.client.create_run(
+        run = self._client.create_run(
             self.experiment_id,
             run_name=study_name,
             tags={STUDY_TAG: study_name, ROLE_TAG: "study", **library_tags(), **tags},
@@ -174,7 +177,7 @@ class Tracker:
         # Two processes that started together may both have created a parent: the oldest one wins.
         oldest = self._parents(study_name)[0].info.run_id
         if oldest != run.info.run_id:
-            self.client.delete_run(run.info.run_id)
+            self._client.delete_run(run.info.run_id)
             self.parent_run_id = oldest
             self._load_children()
             return oldest
@@ -186,32 +189,32 @@ class Tracker:
     def show_columns(self, metrics: Sequence[str], tags: Sequence[str] = KEY_TAGS) -> None:
         """Add these metrics and run tags to the columns the experiment's runs table opens with
         (``pipeline.tracking.columns``; the URL ``make ui`` prints): the trial runs, one row each."""
-        current = self.client.get_experiment(self.experiment_id).tags.get(VIEW_TAG)
+        current = self._client.get_experiment(self.experiment_id).tags.get(VIEW_TAG)
         view = headline_view([clean_key(m) for m in metrics], [clean_key(t) for t in tags], current,
                              search_filter=f"tags.`{ROLE_TAG}` = 'trial'")
         if view != current:
-            self.client.set_experiment_tag(self.experiment_id, VIEW_TAG, view)
+            self._client.set_experiment_tag(self.experiment_id, VIEW_TAG, view)
 
     def _get_or_create_experiment(self, name: str) -> str:
         from mlflow.exceptions import MlflowException
 
-        experiment = self.client.get_experiment_by_name(name)
+        experiment = self._client.get_experiment_by_name(name)
         if experiment is not None:
             return str(experiment.experiment_id)
         location = None
         if self.artifact_root is not None:
             location = experiment_location(clean_key(name).replace("/", "-"))
         try:
-            return str(self.client.create_experiment(name, artifact_location=location))
+            return str(self._client.create_experiment(name, artifact_location=location))
         except MlflowException:  # another worker created it first
-            experiment = self.client.get_experiment_by_name(name)
+            experiment = self._client.get_experiment_by_name(name)
             if experiment is None:
                 raise
             return str(experiment.experiment_id)
 
     def _parents(self, study_name: str) -> list[Any]:
         """The study's parent runs, oldest first."""
-        return list(self.client.search_runs(
+        return list(self._client.search_runs(
             [self.experiment_id],
             filter_string=f"tags.`{STUDY_TAG}` = '{study_name}' and tags.`{ROLE_TAG}` = 'study'",
             order_by=["attributes.start_time ASC"],
@@ -226,7 +229,7 @@ class Tracker:
     def _load_children(self) -> None:
         page_token = None
         while True:
-            page = self.client.search_runs(
+            page = self._client.search_runs(
                 [self.experiment_id],
                 filter_string=f"tags.`{PARENT_TAG}` = '{self.parent_run_id}'",
                 max_results=1000,
@@ -240,9 +243,14 @@ class Tracker:
             if not page_token:
                 break
 
+    def set_study_note(self, text: str) -> None:
+        """The parent run's Description (Markdown) in the MLflow UI."""
+        if self.parent_run_id:
+            self._client.set_tag(self.parent_run_id, NOTE_TAG, text)
+
     def close_study(self, status: str = "FINISHED") -> None:
         if self.parent_run_id:
-            self.client.set_terminated(self.parent_run_id, status=status)
+            self._client.set_terminated(self.parent_run_id, status=status)
 
     # ------------------------------------------------------------------ trials (child runs)
 
@@ -262,7 +270,7 @@ class Tracker:
         self._load_children()  # another worker may have logged it
         if number in self.children:
             return self.children[number]
-        run = self.client.create_run(
+        run = self._client.create_run(
             self.experiment_id,
             start_time=start_ms,
             run_name=f"trial-{number:03d}",
@@ -272,9 +280,9 @@ class Tracker:
         run_id = run.info.run_id
         self._log(run_id, params=params, metrics=metrics)
         for artifact_file, text in (texts or {}).items():
-            self.client.log_text(run_id, text, artifact_file)
+            self._client.log_text(run_id, text, artifact_file)
         status = {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED")
-        self.client.set_terminated(run_id, status=status)
+        self._client.set_terminated(run_id, status=status)
         self.children[number] = run_id
         return run_id
 
@@ -285,7 +293,7 @@ class Tracker:
     def trial_tags(self, number: int) -> dict[str, str]:
         if number not in self.children:
             return {}
-        return dict(self.client.get_run(self.children[number]).data.tags)
+        return dict(self._client.get_run(self.children[number]).data.tags)
 
     def log_trial_files(self, number: int, files: Mapping[str, Sequence[Path]]) -> None:
         """Attach files and directories (e.g. a ``.mlpackage``) to a trial's run:
@@ -299,9 +307,9 @@ class Tracker:
             for path in paths:
                 if path.is_dir():
                     target = f"{artifact_path}/{path.name}" if artifact_path else path.name
-                    self.client.log_artifacts(run_id, str(path), target)
+                    self._client.log_artifacts(run_id, str(path), target)
                 else:
-                    self.client.log_artifact(run_id, str(path), artifact_path or None)
+                    self._client.log_artifact(run_id, str(path), artifact_path or None)
 
     def log_trial_metrics(self, number: int, metrics: Mapping[str, float]) -> None:
         if metrics and number in self.children:
@@ -316,18 +324,18 @@ class Tracker:
         # in log_table's own layout (columns + rows).
         columns = list(table)
         rows = [list(row) for row in zip(*(table[c] for c in columns), strict=True)]
-        self.client.log_text(self.parent_run_id, json.dumps({"columns": columns, "data": rows}), "pareto_table.json")
+        self._client.log_text(self.parent_run_id, json.dumps({"columns": columns, "data": rows}), "pareto_table.json")
         for artifact_file, figure in figures.items():
             save_kwargs = {"include_plotlyjs": True} if artifact_file.endswith(".html") else None
-            self.client.log_figure(self.parent_run_id, figure, artifact_file, save_kwargs=save_kwargs)
+            self._client.log_figure(self.parent_run_id, figure, artifact_file, save_kwargs=save_kwargs)
         self._log(self.parent_run_id, metrics=metrics)
 
     def add_study_seconds(self, seconds: Mapping[str, float]) -> None:
         """Add one run's seconds (``seconds_wall``, ``seconds_<category>``) to the parent run's totals over all the
         runs of the study: a resumed study adds its run, each run is the next step of the metrics' history, and a
         re-run that runs no trial does not call this."""
-        current = self.client.get_run(self.parent_run_id).data.metrics
-        step = len(self.client.get_metric_history(self.parent_run_id, "seconds_wall"))
+        current = self._client.get_run(self.parent_run_id).data.metrics
+        step = len(self._client.get_metric_history(self.parent_run_id, "seconds_wall"))
         self._log(self.parent_run_id, metrics={k: current.get(clean_key(k), 0.0) + v for k, v in seconds.items()},
                   step=step)
 
@@ -338,7 +346,7 @@ class Tracker:
         from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
-        self.client.log_batch(
+        self._client.log_batch(
             run_id,
             metrics=[Metric(clean_key(k), display_value(k, v), now, step) for k, v in (metrics or {}).items()],
             params=[Param(clean_key(k), str(v)[:6000]) for k, v in (params or {}).items()],

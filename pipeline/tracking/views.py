@@ -42,10 +42,6 @@ def run_view_url(base: str, experiment_id: str, run_id: str, artifact: str | Non
     return f"{page}?workflowType=machine_learning"
 
 
-#: The run tag MLflow renders as the run's Description (Markdown).
-NOTE_TAG = "mlflow.note.content"
-
-
 def markdown_table(columns: Mapping[str, list[object]]) -> str:
     """A Markdown table from ``{header: values}`` (pipes in cells escaped)."""
     headers = list(columns)

@@ -37,6 +37,7 @@ from torch import nn
 from pipeline.core.device import Capabilities, move_module
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
+from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext
 from stages.amp.casting import REDUCED_DTYPES, cast_floating_outputs_to_float32, dtype_name
 from stages.amp.switch import PrecisionSwitch
@@ -90,9 +91,10 @@ class AmpConfig(StageConfig):
         """``amp.enabled`` (off -> None), ``amp.dtype`` over "auto" and this device's *fast*
         reduced dtypes, ``amp.error_budget`` log-uniform in [1e-3, 5e-2]. A device without a
         fast reduced dtype (``Capabilities.fast_dtypes``) gets no AMP trial: it could only be
-        slower than float32 there (nothing is suggested, the stage stays off)."""
+        slower than float32 there (nothing is suggested, the stage stays off); nor does a model the
+        facts rule out (:func:`rules_out`: a TorchScript model)."""
         names = [dtype_name(d) for d in ctx.capabilities.fast_dtypes if dtype_name(d) in REDUCED_DTYPES]
-        if not names:
+        if not names or (ctx.facts is not None and rules_out(cls(), ctx.facts) is not None):
             return None
         if not trial.suggest_categorical("amp.enabled", [False, True]):
             return None
@@ -207,9 +209,16 @@ def worthwhile(config: AmpConfig, caps: Capabilities) -> str | None:
     return None
 
 
+def rules_out(config: AmpConfig, facts: ModelFacts) -> str | None:
+    """A TorchScript model: the policy casts each layer through forward hooks, which ScriptModules lack."""
+    return facts.scripted_reason("AMP cannot cast layer by layer (its forward hooks: register_forward_hook "
+                                 "is not supported on ScriptModules)")
+
+
 def mirror(config: AmpConfig) -> ExportMirror:
     """Core ML computes in the reduced dtype with the float32 layers kept; ONNX records it as not mirrored."""
     return ExportMirror(amp_dtype=config.dtype, fp32_layers=tuple(config.fp32_layers or ()))
 
 
-STAGE = Stage(AmpConfig, apply, numeric=True, mirror=mirror, requires=requires, order=40, worthwhile=worthwhile)
+STAGE = Stage(AmpConfig, apply, numeric=True, mirror=mirror, requires=requires, order=40, worthwhile=worthwhile,
+              rules_out=rules_out)

@@ -21,6 +21,7 @@ from torch import nn
 from pipeline.core.device import Capabilities, move_module
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.fidelity import infer_output_kind
+from pipeline.core.model_facts import ModelFacts
 from pipeline.core.spec import OutputKind
 from pipeline.core.stage import Stage, StageConfig, StageContext
 from pipeline.core.training_data import distillation_data
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 #: Time budget of a searched distillation: cheap on a GPU (seconds), it would otherwise
 #: take most of an hour per trial for MiniLM on one CPU core (about 1.6 s per step of 8).
 SEARCH_TIME_BUDGET_S = 300.0
+#: A search screens a distillation at this share of its steps first (:meth:`DistillConfig.low_fidelity`).
+SCREEN_FRACTION = 0.25
+#: Distillations shorter than this are not screened: the screen would save next to nothing.
+SCREEN_MIN_STEPS = 8
 
 
 class DistillConfig(StageConfig):
@@ -83,7 +88,9 @@ class DistillConfig(StageConfig):
     def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
         """Search space: off, or steps in {100, 200, 400}, lr in 1e-5..3e-3 (log) and, unless the
         spec's output is an embedding, a temperature in {1, 2, 4}; at most
-        :data:`SEARCH_TIME_BUDGET_S` seconds of training."""
+        :data:`SEARCH_TIME_BUDGET_S` seconds of training. Off for a model the facts rule out (:func:`rules_out`)."""
+        if ctx.facts is not None and rules_out(cls(), ctx.facts) is not None:
+            return None
         if not trial.suggest_categorical("distill.enabled", [False, True]):
             return None
         steps = trial.suggest_categorical("distill.steps", [100, 200, 400])
@@ -92,6 +99,20 @@ class DistillConfig(StageConfig):
         if ctx.spec.output_kind != "embedding":
             temperature = trial.suggest_categorical("distill.temperature", [1.0, 2.0, 4.0])
         return cls(steps=steps, lr=lr, temperature=temperature, max_seconds=SEARCH_TIME_BUDGET_S)
+
+    def low_fidelity(self) -> Self | None:
+        """The screen of a search (:mod:`pipeline.search.screening`): :data:`SCREEN_FRACTION` of the
+        steps, of the time budget and of the stop step, the schedule fitted to the shorter run. None
+        below :data:`SCREEN_MIN_STEPS` steps (cheap already)."""
+        if self.steps < SCREEN_MIN_STEPS:
+            return None
+        fields = self.model_dump()
+        fields["steps"] = max(1, round(self.steps * SCREEN_FRACTION))
+        if self.max_seconds is not None:
+            fields["max_seconds"] = self.max_seconds * SCREEN_FRACTION
+        if self.stop_step is not None:
+            fields["stop_step"] = min(fields["steps"], max(1, round(self.stop_step * SCREEN_FRACTION)))
+        return type(self).model_validate(fields)
 
     def optimization(self) -> Optimization:
         return Optimization(steps=self.steps, lr=self.lr, batch_size=self.batch_size, schedule=self.schedule,
@@ -161,4 +182,9 @@ def apply_distill(model: nn.Module, config: DistillConfig, ctx: StageContext) ->
     return student.eval()
 
 
-STAGE = Stage(DistillConfig, apply_distill, order=20)
+def rules_out(config: DistillConfig, facts: ModelFacts) -> str | None:
+    """A TorchScript model: training needs its parameters as Python modules (ScriptModules have no requires_grad_)."""
+    return facts.scripted_reason("distillation cannot train (requires_grad_ is not supported on ScriptModules)")
+
+
+STAGE = Stage(DistillConfig, apply_distill, order=20, rules_out=rules_out)

@@ -1,5 +1,6 @@
-"""The ``export.onnx`` stage: a self-contained ONNX file of the float graph, int8-mirrored,
-checked and measured with onnxruntime. The machinery is :mod:`stages.export.onnx_export`."""
+"""The ``export.onnx`` stage: a self-contained ONNX file of the float graph, with ONNX Runtime's
+transformer fusions and its int8 mirror of the quantize stage, checked and measured with onnxruntime.
+The machinery is :mod:`stages.export.onnx_export`; the ``onnxruntime`` runtime runs this stage's file."""
 
 from __future__ import annotations
 
@@ -17,8 +18,13 @@ class ONNXExportConfig(ExportConfig):
 
     * ``opset``: ONNX opset (17 goes through the ONNX version converter).
     * ``dynamic_batch``: a symbolic batch dimension; else fixed at ``batch_size``.
-    * ``quantize``: ``mirror`` the recipe's int8 methods, ``none``, or always
-      ``int8_dynamic`` (onnxruntime dynamic quantization of linear layers).
+    * ``quantize``: ``mirror`` the recipe's int8 methods (dynamic int8 -> onnxruntime dynamic int8,
+      static int8 -> onnxruntime static QDQ int8 calibrated on the spec's calibration data), ``none``,
+      or always ``int8_dynamic`` (onnxruntime dynamic quantization of linear layers).
+    * ``fusions``: onnxruntime's offline transformer fusions: ``bert``, ``none``, or ``auto`` (bert
+      when the model takes token inputs, else none).
+    * ``unmirrored``: what a numeric stage ONNX Runtime cannot reproduce does: a ``note`` in the
+      validation text, or the export is ``infeasible`` (what the ``onnxruntime`` runtime asks).
     * ``measure_latency``: onnxruntime latency per spec batch size in the metrics.
     """
 
@@ -28,6 +34,8 @@ class ONNXExportConfig(ExportConfig):
     dynamic_batch: bool = True
     batch_size: int = Field(default=1, ge=1)
     quantize: Literal["mirror", "none", "int8_dynamic"] = "mirror"
+    fusions: Literal["auto", "bert", "none"] = "auto"
+    unmirrored: Literal["note", "infeasible"] = "note"
     measure_latency: bool = True
 
 

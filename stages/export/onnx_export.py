@@ -1,29 +1,28 @@
 """ONNX export: torch.onnx (dynamo) of the float graph, int8 mirror with onnxruntime, validation and metrics.
 
 The artifact is one self-contained ``<spec name>.onnx`` (weights embedded, so
-models up to protobuf's 2 GB limit). With ``quantize="mirror"`` the recipe's
-int8 methods are mirrored with ``onnxruntime.quantization.quantize_dynamic``
-(int8 weights per output channel, symmetric or asymmetric as the recipe's
-``mapping``, on the layer kinds the torch side quantized); 4-bit and float8
-methods, AMP and sparsity are not mirrored and the validation text says so.
+models up to protobuf's 2 GB limit), the file a user deploys with plain
+``onnxruntime.InferenceSession(path)``. Token models get ONNX Runtime's transformer
+fusions (:mod:`stages.export.onnx_fusions`); with ``quantize="mirror"`` the recipe's
+int8 methods are mirrored with onnxruntime's quantization (:mod:`stages.export.onnx_int8`:
+dynamic, or static QDQ calibrated on the spec's data, on the layers the torch side
+quantized); 4-bit and float8 methods, AMP and sparsity are not mirrored and the
+validation text says so (or, for the ``onnxruntime`` runtime, the export is infeasible).
 The file is checked with onnxruntime (CPUExecutionProvider) against torch and
 measured: spec metric on the evaluation split and median latency.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
 from pipeline.core.mirror import ExportMirror
+from pipeline.core.ort_session import OrtModel, open_session
 from pipeline.core.padding import is_token_input
 from pipeline.core.spec import Batch
 from pipeline.core.stage import ExportResult, StageContext, export_mirror
@@ -37,31 +36,15 @@ from stages.export.checks import (
     require_close,
     run_reference,
 )
-from stages.export.layer_filter import LayerFilter, module_weight_key, untraced_protected
+from stages.export.layer_filter import untraced_protected
 from stages.export.metadata import artifact_metadata
+from stages.export.onnx_fusions import transformer_fusions
+from stages.export.onnx_int8 import count_int8_ops, int8_plan, quantize_int8, select_nodes
 
 if TYPE_CHECKING:
     import onnx
-    import onnxruntime
 
     from stages.export.onnx import ONNXExportConfig
-
-#: ONNX op types of the layer kinds a quantization touches.
-ONNX_OP_TYPES = {"linear": ("MatMul", "Gemm"), "conv": ("Conv",)}
-INT8_OP_TYPES = frozenset({"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv"})
-
-
-#: Ops that pass a layer's output on unchanged enough that the layer still counts as the head.
-PASS_THROUGH_OPS = frozenset({"Add", "Cast", "Reshape", "Identity"})
-
-
-@dataclass(frozen=True)
-class Int8Plan:
-    """Whether and how the float ONNX graph gets int8 weights (``layer_filter`` None: it does not)."""
-
-    layer_filter: LayerFilter | None = None
-    symmetric: bool = True
-    note: str = ""
 
 
 def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -> ExportResult:
@@ -78,15 +61,21 @@ def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -
     notes += _unmirrored_notes(upstream)
     name = f"{ctx.spec.name}.onnx"
     with atomic_artifact(output_dir, name) as staged:
-        graph = _export_float_graph(float_model, inputs, config, staged.with_name("float.onnx"))
+        float_path = staged.with_name("float.onnx")
+        graph = _export_float_graph(float_model, inputs, config, float_path)
+        if _wants_fusions(config, inputs):
+            graph, fusion_note = transformer_fusions(float_path)
+            _drop_initializer_value_info(graph)
+            notes.append(fusion_note)
         quantized = False
         if plan.layer_filter is not None:
             selected, skipped = select_nodes(graph, plan.layer_filter)
             float_layers = ", ".join(f"{weight} ({why})" for weight, why in skipped.items()) or "none"
             if selected:
-                graph = _quantize_int8(graph, plan.layer_filter, plan.symmetric, selected, staged)
+                graph = quantize_int8(graph, plan, selected, staged, ctx.spec.calibration() if
+                                      plan.mode == "static" else [])
                 quantized = True
-                notes.append(f"{plan.note} ({_count_int8_ops(graph)} int8 ops; float: {float_layers})")
+                notes.append(f"{plan.note} ({count_int8_ops(graph)} int8 ops; float: {float_layers})")
             else:
                 notes.append(f"int8 not applied: no layer of the graph passes the quantize filter ({float_layers})")
             untraced = untraced_protected(plan.layer_filter, list(skipped.values()))
@@ -95,7 +84,8 @@ def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -
         elif plan.note:
             notes.append(plan.note)
         _save_with_metadata(graph, staged, artifact_metadata(ctx.upstream, "onnx", "onnxruntime", "onnxscript"))
-        runner = OrtRunner(_session(staged), fixed_batch)
+        runner = _session(staged)
+        runner.fixed_batch = fixed_batch
         comparison = compare_outputs(reference, runner.outputs(inputs))
         require_close(comparison, lossy=quantized, what="onnxruntime output")
         notes.append(f"onnxruntime (CPU) matches torch: {comparison.describe()}")
@@ -109,24 +99,6 @@ def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -
         validation="; ".join(notes),
         metrics=metrics,
     )
-
-
-def int8_plan(config: ONNXExportConfig, upstream: ExportMirror, protected: tuple[str, ...]) -> Int8Plan:
-    """Decide the int8 step from ``config.quantize`` and the recipe (``protected``: the spec's layers)."""
-    if config.quantize == "none":
-        return Int8Plan(note="not quantized (quantize='none')" if upstream.quant_method else "")
-    if config.quantize == "int8_dynamic":
-        layer_filter = LayerFilter(kinds=("linear",), min_weight_elements=0, skip_head=False, protected=protected)
-        note = "int8 dynamic quantization (quantize='int8_dynamic'), every linear layer not protected by the spec"
-        return Int8Plan(layer_filter=layer_filter, note=note)
-    if upstream.quant_bits == 8:
-        mapping = "symmetric" if upstream.quant_symmetric else "asymmetric"
-        layer_filter = LayerFilter.from_upstream(upstream, protected, default_min_elements=0)
-        note = f"{upstream.quant_method} mirrored: onnxruntime dynamic int8, per-channel {mapping} weights"
-        return Int8Plan(layer_filter=layer_filter, symmetric=upstream.quant_symmetric, note=note)
-    if upstream.quant_method is not None:
-        return Int8Plan(note=f"{upstream.quant_method} not mirrored in ONNX (only int8 methods are)")
-    return Int8Plan()
 
 
 def _unmirrored_notes(upstream: ExportMirror) -> list[str]:
@@ -166,79 +138,24 @@ def _export_float_graph(model: nn.Module, inputs: Batch, config: ONNXExportConfi
         graph = onnx.load(str(path))
     except Exception as exc:  # exporter errors come as many types (torch._dynamo, onnxscript, onnx)
         raise converter_failure("ONNX export (torch.onnx, dynamo)", exc) from exc
-    # The exporter annotates initializers with value_info; onnxruntime's quantizer
-    # transposes Gemm weights and then fails shape inference on those annotations.
+    _drop_initializer_value_info(graph)
+    return graph
+
+
+def _drop_initializer_value_info(graph: onnx.ModelProto) -> None:
+    """The exporter annotates initializers with value_info; onnxruntime's quantizer transposes
+    Gemm weights and then fails shape inference on those annotations: drop them."""
     initializers = {init.name for init in graph.graph.initializer}
     kept = [info for info in graph.graph.value_info if info.name not in initializers]
     del graph.graph.value_info[:]
     graph.graph.value_info.extend(kept)
-    return graph
 
 
-def select_nodes(graph: onnx.ModelProto, layer_filter: LayerFilter) -> tuple[list[str], dict[str, str]]:
-    """Names of the nodes whose constant weight the int8 step quantizes, and why the others stay float."""
-
-    initializers = {init.name: init for init in graph.graph.initializer}
-    outputs = {out.name for out in graph.graph.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    op_types = {op for kind in layer_filter.kinds for op in ONNX_OP_TYPES[kind]}
-    selected: list[str] = []
-    skipped: dict[str, str] = {}
-    for node in graph.graph.node:
-        weight = initializers.get(node.input[1]) if node.op_type in op_types and len(node.input) > 1 else None
-        if weight is None:
-            continue
-        dims = list(weight.dims)
-        is_head = any(
-            out in outputs
-            or any(c.op_type in PASS_THROUGH_OPS and set(c.output) & outputs for c in consumers.get(out, []))
-            for out in node.output
-        )
-        reason = layer_filter.skip_reason(
-            module_weight_key(weight.name),
-            elements=math.prod(dims),
-            input_size=dims[1] if len(dims) > 1 else dims[0],
-            is_head=is_head,
-        )
-        if reason is None:
-            selected.append(node.name)
-            if node.op_type == "Gemm":  # onnxruntime's quantizer rewrites Gemm as "<name>_MatMul" + "<name>_Add"
-                selected.append(f"{node.name}_MatMul")
-        else:
-            skipped[weight.name] = reason
-    return selected, skipped
-
-
-def _quantize_int8(
-    graph: onnx.ModelProto, layer_filter: LayerFilter, symmetric: bool, nodes: list[str], output: Path
-) -> onnx.ModelProto:
-    """``quantize_dynamic`` of ``nodes`` (int8 per-channel weights) into ``output``; returns the loaded result."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    op_types = sorted({op for kind in layer_filter.kinds for op in ONNX_OP_TYPES[kind]})
-    prepared = output.with_name("prepared.onnx")
-    onnx.save(graph, str(prepared))
-    try:
-        quantize_dynamic(
-            str(prepared),
-            str(output),
-            op_types_to_quantize=op_types,
-            nodes_to_quantize=nodes,
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            extra_options={"WeightSymmetric": symmetric},
-        )
-        return onnx.load(str(output))
-    except Exception as exc:  # onnxruntime raises plain Exceptions / ValueError / onnx errors
-        raise converter_failure("onnxruntime int8 quantization", exc) from exc
-
-
-def _count_int8_ops(graph: onnx.ModelProto) -> int:
-    return sum(1 for node in graph.graph.node if node.op_type in INT8_OP_TYPES)
+def _wants_fusions(config: ONNXExportConfig, inputs: Batch) -> bool:
+    """``fusions="auto"``: the BERT fusions for models that take token inputs."""
+    if config.fusions == "auto":
+        return any(is_token_input(t) for t in inputs)
+    return config.fusions == "bert"
 
 
 def _save_with_metadata(graph: onnx.ModelProto, path: Path, metadata: dict[str, str]) -> None:
@@ -252,63 +169,13 @@ def _save_with_metadata(graph: onnx.ModelProto, path: Path, metadata: dict[str, 
 # --------------------------------------------------------------------------- running
 
 
-def _session(path: Path) -> onnxruntime.InferenceSession:
-    import onnxruntime
-
-    try:
-        return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime's own exception types (Fail, InvalidGraph, ...)
-        raise converter_failure("loading the ONNX file in onnxruntime", exc) from exc
-
-
-class OrtRunner:
-    """Calls an onnxruntime session like a torch model: ``runner(*tensors) -> first output``.
-
-    With a fixed batch size, inputs are run in chunks of that size (the last one
-    padded by repeating its final row) and the outputs trimmed back.
-    """
-
-    def __init__(self, session: onnxruntime.InferenceSession, fixed_batch: int | None) -> None:
-        self.session = session
-        self.input_names = [i.name for i in session.get_inputs()]
-        self.fixed_batch = fixed_batch
-
-    def outputs(self, inputs: Batch) -> list[Tensor]:
-        """All outputs as float32 CPU tensors."""
-        if len(inputs) != len(self.input_names):
-            raise InfeasibleConfig(f"the ONNX graph takes {len(self.input_names)} inputs, the spec gives {len(inputs)}")
-        if self.fixed_batch is None:
-            return self._run(inputs)
-        rows = int(inputs[0].shape[0])
-        chunks: list[list[Tensor]] = []
-        for start in range(0, rows, self.fixed_batch):
-            chunk = tuple(_pad_rows(t[start : start + self.fixed_batch], self.fixed_batch) for t in inputs)
-            chunks.append([out[: min(self.fixed_batch, rows - start)] for out in self._run(chunk)])
-        return [torch.cat(parts) for parts in zip(*chunks, strict=True)]
-
-    def __call__(self, *inputs: Tensor) -> Tensor:
-        return self.outputs(inputs)[0]
-
-    def _run(self, inputs: Sequence[Tensor]) -> list[Tensor]:
-        feed: dict[str, Any] = {
-            name: t.detach().cpu().numpy() for name, t in zip(self.input_names, inputs, strict=True)
-        }
-        try:
-            results = self.session.run(None, feed)
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise converter_failure("onnxruntime inference", exc) from exc
-        return [torch.from_numpy(result).to(torch.float32) for result in results]
-
-
-def _pad_rows(tensor: Tensor, rows: int) -> Tensor:
-    missing = rows - int(tensor.shape[0])
-    if missing <= 0:
-        return tensor
-    return torch.cat([tensor, tensor[-1:].expand(missing, *tensor.shape[1:])])
+def _session(path: Path) -> OrtModel:
+    """The file in onnxruntime on the CPU (the export's check; the runtime opens its own session)."""
+    return open_session(path, CPU)
 
 
 def _measure(
-    runner: OrtRunner, ctx: StageContext, config: ONNXExportConfig, fixed_batch: int | None
+    runner: OrtModel, ctx: StageContext, config: ONNXExportConfig, fixed_batch: int | None
 ) -> dict[str, float]:
     """The spec metric over the evaluation split and latency p50 per batch size, with onnxruntime."""
     metric = ctx.spec.metric

@@ -21,8 +21,10 @@ from torch import nn
 from pipeline.core.device import move_module
 from pipeline.core.evaluate import count_params
 from pipeline.core.mirror import ExportMirror
+from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import Stage, StageConfig, StageContext
 from stages.prune.depth import prune_depth
+from stages.prune.facts import PruneFacts, read_facts
 from stages.prune.model_checks import find_output_head, protected_modules, reference_shapes
 from stages.prune.structured import prune_structured
 from stages.prune.training import recovery_finetune, require_training
@@ -108,10 +110,14 @@ class PruneConfig(StageConfig):
         (``head_ratio=0``)); recovery fine-tuning (0 or 100 steps) only when the spec
         has training data. ``bn_scale`` is left to recipes: it is infeasible on models
         without BatchNorm. The spec does not say whether the model has heads, FFN blocks
-        or removable blocks: a choice that finds none is an infeasible trial."""
-        if not trial.suggest_categorical("prune.enabled", [False, True]):
+        or removable blocks: a choice that finds none is an infeasible trial, except what the model's
+        facts rule out (:func:`rules_out`), which is not offered: depth pruning on a model without a
+        removable block; any pruning of a TorchScript model (then the stage stays off)."""
+        methods = ctx.offered("prune.method", ["structured", "unstructured", "depth"],
+                              lambda choice: _ruled_out(cls.model_validate({"method": choice, "ratio": 0.1}), ctx))
+        if not methods or not trial.suggest_categorical("prune.enabled", [False, True]):
             return None
-        method = trial.suggest_categorical("prune.method", ["structured", "unstructured", "depth"])
+        method = trial.suggest_categorical("prune.method", methods)
         ratio = trial.suggest_float("prune.ratio", 0.1, 0.7, step=0.1)
         fields: dict[str, object] = {"method": method, "ratio": round(ratio, 2)}
         if method == "structured":
@@ -161,6 +167,23 @@ def apply_prune(model: nn.Module, config: PruneConfig, ctx: StageContext) -> nn.
     return model.eval()
 
 
+def rules_out(config: PruneConfig, facts: ModelFacts) -> str | None:
+    """Why ``config`` cannot change the model ``facts`` describe: a TorchScript model (torch-pruning
+    traces and rewrites Python modules), or depth pruning without a removable block."""
+    if (scripted := facts.scripted_reason("pruning cannot rewrite")) is not None:
+        return scripted
+    known = facts.of(PruneConfig.stage)
+    if config.method == "depth" and isinstance(known, PruneFacts) and not known.removable_blocks:
+        return ("depth pruning finds no removable block in this model (an element of an "
+                "nn.ModuleList / nn.Sequential with two or more Linear/Conv layers and a sibling of its class, "
+                "called once, whose output has its input's shape, holding no protected layer)")
+    return None
+
+
+def _ruled_out(config: PruneConfig, ctx: StageContext) -> str | None:
+    return rules_out(config, ctx.facts) if ctx.facts is not None else None
+
+
 def mirror(config: PruneConfig) -> ExportMirror:
     """Structured pruning is in the float graph the exports convert; unstructured pruning's
     zeros are too, and exports may store them sparse."""
@@ -169,4 +192,4 @@ def mirror(config: PruneConfig) -> ExportMirror:
     return ExportMirror(unstructured_sparsity=True, sparsity_ratio=config.ratio)
 
 
-STAGE = Stage(PruneConfig, apply_prune, mirror=mirror, order=10)
+STAGE = Stage(PruneConfig, apply_prune, mirror=mirror, order=10, facts=read_facts, rules_out=rules_out)

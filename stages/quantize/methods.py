@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 
 from pipeline.core.device import Capabilities
-from pipeline.core.mirror import LayerKind
+from pipeline.core.mirror import ActivationQuant, LayerKind
 
 #: Whether torchao may change global inductor settings when it quantizes: it would
 #: otherwise change process-wide inductor settings (coordinate-descent tuning, ...)
@@ -36,6 +36,8 @@ class QuantMethod:
     #: torchao config factory ``(group_size, symmetric) -> AOBaseConfig``; None: the static PT2E flow.
     torchao: Callable[[int, bool], Any] | None
     layer_kinds: tuple[LayerKind, ...] = ("linear",)
+    #: What it does to activations (ONNX Runtime mirrors dynamic and static int8, not weight-only).
+    activations: ActivationQuant = "float"
     #: Integer weight bits the exports store (None: nothing integer to mirror, e.g. float8).
     weight_bits: int | None = None
     #: Quantizes weights per group of ``group_size`` input elements.
@@ -112,7 +114,7 @@ METHODS: dict[str, QuantMethod] = {
     for m in (
         QuantMethod("int8_weight_only", {"cpu": None, "cuda": None, "mps": None}, _int8_weight_only, weight_bits=8),
         QuantMethod("int8_dynamic", {"cpu": None, "cuda": None, "mps": NO_MPS_KERNEL}, _int8_dynamic,
-                    weight_bits=8, mapping_target="activations"),
+                    weight_bits=8, mapping_target="activations", activations="dynamic"),
         QuantMethod(
             "int4_weight_only",
             {"cpu": "torchao's int4 tile-packed kernel is CUDA-only (use intx_weight_only on CPU)",
@@ -124,11 +126,11 @@ METHODS: dict[str, QuantMethod] = {
         QuantMethod("float8_weight_only", {"cpu": None, "cuda": None, "mps": NO_MPS_KERNEL}, _float8_weight_only,
                     min_cuda_capability=(8, 9), unmirrored=_NO_CORE_ML_FLOAT8),
         QuantMethod("float8_dynamic", {"cpu": _FLOAT8_CPU, "cuda": None, "mps": NO_MPS_KERNEL}, _float8_dynamic,
-                    min_cuda_capability=(8, 9), unmirrored=_NO_CORE_ML_FLOAT8),
+                    min_cuda_capability=(8, 9), unmirrored=_NO_CORE_ML_FLOAT8, activations="dynamic"),
         QuantMethod(
             "int8_static_pt2e",
             {"cpu": None, "cuda": "the PT2E x86 inductor quantizer targets CPUs", "mps": NO_MPS_KERNEL},
-            None, layer_kinds=("linear", "conv"), weight_bits=8,
+            None, layer_kinds=("linear", "conv"), weight_bits=8, activations="static",
         ),
     )
 }

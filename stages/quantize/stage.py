@@ -49,9 +49,11 @@ from torch import nn
 from pipeline.core.device import Capabilities, move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
 from pipeline.core.mirror import ExportMirror
+from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext
 from stages.common.rankings import SENSITIVITIES
 from stages.common.sensitivity import calibrate, reference_outputs, relative_output_error
+from stages.quantize.facts import QuantizeFacts, read_facts, why_untouched
 from stages.quantize.fallback import QuantizedSwap, SimulatedStaticInt8
 from stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, LayerSelection, select_layers
 from stages.quantize.methods import METHODS, method, methods_on
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
     import optuna
 
 GROUP_SIZES = (32, 64, 128, 256)
+#: A search screens a calibration at this share of its time budget (and one batch) first.
+SCREEN_FRACTION = 0.25
 LayerName = Annotated[str, StringConstraints(min_length=1, strip_whitespace=True)]
 
 
@@ -110,8 +114,13 @@ class QuantizeConfig(StageConfig):
     @classmethod
     def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
         """``quantize.method`` over "none" + the methods this device runs; ``quantize.group_size``
-        and ``quantize.mapping`` only for the methods that use them."""
-        name = trial.suggest_categorical("quantize.method", ["none", *methods_on(ctx.capabilities)])
+        and ``quantize.mapping`` only for the methods that use them. What the model's facts rule out
+        (:func:`rules_out`) is not offered: a method that touches no layer of this model (on a CNN whose
+        only Linear is its head, the torchao methods: PT2E static int8, which touches its convolutions,
+        stays), and ``quantize.fallback`` where the method touches one layer only."""
+        name = trial.suggest_categorical("quantize.method", ctx.offered(
+            "quantize.method", ["none", *methods_on(ctx.capabilities)],
+            lambda choice: None if choice == "none" else _ruled_out(cls(method=choice), ctx)))
         if name == "none":
             return None
         record = method(name)
@@ -122,12 +131,22 @@ class QuantizeConfig(StageConfig):
         if record.mapping_target is not None:
             mapping = trial.suggest_categorical("quantize.mapping", ["symmetric", "asymmetric"])
         budget = None
-        if trial.suggest_categorical("quantize.fallback", [False, True]):
+        fallback = _ruled_out(cls(method=name, fallback_budget=1e-2), ctx) is None
+        if fallback and trial.suggest_categorical("quantize.fallback", [False, True]):
             budget = trial.suggest_float("quantize.fallback_budget", 1e-3, 5e-2, log=True)
         # model_validate: the values come from Optuna as plain str/int; pydantic checks them.
         return cls.model_validate(
             {"method": name, "group_size": group_size, "mapping": mapping, "fallback_budget": budget}
         )
+
+    def low_fidelity(self) -> Self | None:
+        """The screen of a search (:mod:`pipeline.search.screening`): a calibrating config (a
+        ``fallback_budget``, no ``float_layers``) on one calibration batch and a quarter of its time
+        budget; None for a config that does not calibrate."""
+        if self.fallback_budget is None or self.float_layers is not None:
+            return None
+        return type(self).model_validate({**self.model_dump(), "calibration_batches": 1,
+                                          "calibration_seconds": self.calibration_seconds * SCREEN_FRACTION})
 
     def budget_use(self) -> BudgetUse | None:
         if self.fallback_budget is None or not self.float_layers:
@@ -271,6 +290,22 @@ def _ranking_key(config: QuantizeConfig, ctx: StageContext, layers: list[str]) -
             str(config.calibration_batches), ",".join(layers), ctx.spec.name, ctx.device.type)
 
 
+def rules_out(config: QuantizeConfig, facts: ModelFacts) -> str | None:
+    """Why ``config`` cannot change the model ``facts`` describe (:mod:`stages.quantize.facts`): a
+    TorchScript model, no layer its method touches, every one kept float, a fallback over one layer."""
+    if (scripted := facts.scripted_reason("quantization cannot rewrite")) is not None:
+        return scripted
+    known = facts.of(QuantizeConfig.stage)
+    if not isinstance(known, QuantizeFacts):
+        return None
+    return why_untouched(known, config.method, config.min_weight_elements, config.skip_head, config.float_layers,
+                         config.fallback_budget)
+
+
+def _ruled_out(config: QuantizeConfig, ctx: StageContext) -> str | None:
+    return rules_out(config, ctx.facts) if ctx.facts is not None else None
+
+
 def requires(config: QuantizeConfig, caps: Capabilities) -> str | None:
     """The method's kernel must exist on the device (see the method table)."""
     return method(config.method).unavailable(caps)
@@ -286,6 +321,7 @@ def mirror(config: QuantizeConfig) -> ExportMirror:
         quant_bits=record.weight_bits,
         quant_group_size=config.group_size if record.grouped else None,
         quant_symmetric=symmetric,
+        quant_activations=record.activations,
         quant_layer_kinds=record.layer_kinds,
         quant_min_weight_elements=config.min_weight_elements,
         quant_skip_head=config.skip_head,
@@ -294,4 +330,5 @@ def mirror(config: QuantizeConfig) -> ExportMirror:
     )
 
 
-STAGE = Stage(QuantizeConfig, apply, numeric=True, mirror=mirror, requires=requires, order=30)
+STAGE = Stage(QuantizeConfig, apply, numeric=True, mirror=mirror, requires=requires, order=30, facts=read_facts,
+              rules_out=rules_out)

@@ -147,7 +147,10 @@ def test_check_script_tracking_and_table() -> None:
     assert stats["a"]["separates"] is True
     assert stats["b"]["separates"] is False  # the worse variant scores highest on b
     table = render({"model": "m", "device": "cpu", "pairs": 4, "sentences": 6, "rows": rows, "tracking": stats})
-    assert "| q | 79.50 * | 0.9900 | 0.8000 |" in table and "| p | 70.00 | 0.9000 | 0.8500 |" in table
+    assert "| q | 79.50 * | - | 0.9900 | 0.8000 |" in table and "| p | 70.00 | - | 0.9000 | 0.8500 |" in table
+    rows[1]["spec_metric"] = 44.5  # the spec's own metric (MiniLM: word similarity), when the check measured it
+    table = render({"model": "m", "device": "cpu", "pairs": 4, "sentences": 6, "rows": rows, "tracking": stats})
+    assert "| q | 79.50 * | 44.50 | 0.9900 | 0.8000 |" in table
 
 
 class _Embedder(torch.nn.Module):

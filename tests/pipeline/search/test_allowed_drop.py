@@ -14,7 +14,9 @@ from pipeline.core.spec import Metric, ModelSpec
 from pipeline.engine.graph import default_pipeline
 from pipeline.search import Search, SearchConfig, run_search, study_name
 from pipeline.search.allowed_drop import AllowedDrop
+from pipeline.search.loop import trial_parts
 from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_REASON, CONSTRAINT_NAME, Baseline, Objectives
+from pipeline.search.record import TrialRecord
 
 PRUNE_HARD = {"stage": "prune", "method": "unstructured", "ratio": 0.9}
 
@@ -125,14 +127,15 @@ def test_the_allowed_drop_moves_the_tag_the_constraint_and_the_sweep_together(
         study = search.open_study(create=False)
         pruned = study.trials[1]
         assert pruned.user_attrs.get("paretorch.seed") == "prune-0.9"
-        record, baseline = search.record(pruned), search.baseline
+        record, baseline = TrialRecord.from_trial(pruned), search.baseline
         assert baseline is not None
+        _objective, proposals = trial_parts(search, baseline)
         drop = record.metrics["metric_drop"]
         assert drop > 0, "the hard prune loses accuracy"
         assert record.metrics["metric_drop_relative"] == pytest.approx(drop / baseline.metric_value)
         threshold = search.objectives.threshold(baseline)
         assert pruned.constraints[CONSTRAINT_NAME] == pytest.approx(drop - threshold)
-        seen[max_drop] = (pruned.user_attrs[ATTR_FEASIBLE], search._feasible_latency(record) is not None,
+        seen[max_drop] = (pruned.user_attrs[ATTR_FEASIBLE], proposals.feasible_latency(record) is not None,
                           pruned.constraints[CONSTRAINT_NAME] <= 0)
         if max_drop == "0%":
             assert pruned.user_attrs[ATTR_REASON] == (f"over the allowed drop: drop {drop:.4f} > allowed 0 "

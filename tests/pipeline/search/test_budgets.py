@@ -16,7 +16,7 @@ def test_a_budget_that_kept_layers_float_is_logged_with_the_task_headroom() -> N
         QuantizeConfig(method="int8_dynamic", fallback_budget=0.01, float_layers=("a.0", "b.1")),
         AmpConfig(dtype="bfloat16", error_budget=0.02, fp32_layers=("head",)),
     ]
-    metrics = budget_metrics(stages, constraint=-0.004)  # drop 0.004 under the allowed one
+    metrics = budget_metrics(stages, headroom=0.004)  # drop 0.004 under the allowed one
     assert metrics["quantize.fallback_budget"] == pytest.approx(0.01)
     assert metrics["quantize.fallback_budget_float_layers"] == 2
     assert metrics["amp.error_budget"] == pytest.approx(0.02)
@@ -27,4 +27,4 @@ def test_a_budget_that_kept_layers_float_is_logged_with_the_task_headroom() -> N
 def test_no_budget_held_logs_nothing() -> None:
     stages = [QuantizeConfig(method="int8_dynamic"), QuantizeConfig(method="int8_dynamic", fallback_budget=0.01,
                                                                       float_layers=())]
-    assert budget_metrics(stages, constraint=0.5) == {}
+    assert budget_metrics(stages, headroom=-0.5) == {}

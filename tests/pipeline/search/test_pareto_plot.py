@@ -31,7 +31,8 @@ def _study(objectives: Objectives, trials: list[tuple[float, float, str]]) -> op
             user_attrs={ATTR_METRICS: {objectives.spec.metric.name: metric, objectives.latency_key: latency,
                                        "metric_drop": drop, "speedup": 1.0 / latency, "size_bytes": 1000.0},
                         ATTR_RECIPE_LINE: recipe},
-            system_attrs={"constraints:metric_drop": objectives.constraint(Baseline(0.97, 1.0, 1000.0), metric)},
+            system_attrs={
+                "constraints:metric_drop": objectives.verdict(Baseline(0.97, 1.0, 1000.0), metric).constraint},
         ))
     return study
 

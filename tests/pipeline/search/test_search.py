@@ -63,7 +63,8 @@ def test_search_config_validation_names_the_field(tmp_path: Path) -> None:
         SearchConfig.load(tmp_path / "missing.yaml")
     shipped = SearchConfig.load()
     assert shipped.objectives == ("metric", "latency") and shipped.max_drop.to_json() == 0.01
-    assert [s.name for s in shipped.seeds] == ["amp-only", "int8-dynamic-only", "prune-0.3", "prune-0.3-distill"]
+    assert [s.name for s in shipped.seeds] == ["amp-bfloat16", "amp-float16", "int8-dynamic-only", "prune-0.3",
+                                               "prune-0.3-distill"]
 
 
 def test_study_name_follows_what_trials_mean(residual_spec: ModelSpec) -> None:

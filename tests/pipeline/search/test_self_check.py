@@ -81,9 +81,10 @@ def _spec(spec_file: Path, attr: str = "spec") -> ModelSpec:
     return resolve_spec(f"{spec_file}:{attr}")
 
 
-def _search(spec: ModelSpec, tmp_path: Path) -> Search:
+def _search(spec: ModelSpec, tmp_path: Path, allow_nondeterministic: bool = False) -> Search:
     config = SearchConfig.load(None, latency_budget="quick", exports="none", runtimes=("eager",), seeds=())
-    return Search(spec, CPU, config, storage=f"sqlite:///{tmp_path / 'optuna.db'}", track=False)
+    return Search(spec, CPU, config, storage=f"sqlite:///{tmp_path / 'optuna.db'}", track=False,
+                  allow_nondeterministic=allow_nondeterministic)
 
 
 def test_one_value_per_sample_is_scored_by_r2_not_cosine(spec_file: Path) -> None:
@@ -130,8 +131,7 @@ def test_search_stops_before_any_trial_unless_allowed(spec_file: Path, tmp_path:
     study = stopped.open_study(create=False)
     assert not study.trials and ATTR_SELF_CHECK not in study.user_attrs
 
-    allowed = _search(spec, tmp_path)
-    allowed.allow_nondeterministic = True
+    allowed = _search(spec, tmp_path, allow_nondeterministic=True)
     out = tmp_path / "allowed.txt"
     with out.open("w") as stream:
         outcome = run_search(allowed, 1, console=Console(file=stream, width=200))
@@ -143,8 +143,8 @@ def test_search_stops_before_any_trial_unless_allowed(spec_file: Path, tmp_path:
     again = _search(spec, tmp_path)
     with pytest.raises(SpecError, match="moved from 1 to"):
         again.ensure_baseline(again.open_study(create=False))
-    again.allow_nondeterministic = True
-    again.ensure_baseline(again.open_study(create=False))
+    allowed_again = _search(spec, tmp_path, allow_nondeterministic=True)
+    allowed_again.ensure_baseline(allowed_again.open_study(create=False))
 
 
 def test_cli_stops_with_one_error_line(spec_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -42,7 +42,7 @@ def test_a_moved_then_copied_results_folder_reads_and_writes_its_own_artifacts(t
     tracker = Tracker(store(first))
     tracker.open_study("digits", "study", params={}, tags={})
     tracker.log_trial(0, "COMPLETE", {}, {"accuracy": 0.9}, {}, texts={"recipe.json": "first"})
-    experiment = tracker.client.get_experiment(tracker.experiment_id)
+    experiment = MlflowClient(tracking_uri=tracker.uri).get_experiment(tracker.experiment_id)
     assert experiment.artifact_location == "mlflow-artifacts:/paretorch-digits"
 
     moved = tmp_path / "moved"

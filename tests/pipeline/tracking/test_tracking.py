@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from matplotlib.figure import Figure
+from mlflow import MlflowClient
 
 from pipeline.tracking.artifacts import artifact_root_for
 from pipeline.tracking.tracker import PARENT_TAG, Tracker, clean_key, display_value, experiment_name
@@ -25,7 +26,7 @@ def test_study_parent_and_trial_children(store: str, tmp_path: Path) -> None:
                       {"seed": "baseline"})
     tracker.log_trial(1, "PRUNED", {"runtime": "eager", "prune#2.ratio": "0.3"}, {}, {"infeasible_reason": "no"})
     tracker.log_trial(2, "FAIL", {}, {}, {}, texts={"traceback.txt": "Traceback ... RuntimeError: boom"})
-    client = tracker.client
+    client = MlflowClient(tracking_uri=tracker.uri)  # what the UI reads back
     experiment = client.get_experiment_by_name(experiment_name("digits"))
     assert experiment is not None and experiment.artifact_location == "mlflow-artifacts:/paretorch-digits"
     children = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent}'")

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 
 from pipeline.tracking.columns import VIEW_TAG, headline_view
 from pipeline.tracking.tracker import Tracker
@@ -45,7 +46,7 @@ def test_each_study_adds_its_headline_columns_to_the_experiments_view(tmp_path: 
     other = Tracker(store)
     other.open_study("digits", "study-b1", params={}, tags={})
     other.show_columns(("accuracy", "metric_drop", "latency_ms_p50_b1", "speedup", "size_bytes"))
-    view = json.loads(tracker.client.get_experiment(tracker.experiment_id).tags[VIEW_TAG])
+    view = json.loads(MlflowClient(tracking_uri=tracker.uri).get_experiment(tracker.experiment_id).tags[VIEW_TAG])
     assert view == {"selectedColumns": [
         "metrics.`accuracy`", "metrics.`metric_drop`", "metrics.`latency_ms_p50_b32`", "metrics.`speedup`",
         "metrics.`size_bytes`", "tags.`feasible`", "tags.`pareto`", "metrics.`latency_ms_p50_b1`"],

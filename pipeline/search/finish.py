@@ -1,0 +1,125 @@
+"""The end of a study: the Pareto trials exported, their recipes saved, tagged in MLflow; the parent run's note."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Any
+
+import optuna
+from rich.console import Console
+
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.paths import results_dir
+from pipeline.core.stage import StageConfig
+from pipeline.core.text import plain
+from pipeline.engine.recipe import Recipe
+from pipeline.search.explain import dominated_by, front_tags
+from pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
+from pipeline.search.pareto import distinct_front, export_attr, pareto_trials, table_columns
+from pipeline.search.profile import profile_calls
+from pipeline.search.record import TrialRecord
+from pipeline.search.study import Search
+from pipeline.tracking.tracker import Tracker
+from pipeline.tracking.views import markdown_table
+
+
+def study_dir(name: str) -> Path:
+    """``<results>/studies/<study>``: recipes of the Pareto trials."""
+    path = results_dir() / "studies" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def study_note(title: str, rows: list[Any], search: Search, baseline: Baseline) -> str:
+    """The parent run's Description: the Pareto table and where to look next."""
+    columns = table_columns(rows, search.objectives)
+    columns.pop("exports", None)
+    return (f"**{title}**\n\n{markdown_table(columns)}\n\n"
+            f"Plot: Artifacts > pareto.png (interactive: pareto.html). Every trial run is tagged `feasible`; "
+            f"`reason` says why a trial is infeasible, over the allowed drop "
+            f"({search.objectives.describe_drop(baseline)}) or failed; `dominated_by` names the front trial that "
+            f"beats it. Headline metrics are top-level, "
+            f"the rest under `detail.`.")
+
+
+def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
+                 console: Console) -> tuple[dict[int, Path], list[str]]:
+    """Export the Pareto trials (unless done before), save their recipes, tag them in MLflow."""
+    distinct = distinct_front(study)
+    dominated = dominated_by(study, pareto_trials(study))
+    study.set_user_attr(ATTR_DOMINATED_BY, {str(k): v for k, v in dominated.items()})
+    notes: list[str] = []
+    if tracker is not None:
+        tags = front_tags(study, distinct, dominated)
+        for number in tracker.children:
+            tracker.set_trial_tags(number, tags.get(number, {"pareto": "false"}))
+    recipes: dict[int, Path] = {}
+    for trial, _repeats in distinct:
+        folder = study_dir(search.study_name) / f"trial-{trial.number:03d}"
+        recipe_path = folder / "recipe.json"
+        already = export_attr(trial.number) in study.user_attrs and recipe_path.is_file()
+        if already and (tracker is None or tracker.trial_tags(trial.number).get("exported") == "true"):
+            recipes[trial.number] = recipe_path
+            continue
+        record = TrialRecord.from_trial(trial)
+        if record.recipe is None:
+            continue
+        recipe = record.recipe
+        files: dict[str, list[Path]] = {}
+        metrics: dict[str, float] = {}
+        if search.config.exports == "pareto":
+            console.print(f"exporting Pareto trial {trial.number}: {recipe.describe()}")
+            recipe, files, metrics, status = export_trial(search, record)
+            study.set_user_attr(export_attr(trial.number), status)
+            notes.extend(f"trial {trial.number} {k}: {v}" for k, v in status.items() if v != "ok")
+        elif export_attr(trial.number) not in study.user_attrs:
+            study.set_user_attr(export_attr(trial.number), {})
+        recipes[trial.number] = recipe.save(recipe_path)
+        profile = profile_calls(search.latency.function(record.configs, record.runtime), search.latency.inputs(),
+                                search.device, folder / "profile")
+        if tracker is not None:
+            tracker.log_trial_files(trial.number, {"": [recipe_path], "profile": profile, **files})
+            tracker.log_trial_metrics(trial.number, metrics)
+            tracker.set_trial_tags(trial.number, {"exported": "true"})
+    return recipes, notes
+
+
+def export_trial(search: Search,
+                 record: TrialRecord) -> tuple[Recipe, dict[str, list[Path]], dict[str, float], dict[str, str]]:
+    """Run each export of a complete trial on its (cached) model; one failing export does not stop the others."""
+    if record.recipe is None:
+        raise ValueError(f"trial {record.number} has no recipe: only complete trials export")
+    recipe, configs, runtime = record.recipe, record.configs, record.runtime
+    export_nodes = search.pipeline.export_nodes()
+    files: dict[str, list[Path]] = {}
+    metrics: dict[str, float] = {}
+    status: dict[str, str] = {}
+    resolved: list[StageConfig] = []
+    for node in export_nodes:
+        if configs.get(node.name) is None:
+            continue
+        only = {**configs, **{other.name: None for other in export_nodes if other.name != node.name}}
+        try:
+            result = search.runner.run(only, runtime, exports=True, evaluate=False)
+        except InfeasibleConfig as exc:
+            status[node.name] = plain(f"infeasible: {exc.reason}")
+            continue
+        except Exception as exc:  # recorded on the trial's run; the other exports still run
+            status[node.name] = plain(f"failed: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
+            continue
+        export = result.nodes[node.name]
+        status[node.name] = "ok"
+        applied = export.resolved or export.config
+        if applied is not None:
+            resolved.append(applied)
+        entry = search.runner.cache.export_dir / export.key if search.runner.cache.export_dir else Path(".")
+        files[node.name] = sorted(p for p in entry.iterdir() if p.name != "manifest.json")
+        for name, value in (result.export_evaluations.items()):
+            for key, number in (value or {}).items():
+                if isinstance(number, int | float) and not isinstance(number, bool):
+                    metrics[f"{name}.{key}"] = float(number)
+    final = Recipe(stages=(*recipe.model_stages(), *resolved), runtime=recipe.runtime, model=recipe.model,
+                   metadata={**recipe.metadata, "exports": status})
+    return final, files, metrics, status

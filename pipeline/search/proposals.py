@@ -1,0 +1,87 @@
+"""What the search proposes after each trial, besides its sampler: the runtime sweep, then compositions.
+
+:class:`Proposals` is a study callback ``(study, trial, record)`` (the trial loop hands it the record the
+trial objective returned). It enqueues the ``sweep_top`` fastest feasible stage lists (resolved: a
+calibrated AMP policy replays, with no calibration) under each runtime not yet tried with them
+(:mod:`pipeline.search.sweep`), then, once no enqueued trial waits, the compositions of the measured
+winners (:mod:`pipeline.search.compose`). Feasible means :meth:`Objectives.verdict
+<pipeline.search.objectives.Objectives.verdict>` says so: the one verdict behind the trial's tag, its
+Optuna constraint and these proposals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from pipeline.core.stage import StageConfig
+from pipeline.search.compose import composed_count, compositions, measured
+from pipeline.search.config import SearchConfig, SeedRecipe
+from pipeline.search.objectives import Baseline, Objectives
+from pipeline.search.record import COMPLETE, TrialRecord
+from pipeline.search.sweep import RuntimeSweepIndex
+
+#: Enqueues a seed on the study (:meth:`pipeline.search.study.Search.enqueue`); False if skipped.
+Enqueue = Callable[[optuna.Study, SeedRecipe], bool]
+#: Whether a (model stages, runtime) recipe was measured already
+#: (:meth:`pipeline.search.trial_objective.TrialObjective.measured`).
+Known = Callable[[optuna.Study, Sequence[StageConfig], str], bool]
+
+
+class Proposals:
+    """The runtime sweep and the compositions of one study (see the module docstring)."""
+
+    def __init__(self, config: SearchConfig, objectives: Objectives, baseline: Baseline, runtimes: Sequence[str],
+                 nodes: Sequence[str], export_nodes: Sequence[str], enqueue: Enqueue, known: Known) -> None:
+        self.config = config
+        self.objectives = objectives
+        self.baseline = baseline
+        self.runtimes = list(runtimes)
+        self.nodes = list(nodes)
+        self.export_nodes = set(export_nodes)
+        self.enqueue = enqueue
+        self.known = known
+        self._sweep: RuntimeSweepIndex | None = None
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
+        index = self.sweep_index(study)
+        index.add(record, self.feasible_latency(record))
+        for proposal in index.proposals(self.runtimes, self.config.sweep_top):
+            self.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
+                                           runtime=proposal.runtime, stages=proposal.stages))
+        self.compose(study)
+
+    def compose(self, study: optuna.Study) -> int:
+        """When no enqueued trial waits, enqueue compositions of the measured winners up to the config's
+        ``compose`` cap; how many were enqueued."""
+        trials = study.get_trials(deepcopy=False)
+        room = self.config.compose - composed_count(trials)
+        if room <= 0 or any(t.state == TrialState.WAITING for t in trials):
+            return 0
+        records = [TrialRecord.from_trial(t) for t in trials if t.state == TrialState.COMPLETE]
+        winners = [m for r in records
+                   if (m := measured(r, self.feasible_latency(r) is not None, self.export_nodes))]
+        options = compositions(winners, self.runtimes, self.nodes, self.objectives.threshold(self.baseline),
+                               limit=room, known=lambda configs, runtime: self.known(study, configs, runtime))
+        return sum(self.enqueue(study, SeedRecipe(name=c.name, runtime=c.runtime,
+                                                  stages=tuple(x.to_dict() for x in c.configs))) for c in options)
+
+    def sweep_index(self, study: optuna.Study) -> RuntimeSweepIndex:
+        """The sweep's index, built from the study's complete trials on first use, then kept up to date."""
+        if self._sweep is None:
+            self._sweep = RuntimeSweepIndex()
+            for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                record = TrialRecord.from_trial(done)
+                self._sweep.add(record, self.feasible_latency(record))
+        return self._sweep
+
+    def feasible_latency(self, record: TrialRecord) -> float | None:
+        """The trial's objective latency if it completed and its verdict is feasible, else None."""
+        value = record.metrics.get(self.objectives.spec.metric.name)
+        latency = record.metrics.get(self.objectives.latency_key)
+        if record.state != COMPLETE or value is None or latency is None:
+            return None
+        verdict = self.objectives.verdict(self.baseline, value, record.latency_unstable, record.metrics)
+        return float(latency) if verdict.feasible else None

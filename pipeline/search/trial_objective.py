@@ -1,0 +1,236 @@
+"""One trial of a study, in four steps: choose -> rule out -> run -> record.
+
+:class:`TrialObjective` is called by the trial loop (:func:`pipeline.search.workers.run_trials`) with
+each Optuna trial and returns a :class:`~pipeline.search.record.TrialOutcome`: the trial's record goes
+straight back to the loop, which hands it to the study callbacks (the trial's line and MLflow run,
+then :class:`~pipeline.search.proposals.Proposals`: the runtime sweep and compositions). The steps:
+
+* :meth:`~TrialObjective.choose`: per-node configs and the runtime, from the trial's seed or each
+  stage's ``suggest``;
+* :meth:`~TrialObjective.rule_out`: a configuration that need not run (one that cannot change this
+  model, :mod:`pipeline.search.rule_out`, checked before any stage of the chain runs; a repeat of a
+  measured recipe; a config another worker runs) ends here as a pruned trial with its reason;
+* :meth:`~TrialObjective.run`: costly stages screened at low fidelity first (:meth:`~TrialObjective.screen`,
+  :mod:`pipeline.search.screening`), then the runner applies the stages and evaluates, then the paired latency;
+  :meth:`Objectives.verdict <pipeline.search.objectives.Objectives.verdict>` judges the metric;
+* :meth:`~TrialObjective.record`: the :class:`TrialRecord` is written to the Optuna trial (user
+  attrs, constraint, dashboard note) and indexed for later repeats.
+
+Ctrl-C (:mod:`pipeline.search.interrupt`): an exception raised after SIGINT arrived is the interrupt,
+never the trial's reason; the trial loop stops.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+import optuna
+from optuna.trial import TrialState
+
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.stage import StageConfig, StageContext, config_from_dict
+from pipeline.engine.recipe import configs_to_json
+from pipeline.search.budgets import budget_metrics
+from pipeline.search.dashboard import note_infeasible, set_constraints
+from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
+from pipeline.search.insight import sensitivity_tables
+from pipeline.search.interrupt import Interrupts
+from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_PARAMS, ATTR_SEED_RECIPE, CONSTRAINT_NAME, Baseline
+from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialOutcome, TrialRecord
+from pipeline.search.rule_out import study_choices
+from pipeline.search.screening import Screened, Screening, record_screen
+from pipeline.search.seeding import stage_params
+from pipeline.search.workers import claim_config
+
+if TYPE_CHECKING:
+    from pipeline.search.study import Search
+
+#: A record of this trial with its outcome fields still to fill (state, metrics or reason).
+Draft = Callable[..., TrialRecord]
+
+
+class TrialObjective:
+    """Runs the trials of one study against its measured baseline (see the module docstring)."""
+
+    def __init__(self, search: Search, baseline: Baseline, interrupts: Interrupts | None = None) -> None:
+        self.search = search
+        self.baseline = baseline
+        self.interrupts = interrupts or Interrupts()
+        self.exports = [n.name for n in search.pipeline.export_nodes()]
+        self._repeats: RepeatIndex | None = None
+        self._choices: dict[str, tuple[object, ...]] | None = None
+        #: Costly stages at low fidelity first (pipeline.search.screening), through the study's runner.
+        self.screening = Screening(search.objectives, lambda configs, runtime: search.runner.run(
+            configs, runtime, exports=False).report, self.exports)
+
+    def __call__(self, trial: optuna.Trial) -> TrialOutcome:
+        """Run one trial: its record and values, or ``KeyboardInterrupt`` if Ctrl-C arrived meanwhile."""
+        start = time.perf_counter()
+        with self.interrupts.watch():
+            configs, runtime = self.choose(trial)
+            draft: Draft = self._draft(trial, configs, runtime)
+            outcome = self.rule_out(trial, configs, runtime, draft)
+            if outcome is None:
+                outcome = self.run(trial, configs, runtime, draft, start)
+            self.interrupts.check()  # a tracer may have swallowed the interrupt and finished the step
+            return self.record(trial, outcome)
+
+    # ------------------------------------------------------------------ choose
+
+    def choose(self, trial: optuna.Trial) -> tuple[dict[str, StageConfig | None], str]:
+        """Per-node configs and the runtime: from the trial's seed, else each stage's ``suggest``."""
+        search = self.search
+        seed = trial.user_attrs.get(ATTR_SEED_RECIPE)
+        seeded = [config_from_dict(raw) for raw in seed["stages"]] if seed else None
+        fixed = dict(trial.user_attrs.get(ATTR_SEED_PARAMS, {}))
+        if self._choices is None:  # the study's categorical choices before this process (kept: Optuna's rule)
+            self._choices = study_choices(trial.study.get_trials(deepcopy=False))
+        ctx = StageContext(spec=search.spec, device=search.device, facts=search.rules.facts,
+                           study_choices=self._choices)
+        configs: dict[str, StageConfig | None] = {}
+        upstream: list[StageConfig] = []
+        for node in search.pipeline.stage_nodes():
+            exporting = search.pipeline.kind(node.name) == "export"
+            if node.config is not None:
+                config: StageConfig | None = node.config
+            elif node.name in search.config.disabled:
+                config = None
+            elif seeded is not None and (not exporting or any(c.stage == node.op for c in seeded)):
+                config = next((c for c in seeded if c.stage == node.op), None)
+                if config is not None:
+                    seeded.remove(config)
+                if not exporting:
+                    ctx.upstream = tuple(upstream)
+                    self._register_seed_params(trial, node.name, config, ctx, fixed)
+            else:
+                ctx.upstream = tuple(upstream)
+                config = search.pipeline.stage(node.name).config_type.suggest(trial, ctx)
+            configs[node.name] = config
+            if config is not None and not exporting:
+                upstream.append(config)
+        return configs, self._runtime(trial, seed, fixed)
+
+    def _runtime(self, trial: optuna.Trial, seed: dict[str, object] | None, fixed: dict[str, object]) -> str:
+        runtimes = self.search.runtimes
+        if seed and "runtime" in fixed:
+            return str(trial.suggest_categorical("runtime", runtimes))
+        if seed:
+            return str(seed["runtime"])
+        if len(runtimes) > 1:
+            return str(trial.suggest_categorical("runtime", runtimes))
+        return runtimes[0]
+
+    def _register_seed_params(self, trial: optuna.Trial, node: str, config: StageConfig | None,
+                              ctx: StageContext, fixed: dict[str, object]) -> None:
+        """Let the stage's ``suggest`` record the params enqueued with a seed (it returns the seed's config)."""
+        stage = self.search.pipeline.stage(node)
+        params = stage_params(stage.config_type, stage.config_type.stage, config, ctx)
+        if params and all(fixed.get(k, object()) == v for k, v in params.items()):
+            stage.config_type.suggest(trial, ctx)
+
+    def _draft(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str) -> Draft:
+        start_ms = int(trial.datetime_start.timestamp() * 1000) if trial.datetime_start else None
+        return partial(TrialRecord, number=trial.number, runtime=runtime, configs=configs,
+                       seed=trial.user_attrs.get(ATTR_SEED), start_ms=start_ms)
+
+    # ------------------------------------------------------------------ rule out
+
+    def rule_out(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str,
+                 draft: Draft) -> TrialOutcome | None:
+        """A pruned outcome with its reason for a configuration that need not run, else None (run it)."""
+        if (reason := self.search.rules.reason(model_configs(configs, self.exports))) is not None:
+            return TrialOutcome(draft(state=PRUNED, ruled_out=reason))
+        original = self.repeats(trial.study).find(recipe_key(model_configs(configs, self.exports), runtime))
+        if original is None:  # another worker runs (or ran) the same config: do not run it twice
+            original = claim_config(trial, configs_to_json(configs), runtime)
+        if original is not None:
+            return TrialOutcome(draft(state=PRUNED, repeat_of=original))
+        if (reason := self.search.rules.unavailable(model_configs(configs, self.exports))) is not None:
+            return TrialOutcome(draft(state=PRUNED, infeasible=reason))  # a trial, ended before its chain runs
+        return None
+
+    def measured(self, study: optuna.Study, configs: Sequence[StageConfig | None], runtime: str) -> bool:
+        """Whether a trial measured (or was infeasible for) these model stages under ``runtime``."""
+        return self.repeats(study).find(recipe_key(configs, runtime)) is not None
+
+    def repeats(self, study: optuna.Study) -> RepeatIndex:
+        """The recipes measured so far (built from storage once, then kept up to date)."""
+        if self._repeats is None:
+            self._repeats = RepeatIndex()
+            for done in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)),
+                               key=lambda t: t.number):
+                self._index_repeat(TrialRecord.from_trial(done))
+        return self._repeats
+
+    def _index_repeat(self, record: TrialRecord) -> None:
+        """Index a measured trial (complete, or infeasible for its recipe) under its requested and resolved keys."""
+        if self._repeats is None or record.repeat_of is not None or record.state == FAIL:
+            return
+        resolved = recipe_key(record.recipe.model_stages(), record.runtime) if record.recipe else None
+        requested = recipe_key(model_configs(record.configs, self.exports), record.runtime)
+        self._repeats.add(record.number, [requested, resolved])
+
+    # ------------------------------------------------------------------ run
+
+    def run(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str, draft: Draft,
+            start: float) -> TrialOutcome:
+        """Screen the costly stages at low fidelity (:meth:`screen`), apply the stages, evaluate, time the
+        result paired with the baseline and judge it. An infeasible config is a pruned outcome, an exception
+        a failed one, unless Ctrl-C came first (then it is raised)."""
+        search = self.search
+        try:
+            screened = self.screen(trial, configs, runtime)
+            if screened is not None and not screened.passed:  # the screen ended the trial before its full cost
+                return TrialOutcome(draft(state=PRUNED, infeasible=screened.out_reason(),
+                                          seconds={"screening": screened.seconds,
+                                                   "trial": time.perf_counter() - start}))
+            result = search.runner.run(configs, runtime, exports=search.config.exports == "every_trial")
+            paired_start = time.perf_counter()
+            paired = search.latency.measure(configs, runtime, result)
+        except InfeasibleConfig as exc:
+            self.interrupts.check(exc)
+            return TrialOutcome(draft(state=PRUNED, infeasible=exc.reason))
+        except Exception as exc:
+            self.interrupts.check(exc)
+            return TrialOutcome(draft(state=FAIL, error=traceback.format_exc()), failure=exc)
+        paired_seconds = time.perf_counter() - paired_start
+        report = result.report
+        recipe = result.recipe(search.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
+                               metadata={"study": search.study_name, "trial": trial.number})
+        verdict = search.objectives.verdict(self.baseline, report.metric_value, paired.unstable, report.extra)
+        metrics = search.objectives.trial_metrics(report, self.baseline, paired)
+        record = draft(
+            state=COMPLETE, recipe=recipe, metrics={**metrics, **budget_metrics(recipe.stages, verdict.headroom)},
+            seconds={**result.seconds, **({"screening": screened.seconds} if screened else {}),
+                     "paired_latency": paired_seconds, "trial": time.perf_counter() - start},
+            cache={"hits": result.cache_hits, "misses": result.cache_misses}, feasible=verdict.feasible,
+            over_drop=verdict.reason, latency_unstable=verdict.unstable, tables=sensitivity_tables(result.nodes),
+        )
+        values = search.objectives.values(report, metrics[search.objectives.latency_key])
+        return TrialOutcome(record, values=values, verdict=verdict)
+
+    def screen(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str) -> Screened | None:
+        """The low-fidelity screen of the trial's costly stages, recorded on the trial (None: not screened)."""
+        if not self.search.config.screening:
+            return None
+        trials = trial.study.get_trials(deepcopy=False)
+        return record_screen(trial, self.screening.screen(trials, configs, runtime, self.baseline))
+
+    # ------------------------------------------------------------------ record
+
+    def record(self, trial: optuna.Trial, outcome: TrialOutcome) -> TrialOutcome:
+        """Write the record to the Optuna trial (user attrs; a complete trial's constraint and, when it is not
+        feasible, its dashboard note) and index it for repeats."""
+        record = outcome.record
+        self._index_repeat(record)
+        for key, value in record.user_attrs().items():
+            trial.set_user_attr(key, value)
+        if outcome.verdict is not None:
+            set_constraints(trial, {CONSTRAINT_NAME: outcome.verdict.constraint})
+            if (why := outcome.verdict.reason or outcome.verdict.unstable) is not None:
+                note_infeasible(trial, why)
+        return outcome

@@ -1,0 +1,188 @@
+"""ONNX Runtime's int8, the ONNX mirror of the quantize stage.
+
+The recipe's quantize method decides the ORT method: torch-side dynamic int8 -> ``quantize_dynamic``
+(int8 weights per output channel, activations quantized per call); static int8 (PT2E, calibrated)
+-> ``quantize_static`` in the QDQ format, calibrated (min/max) on the spec's calibration batches. The
+layers it touches are the ones the torch side quantized: the quantize stage's layer filter
+(:class:`~stages.export.layer_filter.LayerFilter`), with the layers its float fallback kept float
+left float here too. What ORT cannot reproduce (4-bit and float8 weights, int8 weight-only, AMP, any
+stage marked not mirrored) is a note on the file, or with ``unmirrored="infeasible"`` (the
+``onnxruntime`` runtime, which must never measure a float model in place of a quantized one) an
+infeasible config with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.mirror import ExportMirror
+from pipeline.core.spec import Batch
+from stages.export.checks import converter_failure
+from stages.export.layer_filter import LayerFilter, module_weight_key
+
+if TYPE_CHECKING:
+    import onnx
+
+    from stages.export.onnx import ONNXExportConfig
+
+#: ONNX op types of the layer kinds a quantization touches.
+ONNX_OP_TYPES = {"linear": ("MatMul", "Gemm"), "conv": ("Conv",)}
+#: Ops of a quantized graph: dynamic int8 (integer matmuls) and static QDQ (dequantized int8 weights).
+INT8_OP_TYPES = frozenset({"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "DynamicQuantizeMatMul",
+                           "DequantizeLinear"})
+#: Ops that pass a layer's output on unchanged enough that the layer still counts as the head.
+PASS_THROUGH_OPS = frozenset({"Add", "Cast", "Reshape", "Identity"})
+
+Int8Mode = Literal["dynamic", "static"]
+
+
+@dataclass(frozen=True)
+class Int8Plan:
+    """Whether and how the float ONNX graph gets int8 (``layer_filter`` None: it does not)."""
+
+    layer_filter: LayerFilter | None = None
+    mode: Int8Mode = "dynamic"
+    symmetric: bool = True
+    note: str = ""
+
+
+def int8_plan(config: ONNXExportConfig, upstream: ExportMirror, protected: tuple[str, ...]) -> Int8Plan:
+    """Decide the int8 step from ``config.quantize`` and the recipe (``protected``: the spec's layers);
+    with ``config.unmirrored == "infeasible"`` a numeric stage ORT cannot reproduce raises
+    :class:`InfeasibleConfig`."""
+    if config.unmirrored == "infeasible":
+        reasons = ort_unmirrored(upstream) if config.quantize == "mirror" else _other_unmirrored(upstream)
+        if reasons:
+            raise InfeasibleConfig(f"ONNX Runtime cannot run this recipe as trained: {'; '.join(reasons)} "
+                                   "(run it with a torch runtime, or change the recipe)")
+    if config.quantize == "none":
+        return Int8Plan(note="not quantized (quantize='none')" if upstream.quant_method else "")
+    if config.quantize == "int8_dynamic":
+        layer_filter = LayerFilter(kinds=("linear",), min_weight_elements=0, skip_head=False, protected=protected)
+        note = "int8 dynamic quantization (quantize='int8_dynamic'), every linear layer not protected by the spec"
+        return Int8Plan(layer_filter=layer_filter, note=note)
+    if upstream.quant_bits == 8:
+        layer_filter = LayerFilter.from_upstream(upstream, protected, default_min_elements=0)
+        mapping = "symmetric" if upstream.quant_symmetric else "asymmetric"
+        if upstream.quant_activations == "static":
+            note = (f"{upstream.quant_method} mirrored: onnxruntime static int8 (QDQ, min/max calibration on the "
+                    f"spec's calibration data), per-channel {mapping} weights")
+            return Int8Plan(layer_filter=layer_filter, mode="static", symmetric=upstream.quant_symmetric, note=note)
+        note = f"{upstream.quant_method} mirrored: onnxruntime dynamic int8, per-channel {mapping} weights"
+        return Int8Plan(layer_filter=layer_filter, symmetric=upstream.quant_symmetric, note=note)
+    if upstream.quant_method is not None:
+        return Int8Plan(note=f"{upstream.quant_method} not mirrored in ONNX (only int8 methods are)")
+    return Int8Plan()
+
+
+def ort_unmirrored(upstream: ExportMirror) -> list[str]:
+    """What of the recipe's numerics ONNX Runtime does not reproduce (empty: all of it)."""
+    reasons = _other_unmirrored(upstream)
+    method = upstream.quant_method
+    if method is not None and upstream.quant_bits != 8:
+        reasons.append(f"{method} has no ONNX Runtime mirror here (only int8 methods are)")
+    elif method is not None and upstream.quant_activations == "float":
+        reasons.append(f"{method} keeps activations float, and ONNX Runtime's int8 kernels quantize them too "
+                       "(int8_dynamic is its mirror)")
+    return reasons
+
+
+def _other_unmirrored(upstream: ExportMirror) -> list[str]:
+    reasons = [f"AMP ({upstream.amp_dtype}) is not mirrored: the graph would compute in float32"] \
+        if upstream.amp_dtype is not None else []
+    return reasons + list(upstream.not_mirrored)
+
+
+def select_nodes(graph: onnx.ModelProto, layer_filter: LayerFilter) -> tuple[list[str], dict[str, str]]:
+    """Names of the nodes whose constant weight the int8 step quantizes, and why the others stay float."""
+
+    initializers = {init.name: init for init in graph.graph.initializer}
+    outputs = {out.name for out in graph.graph.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    op_types = {op for kind in layer_filter.kinds for op in ONNX_OP_TYPES[kind]}
+    selected: list[str] = []
+    skipped: dict[str, str] = {}
+    for node in graph.graph.node:
+        weight = initializers.get(node.input[1]) if node.op_type in op_types and len(node.input) > 1 else None
+        if weight is None:
+            continue
+        dims = list(weight.dims)
+        is_head = any(
+            out in outputs
+            or any(c.op_type in PASS_THROUGH_OPS and set(c.output) & outputs for c in consumers.get(out, []))
+            for out in node.output
+        )
+        reason = layer_filter.skip_reason(
+            module_weight_key(weight.name),
+            elements=math.prod(dims),
+            input_size=dims[1] if len(dims) > 1 else dims[0],
+            is_head=is_head,
+        )
+        if reason is None:
+            selected.append(node.name)
+            if node.op_type == "Gemm":  # onnxruntime's quantizer rewrites Gemm as "<name>_MatMul" + "<name>_Add"
+                selected.append(f"{node.name}_MatMul")
+        else:
+            skipped[weight.name] = reason
+    return selected, skipped
+
+
+class CalibrationReader:
+    """The spec's calibration batches as onnxruntime's ``CalibrationDataReader`` reads them
+    (``get_next() -> {input name: array} | None``; ``rewind()`` starts over)."""
+
+    def __init__(self, input_names: Sequence[str], batches: Sequence[Batch]) -> None:
+        self.feeds = [{name: t.detach().cpu().numpy() for name, t in zip(input_names, batch, strict=True)}
+                      for batch in batches]
+        self._iter: Iterator[dict[str, Any]] = iter(self.feeds)
+
+    def get_next(self) -> dict[str, Any] | None:
+        return next(self._iter, None)
+
+    def rewind(self) -> None:
+        self._iter = iter(self.feeds)
+
+
+def quantize_int8(graph: onnx.ModelProto, plan: Int8Plan, nodes: list[str], output: Path,
+                  calibration: Sequence[Batch]) -> onnx.ModelProto:
+    """int8 of ``nodes`` (per-channel weights) into ``output``, dynamic or static QDQ as ``plan`` says;
+    returns the loaded result."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    if plan.layer_filter is None:
+        raise ValueError("quantize_int8 needs a plan with a layer filter (int8_plan gave none)")
+    op_types = sorted({op for kind in plan.layer_filter.kinds for op in ONNX_OP_TYPES[kind]})
+    prepared = output.with_name("prepared.onnx")
+    onnx.save(graph, str(prepared))
+    options = {"WeightSymmetric": plan.symmetric}
+    try:
+        if plan.mode == "static":
+            if not calibration:
+                raise InfeasibleConfig("static int8 in ONNX Runtime needs calibration batches: the spec has none")
+            reader = CalibrationReader([i.name for i in graph.graph.input], calibration)
+            # uint8 activations with int8 weights: the x86 VNNI kernels' format (onnxruntime's default for QDQ)
+            quantize_static(str(prepared), str(output), reader, quant_format=QuantFormat.QDQ,
+                            op_types_to_quantize=op_types, nodes_to_quantize=nodes, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                            calibrate_method=CalibrationMethod.MinMax, extra_options=options)
+        else:
+            quantize_dynamic(str(prepared), str(output), op_types_to_quantize=op_types, nodes_to_quantize=nodes,
+                             per_channel=True, weight_type=QuantType.QInt8, extra_options=options)
+        return onnx.load(str(output))
+    except InfeasibleConfig:
+        raise
+    except Exception as exc:  # onnxruntime raises plain Exceptions / ValueError / onnx errors
+        raise converter_failure(f"onnxruntime {plan.mode} int8 quantization", exc) from exc
+
+
+def count_int8_ops(graph: onnx.ModelProto) -> int:
+    return sum(1 for node in graph.graph.node if node.op_type in INT8_OP_TYPES)

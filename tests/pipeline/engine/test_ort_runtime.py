@@ -1,0 +1,172 @@
+"""The ``onnxruntime`` runtime: the trial's model exported (ONNX Runtime's int8 mirror of the quantize
+stage included), run in an onnxruntime session, measured from its outputs; the file is the recipe's."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import onnx
+import onnxruntime
+import pytest
+import torch
+from torch import nn
+
+from pipeline.core import device as device_table
+from pipeline.core import runtime as runtime_module
+from pipeline.core.device import ORT_PROVIDERS, Capabilities, capabilities, installed_ort_providers
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.evaluate import LatencySettings, compute_metric
+from pipeline.core.runtime import available_runtimes
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import config_from_dict
+from pipeline.engine.cache import NodeCache
+from pipeline.engine.graph import recipe_pipeline
+from pipeline.engine.recipe import Recipe
+from pipeline.engine.runner import Runner
+from pipeline.search.config import SearchConfig
+from pipeline.search.loop import run_search
+from pipeline.search.objectives import ATTR_REASON
+from pipeline.search.study import Search
+
+CPU = torch.device("cpu")
+FAST = LatencySettings(warmup_runs=1, min_runs=3, min_seconds=0)
+
+
+def _runner(spec: ModelSpec, folder: Path, configs: list[dict[str, object]] = ()) -> Runner:  # type: ignore[assignment]
+    pipeline = recipe_pipeline([config_from_dict(dict(c)) for c in configs])
+    return Runner(pipeline, spec, CPU, cache=NodeCache(export_dir=folder / "exports"), latency=FAST,
+                  work_dir=folder)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_capability_table_lists_only_the_installed_providers(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = set(onnxruntime.get_available_providers())
+    cpu = capabilities(CPU).ort_providers
+    assert "CPUExecutionProvider" in cpu and set(cpu) <= installed
+    assert all(ORT_PROVIDERS[p][0] == "cpu" for p in cpu)
+    # another build: only the providers it has, each on its device; Azure is no device
+    monkeypatch.setattr(onnxruntime, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "AzureExecutionProvider",
+                                 "CPUExecutionProvider"])
+    assert installed_ort_providers("cuda") == ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+    assert installed_ort_providers("cpu") == ("CPUExecutionProvider",)
+    assert installed_ort_providers("mps") == ()
+
+
+def test_the_runtime_exists_only_where_onnxruntime_has_a_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "onnxruntime" in available_runtimes(CPU)
+    bare = dataclasses.replace(capabilities(CPU), ort_providers=())
+    monkeypatch.setattr(runtime_module, "capabilities", lambda device: bare)
+    assert "onnxruntime" not in available_runtimes(CPU)
+    assert isinstance(bare, Capabilities) and device_table.ORT_PROVIDERS  # the one table, read here
+
+
+def test_fp32_outputs_match_torch_and_the_session_is_opened_once(residual_spec: ModelSpec, tmp_path: Path) -> None:
+    runner = _runner(residual_spec, tmp_path)
+    eager = runner.run(runtime="eager")
+    result = runner.run(runtime="onnxruntime")
+    session = runner.prepared(result)
+    assert session is not None
+    inputs = residual_spec.example_inputs(8)
+    with torch.no_grad():
+        reference = runner.model(*inputs)
+    assert torch.allclose(session(*inputs), reference, atol=1e-5)
+    report = result.report
+    assert report.metric_value == pytest.approx(eager.report.metric_value, abs=1e-9)
+    assert "onnxruntime CPUExecutionProvider" in report.device and "ORT_ENABLE_ALL" in report.device
+    assert f"{torch.get_num_threads()} intra-op thread(s)" in report.device
+    assert report.extra["runtime_session_seconds"] > 0
+    assert result.seconds["runtime_sessions"] > 0 and result.seconds["exports"] > 0
+    # paid once: the same prefix under the runtime again is a cache hit, the same open session
+    assert runner.prepare({}, "onnxruntime") is session
+    again = runner.run(runtime="onnxruntime")
+    assert again.objective.cached and again.seconds["runtime_sessions"] == 0
+
+
+def test_int8_metric_is_the_plain_session_metric_and_a_replay_gives_the_same_file(
+    digits_spec: ModelSpec, tmp_path: Path
+) -> None:
+    runner = _runner(digits_spec, tmp_path / "search", [{"stage": "quantize", "method": "int8_dynamic"}])
+    result = runner.run(runtime="onnxruntime")
+    recipe = Recipe.from_json(result.recipe(digits_spec.name).to_json())
+    assert recipe.runtime == "onnxruntime"
+    (export,) = recipe.exports()
+    assert export.to_dict()["unmirrored"] == "infeasible"
+    # the recipe replayed elsewhere: the same file, the same metric
+    replay_runner = Runner(recipe_pipeline(recipe.stages), digits_spec, CPU,
+                           cache=NodeCache(export_dir=tmp_path / "replay" / "exports"), latency=FAST,
+                           work_dir=tmp_path / "replay")
+    replay = replay_runner.run({}, recipe.runtime)
+    path = Path(replay.exports["export.onnx"].path)
+    assert replay.report.metric_value == result.report.metric_value
+    first = next((tmp_path / "search" / "exports").glob("*/digits.onnx"))
+    assert _sha(path) == _sha(first)
+    graph = onnx.load(str(path))
+    assert any(node.op_type == "MatMulInteger" or node.op_type == "DynamicQuantizeMatMul" for node in graph.graph.node)
+    assert replay.report.size_bytes == path.stat().st_size
+    # what a user gets from the file alone, with plain onnxruntime
+    plain = onnxruntime.InferenceSession(str(path))
+    names = [i.name for i in plain.get_inputs()]
+
+    def run_plain(*inputs: torch.Tensor) -> torch.Tensor:
+        feed = {name: t.numpy() for name, t in zip(names, inputs, strict=True)}
+        return torch.from_numpy(plain.run(None, feed)[0])
+
+    metric = compute_metric(run_plain, digits_spec.evaluation(), digits_spec.metric, CPU)
+    assert metric == pytest.approx(result.report.metric_value, abs=1e-9)
+
+
+def test_static_int8_is_calibrated_qdq_keeping_the_head_float(digits_spec: ModelSpec, tmp_path: Path) -> None:
+    runner = _runner(digits_spec, tmp_path, [{"stage": "quantize", "method": "int8_static_pt2e"}])
+    result = runner.run(runtime="onnxruntime")
+    path = next((tmp_path / "exports").glob("*/digits.onnx"))
+    graph = onnx.load(str(path))
+    ops = {node.op_type for node in graph.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    head = [n for n in graph.graph.node if n.op_type in ("Gemm", "MatMul") and any(o.name in n.output for o in
+                                                                                   graph.graph.output)]
+    assert head and not any(i.endswith("_DequantizeLinear_Output") for i in head[0].input)  # the head stays float
+    assert result.report.metric_value > 0.9
+
+
+def test_a_method_onnxruntime_cannot_mirror_is_infeasible_with_the_reason(
+    digits_spec: ModelSpec, tmp_path: Path
+) -> None:
+    runner = _runner(digits_spec, tmp_path, [{"stage": "quantize", "method": "int8_weight_only"}])
+    with pytest.raises(InfeasibleConfig, match="int8_weight_only keeps activations float"):
+        runner.run(runtime="onnxruntime")
+    assert not list((tmp_path / "exports").glob("*/digits.onnx")), "no float model in place of the int8 one"
+
+
+class _DataDependentBranch(nn.Module):
+    """torch.export cannot trace a Python branch on a tensor value: the ONNX export fails (the branch is
+    always taken, so the model itself is deterministic and passes the study's self-check)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        return y if float(y.detach().abs().sum()) >= 0 else -y
+
+
+def test_a_failed_export_makes_the_runtime_infeasible_and_the_study_goes_on(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    model = _DataDependentBranch(residual_spec.build())
+    spec = dataclasses.replace(residual_spec, name="branchy", build=lambda: model)
+    config = SearchConfig.load(None, pipeline="default", sampler="random", runtimes=("eager", "onnxruntime"),
+                               latency_budget="quick", exports="none", disabled=("amp",), seeds=[])
+    search = Search(spec, CPU, config, storage=f"sqlite:///{tmp_path / 'optuna.db'}", track=False)
+    trials = run_search(search, trials=3).study.trials
+    # the baseline (eager), then its recipe under onnxruntime (the runtime sweep): infeasible, with why
+    assert trials[0].state.name == "COMPLETE"
+    assert trials[1].state.name == "PRUNED" and trials[1].params["runtime"] == "onnxruntime"
+    assert "ONNX export (torch.onnx, dynamo) failed" in trials[1].user_attrs[ATTR_REASON]
+    assert len(trials) == 3 and trials[2].state.name in ("COMPLETE", "PRUNED")

@@ -1,0 +1,174 @@
+"""Rule out before running: a configuration that cannot change the model is not a trial, the check
+comes before any costly stage of its chain, it is counted and said, and it is never sampled again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import torch
+from torch import nn
+
+from pipeline.core.model_facts import ModelFacts
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from pipeline.search import Search, SearchConfig, SeedRecipe, run_search
+from pipeline.search.config import finished_states
+from pipeline.search.duplicates import TrialBudget
+from pipeline.search.objectives import ATTR_REASON, ATTR_SEED
+from pipeline.search.rule_out import ATTR_RULED_OUT, ATTR_RULED_OUT_COUNTS, RuleOut, study_choices
+
+NEVER = "toy.never cannot change this model"
+#: One entry per run of the costly toy stage (a distillation, say).
+COSTLY_RUNS: list[str] = []
+
+
+class CostlyConfig(StageConfig):
+    """A costly stage at the head of the chain; never suggested (only a seed runs it)."""
+
+    stage = "toy.costly"
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> CostlyConfig | None:
+        return None
+
+
+class KnobConfig(StageConfig):
+    """A stage that changes nothing, with a float param: every sampled trial is a distinct recipe."""
+
+    stage = "toy.knob"
+    value: float = 0.5
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> KnobConfig | None:
+        return cls(value=trial.suggest_float("toy.knob.value", 0.0, 1.0))
+
+
+class NeverConfig(StageConfig):
+    """A stage whose facts say it cannot change the model; its suggest offers what the facts leave."""
+
+    stage = "toy.never"
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> NeverConfig | None:
+        modes = ctx.offered("toy.never.mode", ["off", "on"],
+                            lambda mode: None if mode == "off" else never_rules_out(cls(), ctx.facts))
+        return cls() if trial.suggest_categorical("toy.never.mode", modes) == "on" else None
+
+
+def apply_costly(model: nn.Module, config: CostlyConfig, ctx: StageContext) -> nn.Module:
+    COSTLY_RUNS.append(config.stage)
+    return model
+
+
+def unchanged(model: nn.Module, config: StageConfig, ctx: StageContext) -> nn.Module:
+    return model
+
+
+def never_rules_out(config: Any, facts: ModelFacts | None) -> str | None:
+    return NEVER if facts is not None and facts.of("toy.never") == "nothing to change" else None
+
+
+def read_never_facts(model: nn.Module, ctx: StageContext) -> str:
+    return "nothing to change"
+
+
+@pytest.fixture(scope="module")
+def toy_stages() -> Iterator[None]:
+    with registered(Stage(CostlyConfig, apply_costly), Stage(KnobConfig, unchanged),
+                    Stage(NeverConfig, unchanged, facts=read_never_facts, rules_out=never_rules_out)):
+        yield
+
+
+def toy_search(spec: ModelSpec, folder: Path, seeds: list[dict[str, Any]]) -> Search:
+    pipeline_file = folder / "costly-then-never.yaml"
+    pipeline_file.write_text("nodes:\n  - {op: model}\n  - {op: toy.costly}\n  - {op: toy.knob}\n  - {op: toy.never}\n"
+                             "  - {name: evaluate, op: evaluate}\n")
+    config = SearchConfig.load(None, pipeline=str(pipeline_file), sampler="random", runtimes=("eager",),
+                               latency_budget="quick", exports="none", seeds=seeds)
+    return Search(spec, torch.device("cpu"), config, storage=f"sqlite:///{folder / 'optuna.db'}", track=False)
+
+
+COSTLY_THEN_NEVER = ({"stage": "toy.costly"}, {"stage": "toy.never"})
+
+
+def test_a_ruled_out_configuration_is_no_trial_and_its_costly_prefix_never_runs(
+    toy_stages: None, residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    search = toy_search(residual_spec, tmp_path, seeds=[{"name": "costly-then-never", "stages": COSTLY_THEN_NEVER}])
+    COSTLY_RUNS.clear()
+    outcome = run_search(search, trials=3)
+    assert COSTLY_RUNS == [], "the check came before the costly stage at the head of the chain"
+    trials = outcome.study.trials
+    ruled = trials[1]
+    assert ruled.user_attrs[ATTR_SEED] == "costly-then-never"
+    assert ruled.state.name == "PRUNED" and ruled.values is None
+    assert ruled.user_attrs[ATTR_RULED_OUT] == f"toy.never: {NEVER}"
+    assert ruled.user_attrs[ATTR_REASON] == f"ruled out: toy.never: {NEVER}"
+    assert TrialBudget(3, finished_states()).counted(outcome.study) == 3 and len(trials) == 4, "not counted"
+    assert outcome.study.user_attrs[ATTR_RULED_OUT_COUNTS] == {f"toy.never: {NEVER}": 1}
+    assert any(note.startswith("1 configuration(s) ruled out before running") and NEVER in note
+               for note in outcome.notes)
+    sampled = [t for t in trials if ATTR_SEED not in t.user_attrs]
+    assert sampled and all(t.distributions["toy.never.mode"].choices == ("off",) for t in sampled), (
+        "the ruled-out choice is never sampled")
+
+
+def test_a_study_that_offered_a_choice_before_keeps_it_and_answers_it_without_running(
+    toy_stages: None, residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """A study begun before its facts were read offered "on": Optuna cannot change the choices, so they
+    stay, and a sampled "on" is ruled out at once (never run, not counted) instead of failing the trial."""
+    search = toy_search(residual_spec, tmp_path, seeds=[])
+    study = search.open_study()
+    search.ensure_baseline(study)
+    study.enqueue_trial({"toy.never.mode": "on", "toy.knob.value": 0.25})
+    study.enqueue_trial({"toy.never.mode": "on", "toy.knob.value": 0.25})  # identical: ruled out again, not run
+    both = optuna.distributions.CategoricalDistribution(["off", "on"])
+    earlier = optuna.trial.create_trial(params={"toy.never.mode": "off"}, distributions={"toy.never.mode": both},
+                                        state=optuna.trial.TrialState.FAIL)
+    study.add_trial(earlier)
+    assert study_choices(study.get_trials(deepcopy=False)) == {"toy.never.mode": ("off", "on")}
+    outcome = run_search(search, trials=3)  # the failed trial, the baseline and one sampled trial
+    states = {t.number: (t.state.name, t.user_attrs.get(ATTR_RULED_OUT)) for t in outcome.study.trials}
+    assert states[1] == ("PRUNED", f"toy.never: {NEVER}") and states[2] == ("PRUNED", f"toy.never: {NEVER}")
+    assert outcome.study.user_attrs[ATTR_RULED_OUT_COUNTS][f"toy.never: {NEVER}"] >= 2
+    assert all(t.state.name != "FAIL" for t in outcome.study.trials if t.number != 3)
+
+
+def test_facts_a_stage_cannot_read_rule_nothing_out_and_are_said(toy_stages: None, residual_spec: ModelSpec) -> None:
+    def unreadable(model: nn.Module, ctx: StageContext) -> str:
+        raise RuntimeError("this model hides its blocks")
+
+    stage = Stage(NeverConfig, unchanged, facts=unreadable, rules_out=never_rules_out)
+    rules = RuleOut.read(residual_spec.build(), residual_spec, torch.device("cpu"), [stage])
+    assert rules.reason([NeverConfig()]) is None
+    assert rules.unknown_line() == ("model facts not read (nothing ruled out for these stages): "
+                                    "toy.never: RuntimeError: this model hides its blocks")
+
+
+def test_a_torchscript_model_gets_no_trial_of_a_stage_that_cannot_act_on_it(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    scripted = torch.jit.script(residual_spec.build())
+    spec = ModelSpec(name="scripted_mlp", build=lambda: scripted, example_inputs=residual_spec.example_inputs,
+                     calibration=residual_spec.calibration, evaluation=residual_spec.evaluation,
+                     metric=residual_spec.metric, latency_batch_sizes=(1,), training=residual_spec.training,
+                     loss=residual_spec.loss)
+    config = SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none",
+                               seeds=[SeedRecipe(name="amp", stages=({"stage": "amp", "dtype": "bfloat16"},))])
+    search = Search(spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
+    assert search.rules.reason([search.pipeline.stage("amp").config_type()]) == (
+        "amp: the model is TorchScript: its layers are compiled code that AMP cannot cast layer by layer (its "
+        "forward hooks: register_forward_hook is not supported on ScriptModules); give the Python model (a spec) "
+        "or a torch.export .pt2 file instead")
+    outcome = run_search(search, trials=2)
+    trials = outcome.study.trials
+    seeded = {t.user_attrs[ATTR_SEED]: t for t in trials if ATTR_SEED in t.user_attrs}
+    assert seeded["amp"].state.name == "PRUNED" and seeded["amp"].user_attrs[ATTR_RULED_OUT].startswith(
+        "amp: the model is TorchScript"), "answered at once with the user-level reason, not run"
+    assert all(set(t.params) <= {"quantize.method"} for t in trials), "no prune, distill or AMP param is sampled"
+    assert all(t.state.name != "FAIL" for t in trials)

@@ -1,0 +1,114 @@
+"""Study names that survive a new stage: the default name does not hash the stage list, a resumed study
+records its stages, and a study named the old way is found by the one migration rule."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from rich.console import Console
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from pipeline.engine.graph import default_pipeline, load_pipeline
+from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
+from pipeline.search.config import legacy_study_name
+from pipeline.search.objectives import ATTR_SEED
+from pipeline.search.study_names import ATTR_STAGES, ATTR_STUDY_KEY
+
+CPU = torch.device("cpu")
+FOLD = "toy.fold:toy.fold"
+
+
+class FoldConfig(StageConfig):
+    """A toy stage a user installs later, between prune and quantize (on in the seed, off when sampled)."""
+
+    stage = "toy.fold"
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> FoldConfig | None:
+        return None
+
+
+@contextmanager
+def fold_installed() -> Iterator[None]:
+    with registered(Stage(FoldConfig, lambda model, config, ctx: model, order=25)):
+        yield
+
+
+def _config() -> SearchConfig:
+    return SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none",
+                             disabled=("distill", "amp"), seeds=[])
+
+
+def _search(spec: ModelSpec, folder: Path) -> Search:
+    return Search(spec, CPU, _config(), storage=f"sqlite:///{folder / 'optuna.db'}", track=False)
+
+
+def _run(search: Search, trials: int, folder: Path) -> str:
+    with (folder / "out.txt").open("w") as stream:
+        run_search(search, trials, console=Console(file=stream, width=300))
+    return (folder / "out.txt").read_text()
+
+
+def test_adding_a_stage_keeps_the_default_study_name(residual_spec: ModelSpec) -> None:
+    config = SearchConfig.load()
+    name = study_name(residual_spec, CPU, config, default_pipeline())
+    legacy = legacy_study_name(residual_spec, CPU, config, default_pipeline())
+    with fold_installed():
+        assert "toy.fold" in default_pipeline().describe(), "the toy stage joins the default pipeline"
+        assert study_name(residual_spec, CPU, config, default_pipeline()) == name
+        assert legacy_study_name(residual_spec, CPU, config, default_pipeline()) != legacy, "the old rule renamed it"
+
+
+def test_a_pipeline_file_keeps_its_old_name(residual_spec: ModelSpec, tmp_path: Path) -> None:
+    """Only the default pipeline's name changed rule: a pipeline file's nodes are what its trials mean."""
+    path = tmp_path / "pipeline.yaml"
+    path.write_text("nodes:\n  - {op: model}\n  - {op: prune}\n  - {name: evaluate, op: evaluate}\n")
+    config = SearchConfig.load(None, pipeline=str(path))
+    pipeline = load_pipeline(str(path))
+    assert study_name(residual_spec, CPU, config, pipeline) == legacy_study_name(residual_spec, CPU, config, pipeline)
+
+
+def test_a_resumed_study_takes_the_new_stage_into_its_search_space(residual_spec: ModelSpec, tmp_path: Path) -> None:
+    first = _search(residual_spec, tmp_path)
+    _run(first, 1, tmp_path)
+    study = first.open_study(create=False)
+    assert FOLD not in study.user_attrs[ATTR_STAGES] and "prune:prune" in study.user_attrs[ATTR_STAGES]
+    with fold_installed():
+        again = Search(residual_spec, CPU, _config(), storage=first.storage, track=False,
+                       extra_seeds=[SeedRecipe(name="fold", stages=({"stage": "toy.fold"},))])
+        assert again.study_name == first.study_name
+        output = _run(again, 2, tmp_path)
+        study = again.open_study(create=False)
+    assert f"study {first.study_name}: {FOLD} joined its search space" in output
+    assert FOLD in study.user_attrs[ATTR_STAGES]
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"], "resumed: one more trial, the new stage's"
+    assert trials[1].user_attrs[ATTR_SEED] == "fold"
+
+    # Uninstalled again: the trial that used it cannot be read back, and the run says so before any trial.
+    with pytest.raises(ConfigError, match=rf"^study {first.study_name} has trials with stage\(s\) {FOLD}, which "
+                                          r"are not installed now: install them again"):
+        _search(residual_spec, tmp_path).open_study()
+
+
+def test_a_study_named_the_old_way_resumes_under_its_name(residual_spec: ModelSpec, tmp_path: Path) -> None:
+    """The migration rule: the legacy name (the stage list hashed) is found and kept, and once opened the
+    study records the new key, so a stage added later still finds it."""
+    search = _search(residual_spec, tmp_path)
+    legacy = legacy_study_name(residual_spec, CPU, search.config, search.pipeline)
+    key = study_name(residual_spec, CPU, search.config, search.pipeline)
+    assert legacy != key
+    optuna.create_study(study_name=legacy, storage=search.storage, directions=search.objectives.directions())
+    assert search.study_name == legacy
+    assert search.open_study().user_attrs[ATTR_STUDY_KEY] == key
+    with fold_installed():
+        later = _search(residual_spec, tmp_path)
+        assert legacy_study_name(residual_spec, CPU, later.config, later.pipeline) != legacy
+        assert later.study_name == legacy

@@ -1,0 +1,53 @@
+"""The runtime sweep covers the top few feasible stage lists, not only the fastest one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.core.stage import StageConfig, config_from_dict
+from pipeline.engine.recipe import Recipe
+from pipeline.search.record import COMPLETE, TrialRecord
+from pipeline.search.sweep import RuntimeSweepIndex
+
+BF16 = config_from_dict({"stage": "amp", "dtype": "bfloat16"})
+FP16 = config_from_dict({"stage": "amp", "dtype": "float16"})
+INT8 = config_from_dict({"stage": "quantize", "method": "int8_dynamic"})
+PRUNE = config_from_dict({"stage": "prune", "ratio": 0.3})
+RUNTIMES = ["eager", "compile", "compile_cudagraphs"]
+
+
+def record(number: int, stages: Sequence[StageConfig], runtime: str = "eager") -> TrialRecord:
+    return TrialRecord(number=number, state=COMPLETE, runtime=runtime, recipe=Recipe(stages=tuple(stages),
+                                                                                     runtime=runtime))
+
+
+def proposed(index: RuntimeSweepIndex, top: int) -> list[tuple[int, str]]:
+    return [(p.number, p.runtime) for p in index.proposals(RUNTIMES, top)]
+
+
+def test_the_sweep_covers_the_top_k_feasible_stage_lists() -> None:
+    index = RuntimeSweepIndex()
+    index.add(record(0, []), 10.0)
+    index.add(record(1, [BF16]), 4.0)
+    index.add(record(2, [FP16]), 4.5)
+    index.add(record(3, [INT8]), 8.0)
+    index.add(record(4, [PRUNE]), None)  # over the allowed drop: never swept
+    assert index.fastest == 4.0
+    assert proposed(index, 1) == [(1, "compile"), (1, "compile_cudagraphs")]
+    assert proposed(index, 3) == [(1, "compile"), (1, "compile_cudagraphs"), (2, "compile"),
+                                  (2, "compile_cudagraphs"), (3, "compile"), (3, "compile_cudagraphs")]
+    assert all(p.stages != (PRUNE.to_dict(),) for p in index.proposals(RUNTIMES, 10))
+    assert index.proposals(["eager"], 3) == [], "one runtime: nothing to sweep"
+
+
+def test_a_stage_list_leaves_the_sweep_once_tried_under_every_runtime_and_ranks_by_its_best() -> None:
+    index = RuntimeSweepIndex()
+    index.add(record(0, [BF16]), 4.0)
+    index.add(record(1, [FP16]), 4.5)
+    index.add(record(2, [BF16], "compile"), 1.0)  # a swept trial: bf16 is tried under compile now
+    index.add(record(2, [BF16], "compile"), 1.0)  # indexed once
+    index.add(record(3, [INT8], "compile"), 3.0)
+    assert proposed(index, 2) == [(2, "compile_cudagraphs"), (3, "eager"), (3, "compile_cudagraphs")]
+    assert index.top(1)[0][1].stages == (BF16.to_dict(),), "the stages of the best trial are swept"
+    index.add(record(4, [BF16], "compile_cudagraphs"), 0.8)
+    assert proposed(index, 2) == [(3, "eager"), (3, "compile_cudagraphs")]
