@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 #: The optimizer's model type for encoders of the BERT family (BERT, MiniLM, RoBERTa ...).
 BERT_MODEL_TYPE = "bert"
+#: The operator domain of ORT's contrib (fused) ops.
+ORT_DOMAIN = "com.microsoft"
 
 
 def transformer_fusions(path: Path) -> tuple[onnx.ModelProto, str]:
@@ -33,4 +35,12 @@ def transformer_fusions(path: Path) -> tuple[onnx.ModelProto, str]:
     except Exception as exc:  # the optimizer raises plain Exceptions, onnx errors, KeyError ...
         raise converter_failure("onnxruntime transformer fusions (model_type 'bert')", exc) from exc
     fused = ", ".join(f"{count} {op}" for op, count in sorted(stats.items()) if count) or "nothing fused"
-    return optimized.model, f"onnxruntime transformer fusions (bert): {fused}"
+    model = optimized.model
+    # The fused ops (BiasGelu, SkipLayerNormalization ...) live in ORT's own domain; the optimizer does not
+    # always declare it, and onnx's shape inference (run by ORT's quantizer) then fails on them.
+    if any(node.domain == ORT_DOMAIN for node in model.graph.node) and not any(
+            entry.domain == ORT_DOMAIN for entry in model.opset_import):
+        from onnx import helper
+
+        model.opset_import.append(helper.make_opsetid(ORT_DOMAIN, 1))
+    return model, f"onnxruntime transformer fusions (bert): {fused}"
