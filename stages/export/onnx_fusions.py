@@ -35,12 +35,16 @@ def transformer_fusions(path: Path) -> tuple[onnx.ModelProto, str]:
     except Exception as exc:  # the optimizer raises plain Exceptions, onnx errors, KeyError ...
         raise converter_failure("onnxruntime transformer fusions (model_type 'bert')", exc) from exc
     fused = ", ".join(f"{count} {op}" for op, count in sorted(stats.items()) if count) or "nothing fused"
-    model = optimized.model
-    # The fused ops (BiasGelu, SkipLayerNormalization ...) live in ORT's own domain; the optimizer does not
-    # always declare it, and onnx's shape inference (run by ORT's quantizer) then fails on them.
+    return declare_ort_domain(optimized.model), f"onnxruntime transformer fusions (bert): {fused}"
+
+
+def declare_ort_domain(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with ORT's contrib domain in its opset imports when a node uses it. The fused ops
+    (BiasGelu, SkipLayerNormalization ...) live there; the optimizer does not always declare it, and
+    onnx's shape inference (run by ORT's quantizer) then fails on them ("No opset import for domain")."""
     if any(node.domain == ORT_DOMAIN for node in model.graph.node) and not any(
             entry.domain == ORT_DOMAIN for entry in model.opset_import):
         from onnx import helper
 
         model.opset_import.append(helper.make_opsetid(ORT_DOMAIN, 1))
-    return model, f"onnxruntime transformer fusions (bert): {fused}"
+    return model

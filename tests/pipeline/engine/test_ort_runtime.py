@@ -170,3 +170,24 @@ def test_a_failed_export_makes_the_runtime_infeasible_and_the_study_goes_on(
     assert trials[1].state.name == "PRUNED" and trials[1].params["runtime"] == "onnxruntime"
     assert "ONNX export (torch.onnx, dynamo) failed" in trials[1].user_attrs[ATTR_REASON]
     assert len(trials) == 3 and trials[2].state.name in ("COMPLETE", "PRUNED")
+
+
+def test_fused_graphs_declare_the_ort_domain_so_int8_shape_inference_runs() -> None:
+    """MiniLM's fused graph had a BiasGelu node without a com.microsoft opset import, and ORT's int8
+    quantizers failed in onnx shape inference; the fusions now declare the domain."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from stages.export.onnx_fusions import ORT_DOMAIN, declare_ort_domain
+
+    node = helper.make_node("BiasGelu", ["x", "b"], ["y"], domain=ORT_DOMAIN)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                                            helper.make_tensor_value_info("b", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(Exception, match="opset import for domain"):
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    fixed = declare_ort_domain(model)
+    assert [entry.domain for entry in fixed.opset_import].count(ORT_DOMAIN) == 1
+    onnx.shape_inference.infer_shapes(fixed, strict_mode=True)
+    assert [entry.domain for entry in declare_ort_domain(fixed).opset_import].count(ORT_DOMAIN) == 1
