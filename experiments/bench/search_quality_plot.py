@@ -36,7 +36,7 @@ def save_figure(result: dict[str, Any], path: Path) -> None:
     curves.axhline(target * result["hv_reference"], c="tab:red", ls="--", lw=0.8,
                    label=f"{100 * target:.0f} % of the longest run")
     curves.axvline(compare, c="0.5", ls=":", lw=0.8)
-    curves.set_xlabel("trials (repeats not counted)")
+    curves.set_xlabel("trials (repeats and ruled-out configurations not counted)")
     curves.set_ylabel("hypervolume (drop share kept x ln speed-up)")
     curves.set_title(f"{result['model']} on {result['device']}: hypervolume against trials")
     curves.legend(fontsize="small", loc="lower right")

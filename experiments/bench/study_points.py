@@ -1,8 +1,9 @@
 """A paretorch study, read back from its Optuna storage alone, as :class:`TrialPoint` rows.
 
 Everything comes from what the search stored: the baseline (study attr), the search config (its
-objectives and allowed drop), each trial's objective values, constraint and repeat mark, so a study
-run on another machine is read without its model.
+objectives and allowed drop), each trial's objective values, constraint and whether the trial budget
+counts it (repeats and ruled-out configurations do not), so a study run on another machine is read
+without its model.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from experiments.bench.hypervolume import TrialPoint
 from pipeline.core.errors import ConfigError
 from pipeline.search.allowed_drop import AllowedDrop
 from pipeline.search.config import finished_states
-from pipeline.search.duplicates import is_repeat
+from pipeline.search.duplicates import not_counted
 from pipeline.search.objectives import (
     ATTR_BASELINE,
     ATTR_LATENCY_UNSTABLE,
@@ -78,7 +79,7 @@ def study_points(study: optuna.Study) -> StudyPoints:
             drop_share = drop / allowed if allowed > 0 else (0.0 if drop <= 0 else math.inf)
             speedup = baseline.latency_ms / trial.values[latency] if trial.values[latency] > 0 else math.nan
         recipe = str(trial.user_attrs.get(ATTR_RECIPE_LINE, "")).partition(" | -> ")[0]
-        points.append(TrialPoint(trial.number, not is_repeat(trial), feasible, drop_share, speedup, recipe,
+        points.append(TrialPoint(trial.number, not not_counted(trial), feasible, drop_share, speedup, recipe,
                                  study.study_name))
     starts = [t.datetime_start for t in trials if t.datetime_start is not None]
     ends = [t.datetime_complete for t in trials if t.datetime_complete is not None]
