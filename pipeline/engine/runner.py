@@ -19,9 +19,7 @@ script and a search trial run a recipe the same way.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,13 +38,12 @@ from pipeline.core.runtime import ExportedRuntime, exported_runtime, is_compiled
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, config_from_dict, get_stage
 from pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
+from pipeline.engine.exported import OpenSessions, exported_report
 from pipeline.engine.graph import Pipeline
 from pipeline.engine.recipe import Recipe
 
 #: Time categories of a run: stage work, measurement, exports, opening exported files in their runtime.
 TIME_CATEGORIES = ("model_load", "stages", "evaluation", "exports", "runtime_sessions")
-#: Sessions of exported runtimes kept open (most recent first out last): each holds its model's weights.
-OPEN_SESSIONS = 4
 
 
 @dataclass
@@ -162,8 +159,8 @@ class Runner:
         #: The last evaluated model prepared for its runtime, by evaluation key: a search times it again,
         #: paired with the baseline, without compiling it twice (:meth:`prepared`).
         self._prepared: tuple[str, Callable[..., Tensor]] | None = None
-        #: Open sessions of exported runtimes by export key (at most OPEN_SESSIONS, least recent dropped).
-        self._sessions: OrderedDict[str, OrtModel] = OrderedDict()
+        #: Open sessions of exported runtimes by export key.
+        self._sessions = OpenSessions()
         #: Seconds of the current node that belong to another category (an exported runtime's export, session).
         self._side_seconds: dict[str, float] = {}
         #: Seconds spent per category over this runner's life, failed runs included.
@@ -342,7 +339,7 @@ class Runner:
             report = evaluate_model(model, self.spec, self.device, runtime=runtime,
                                     settings=self.latency, batch_sizes=self.batch_sizes, fn=fn)
             if artifact is not None and session is not None:
-                report = _exported_report(report, artifact.value, session)
+                report = exported_report(report, artifact.value, session)
             cached = CachedOutput(report, nbytes=0)
             self.cache.put(key, cached)
         return NodeResult(name, "evaluate", key, cached.value, cached=hit, runtime_export=export_config)
@@ -366,27 +363,18 @@ class Runner:
             key = node_key(exported.export_stage, config.to_dict(), (parent.key,), self.device.type)
             return self._export(f"runtime.{exported.export_stage}", key, config, parent)
         finally:
-            self._side_seconds["exports"] = self._side_seconds.get("exports", 0.0) + time.perf_counter() - start
+            self._add_side("exports", time.perf_counter() - start)
 
     def _open_exported(self, exported: ExportedRuntime, artifact: NodeResult) -> OrtModel:
         """The session of an exported file, opened once (its seconds count as runtime sessions)."""
-        if artifact.key in self._sessions:
-            self._sessions.move_to_end(artifact.key)
-            return self._sessions[artifact.key]
-        session = exported.open_file(Path(artifact.value.path), self.device)
-        self._side_seconds["runtime_sessions"] = (self._side_seconds.get("runtime_sessions", 0.0)
-                                                  + session.creation_seconds)
-        self._sessions[artifact.key] = session
-        while len(self._sessions) > OPEN_SESSIONS:
-            self._sessions.popitem(last=False)
+        session, opened = self._sessions.get(artifact.key,
+                                             lambda: exported.open_file(Path(artifact.value.path), self.device))
+        if opened:
+            self._add_side("runtime_sessions", session.creation_seconds)
         return session
 
-
-def _exported_report(report: ModelReport, export: ExportResult, session: OrtModel) -> ModelReport:
-    """An exported runtime's report: the file's size, the session's settings and creation seconds."""
-    device = f"{report.device}; {session.settings.describe()}"
-    return dataclasses.replace(report, size_bytes=export.size_bytes, device=device,
-                               extra={**report.extra, "runtime_session_seconds": session.creation_seconds})
+    def _add_side(self, category: str, seconds: float) -> None:
+        self._side_seconds[category] = self._side_seconds.get(category, 0.0) + seconds
 
 
 def _export_evaluation(result: ExportResult | None) -> dict[str, Any] | None:
