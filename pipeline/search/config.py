@@ -12,11 +12,12 @@ import optuna
 import torch
 import yaml
 from optuna.trial import TrialState
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, field_validator
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import LatencySettings
 from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
+from pipeline.core.runtime import RUNTIMES
 from pipeline.core.stage import format_validation_error
 from pipeline.engine.graph import Pipeline
 from pipeline.search.allowed_drop import AllowedDrop
@@ -76,6 +77,15 @@ class SearchConfig(BaseModel):
     #: and which trials the search proposes besides its sampler's (a resumed study may change them).
     RUN_ONLY_FIELDS: ClassVar[frozenset[str]] = frozenset({"exports", "cache_mb", "compose", "sweep_top",
                                                             "screening"})
+
+    @field_validator("runtimes")
+    @classmethod
+    def _known_runtimes(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Names a device may lack are dropped later (the capability table); an unknown name is a typo."""
+        unknown = [name for name in names if name not in RUNTIMES]
+        if unknown:
+            raise ValueError(f"unknown runtime(s) {', '.join(unknown)}: choose from {', '.join(RUNTIMES)}")
+        return names
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> SearchConfig:

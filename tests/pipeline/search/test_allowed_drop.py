@@ -141,3 +141,10 @@ def test_the_allowed_drop_moves_the_tag_the_constraint_and_the_sweep_together(
             assert pruned.user_attrs[ATTR_REASON] == (f"over the allowed drop: drop {drop:.4f} > allowed 0 "
                                                       f"(0% of the baseline {baseline.metric_value:.4g})")
     assert seen == {"100%": (True, True, True), "0%": (False, False, False)}
+
+
+def test_an_unknown_runtime_name_is_one_config_error() -> None:
+    """A runtime this device lacks is dropped later; a name no device has is a typo, said at once."""
+    with pytest.raises(ConfigError, match=r"--runtimes: .*unknown runtime\(s\) bogus: choose from eager"):
+        SearchConfig.load(None, runtimes=("eager", "bogus"))
+    assert SearchConfig.load(None, runtimes=("eager", "onnxruntime")).runtimes == ("eager", "onnxruntime")
