@@ -25,6 +25,7 @@ import math
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from pipeline.core.device import capabilities, describe, move_module, resolve_de
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import LatencySettings, ModelReport, compute_metrics
 from pipeline.core.paths import results_dir
-from pipeline.core.runtime import available_runtimes, is_compiled, prepare_runtime
+from pipeline.core.runtime import available_runtimes, exported_runtime, is_compiled, prepare_runtime
 from pipeline.core.spec import ModelSpec
 from pipeline.core.task_data import load_task_data
 from pipeline.core.task_spec import with_task_data
@@ -121,11 +122,15 @@ def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any],
     return rows
 
 
+#: Makes a fresh callable of a measured recipe under its runtime (a compiled one compiles anew).
+Prepare = Callable[[], Callable[..., torch.Tensor]]
+
+
 def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], runtime: str,
-                   batch_sizes: tuple[int, ...]) -> tuple[ModelReport, str, torch.nn.Module]:
+                   batch_sizes: tuple[int, ...]) -> tuple[ModelReport, str, Prepare]:
     """Apply ``configs`` (a fresh chain) and measure under the bench latency settings; also
     returns a note on the stages' own cost (distillation and calibration seconds, apart from latency)
-    and the measured model."""
+    and how to run the measured model again (an exported runtime reopens the file it measured)."""
 
     runner = Runner(recipe_pipeline(configs), spec, device, latency=BENCH_LATENCY, batch_sizes=batch_sizes)
     result = runner.run(runtime=runtime, exports=False)
@@ -135,7 +140,17 @@ def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], ru
     if "quantize.float_layers" in records:
         costs.append(f"{len(records['quantize.float_layers'])} layer(s) kept float")
     model = result.nodes[result.pipeline.objective_node().inputs[0]].value
-    return result.report, ("stage cost: " + ", ".join(costs)) if costs else "", model
+    return result.report, ("stage cost: " + ", ".join(costs)) if costs else "", lambda: prepared(runner, model,
+                                                                                                runtime, device)
+
+
+def prepared(runner: Runner, model: torch.nn.Module, runtime: str, device: torch.device) -> Callable[..., torch.Tensor]:
+    """``model`` (the recipe ``runner`` measured) ready for ``runtime`` once more."""
+    if exported_runtime(runtime) is not None:
+        return runner.prepare({}, runtime)
+    if is_compiled(runtime):
+        torch.compiler.reset()
+    return prepare_runtime(move_module(model, device).eval(), runtime, device)
 
 
 def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, baseline: float | None,
@@ -167,28 +182,27 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     best = min(outcome.pareto, key=lambda t: t.user_attrs[ATTR_METRICS][key])
     recipe = Recipe.from_dict(best.user_attrs[ATTR_RECIPE])
     info = {"trials": trials, "search_seconds": seconds, "best_trial": best.number, "cache": outcome.cache,
+            "runtimes": list(search.runtimes),
             "search_latency_ms": best.user_attrs[ATTR_METRICS][key],
             "stage_work": {name: tally.describe() for name, tally in search.runner.stage_tallies.items()
                            if name in COSTLY_STAGES}}
     return list(recipe.model_stages()), recipe.runtime, info
 
 
-def held_out_check(spec: ModelSpec, device: torch.device, path: Path, best: torch.nn.Module, runtime: str,
+def held_out_check(spec: ModelSpec, device: torch.device, path: Path, best: Prepare, runtime: str,
                    batch_sizes: tuple[int, ...], max_drop: AllowedDrop) -> dict[str, Any]:
-    """The baseline and the search's best model (under its runtime) scored on labelled data the search
-    never saw (``--held-out``), with the same metric and allowed drop."""
+    """The baseline and the search's best model (under its runtime: ``best`` prepares it) scored on
+    labelled data the search never saw (``--held-out``), with the same metric and allowed drop."""
     data = load_task_data(str(path))
     held = with_task_data(spec, data)
 
-    def score(model: torch.nn.Module, runtime: str) -> float:
-        if is_compiled(runtime):
-            torch.compiler.reset()
-        fn = prepare_runtime(move_module(model, device).eval(), runtime, device)
+    def score(fn: Callable[..., torch.Tensor], runtime: str) -> float:
         # As evaluate_model: a compiled runtime runs at the largest measured batch size.
         chunk = max(batch_sizes) if is_compiled(runtime) else None
         return compute_metrics(fn, held.evaluation(), (held.metric,), device, chunk)[held.metric.name]
 
-    baseline, value = score(spec.build(), "eager"), score(best, runtime)
+    baseline = score(prepare_runtime(move_module(spec.build(), device).eval(), "eager", device), "eager")
+    value = score(best(), runtime)
     drop = held.metric.drop(baseline, value)
     return {"data": path.name, "rows": len(data),
             "metric": held.metric.name, "runtime": runtime, "baseline": baseline, "best": value, "drop": drop,
@@ -236,12 +250,12 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
         print(f"[bench] {spec.name}: search, {trials} trials, objective latency at batch {batch}",
               file=sys.stderr, flush=True)
         configs, runtime, search_info = run_search_best(spec, device, trials, batch, max_drop, work)
-        report, _, best_model = measure_recipe(spec, device, configs, runtime, batch_sizes)
+        report, _, prepare_best = measure_recipe(spec, device, configs, runtime, batch_sizes)
         rows.append(row_from_report(f"search best ({trials} trials)", "search", describe_chain(configs, runtime),
                                     report, baseline_metric, spec))
         if held_out is not None:
             print(f"[bench] {spec.name}: held-out check on {held_out}", file=sys.stderr, flush=True)
-            held_out_info = held_out_check(spec, device, held_out, best_model, runtime, batch_sizes, max_drop)
+            held_out_info = held_out_check(spec, device, held_out, prepare_best, runtime, batch_sizes, max_drop)
     # The baseline again, last: how much the machine drifted over the run.
     recheck, _, _ = measure_recipe(spec, device, [], "eager", batch_sizes)
     return {
@@ -283,7 +297,9 @@ def render_table(result: dict[str, Any]) -> str:
         "",
         f"torch {result['torch']}, measured {result['date']}; latency = median of >= "
         f"{result['latency_settings']['min_runs']} runs and >= {result['latency_settings']['min_seconds']} s "
-        "after warm-up; compile time excluded.",
+        "after warm-up; compile time excluded."
+        + (f" The search's runtimes: {', '.join(runtimes)}." if (runtimes := (result.get("search") or {})
+                                                                 .get("runtimes")) else ""),
         "",
         f"| recipe | {result['metric']} | drop |" + (f" {fidelity} |" if fidelity else "")
         + f" p50 ms b{batch} | speed-up vs fp32 | other batches (p50 ms) | size | note |",

@@ -22,6 +22,8 @@ from torch import Tensor, nn
 
 from pipeline.core.device import capabilities
 from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.mirror import ExportMirror
+from pipeline.core.ort_mirror import ort_unmirrored
 from pipeline.core.ort_session import OrtModel, open_session
 
 RuntimeName = Literal["eager", "compile", "compile_cudagraphs", "onnxruntime"]
@@ -30,12 +32,14 @@ RUNTIMES: tuple[RuntimeName, ...] = ("eager", "compile", "compile_cudagraphs", "
 
 @dataclass(frozen=True)
 class ExportedRuntime:
-    """A runtime that runs an exported file: the export stage that writes it, the export settings the
-    runtime needs (on top of the pipeline's config of that stage, or the stage's defaults), and how it
-    opens the file on a device."""
+    """A runtime that runs an exported file: the export stage that writes it, how it opens the file on a
+    device, what of a recipe's numerics it cannot reproduce (``unmirrored``: reasons, empty when it
+    reproduces all; checked before the recipe's chain runs), and the export settings the runtime needs
+    (on top of the pipeline's config of that stage, or the stage's defaults)."""
 
     export_stage: str
     open_file: Callable[[Path, torch.device], OrtModel]
+    unmirrored: Callable[[ExportMirror], list[str]]
     settings: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -44,7 +48,8 @@ class ExportedRuntime:
 #: stage it cannot mirror makes the trial infeasible instead of measuring a float model, and the
 #: runtime measures latency itself (the export does not time it again).
 EXPORTED_RUNTIMES: dict[str, ExportedRuntime] = {
-    "onnxruntime": ExportedRuntime("export.onnx", open_session, {"measure_latency": False, "unmirrored": "infeasible"}),
+    "onnxruntime": ExportedRuntime("export.onnx", open_session, ort_unmirrored,
+                                   {"measure_latency": False, "unmirrored": "infeasible"}),
 }
 
 
@@ -66,6 +71,17 @@ def exported_runtime(runtime: str) -> ExportedRuntime | None:
     return EXPORTED_RUNTIMES.get(runtime)
 
 
+def runtime_cannot_run(runtime: str, mirror: ExportMirror, scripted: bool) -> str | None:
+    """Why ``runtime`` cannot run a recipe whose numerics are ``mirror`` on a model that is TorchScript
+    (``scripted``) or not, known before any stage of the recipe runs; None: it can."""
+    if scripted and runtime in COMPILED_RUNTIMES:
+        return f"runtime {runtime}: torch.compile cannot compile a TorchScript module (use eager)"
+    exported = EXPORTED_RUNTIMES.get(runtime)
+    if exported is not None and (reasons := exported.unmirrored(mirror)):
+        return f"runtime {runtime} cannot run this recipe as trained: {'; '.join(reasons)}"
+    return None
+
+
 def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Callable[..., Tensor]:
     """Wrap ``model`` (already on ``device``) for ``runtime``; compilation is lazy."""
     if runtime not in RUNTIMES:
@@ -77,8 +93,8 @@ def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Cal
     if runtime in EXPORTED_RUNTIMES:
         raise ValueError(f"runtime {runtime} runs an exported file, not a torch module: run the model through "
                          f"the Runner (it exports with {EXPORTED_RUNTIMES[runtime].export_stage} and opens the file)")
-    if isinstance(model, torch.jit.ScriptModule):
-        raise InfeasibleConfig(f"runtime {runtime}: torch.compile cannot compile a TorchScript module (use eager)")
+    if (why := runtime_cannot_run(runtime, ExportMirror(), isinstance(model, torch.jit.ScriptModule))) is not None:
+        raise InfeasibleConfig(why)
     # Inference only: freezing folds weights into the graph as constants, which the
     # PT2E int8 kernels need (onednn prepacking) and which costs nothing for float models.
     # Dynamo reads the global flag while tracing, so a per-call options dict is not enough.

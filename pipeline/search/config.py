@@ -59,7 +59,7 @@ class SearchConfig(BaseModel):
     max_drop: MaxDrop = AllowedDrop("absolute", 0.01)
     sampler: Literal["tpe", "nsga2", "random"] = "tpe"
     seed: int = 0
-    runtimes: tuple[str, ...] = ("eager", "compile", "compile_cudagraphs")
+    runtimes: tuple[str, ...] = ("eager", "compile", "compile_cudagraphs", "onnxruntime")
     latency_budget: Literal["quick", "normal", "thorough"] = "normal"
     latency_batch: int | None = Field(default=None, ge=1)
     disabled: tuple[str, ...] = ()

@@ -280,5 +280,6 @@ def trial_parts(search: Search, baseline: Baseline) -> tuple[TrialObjective, Pro
     objective = TrialObjective(search, baseline)
     proposals = Proposals(search.config, search.objectives, baseline, search.runtimes,
                           [n.name for n in search.pipeline.stage_nodes()], objective.exports, search.enqueue,
-                          objective.measured)
+                          objective.measured,
+                          runs=lambda configs, runtime: search.rules.runtime_reason(configs, runtime) is None)
     return objective, proposals

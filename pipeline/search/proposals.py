@@ -3,7 +3,8 @@
 :class:`Proposals` is a study callback ``(study, trial, record)`` (the trial loop hands it the record the
 trial objective returned). It enqueues the ``sweep_top`` fastest feasible stage lists (resolved: a
 calibrated AMP policy replays, with no calibration) under each runtime not yet tried with them
-(:mod:`pipeline.search.sweep`), then, once no enqueued trial waits, the compositions of the measured
+(:mod:`pipeline.search.sweep`; a runtime that cannot run a stage list, ``runs``, takes the next fastest
+it can), then, once no enqueued trial waits, the compositions of the measured
 winners (:mod:`pipeline.search.compose`). Feasible means :meth:`Objectives.verdict
 <pipeline.search.objectives.Objectives.verdict>` says so: the one verdict behind the trial's tag, its
 Optuna constraint and these proposals.
@@ -12,11 +13,12 @@ Optuna constraint and these proposals.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.core.stage import StageConfig
+from pipeline.core.stage import StageConfig, config_from_dict
 from pipeline.search.compose import composed_count, compositions, measured
 from pipeline.search.config import SearchConfig, SeedRecipe
 from pipeline.search.objectives import Baseline, Objectives
@@ -28,13 +30,16 @@ Enqueue = Callable[[optuna.Study, SeedRecipe], bool]
 #: Whether a (model stages, runtime) recipe was measured already
 #: (:meth:`pipeline.search.trial_objective.TrialObjective.measured`).
 Known = Callable[[optuna.Study, Sequence[StageConfig], str], bool]
+#: Whether a runtime can run these model stages (:meth:`pipeline.search.rule_out.RuleOut.runtime_reason`).
+Runs = Callable[[Sequence[StageConfig], str], bool]
 
 
 class Proposals:
     """The runtime sweep and the compositions of one study (see the module docstring)."""
 
     def __init__(self, config: SearchConfig, objectives: Objectives, baseline: Baseline, runtimes: Sequence[str],
-                 nodes: Sequence[str], export_nodes: Sequence[str], enqueue: Enqueue, known: Known) -> None:
+                 nodes: Sequence[str], export_nodes: Sequence[str], enqueue: Enqueue, known: Known,
+                 runs: Runs | None = None) -> None:
         self.config = config
         self.objectives = objectives
         self.baseline = baseline
@@ -43,15 +48,20 @@ class Proposals:
         self.export_nodes = set(export_nodes)
         self.enqueue = enqueue
         self.known = known
+        self.runs: Runs = runs or (lambda configs, runtime: True)
         self._sweep: RuntimeSweepIndex | None = None
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
         index = self.sweep_index(study)
         index.add(record, self.feasible_latency(record))
-        for proposal in index.proposals(self.runtimes, self.config.sweep_top):
+        for proposal in index.proposals(self.runtimes, self.config.sweep_top, self.runnable):
             self.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
                                            runtime=proposal.runtime, stages=proposal.stages))
         self.compose(study)
+
+    def runnable(self, stages: tuple[dict[str, Any], ...], runtime: str) -> bool:
+        """Whether ``runtime`` can run these resolved stages (as the sweep keeps them)."""
+        return self.runs([config_from_dict(dict(s)) for s in stages], runtime)
 
     def compose(self, study: optuna.Study) -> int:
         """When no enqueued trial waits, enqueue compositions of the measured winners up to the config's
@@ -64,7 +74,8 @@ class Proposals:
         winners = [m for r in records
                    if (m := measured(r, self.feasible_latency(r) is not None, self.export_nodes))]
         options = compositions(winners, self.runtimes, self.nodes, self.objectives.threshold(self.baseline),
-                               limit=room, known=lambda configs, runtime: self.known(study, configs, runtime))
+                               limit=room, known=lambda configs, runtime: (self.known(study, configs, runtime)
+                                                                           or not self.runs(configs, runtime)))
         return sum(self.enqueue(study, SeedRecipe(name=c.name, runtime=c.runtime,
                                                   stages=tuple(x.to_dict() for x in c.configs))) for c in options)
 

@@ -5,13 +5,18 @@ Once per study, each stage of the pipeline reads its cheap facts about the unopt
 a TorchScript model is known as such): :class:`RuleOut`. Before any node of a trial's chain
 runs (so before a costly prefix such as prune + distill), every stage config of the chain is
 checked: the capability table must not call it slower only (``Stage.worthwhile``), and its
-stage must not rule it out against the facts (``Stage.rules_out``). A ruled-out trial ends
+stage must not rule it out against the facts (``Stage.rules_out``), and the trial's runtime must be
+able to run the chain (:func:`pipeline.core.runtime.runtime_cannot_run`: no torch.compile of a
+TorchScript model, no ONNX Runtime for numerics it does not reproduce, such as AMP; the runtime
+sweep does not propose such pairs either). A ruled-out trial ends
 pruned at once, with its reason in :data:`ATTR_RULED_OUT`; it does not count toward the
 study's trials (:class:`pipeline.search.duplicates.TrialBudget`) and gets no MLflow run.
 A config the device cannot run (``Stage.requires``) stays what it was, an infeasible trial with
 its reason (:meth:`RuleOut.unavailable`), but it too ends before any stage of the chain runs.
 
-It is never sampled again: each stage's ``suggest`` offers only the choices the facts leave
+It is never sampled again (a stage list and runtime that cannot go together can be: the sampler
+picks the runtime apart from the stages; each such pair is ruled out again, not counted): each
+stage's ``suggest`` offers only the choices the facts leave
 (:meth:`pipeline.core.stage.StageContext.offered`), a per-model list, stable within a study
 (Optuna cannot change a categorical's choices within a study: a study that fixed a param's
 choices before keeps them, :func:`study_choices`, and its ruled-out choices are answered here).
@@ -34,8 +39,9 @@ from torch import nn
 
 from pipeline.core.device import Capabilities, capabilities, move_module
 from pipeline.core.model_facts import ModelFacts, is_scripted
+from pipeline.core.runtime import runtime_cannot_run
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, stage_for
+from pipeline.core.stage import Stage, StageConfig, StageContext, export_mirror, stage_for
 
 #: Trial user attr: why the trial's configuration cannot change the model (it was not run).
 ATTR_RULED_OUT = "paretorch.ruled_out"
@@ -84,6 +90,12 @@ class RuleOut:
             if why is not None:
                 return f"{stage.name}: {why}"
         return None
+
+    def runtime_reason(self, configs: Iterable[StageConfig | None], runtime: str) -> str | None:
+        """Why ``runtime`` cannot run the chain of ``configs`` on this model (a compiled runtime on
+        TorchScript; ONNX Runtime on numerics it does not reproduce, such as AMP); None: it can."""
+        mirror = export_mirror([c for c in configs if c is not None])
+        return runtime_cannot_run(runtime, mirror, self.facts.scripted)
 
     def unavailable(self, configs: Iterable[StageConfig | None]) -> str | None:
         """Why the device cannot run the chain of ``configs`` (``Stage.requires`` of the first stage that

@@ -10,11 +10,14 @@ fastest stage list).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.search.record import TrialRecord
+
+#: Whether a runtime can run a stage list (resolved stages as dicts), e.g. ONNX Runtime cannot run AMP.
+Runnable = Callable[[tuple[dict[str, Any], ...], str], bool]
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,18 @@ class RuntimeSweepIndex:
         ranked = sorted(self.best.items(), key=lambda item: (item[1].latency, item[1].number))
         return ranked[:count]
 
-    def proposals(self, runtimes: Sequence[str], top: int) -> list[SweepProposal]:
-        """Each of the ``top`` fastest feasible stage lists under each of ``runtimes`` it has not run
-        under, fastest stage list first (nothing when there is one runtime)."""
+    def proposals(self, runtimes: Sequence[str], top: int, runnable: Runnable | None = None) -> list[SweepProposal]:
+        """For each of ``runtimes``, the ``top`` fastest feasible stage lists it can run (``runnable``;
+        None: all) that have not run under it, fastest stage list first (nothing when there is one
+        runtime)."""
         if len(runtimes) < 2:
             return []
-        return [SweepProposal(best.number, best.stages, runtime)
-                for key, best in self.top(top)
-                for runtime in runtimes if runtime not in self.runtimes.get(key, set())]
+        ranked = self.top(len(self.best))
+        chosen: dict[tuple[str, str], SweepProposal] = {}
+        for runtime in runtimes:
+            runs = [(key, best) for key, best in ranked if runnable is None or runnable(best.stages, runtime)]
+            for key, best in runs[:top]:
+                if runtime not in self.runtimes.get(key, set()):
+                    chosen[(key, runtime)] = SweepProposal(best.number, best.stages, runtime)
+        order = {key: i for i, (key, _) in enumerate(ranked)}
+        return [chosen[k] for k in sorted(chosen, key=lambda k: (order[k[0]], runtimes.index(k[1])))]

@@ -142,7 +142,8 @@ class TrialObjective:
     def rule_out(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str,
                  draft: Draft) -> TrialOutcome | None:
         """A pruned outcome with its reason for a configuration that need not run, else None (run it)."""
-        if (reason := self.search.rules.reason(model_configs(configs, self.exports))) is not None:
+        chain = model_configs(configs, self.exports)
+        if (reason := self.search.rules.reason(chain) or self.search.rules.runtime_reason(chain, runtime)) is not None:
             return TrialOutcome(draft(state=PRUNED, ruled_out=reason))
         original = self.repeats(trial.study).find(recipe_key(model_configs(configs, self.exports), runtime))
         if original is None:  # another worker runs (or ran) the same config: do not run it twice

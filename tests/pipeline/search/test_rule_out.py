@@ -172,3 +172,37 @@ def test_a_torchscript_model_gets_no_trial_of_a_stage_that_cannot_act_on_it(
         "amp: the model is TorchScript"), "answered at once with the user-level reason, not run"
     assert all(set(t.params) <= {"quantize.method"} for t in trials), "no prune, distill or AMP param is sampled"
     assert all(t.state.name != "FAIL" for t in trials)
+
+
+def test_a_runtime_that_cannot_run_the_chain_rules_the_trial_out_before_its_stages_run(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """ONNX Runtime has no AMP: bf16 AMP under onnxruntime is known impossible before anything runs (no export
+    is tried, no trial counted); int8 dynamic under onnxruntime is ORT's own int8 and runs."""
+    bf16_on_ort = SeedRecipe(name="bf16-ort", runtime="onnxruntime", stages=({"stage": "amp", "dtype": "bfloat16"},))
+    int8_on_ort = SeedRecipe(name="int8-ort", runtime="onnxruntime", stages=({"stage": "quantize",
+                                                                             "method": "int8_dynamic"},))
+    config = SearchConfig.load(None, sampler="random", runtimes=("eager", "onnxruntime"), latency_budget="quick",
+                               exports="none", compose=0, seeds=[bf16_on_ort, int8_on_ort])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}",
+                    track=False)
+    amp = search.pipeline.stage("amp").config_type(dtype="bfloat16")
+    assert search.rules.runtime_reason([None, amp], "onnxruntime") == (
+        "runtime onnxruntime cannot run this recipe as trained: AMP (bfloat16) is not mirrored: the graph would "
+        "compute in float32")
+    assert search.rules.runtime_reason([None, amp], "eager") is None
+    outcome = run_search(search, trials=3)
+    seeded = {t.user_attrs[ATTR_SEED]: t for t in outcome.study.trials if ATTR_SEED in t.user_attrs}
+    assert seeded["bf16-ort"].state.name == "PRUNED"
+    assert seeded["bf16-ort"].user_attrs[ATTR_RULED_OUT].startswith("runtime onnxruntime cannot run this recipe")
+    assert seeded["bf16-ort"].values is None
+    assert seeded["int8-ort"].state.name == "COMPLETE", seeded["int8-ort"].user_attrs
+    assert TrialBudget(3, finished_states()).counted(outcome.study) == 3, "the impossible pair is not counted"
+
+
+def test_compiled_runtimes_are_ruled_out_for_a_torchscript_model(residual_spec: ModelSpec) -> None:
+    scripted = torch.jit.script(residual_spec.build())
+    rules = RuleOut.read(scripted, residual_spec, torch.device("cpu"), [])
+    assert rules.runtime_reason([], "compile") == (
+        "runtime compile: torch.compile cannot compile a TorchScript module (use eager)")
+    assert rules.runtime_reason([], "eager") is None

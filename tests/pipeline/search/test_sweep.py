@@ -51,3 +51,18 @@ def test_a_stage_list_leaves_the_sweep_once_tried_under_every_runtime_and_ranks_
     assert index.top(1)[0][1].stages == (BF16.to_dict(),), "the stages of the best trial are swept"
     index.add(record(4, [BF16], "compile_cudagraphs"), 0.8)
     assert proposed(index, 2) == [(3, "eager"), (3, "compile_cudagraphs")]
+
+
+def test_a_runtime_sweeps_the_fastest_stage_lists_it_can_run() -> None:
+    """ONNX Runtime cannot run AMP: its sweep skips the AMP stage lists and takes the next fastest ones."""
+    index = RuntimeSweepIndex()
+    index.add(record(0, [BF16]), 2.0)
+    index.add(record(1, [FP16]), 3.0)
+    index.add(record(2, [INT8]), 5.0)
+    index.add(record(3, []), 10.0)
+
+    def runnable(stages: tuple[dict[str, object], ...], runtime: str) -> bool:
+        return runtime != "onnxruntime" or all(s["stage"] != "amp" for s in stages)
+
+    swept = [(p.number, p.runtime) for p in index.proposals(["eager", "onnxruntime"], 2, runnable)]
+    assert swept == [(2, "onnxruntime"), (3, "onnxruntime")]
