@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from experiments.bench.paths import RESULTS_DIR
 from pipeline.search import Search, SearchConfig, run_search
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE
 from pipeline.sources.resolve import resolve_spec
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BUSY_PREFIX = "busy-"
 SPIN = "while True: pass"
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from experiments.bench.paths import RESULTS_DIR
 from pipeline.core.device import capabilities, describe, resolve_device
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.padding import latency_inputs
@@ -38,7 +39,6 @@ from pipeline.engine.runner import Runner
 from pipeline.sources.resolve import resolve_spec
 
 ORT_ROWS_PREFIX = "ort-rows-"
-RESULTS_DIR = Path(__file__).parent / "results"
 
 #: (row name, stage configs as dicts, fusions of the ONNX export, for token models only). The int8 rows
 #: keep ``auto`` fusions: BERT fusions for token models, none for others.

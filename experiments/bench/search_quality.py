@@ -32,6 +32,7 @@ import torch
 from rich.console import Console
 
 from experiments.bench.hypervolume import TrialPoint, counted_prefix, history, hypervolume, pareto_front
+from experiments.bench.paths import MARKDOWN, RESULTS_DIR
 from experiments.bench.search_quality_plot import save_figure
 from experiments.bench.study_points import StudyPoints, check_comparable, study_points
 from pipeline.core.device import describe, resolve_device
@@ -41,9 +42,7 @@ from pipeline.search import Search, SearchConfig, run_search
 from pipeline.search.storage import open_storage
 from pipeline.sources.resolve import resolve_spec
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: Where BENCHMARKS.md lives: its links to the PNGs are relative to it.
-MARKDOWN_DIR = Path(__file__).resolve().parents[2]
 SEARCH_QUALITY_PREFIX = "search-quality-"
 #: The objective batch of a search on the CPU (as the benchmark tool's).
 CPU_BATCH = 32
@@ -187,7 +186,7 @@ def render(result: dict[str, Any]) -> str:
     lines += ["", f"Union front: {_front_text(result['union_front'], recipes=True)}."]
     if result.get("note"):
         lines += ["", f"Note: {result['note']}"]
-    link = RESULTS_DIR.relative_to(MARKDOWN_DIR) / result["png"]
+    link = RESULTS_DIR.relative_to(MARKDOWN.parent) / result["png"]
     lines += ["", f"![hypervolume against trials]({link.as_posix()})"]
     return "\n".join(lines)
 

@@ -12,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from experiments.bench.harness import render_markdown
+from experiments.bench.render import render_markdown
 from experiments.bench.search_quality import analyse, main, render
 from experiments.bench.study_points import study_points
 from pipeline.search.objectives import ATTR_BASELINE, ATTR_RECIPE_LINE, ATTR_REPEAT_OF, ATTR_SEARCH

@@ -1,0 +1,137 @@
+"""BENCHMARKS.md from the raw JSON in ``experiments/bench/results/``: one table per benchmark result
+(:mod:`experiments.bench.harness`), then the ORT rows, recovery tables, fidelity checks, busy-machine
+checks and search-quality curves, each rendered by its own module."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from experiments.bench.busy import BUSY_PREFIX
+from experiments.bench.busy import render as render_busy
+from experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
+from experiments.bench.fidelity_check import render as render_fidelity_check
+from experiments.bench.ort_rows import ORT_ROWS_PREFIX
+from experiments.bench.ort_rows import render as render_ort_rows
+from experiments.bench.paths import RESULTS_DIR
+from experiments.bench.recovery import RECOVERY_PREFIX
+from experiments.bench.recovery import render as render_recovery
+from experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
+from experiments.bench.search_quality import render as render_search_quality
+from pipeline.search.allowed_drop import AllowedDrop
+
+#: The allowed metric drop of the search (``--max-drop``: ``0.01`` or ``1%``); other values get their own result file.
+DEFAULT_MAX_DROP = AllowedDrop("absolute", 0.01)
+#: Extra metrics shown as the table's fidelity column, the first one the rows have.
+FIDELITY_COLUMNS = ("neighbour_agreement", "mean_cosine")
+
+
+def _fmt_ratio(base: float | None, value: float | None) -> str:
+    if not base or not value or value != value:
+        return "-"
+    return f"{base / value:.2f}x"
+
+
+def render_table(result: dict[str, Any]) -> str:
+    batch = str(result["objective_batch"])
+    rows = result["rows"]
+    base = next((r for r in rows if r["kind"] == "baseline"), None)
+    base_ms = base["latency_ms_p50"].get(batch) if base else None
+    allowed = AllowedDrop.parse(result["max_drop"])
+    limit = allowed.threshold(base["metric"]) if base else math.nan
+    singles = [r for r in rows if r["kind"] == "single" and r["drop"] == r["drop"]
+               and r["drop"] <= limit and r["latency_ms_p50"].get(batch)]
+    best_single = min(singles, key=lambda r: r["latency_ms_p50"][batch]) if singles else None
+    # One fidelity metric next to the task metric, where the rows have one (older result files do not).
+    fidelity = next((name for name in FIDELITY_COLUMNS if any(name in r.get("extra", {}) for r in rows)), None)
+    lines = [
+        f"### {result['model']} on {result['device']} (objective: batch {batch}"
+        + (f", allowed drop {allowed.describe(base['metric'] if base else None)})" if allowed != DEFAULT_MAX_DROP
+           else ")"),
+        "",
+        f"torch {result['torch']}, measured {result['date']}; latency = median of >= "
+        f"{result['latency_settings']['min_runs']} runs and >= {result['latency_settings']['min_seconds']} s "
+        "after warm-up; compile time excluded."
+        + (f" The search's runtimes: {', '.join(runtimes)}." if (runtimes := (result.get("search") or {})
+                                                                 .get("runtimes")) else ""),
+        "",
+        f"| recipe | {result['metric']} | drop |" + (f" {fidelity} |" if fidelity else "")
+        + f" p50 ms b{batch} | speed-up vs fp32 | other batches (p50 ms) | size | note |",
+        "| --- | --- | --- |" + (" --- |" if fidelity else "") + " --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        ms = r["latency_ms_p50"].get(batch)
+        others = ", ".join(f"b{b}: {v:.3f}" for b, v in r["latency_ms_p50"].items() if b != batch)
+        note = r["note"]
+        if r["kind"] == "search" and best_single:
+            same = next((s["name"] for s in rows if s["kind"] == "single" and s["recipe"] == r["recipe"]), None)
+            note = (note + "; " if note else "") + (
+                f"the same recipe as the '{same}' row: the search found nothing faster, and the ratio between "
+                "the two rows is measurement spread" if same else
+                f"{_fmt_ratio(best_single['latency_ms_p50'][batch], ms)} vs best single ({best_single['name']})")
+        size = f"{r['size_bytes'] / 1024:.0f} KiB" if r["size_bytes"] else "-"
+        metric = f"{r['metric']:.4f}" if r["metric"] == r["metric"] else "-"
+        drop = f"{r['drop']:+.4f}" if r["drop"] == r["drop"] else "-"
+        if fidelity:
+            value = r.get("extra", {}).get(fidelity)
+            drop += f" | {value:.4f}" if value is not None and value == value else " | -"
+        lines.append(f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | "
+                     f"{ms:.3f} | {_fmt_ratio(base_ms, ms)} | {others} | {size} | {note} |" if ms else
+                     f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | - | - | {others} | {size} | {note} |")
+    recheck = result.get("baseline_recheck_ms_p50", {}).get(batch)
+    if recheck and base_ms:
+        lines += ["", f"Drift: fp32 eager measured again after the search: {recheck:.3f} ms at batch {batch} "
+                  f"(first: {base_ms:.3f} ms); speed-ups use the first."]
+    if result.get("note"):
+        lines += ["", f"Note: {result['note']}"]
+    if result.get("held_out"):
+        h = result["held_out"]
+        lines += ["", f"Held-out check ({h['data']}, {h['rows']} rows, not seen by the search; {h['metric']}, "
+                  f"best recipe @ {h['runtime']}): baseline {h['baseline']:.2f}, search best {h['best']:.2f}, drop "
+                  f"{h['drop']:+.2f} ({100 * h['relative_drop']:+.2f} %): "
+                  + ("within" if h["within_allowed"] else "**outside**") + " the allowed drop."]
+    if result.get("search"):
+        s = result["search"]
+        lines += ["", f"Search: {s['trials']} trials in {s['search_seconds']:.0f} s; best trial #{s['best_trial']} "
+                  f"({s['search_latency_ms']:.3f} ms during the search); cache: {s['cache']}."]
+        if s.get("stage_work"):
+            work = "; ".join(f"{name}: {text}" for name, text in s["stage_work"].items())
+            lines += ["", f"Stage work in the search (paid once per distinct prefix, cache hits reuse it): {work}."]
+    return "\n".join(lines)
+
+
+def render_markdown(folder: Path = RESULTS_DIR) -> str:
+    """BENCHMARKS.md: one table per benchmark file, then the recovery tables (``recovery-*.json``), the
+    fidelity checks (``fidelity-check-*.json``), the busy-machine checks and the search-quality curves."""
+    files = sorted(folder.glob("*.json"))
+    results = [json.loads(p.read_text()) for p in files
+               if not p.name.startswith((RECOVERY_PREFIX, FIDELITY_CHECK_PREFIX, BUSY_PREFIX,
+                                         SEARCH_QUALITY_PREFIX, ORT_ROWS_PREFIX))]
+    ort_rows = [json.loads(p.read_text()) for p in files if p.name.startswith(ORT_ROWS_PREFIX)]
+    busy_checks = [json.loads(p.read_text()) for p in files if p.name.startswith(BUSY_PREFIX)]
+    recoveries = [json.loads(p.read_text()) for p in files if p.name.startswith(RECOVERY_PREFIX)]
+    checks = [json.loads(p.read_text()) for p in files if p.name.startswith(FIDELITY_CHECK_PREFIX)]
+    qualities = [json.loads(p.read_text()) for p in files if p.name.startswith(SEARCH_QUALITY_PREFIX)]
+    parts = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (`python -m experiments.bench`) from the raw JSON in `experiments/bench/results/`. "
+        "Every row is measured in the same process under the same latency settings; the search row replays the "
+        "fastest Pareto recipe within the allowed drop and measures it again.",
+        "",
+    ]
+    for result in results:
+        parts += [render_table(result), ""]
+    for rows in ort_rows:
+        parts += [render_ort_rows(rows), ""]
+    for recovery in recoveries:
+        parts += [render_recovery(recovery), ""]
+    for check in checks:
+        parts += [render_fidelity_check(check), ""]
+    for busy in busy_checks:
+        parts += [render_busy(busy), ""]
+    for quality in qualities:
+        parts += [render_search_quality(quality), ""]
+    return "\n".join(parts)
