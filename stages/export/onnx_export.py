@@ -2,11 +2,12 @@
 
 The artifact is one self-contained ``<spec name>.onnx`` (weights embedded, so
 models up to protobuf's 2 GB limit), the file a user deploys with plain
-``onnxruntime.InferenceSession(path)``. Token models get ONNX Runtime's transformer
-fusions (:mod:`stages.export.onnx_fusions`); with ``quantize="mirror"`` the recipe's
-int8 methods are mirrored with onnxruntime's quantization (:mod:`stages.export.onnx_int8`:
-dynamic, or static QDQ calibrated on the spec's data, on the layers the torch side
-quantized); 4-bit and float8 methods, AMP and sparsity are not mirrored and the
+``onnxruntime.InferenceSession(path)``. Token models get ONNX Runtime's fused
+transformer ops, matched in the dynamo graph by onnxscript
+(:mod:`stages.export.onnx_fusions`); with ``quantize="mirror"`` the recipe's int8 methods
+are mirrored with onnxruntime's quantization (:mod:`stages.export.onnx_int8`: dynamic,
+or static QDQ calibrated on the spec's data, on the layers the torch side quantized);
+4-bit and float8 methods, AMP and sparsity are not mirrored and the
 validation text says so (or, for the ``onnxruntime`` runtime, the export is infeasible).
 The file is checked with onnxruntime (CPUExecutionProvider) against torch and
 measured: spec metric on the evaluation split and median latency.
