@@ -40,6 +40,7 @@ from pipeline.search.objectives import (
     DropVerdict,
 )
 from pipeline.search.rule_out import ATTR_RULED_OUT
+from pipeline.search.screening import SCREENED_OUT
 from pipeline.tracking.views import namespace_metrics
 
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
@@ -131,8 +132,8 @@ class TrialRecord:
             return f"repeat of trial {self.repeat_of}"
         if self.ruled_out is not None:
             return f"ruled out: {self.ruled_out}"
-        if self.infeasible is not None:
-            return f"infeasible: {self.infeasible}"
+        if self.infeasible is not None:  # a screened-out trial is not infeasible: its screen said it cannot win
+            return self.infeasible if self.infeasible.startswith(SCREENED_OUT) else f"infeasible: {self.infeasible}"
         if self.state == FAIL:
             return f"failed: {failure_line(self.error or '?')[:300]}"
         if self.over_drop is not None:
