@@ -44,6 +44,9 @@ class SeedRecipe(BaseModel):
     name: str
     runtime: str = "eager"
     stages: tuple[dict[str, Any], ...] = ()
+    #: A seed some devices cannot run (e.g. CPU-only int8) is skipped there; otherwise it is an infeasible
+    #: trial that says why (what a user's own seed should be).
+    skip_where_unavailable: bool = False
 
 
 #: ``max_drop``: ``0.01`` (absolute) or ``"1%"`` (of the baseline metric); a bad value raises the flag's ConfigError.

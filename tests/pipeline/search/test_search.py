@@ -63,8 +63,9 @@ def test_search_config_validation_names_the_field(tmp_path: Path) -> None:
         SearchConfig.load(tmp_path / "missing.yaml")
     shipped = SearchConfig.load()
     assert shipped.objectives == ("metric", "latency") and shipped.max_drop.to_json() == 0.01
-    assert [s.name for s in shipped.seeds] == ["amp-bfloat16", "amp-float16", "int8-dynamic-only", "prune-0.3",
-                                               "prune-0.3-distill"]
+    assert [s.name for s in shipped.seeds] == ["amp-bfloat16", "amp-float16", "int8-dynamic-only",
+                                               "int8-static-only", "prune-0.3", "prune-0.3-distill"]
+    assert [s.name for s in shipped.seeds if s.skip_where_unavailable] == ["int8-static-only"]
 
 
 def test_study_name_follows_what_trials_mean(residual_spec: ModelSpec) -> None:
@@ -260,3 +261,15 @@ def test_a_latency_batch_outside_the_specs_sizes_is_measured(residual_spec: Mode
     assert search.latency_batch_sizes() == (*residual_spec.latency_batch_sizes, 64)
     baseline = search.ensure_baseline(search.open_study())
     assert baseline.latency_ms > 0
+
+
+def test_a_seed_marked_skip_where_unavailable_is_skipped_where_the_device_cannot_run_it(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    int4 = {"stage": "quantize", "method": "int4_weight_only"}  # cannot run on the CPU
+    config = SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none")
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
+    study = search.open_study()
+    assert search.enqueue(study, SeedRecipe(name="int4-optional", stages=(int4,), skip_where_unavailable=True)) is False
+    assert search.enqueue(study, SeedRecipe(name="int4-asked-for", stages=(int4,))) is True, (
+        "a seed not so marked runs and its trial says why it cannot")
