@@ -1,8 +1,9 @@
 """End to end on the digits spec, CPU: `make optimize`, resume, MLflow (store and UI), report, apply.
 
-The study: baseline, the four default seeds, two enqueued recipes (a second trial on the
-prune-0.3 model, to hit the cache, and int4 weight-only quantization, infeasible on a CPU),
-then sampled trials. Quick latency settings, eager runtime, one thread: a few minutes in all.
+The study: baseline, the default seeds (prune-0.3-distill reuses the prune-0.3 model from the
+cache), two enqueued recipes (prune 0.3 + int8 and int4 weight-only quantization, infeasible on a
+CPU; they run after the seeds, in the resumed process), then sampled trials. Quick latency
+settings, eager runtime, one thread: a few minutes in all.
 """
 
 from __future__ import annotations
@@ -160,9 +161,11 @@ def test_a_pareto_trial_has_coreml_and_onnx_artifacts(optimized: Study) -> None:
 
 
 def test_shared_prune_config_hits_the_cache(optimized: Study) -> None:
-    trial = next(t for t in optimized.study.trials if t.user_attrs.get("paretorch.seed") == "prune-0.3-int8")
+    trial = next(t for t in optimized.study.trials if t.user_attrs.get("paretorch.seed") == "prune-0.3-distill")
     assert trial.state.name == "COMPLETE"
-    assert trial.user_attrs["paretorch.cache"]["hits"] > 0
+    assert trial.user_attrs["paretorch.cache"]["hits"] > 0, "the prune-0.3 seed's model is reused"
+    enqueued = next(t for t in optimized.study.trials if t.user_attrs.get("paretorch.seed") == "prune-0.3-int8")
+    assert enqueued.state.name == "COMPLETE"
 
 
 def test_infeasible_config_is_a_pruned_trial_with_its_reason(optimized: Study) -> None:

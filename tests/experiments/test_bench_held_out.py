@@ -1,0 +1,37 @@
+"""The benchmark's held-out check scores the search's best recipe under its own runtime, ONNX Runtime too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.bench.harness import held_out_check, measure_recipe
+from pipeline.core.spec import ModelSpec
+from pipeline.search.allowed_drop import AllowedDrop
+from stages.quantize.stage import QuantizeConfig
+
+
+@pytest.fixture()
+def held_out_file(digits_spec: ModelSpec, tmp_path: Path) -> Path:
+    """The digits evaluation split as a labelled ``.pt`` table (what ``--held-out`` reads)."""
+    batches = list(digits_spec.evaluation())
+    inputs = torch.cat([b[0][0] for b in batches])
+    labels = torch.cat([b[1] for b in batches])
+    path = tmp_path / "held-out.pt"
+    torch.save({"inputs": inputs, "labels": labels}, path)
+    return path
+
+
+def test_an_onnxruntime_best_is_scored_through_its_session(digits_spec: ModelSpec, held_out_file: Path) -> None:
+    cpu = torch.device("cpu")
+    configs = [QuantizeConfig(method="int8_dynamic")]
+    report, _, prepare = measure_recipe(digits_spec, cpu, configs, "onnxruntime", (8,))
+    assert "onnxruntime" in report.device, "the recipe was measured through ORT"
+    fn = prepare()
+    assert type(fn).__module__ == "pipeline.core.ort_session", "scored by the file's session, not the torch module"
+    held = held_out_check(digits_spec, cpu, held_out_file, prepare, "onnxruntime", (8,), AllowedDrop("absolute", 0.01))
+    assert held["runtime"] == "onnxruntime" and held["rows"] == len(torch.load(held_out_file)["labels"])
+    assert held["best"] == pytest.approx(report.metric_value, abs=1e-9), "the same data as the evaluation split"
+    assert held["within_allowed"] is True
