@@ -75,6 +75,11 @@ ORT_PROVIDERS: dict[str, tuple[str, str | None]] = {
 }
 
 
+def ort_provider_note(provider: str) -> str | None:
+    """Why ``provider`` is not verified on these machines (None when it is, or is not in the table)."""
+    return ORT_PROVIDERS.get(provider, ("", None))[1]
+
+
 def installed_ort_providers(kind: str) -> tuple[str, ...]:
     """Execution providers of the installed onnxruntime that run on device ``kind`` (none without onnxruntime)."""
     try:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from pipeline.core.device import capabilities
+from pipeline.core.device import capabilities, ort_provider_note
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.spec import Batch
 
@@ -44,8 +44,9 @@ class SessionSettings:
     graph_optimization: str = GRAPH_OPTIMIZATION
 
     def describe(self) -> str:
-        return (f"onnxruntime {self.provider}, {self.intra_op_threads} intra-op thread(s) (= torch's), "
-                f"{self.graph_optimization}")
+        note = ort_provider_note(self.provider)
+        return (f"onnxruntime {self.provider}{f' ({note})' if note else ''}, {self.intra_op_threads} intra-op "
+                f"thread(s) (= torch's), {self.graph_optimization}")
 
 
 def session_settings(device: torch.device, threads: int | None = None) -> SessionSettings:

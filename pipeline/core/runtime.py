@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.device import capabilities
+from pipeline.core.device import capabilities, ort_provider_note
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.ort_mirror import ort_unmirrored
@@ -64,6 +64,15 @@ def available_runtimes(device: torch.device) -> list[RuntimeName]:
     if caps.ort_providers:
         names.append("onnxruntime")
     return names
+
+
+def runtime_label(runtime: str, device: torch.device) -> str:
+    """``runtime`` as the console names it: ONNX Runtime with the provider it uses on ``device`` (and why
+    that provider is unverified, where it is)."""
+    if runtime not in EXPORTED_RUNTIMES or not (providers := capabilities(device).ort_providers):
+        return runtime
+    note = ort_provider_note(providers[0])
+    return f"{runtime} ({providers[0]}{f', {note}' if note else ''})"
 
 
 def exported_runtime(runtime: str) -> ExportedRuntime | None:

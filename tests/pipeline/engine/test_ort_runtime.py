@@ -18,7 +18,8 @@ from pipeline.core import runtime as runtime_module
 from pipeline.core.device import ORT_PROVIDERS, Capabilities, capabilities, installed_ort_providers
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, compute_metric
-from pipeline.core.runtime import available_runtimes
+from pipeline.core.ort_session import SessionSettings
+from pipeline.core.runtime import available_runtimes, runtime_label
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import config_from_dict
 from pipeline.engine.cache import NodeCache
@@ -64,6 +65,18 @@ def test_the_runtime_exists_only_where_onnxruntime_has_a_provider(monkeypatch: p
     monkeypatch.setattr(runtime_module, "capabilities", lambda device: bare)
     assert "onnxruntime" not in available_runtimes(CPU)
     assert isinstance(bare, Capabilities) and device_table.ORT_PROVIDERS  # the one table, read here
+
+
+def test_an_unverified_provider_says_so_where_the_runtime_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert runtime_label("onnxruntime", CPU) == "onnxruntime (CPUExecutionProvider)"
+    assert runtime_label("compile", CPU) == "compile"
+    assert SessionSettings("CPUExecutionProvider", 1).describe().startswith("onnxruntime CPUExecutionProvider, 1 ")
+    coreml = dataclasses.replace(capabilities(CPU), ort_providers=("CoreMLExecutionProvider",))
+    monkeypatch.setattr(runtime_module, "capabilities", lambda device: coreml)
+    assert runtime_label("onnxruntime", CPU) == ("onnxruntime (CoreMLExecutionProvider, unverified: not yet run on "
+                                                 "a Mac)")
+    assert "CoreMLExecutionProvider (unverified: not yet run on a Mac)" in SessionSettings(
+        "CoreMLExecutionProvider", 1).describe()
 
 
 def test_fp32_outputs_match_torch_and_the_session_is_opened_once(residual_spec: ModelSpec, tmp_path: Path) -> None:
