@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from stages.export.layer_filter import LayerFilter
@@ -33,7 +34,8 @@ def _two_layer_graph() -> object:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
 
 
-def test_static_qdq_quantizes_layer_inputs_and_weights_not_outputs(tmp_path: Path) -> None:
+def test_static_qdq_quantizes_layer_inputs_and_weights_not_outputs(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import onnxruntime
 
     graph = _two_layer_graph()
@@ -44,6 +46,7 @@ def test_static_qdq_quantizes_layer_inputs_and_weights_not_outputs(tmp_path: Pat
     quantized = quantize_int8(graph, plan, ["fc1", "fc2"], tmp_path / "block.onnx", calibration)  # type: ignore[arg-type]
 
     assert count_int8_ops(quantized) > 0
+    assert capsys.readouterr().out == "", "onnxruntime's calibration chatter stays off the console"
     producers = {out: node for node in quantized.graph.node for out in node.output}
     quantize_inputs = [node.input[0] for node in quantized.graph.node if node.op_type == "QuantizeLinear"]
     assert "x" in quantize_inputs and "r1" in quantize_inputs  # both layers' activations are quantized
