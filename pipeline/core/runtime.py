@@ -45,8 +45,9 @@ class ExportedRuntime:
 
 #: Runtimes that run an exported file rather than the torch module. ``onnxruntime``: the ONNX export
 #: (its float graph, ORT's transformer fusions and ORT's int8 mirror of the quantize stage); a numeric
-#: stage it cannot mirror makes the trial infeasible instead of measuring a float model, and the
-#: runtime measures latency itself (the export does not time it again).
+#: stage it cannot mirror is never measured as a float model: a search rules the recipe out before it
+#: runs (:func:`runtime_cannot_run`), and a run that gets there anyway (``pipeline apply``) is infeasible
+#: with the reason. The runtime measures latency itself (the export does not time it again).
 EXPORTED_RUNTIMES: dict[str, ExportedRuntime] = {
     "onnxruntime": ExportedRuntime("export.onnx", open_session, ort_unmirrored,
                                    {"measure_latency": False, "unmirrored": "infeasible"}),
@@ -82,9 +83,13 @@ def exported_runtime(runtime: str) -> ExportedRuntime | None:
 
 def runtime_cannot_run(runtime: str, mirror: ExportMirror, scripted: bool) -> str | None:
     """Why ``runtime`` cannot run a recipe whose numerics are ``mirror`` on a model that is TorchScript
-    (``scripted``) or not, known before any stage of the recipe runs; None: it can."""
+    (``scripted``) or not, known before any stage of the recipe runs; None: it can. An exported runtime
+    is judged with its export mirroring the recipe (``quantize="mirror"``, the export's default)."""
     if scripted and runtime in COMPILED_RUNTIMES:
         return f"runtime {runtime}: torch.compile cannot compile a TorchScript module (use eager)"
+    if scripted and runtime in EXPORTED_RUNTIMES:
+        return (f"runtime {runtime}: its export ({EXPORTED_RUNTIMES[runtime].export_stage}, through torch.export) "
+                "cannot trace a TorchScript module (use eager)")
     exported = EXPORTED_RUNTIMES.get(runtime)
     if exported is not None and (reasons := exported.unmirrored(mirror)):
         return f"runtime {runtime} cannot run this recipe as trained: {'; '.join(reasons)}"

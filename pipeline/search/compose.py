@@ -210,7 +210,8 @@ def _disjoint_sets(candidates: Sequence[Winner]) -> list[tuple[Winner, ...]]:
 def compositions(trials: Sequence[Measured], runtimes: Sequence[str], order: Sequence[str], allowed_drop: float,
                  known: Callable[[Sequence[StageConfig], str], bool], limit: int, per_axis: int = 2,
                  runtime_count: int = 2, numeric: Callable[[StageConfig], bool] = is_numeric) -> list[Composition]:
-    """At most ``limit`` compositions of measured winners not yet ``known`` (measured or queued), best
+    """At most ``limit`` compositions of measured winners that ``known`` does not skip (measured or queued
+    already, or a runtime that cannot run them), best
     estimated first: likely within ``allowed_drop`` (the components' drops added), then the product of
     the gains, then the runtime's rank. ``order``: the stage nodes in pipeline order. Deterministic."""
     if limit <= 0:

@@ -113,7 +113,13 @@ class SearchConfig(BaseModel):
             raise ConfigError(f"{where}: {format_validation_error(exc)}") from exc
 
     def identity(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude=set(self.RUN_ONLY_FIELDS))
+        """What a study's name hashes: every field that changes what a trial measures. A seed field added
+        later appears only where it is set, so the studies of configs that do not use it keep their names."""
+        data = self.model_dump(mode="json", exclude=set(self.RUN_ONLY_FIELDS))
+        for seed in data.get("seeds", []):
+            if not seed.get("skip_where_unavailable"):
+                seed.pop("skip_where_unavailable", None)
+        return data
 
 
 def cli_flag(field_name: str) -> str:

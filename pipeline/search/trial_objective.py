@@ -115,9 +115,13 @@ class TrialObjective:
         return configs, self._runtime(trial, seed, fixed)
 
     def _runtime(self, trial: optuna.Trial, seed: dict[str, object] | None, fixed: dict[str, object]) -> str:
-        runtimes = self.search.runtimes
-        if seed and "runtime" in fixed:
-            return str(trial.suggest_categorical("runtime", runtimes))
+        # A study keeps the runtime choices it began with (Optuna cannot change them): one begun before a
+        # runtime joined the defaults, or on a machine with other onnxruntime providers, answers a runtime
+        # not available now before it runs (rule_out).
+        runtimes = [str(r) for r in (self._choices or {}).get("runtime", self.search.runtimes)]
+        if seed and "runtime" in fixed:  # a seed's runtime the study's choices lack runs unrecorded as a param
+            return str(trial.suggest_categorical("runtime", runtimes) if fixed["runtime"] in runtimes
+                       else fixed["runtime"])
         if seed:
             return str(seed["runtime"])
         if len(runtimes) > 1:
@@ -143,6 +147,9 @@ class TrialObjective:
                  draft: Draft) -> TrialOutcome | None:
         """A pruned outcome with its reason for a configuration that need not run, else None (run it)."""
         chain = model_configs(configs, self.exports)
+        if runtime not in self.search.runtimes:
+            return TrialOutcome(draft(state=PRUNED, ruled_out=f"runtime {runtime} is not available here (the study "
+                                      f"offered it before; now: {', '.join(self.search.runtimes)})"))
         if (reason := self.search.rules.reason(chain) or self.search.rules.runtime_reason(chain, runtime)) is not None:
             return TrialOutcome(draft(state=PRUNED, ruled_out=reason))
         original = self.repeats(trial.study).find(recipe_key(model_configs(configs, self.exports), runtime))

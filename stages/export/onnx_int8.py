@@ -3,10 +3,9 @@
 The recipe's quantize method decides the ORT method: torch-side dynamic int8 -> ``quantize_dynamic``
 (int8 weights per output channel, activations quantized per call); static int8 (PT2E, calibrated)
 -> ``quantize_static`` in the QDQ format, calibrated (a high percentile of each activation) on the spec's
-calibration batches. The
-layers it touches are the ones the torch side quantized: the quantize stage's layer filter
-(:class:`~stages.export.layer_filter.LayerFilter`), with the layers its float fallback kept float
-left float here too. What ORT cannot reproduce (4-bit and float8 weights, int8 weight-only, AMP, any
+calibration batches. The layers it touches are the ones the torch side quantized: the quantize stage's
+layer filter (:class:`~stages.export.layer_filter.LayerFilter`), with the layers its float fallback kept
+float left float here too. What ORT cannot reproduce (4-bit and float8 weights, int8 weight-only, AMP, any
 stage marked not mirrored) is a note on the file, or with ``unmirrored="infeasible"`` (the
 ``onnxruntime`` runtime, which must never measure a float model in place of a quantized one) an
 infeasible config with the reason.
@@ -15,8 +14,8 @@ infeasible config with the reason.
 from __future__ import annotations
 
 import contextlib
+import io
 import math
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,11 +162,11 @@ def quantize_int8(graph: onnx.ModelProto, plan: Int8Plan, nodes: list[str], outp
             # linear: onnxruntime's QDQ also quantizes a MatMul's output by default, and that extra per-tensor
             # uint8 rounding (before the bias and the residual add) cost MiniLM cosine 0.912 -> 0.985 without it.
             options["OpTypesToExcludeOutputQuantization"] = op_types
-            # Activation ranges: the 99.9999th percentile of |x| (a histogram, as the torch side's
-            # HistogramObserver), not min/max: on MiniLM min/max scored 43.50 on the word task, this 44.17
-            # (fp32 44.33), the cosine to fp32 the same (0.985 vs 0.987).
+            # Activation ranges: the 99.9999th percentile of |x| from a histogram (onnxruntime's Percentile
+            # calibration, a range symmetric about 0 by default), not min/max: on MiniLM min/max scored
+            # 43.50 on the word task, this 44.17 (fp32 44.33), the cosine to fp32 about the same (0.985, 0.987).
             options |= {"CalibPercentile": CALIBRATION_PERCENTILE}
-            with contextlib.redirect_stdout(sys.stderr):  # its calibrator print()s the percentile to stdout
+            with contextlib.redirect_stdout(io.StringIO()):  # its calibrator print()s progress: dropped
                 quantize_static(str(prepared), str(output), reader, quant_format=QuantFormat.QDQ,
                                 op_types_to_quantize=op_types, nodes_to_quantize=nodes, per_channel=True,
                                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,

@@ -205,4 +205,34 @@ def test_compiled_runtimes_are_ruled_out_for_a_torchscript_model(residual_spec: 
     rules = RuleOut.read(scripted, residual_spec, torch.device("cpu"), [])
     assert rules.runtime_reason([], "compile") == (
         "runtime compile: torch.compile cannot compile a TorchScript module (use eager)")
+    assert rules.runtime_reason([], "onnxruntime") == (
+        "runtime onnxruntime: its export (export.onnx, through torch.export) cannot trace a TorchScript module "
+        "(use eager)")
     assert rules.runtime_reason([], "eager") is None
+
+
+def test_a_study_begun_with_fewer_runtimes_keeps_its_choices_and_its_trials_run(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """A study stored before onnxruntime joined the runtimes (its runtime param fixed to eager/compile) resumes
+    with onnxruntime available: sampled trials keep the stored choices (Optuna cannot widen them), and the
+    runtime sweep's onnxruntime proposals still run; no trial fails."""
+    config = SearchConfig.load(None, sampler="random", runtimes=("eager", "onnxruntime"), latency_budget="quick",
+                               exports="none", compose=0, seeds=[])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}",
+                    track=False)
+    study = search.open_study()
+    older = optuna.distributions.CategoricalDistribution(["eager", "compile"])
+    study.add_trial(optuna.trial.create_trial(params={"runtime": "compile"}, distributions={"runtime": older},
+                                              state=optuna.trial.TrialState.FAIL))
+    outcome = run_search(search, trials=4)
+    trials = outcome.study.trials
+    assert all(t.state.name != "FAIL" for t in trials[1:]), [t.user_attrs.get(ATTR_REASON) for t in trials]
+    sampled = [t for t in trials[1:] if "runtime" in t.distributions]
+    assert all(t.distributions["runtime"].choices == ("eager", "compile") for t in sampled)
+    ruled = [t.user_attrs[ATTR_RULED_OUT] for t in trials if t.user_attrs.get(ATTR_RULED_OUT, "").startswith("runtime")]
+    assert all(r == "runtime compile is not available here (the study offered it before; now: eager, onnxruntime)"
+               for r in ruled)
+    assert any(t.user_attrs.get("paretorch.runtime") == "onnxruntime" or
+               (t.user_attrs.get(ATTR_SEED) or "").startswith("runtime-sweep") for t in trials), (
+        "the sweep still proposes onnxruntime")

@@ -76,6 +76,11 @@ def test_study_name_follows_what_trials_mean(residual_spec: ModelSpec) -> None:
     assert name.startswith("residual_mlp-cpu-")
     assert study_name(residual_spec, cpu, SearchConfig.load(None, exports="none", cache_mb=16), pipeline) == name
     assert study_name(residual_spec, cpu, SearchConfig.load(None, max_drop=0.02), pipeline) != name
+    # a seed field added later renames only the studies whose seeds set it
+    seed = {"name": "int8", "stages": [{"stage": "quantize", "method": "int8_dynamic"}]}
+    plain = SearchConfig.load(None, seeds=[seed])
+    assert "skip_where_unavailable" not in plain.identity()["seeds"][0]
+    assert SearchConfig.load(None, seeds=[{**seed, "skip_where_unavailable": True}]).identity() != plain.identity()
 
 
 def test_unknown_disabled_stage_is_rejected(residual_spec: ModelSpec) -> None:
