@@ -85,15 +85,16 @@ def runtime_cannot_run(runtime: str, mirror: ExportMirror, scripted: bool) -> st
     """Why ``runtime`` cannot run a recipe whose numerics are ``mirror`` on a model that is TorchScript
     (``scripted``) or not, known before any stage of the recipe runs; None: it can. An exported runtime
     is judged with its export mirroring the recipe (``quantize="mirror"``, the export's default)."""
+    exported = EXPORTED_RUNTIMES.get(runtime)
     if scripted and runtime in COMPILED_RUNTIMES:
         return f"runtime {runtime}: torch.compile cannot compile a TorchScript module (use eager)"
-    if scripted and runtime in EXPORTED_RUNTIMES:
-        return (f"runtime {runtime}: its export ({EXPORTED_RUNTIMES[runtime].export_stage}, through torch.export) "
-                "cannot trace a TorchScript module (use eager)")
-    exported = EXPORTED_RUNTIMES.get(runtime)
-    if exported is not None and (reasons := exported.unmirrored(mirror)):
-        return f"runtime {runtime} cannot run this recipe as trained: {'; '.join(reasons)}"
-    return None
+    if exported is None:
+        return None
+    if scripted:
+        return (f"runtime {runtime}: its export ({exported.export_stage}, through torch.export) cannot trace a "
+                "TorchScript module (use eager)")
+    reasons = exported.unmirrored(mirror)
+    return f"runtime {runtime} cannot run this recipe as trained: {'; '.join(reasons)}" if reasons else None
 
 
 def prepare_runtime(model: nn.Module, runtime: str, device: torch.device) -> Callable[..., Tensor]:

@@ -45,8 +45,9 @@ class SeedRecipe(BaseModel):
     runtime: str = "eager"
     stages: tuple[dict[str, Any], ...] = ()
     #: A seed some devices cannot run (e.g. CPU-only int8) is skipped there; otherwise it is an infeasible
-    #: trial that says why (what a user's own seed should be).
-    skip_where_unavailable: bool = False
+    #: trial that says why (what a user's own seed should be). Dumped only when set: a field added later
+    #: leaves the names of studies whose seeds do not use it unchanged.
+    skip_where_unavailable: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
 #: ``max_drop``: ``0.01`` (absolute) or ``"1%"`` (of the baseline metric); a bad value raises the flag's ConfigError.
@@ -113,13 +114,8 @@ class SearchConfig(BaseModel):
             raise ConfigError(f"{where}: {format_validation_error(exc)}") from exc
 
     def identity(self) -> dict[str, Any]:
-        """What a study's name hashes: every field that changes what a trial measures. A seed field added
-        later appears only where it is set, so the studies of configs that do not use it keep their names."""
-        data = self.model_dump(mode="json", exclude=set(self.RUN_ONLY_FIELDS))
-        for seed in data.get("seeds", []):
-            if not seed.get("skip_where_unavailable"):
-                seed.pop("skip_where_unavailable", None)
-        return data
+        """What a study's name hashes: every field that changes what a trial measures."""
+        return self.model_dump(mode="json", exclude=set(self.RUN_ONLY_FIELDS))
 
 
 def cli_flag(field_name: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from pipeline.search.record import TrialRecord
@@ -82,8 +83,8 @@ class RuntimeSweepIndex:
         ranked = self.top(len(self.best))
         chosen: dict[tuple[str, str], SweepProposal] = {}
         for runtime in runtimes:
-            runs = [(key, best) for key, best in ranked if runnable is None or runnable(best.stages, runtime)]
-            for key, best in runs[:top]:
+            runs = ((key, best) for key, best in ranked if runnable is None or runnable(best.stages, runtime))
+            for key, best in islice(runs, top):  # stops asking ``runnable`` once it has the top few
                 if runtime not in self.runtimes.get(key, set()):
                     chosen[(key, runtime)] = SweepProposal(best.number, best.stages, runtime)
         order = {key: i for i, (key, _) in enumerate(ranked)}
