@@ -12,8 +12,9 @@ the longest, at most 256 tokens). Fidelity to the
 unoptimized model on the same texts (neighbour agreement, mean cosine, SQNR) is logged on
 every trial as extra metrics: it says how far a model moved, not whether it got worse.
 
-Other inputs are English sentences from Python's bundled documentation
-(``pydoc_data.topics``), deduplicated by token ids and shuffled with a fixed seed: a
+Other inputs are English sentences cut once from Python 3.11's bundled documentation and
+shipped as a fixed file (:mod:`experiments.data.minilm_sentences`: the sample no longer depends on
+the interpreter), deduplicated by token ids and shuffled with a fixed seed: a
 latency sample (``evaluation`` split: 256 sentences of 10-68 tokens, mean 27.8, tokenized
 padded to 128; the pipeline times each latency batch padded to its longest sentence, as
 sentence-transformers pads, :mod:`pipeline.core.padding`), a calibration sample, and
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -34,8 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.data import news_sentences, word_similarity
-from experiments.data.sentences import prose_sentences
+from experiments.data import minilm_sentences, news_sentences, word_similarity
 from pipeline.core.errors import SpecError
 from pipeline.core.fidelity import NEIGHBOUR_AGREEMENT, PAIRWISE_RANK_CORRELATION
 from pipeline.core.fidelity_floor import with_fidelity_floor
@@ -83,21 +82,6 @@ def model_dir() -> Path:
     return path
 
 
-def english_sentences(min_chars: int = 40, max_chars: int = 300) -> list[str]:
-    """Prose sentences from ``pydoc_data.topics`` (code, grammar and doctest lines skipped), in a fixed order."""
-    from pydoc_data.topics import topics
-
-    seen: set[str] = set()
-    sentences: list[str] = []
-    for key in sorted(topics):
-        for paragraph in re.split(r"\n\s*\n", topics[key]):
-            lines = [line.strip() for line in paragraph.splitlines()]
-            if any(line.startswith((">>>", "...")) or "::=" in line for line in lines):
-                continue
-            sentences += prose_sentences([" ".join(lines)], min_chars, max_chars, seen)
-    return sentences
-
-
 @cache
 def _tokenizer() -> Any:
     set_offline()
@@ -109,7 +93,8 @@ def _tokenizer() -> Any:
 @cache
 def _splits() -> dict[str, tuple[str, ...]]:
     """Evaluation and calibration sentences: distinct token sequences, fixed seed, no overlap."""
-    candidates = english_sentences(SETTINGS["min_chars"], SETTINGS["max_chars"])
+    candidates = [s for s in minilm_sentences.load()
+                  if SETTINGS["min_chars"] <= len(s) <= SETTINGS["max_chars"]]
     input_ids, attention_mask = tokenize(_tokenizer(), candidates)
     distinct: dict[tuple[int, ...], str] = {}
     for sentence, ids, mask in zip(candidates, input_ids, attention_mask, strict=True):
@@ -118,7 +103,8 @@ def _splits() -> dict[str, tuple[str, ...]]:
     random.Random(SETTINGS["seed"]).shuffle(unique)
     n_eval, n_cal = SETTINGS["evaluation"], SETTINGS["calibration"]
     if len(unique) < n_eval + n_cal:
-        raise SpecError(f"only {len(unique)} distinct sentences in pydoc_data.topics; need {n_eval + n_cal}")
+        raise SpecError(f"only {len(unique)} distinct sentences in {minilm_sentences.FILE}; "
+                        f"need {n_eval + n_cal}: reinstall paretorch")
     return {
         "evaluation": tuple(unique[:n_eval]),
         "calibration": tuple(unique[n_eval : n_eval + n_cal]),

@@ -85,14 +85,15 @@ def test_embeddings_match_sentence_transformers(minilm: tuple[ModelSpec, nn.Modu
 
 
 def test_sentences_are_distinct_english_and_splits_do_not_overlap() -> None:
-    from experiments.models.minilm import SETTINGS, english_sentences, sentences
+    from experiments.data import minilm_sentences
+    from experiments.models.minilm import SETTINGS, sentences
 
     evaluation, calibration = sentences("evaluation"), sentences("calibration")
     assert len(evaluation) == SETTINGS["evaluation"] == 256 and len(calibration) == SETTINGS["calibration"]
     assert not set(evaluation) & set(calibration)
     assert len(set(evaluation)) == len(evaluation)
     assert all(40 <= len(s) <= 300 and s[0].isupper() and s.endswith((".", "!", "?")) for s in evaluation)
-    assert len(english_sentences()) > 1500
+    assert len(minilm_sentences.load()) > 1500
     assert evaluation == sentences("evaluation")  # fixed order, fixed seed
 
 
@@ -168,3 +169,39 @@ def test_structured_pruning_removes_whole_attention_heads(minilm: tuple[ModelSpe
     assert ctx.records["prune.params_after"] < ctx.records["prune.params_before"]
     with torch.inference_mode():
         assert pruned(*spec.example_inputs(2)).shape == (2, 384)  # the embedding width is kept
+
+
+def test_sentences_come_from_the_shipped_file_not_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The splits are read from the packaged file: with ``pydoc_data`` unimportable they are the same, and
+    the file holds what this interpreter's pydoc gave when it was written (one sentence a line)."""
+    import sys
+
+    from experiments.data import minilm_sentences
+    from experiments.models import minilm
+
+    before = {split: minilm.sentences(split) for split in ("evaluation", "calibration", "training")}
+    minilm._splits.cache_clear()
+    monkeypatch.setitem(sys.modules, "pydoc_data", None)
+    monkeypatch.setitem(sys.modules, "pydoc_data.topics", None)
+    with pytest.raises(ImportError):
+        minilm_sentences.generate()
+    try:
+        after = {split: minilm.sentences(split) for split in before}
+    finally:
+        minilm._splits.cache_clear()
+    assert after == before
+    shipped = minilm_sentences.FILE.read_text(encoding="utf-8")
+    assert shipped.endswith("\n") and shipped.splitlines() == minilm_sentences.load()
+    assert set(minilm.sentences("training")) <= set(minilm_sentences.load())
+
+
+def test_shipped_sentences_are_package_data() -> None:
+    """pyproject ships the sentence file with the ``experiments`` package (an installed wheel has it)."""
+    import tomllib
+
+    from experiments.data import minilm_sentences
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["experiments"]
+    relative = minilm_sentences.FILE.relative_to(Path(minilm_sentences.__file__).resolve().parents[1])
+    assert any(relative.match(pattern) for pattern in patterns)
