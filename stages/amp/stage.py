@@ -7,13 +7,17 @@ float32 until the whole model is within ``error_budget`` (see
 :mod:`stages.amp.calibrate`). The fully determined policy is handed
 back through ``ctx.resolve`` so the recipe replays without calibrating.
 
-The policy persists in the returned module, not in an autocast context: reduced
-layers hold their parameters (and floating buffers) in the reduced dtype, so the
-state dict shrinks, and cast their floating inputs to it; float32 layers hold
-float32 weights and cast their inputs to float32; the model's floating outputs
-come back as float32; integer inputs are never cast. The casts are forward hooks
-bound with ``functools.partial``, so the model survives ``copy.deepcopy``,
-``torch.compile`` and ``torch.export.export``; the module names do not change.
+The policy persists in the returned module, not in an autocast context
+(:mod:`stages.amp.switch`): a policy that reduces every layer is exactly
+``model.to(dtype)`` with floating inputs cast to ``dtype`` and floating outputs to
+float32 at the model boundary, no per-layer cast; a partial policy holds reduced
+layers' parameters (and floating buffers) in the reduced dtype and float32 layers'
+in float32, and casts a layer's floating inputs only where they arrive in another
+dtype than the layer's. Either way the state dict shrinks, the model's floating
+outputs come back as float32 and integer inputs are never cast. The casts are
+functions bound with ``functools.partial`` (:mod:`stages.amp.casting`), so the model
+survives ``copy.deepcopy``, ``torch.compile`` (one graph, no break) and
+``torch.export.export``; the module names do not change.
 
 Records: ``amp.calibration`` ("measured", or "reused": the sensitivities of an earlier
 calibration of the same input model and dtype, in this process or an earlier one, see
@@ -39,9 +43,9 @@ from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext
-from stages.amp.casting import REDUCED_DTYPES, cast_floating_outputs_to_float32, dtype_name
+from stages.amp.casting import REDUCED_DTYPES, dtype_name
 from stages.amp.switch import PrecisionSwitch
-from stages.amp.units import find_precision_units, output_units
+from stages.amp.units import find_precision_units
 from stages.common.rankings import SENSITIVITIES
 from stages.common.sensitivity import calibrate, run_forward
 
@@ -49,7 +53,7 @@ if TYPE_CHECKING:
     import optuna
 
 LayerName = Annotated[str, StringConstraints(min_length=1, strip_whitespace=True)]
-#: Probe batch size for the forward that finds the output layers and checks the result.
+#: Probe batch size for the forward that checks the result and finds the layer casts it needs.
 PROBE_BATCH = 2
 
 
@@ -137,12 +141,7 @@ def apply(model: nn.Module, config: AmpConfig, ctx: StageContext) -> nn.Module:
             "no sub-module holds floating parameters; the root module's own parameters stay as they are"
         )
         raise InfeasibleConfig(f"amp: no layer can run in {dtype_name(dtype)} ({why})")
-    probe = ctx.example_inputs(PROBE_BATCH)
-    try:
-        heads = output_units(model, units, probe)
-    except Exception as exc:  # the input model's own forward failed: not a precision problem
-        raise InfeasibleConfig(f"amp: forward of the input model failed: {type(exc).__name__}: {exc}") from exc
-    switch = PrecisionSwitch(model, units, dtype, heads)
+    switch = PrecisionSwitch(model, units, dtype)
     if config.fp32_layers is None:
         batches = ctx.calibration_batches
         if not batches:
@@ -167,7 +166,8 @@ def apply(model: nn.Module, config: AmpConfig, ctx: StageContext) -> nn.Module:
         pinned = dict(units.pinned)
     if pinned:
         ctx.record("amp.pinned", pinned)
-    _ensure_float32_outputs(model, probe)
+    probe = ctx.example_inputs(PROBE_BATCH)
+    switch.keep_needed_casts(lambda: run_forward(model, probe, "of the mixed-precision model", "amp"))
     resolved = {"dtype": dtype_name(dtype), "error_budget": config.error_budget, "fp32_layers": switch.fp32_units()}
     ctx.resolve(AmpConfig.model_validate(resolved))
     return model
@@ -179,14 +179,6 @@ def _ranking_key(ctx: StageContext, dtype: torch.dtype) -> tuple[str, ...] | Non
     if ctx.input_key is None:
         return None
     return ("amp", ctx.input_key, dtype_name(dtype), ctx.spec.name, ctx.device.type)
-
-
-def _ensure_float32_outputs(model: nn.Module, probe: tuple[torch.Tensor, ...]) -> None:
-    """Check the final model runs; if an output is still reduced (data-dependent paths
-    the probe did not see), make the root module cast its outputs as well."""
-    outputs = run_forward(model, probe, "of the mixed-precision model", "amp")
-    if any(t.dtype != torch.float32 for t in outputs):
-        model.register_forward_hook(cast_floating_outputs_to_float32)
 
 
 def requires(config: AmpConfig, caps: Capabilities) -> str | None:
@@ -210,7 +202,7 @@ def worthwhile(config: AmpConfig, caps: Capabilities) -> str | None:
 
 
 def rules_out(config: AmpConfig, facts: ModelFacts) -> str | None:
-    """A TorchScript model: the policy casts each layer through forward hooks, which ScriptModules lack."""
+    """A TorchScript model: the policy's casts are forward hooks and a replaced forward, which ScriptModules lack."""
     return facts.scripted_reason("AMP cannot cast layer by layer (its forward hooks: register_forward_hook "
                                  "is not supported on ScriptModules)")
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from pipeline.core.errors import ConfigError
-from stages.common.layer_outputs import floating_output_leaves, forward_with_layer_outputs
 
 _PLAIN_TENSOR_TYPES = (Tensor, nn.Parameter)
 
@@ -122,24 +121,3 @@ def _collect_units(prefix: str, module: nn.Module, found: list[tuple[str, nn.Mod
 
 def _is_torch_nn_module(module: nn.Module) -> bool:
     return type(module).__module__.startswith("torch.nn.")
-
-
-def output_units(model: nn.Module, units: PrecisionUnits, inputs: tuple[Tensor, ...]) -> tuple[str, ...] | None:
-    """Units whose own output *is* a floating output of the model (one forward with hooks).
-
-    Casting those units' outputs to float32 makes the model output float32 inside the
-    traced graph. None when some floating output is made by an op outside every unit
-    (e.g. ``softmax(head(x))``): then the root module casts instead.
-    """
-    output, calls = forward_with_layer_outputs(model, inputs, units.modules)
-    produced: dict[int, str] = {}
-    for name, unit_output in calls:
-        for leaf in floating_output_leaves(unit_output):
-            produced.setdefault(id(leaf), name)
-    leaves = floating_output_leaves(output)
-    if not leaves:
-        return None
-    names = [produced.get(id(leaf)) for leaf in leaves]
-    if any(name is None for name in names):
-        return None
-    return units.in_model_order(name for name in names if name is not None)
