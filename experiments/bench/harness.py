@@ -39,7 +39,7 @@ from pipeline.core.device import capabilities, describe, move_module, resolve_de
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import LatencySettings, ModelReport, compute_metrics
 from pipeline.core.paths import results_dir
-from pipeline.core.runtime import available_runtimes, exported_runtime, is_compiled, prepare_runtime
+from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
 from pipeline.core.spec import ModelSpec
 from pipeline.core.task_data import load_task_data
 from pipeline.core.task_spec import with_task_data
@@ -132,9 +132,9 @@ def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], ru
 
 def prepared(runner: Runner, model: torch.nn.Module, runtime: str, device: torch.device) -> Callable[..., torch.Tensor]:
     """``model`` (the recipe ``runner`` measured) ready for ``runtime`` once more."""
-    if exported_runtime(runtime) is not None:
+    if get_runtime(runtime).file is not None:
         return runner.prepare({}, runtime)
-    if is_compiled(runtime):
+    if get_runtime(runtime).compiles:
         torch.compiler.reset()
     return prepare_runtime(move_module(model, device).eval(), runtime, device)
 
@@ -184,7 +184,7 @@ def held_out_check(spec: ModelSpec, device: torch.device, path: Path, best: Prep
 
     def score(fn: Callable[..., torch.Tensor], runtime: str) -> float:
         # As evaluate_model: a compiled runtime runs at the largest measured batch size.
-        chunk = max(batch_sizes) if is_compiled(runtime) else None
+        chunk = max(batch_sizes) if get_runtime(runtime).compiles else None
         return compute_metrics(fn, held.evaluation(), (held.metric,), device, chunk)[held.metric.name]
 
     baseline = score(prepare_runtime(move_module(spec.build(), device).eval(), "eager", device), "eager")

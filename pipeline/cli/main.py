@@ -16,12 +16,14 @@ from pipeline.cli.args import add_model_args, spec_from_args
 from pipeline.cli.commands import add_nondeterministic_arg, add_threads_arg, register_search_commands, set_threads
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
-from pipeline.core.evaluate import evaluate_model
 from pipeline.core.paths import set_results_dir
 from pipeline.core.report import evaluation_table, print_table
+from pipeline.core.runtimes.registry import get_runtime, runtime_names
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.self_check import require_stable, self_check
 from pipeline.core.spec import load_model
+from pipeline.engine.graph import recipe_pipeline
+from pipeline.engine.runner import Runner
 
 EXIT_USER_ERROR = 2
 
@@ -32,11 +34,13 @@ _COMMANDS: dict[str, Command] = {}
 def cmd_evaluate(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     device = resolve_device(args.device)
+    get_runtime(args.runtime)  # an unknown name is one error line, before the model loads
     spec = spec_from_args(args)
     model = load_model(spec)
     line = require_stable(self_check(model, spec, device), spec.name, args.allow_nondeterministic, "evaluate")
     print(line, file=sys.stderr if args.json else sys.stdout)
-    report = evaluate_model(model, spec, device, runtime=args.runtime)
+    # Every runtime runs through the runner, as in a search (a file runtime exports and opens its file).
+    report = Runner(recipe_pipeline([]), spec, device, model=model).run({}, args.runtime, exports=False).report
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -56,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Measure a model as it is: task metric, latency per batch size "
                               "(p50/p90), peak memory, serialized size, parameters and MACs.")
     add_model_args(evaluate)
-    evaluate.add_argument("--runtime", default="eager", help="eager | compile | compile_cudagraphs")
+    evaluate.add_argument("--runtime", default="eager", help=" | ".join(runtime_names()))
     evaluate.add_argument("--json", action="store_true", help="print the measurements as JSON")
     add_threads_arg(evaluate)
     add_nondeterministic_arg(evaluate)

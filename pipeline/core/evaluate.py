@@ -20,7 +20,7 @@ from pipeline.core.device import Stopwatch, describe, move_module, peak_memory_b
 from pipeline.core.noise import median_ci
 from pipeline.core.padding import LatencyInputs, pad_to, to_bucket, trim_to_longest
 from pipeline.core.padding import latency_inputs as choose_latency_inputs
-from pipeline.core.runtime import is_compiled, needs_static_shapes, prepare_runtime
+from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
 from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
 
 logger = logging.getLogger(__name__)
@@ -294,6 +294,7 @@ def evaluate_model(
     already prepared for ``runtime`` (on ``device``), else prepared here."""
     model = move_module(model, device).eval()
     fn = prepare_runtime(model, runtime, device) if fn is None else fn
+    compiled, static_shapes = get_runtime(runtime).compiles, get_runtime(runtime).static_shapes
     compile_ms = 0.0
     latency: dict[int, LatencyStats] = {}
     lengths: dict[int, LatencyInputs] = {}
@@ -303,7 +304,7 @@ def evaluate_model(
         cpu_inputs, batch_lengths = choose_latency_inputs(spec, batch_size, runtime)
         stats = measure_latency(fn, move_batch(cpu_inputs, device), device, settings)
         latency[batch_size] = stats
-        if is_compiled(runtime):
+        if compiled:
             compile_ms += max(0.0, stats.first_call_ms - stats.p50_ms)
         if batch_lengths is not None and spec.padding_mask is not None:
             if batch_lengths.measured_length != batch_lengths.length:
@@ -315,8 +316,8 @@ def evaluate_model(
             lengths[batch_size] = batch_lengths
     peak = peak_memory_bytes(device)
     # A compiled runtime evaluates at the largest measured batch size: no extra compilation.
-    metric_batch = max(latency) if is_compiled(runtime) else None
-    bucketed = spec.padding_mask if needs_static_shapes(runtime) else None
+    metric_batch = max(latency) if compiled else None
+    bucketed = spec.padding_mask if static_shapes else None
     values = compute_metrics(fn, spec.evaluation(), (spec.metric, *spec.extra_metrics), device, metric_batch,
                              bucketed)
     metric_value = values.pop(spec.metric.name)

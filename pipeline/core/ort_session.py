@@ -119,6 +119,10 @@ class OrtModel:
     def __call__(self, *inputs: Tensor) -> Tensor:
         return self.outputs(inputs)[0]
 
+    def describe(self) -> str:
+        """Provider, threads and optimization level, as reports state them."""
+        return self.settings.describe()
+
     def _run(self, inputs: Sequence[Tensor]) -> list[Tensor]:
         feed: dict[str, Any] = {
             name: t.detach().cpu().numpy() for name, t in zip(self.input_names, inputs, strict=True)

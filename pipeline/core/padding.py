@@ -7,7 +7,7 @@ runs the model: each batch padded to its longest sample (sentence-transformers d
 this), not to the widest input the model takes. The padding a batch does not need is
 masked out, so cutting it changes no output (tests/pipeline/core/test_padding.py).
 
-Runtimes that compile for static shapes (``pipeline.core.runtime.needs_static_shapes``)
+Runtimes that compile for static shapes (``Runtime.static_shapes``, :mod:`pipeline.core.runtimes`)
 would compile anew for every length, so they are fed length *buckets*: each batch is
 padded up to the smallest of :data:`BUCKETS` that fits it, as one serves such a model.
 What a bucket costs is measured (latency at the bucket and at the batch's own length),
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.core.runtime import needs_static_shapes
+from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.spec import Batch, ModelSpec, tile
 
 #: Sequence-length buckets for runtimes that need static shapes (a longer batch keeps its own length).
@@ -145,7 +145,7 @@ def latency_inputs(spec: ModelSpec, batch_size: int, runtime: str) -> tuple[Batc
     if index is None:
         return batch, None
     trimmed = trim_to_longest(batch, index)
-    timed = to_bucket(batch, index) if needs_static_shapes(runtime) else trimmed
+    timed = to_bucket(batch, index) if get_runtime(runtime).static_shapes else trimmed
     tokens = batch[index].ne(0).sum(dim=1).float()
     lengths = LatencyInputs(batch_size, int(trimmed[index].shape[1]), int(timed[index].shape[1]),
                             float(tokens.mean()))

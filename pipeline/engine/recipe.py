@@ -25,7 +25,7 @@ from typing import Any
 from pydantic_core import PydanticUndefined
 
 from pipeline.core.errors import ConfigError
-from pipeline.core.runtime import RUNTIMES
+from pipeline.core.runtimes.registry import RUNTIMES
 from pipeline.core.stage import StageConfig, config_from_dict, is_export
 
 RECIPE_FORMAT = "paretorch-recipe/1"

@@ -7,8 +7,8 @@ export stages also get ``ctx.float_model`` (the output of the last
 non-numeric stage: the float graph that Core ML and ONNX convert) and
 ``ctx.upstream`` (the resolved configs before them, which they mirror).
 Evaluation nodes measure a model with :func:`pipeline.core.evaluate.evaluate_model`
-or report what an exporter checked. A runtime that runs an exported file (``onnxruntime``,
-:data:`pipeline.core.runtime.EXPORTED_RUNTIMES`) gets it from its export stage through the same
+or report what an exporter checked. A runtime that runs an exported file (``onnxruntime``, ``openvino``:
+:class:`pipeline.core.runtimes.base.FileRuntime`) gets it from its export stage through the same
 export cache (so once per stage prefix), opened once per file (:meth:`Runner.prepare`); the file's
 size is the model's size, and session creation is timed apart (``runtime_sessions``).
 
@@ -31,10 +31,10 @@ from torch import Tensor, nn
 from pipeline.core.device import move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, ModelReport, evaluate_model
-from pipeline.core.ort_session import OrtModel
 from pipeline.core.padding import LATENCY_INPUTS
 from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtime import ExportedRuntime, exported_runtime, is_compiled, prepare_runtime
+from pipeline.core.runtimes.base import LoadedModel, RuntimeFile
+from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, config_from_dict, get_stage
 from pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
@@ -240,7 +240,7 @@ class Runner:
         result = self.run(configs, runtime, exports=False, evaluate=False)
         parent = result.nodes[self.pipeline.objective_node().inputs[0]]
         model = move_module(parent.value, self.device).eval()
-        exported = exported_runtime(runtime)
+        exported = get_runtime(runtime).file
         if exported is None:
             return prepare_runtime(model, runtime, self.device)
         config = self._runtime_export_config(exported, parent, dict(configs))
@@ -314,7 +314,7 @@ class Runner:
             return NodeResult(name, "evaluate", parent.key, _export_evaluation(parent.value))
         settings: dict[str, Any] = {"runtime": runtime, "latency": asdict(self.latency),
                                     "batch_sizes": self.batch_sizes, "latency_inputs": LATENCY_INPUTS}
-        exported = exported_runtime(runtime)
+        exported = get_runtime(runtime).file
         export_config = None if exported is None else self._runtime_export_config(exported, parent, configs)
         if export_config is not None:
             settings["export"] = export_config.to_dict()
@@ -322,12 +322,12 @@ class Runner:
         cached = self.cache.get(key, "evaluation")
         hit = cached is not None
         if cached is None:
-            if is_compiled(runtime):
+            if get_runtime(runtime).compiles:
                 # Fresh dynamo state: many models of one class would otherwise hit the
                 # recompile limit and silently run eager.
                 torch.compiler.reset()
             model = move_module(parent.value, self.device).eval()
-            session: OrtModel | None = None
+            session: LoadedModel | None = None
             artifact: NodeResult | None = None
             fn: Callable[..., Tensor]
             if exported is not None and export_config is not None:
@@ -344,7 +344,7 @@ class Runner:
             self.cache.put(key, cached)
         return NodeResult(name, "evaluate", key, cached.value, cached=hit, runtime_export=export_config)
 
-    def _runtime_export_config(self, exported: ExportedRuntime, parent: NodeResult,
+    def _runtime_export_config(self, exported: RuntimeFile, parent: NodeResult,
                                configs: Mapping[str, StageConfig | None]) -> StageConfig:
         """The config of the export that makes an exported runtime's file: the pipeline's node of that
         stage off the same model (this run's config), else the stage's defaults, with the runtime's settings."""
@@ -356,7 +356,7 @@ class Runner:
             base = get_stage(exported.export_stage).config_type()
         return config_from_dict({**base.to_dict(), **exported.settings})
 
-    def _runtime_export(self, exported: ExportedRuntime, config: StageConfig, parent: NodeResult) -> NodeResult:
+    def _runtime_export(self, exported: RuntimeFile, config: StageConfig, parent: NodeResult) -> NodeResult:
         """The exported runtime's file, through the export cache; its seconds count as exports."""
         start = time.perf_counter()
         try:
@@ -365,7 +365,7 @@ class Runner:
         finally:
             self._add_side("exports", time.perf_counter() - start)
 
-    def _open_exported(self, exported: ExportedRuntime, artifact: NodeResult) -> OrtModel:
+    def _open_exported(self, exported: RuntimeFile, artifact: NodeResult) -> LoadedModel:
         """The session of an exported file, opened once (its seconds count as runtime sessions)."""
         session, opened = self._sessions.get(artifact.key,
                                              lambda: exported.open_file(Path(artifact.value.path), self.device))

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import LatencySettings
 from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
-from pipeline.core.runtime import RUNTIMES
+from pipeline.core.runtimes.registry import RUNTIMES
 from pipeline.core.stage import format_validation_error
 from pipeline.engine.graph import Pipeline
 from pipeline.search.allowed_drop import AllowedDrop

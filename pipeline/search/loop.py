@@ -16,7 +16,7 @@ from rich.table import Table
 
 from pipeline.core.fidelity import fidelity_note
 from pipeline.core.progress import phase, progress_columns, sharing
-from pipeline.core.runtime import runtime_label
+from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.secrets import mask_secrets
 from pipeline.search.compose import composed_note
 from pipeline.search.config import finished_states
@@ -136,7 +136,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
         catch_up(search, study, tracker, logger)  # a worker that died left its trial RUNNING and unlogged
     elif remaining > 0:
         repeats = len(done) - (trials - remaining)
-        labels = ", ".join(runtime_label(r, search.device) for r in search.runtimes)
+        labels = ", ".join(get_runtime(r).label(search.device) for r in search.runtimes)
         console.print(f"study {search.study_name}: {trials - remaining} trial(s) done"
                       + (f" (and {repeats} repeat(s) or ruled-out configuration(s), not counted)" if repeats else "")
                       + f", running {remaining} more on {logger.device} (runtimes: {labels}); "

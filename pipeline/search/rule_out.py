@@ -6,7 +6,7 @@ a TorchScript model is known as such): :class:`RuleOut`. Before any node of a tr
 runs (so before a costly prefix such as prune + distill), every stage config of the chain is
 checked: the capability table must not call it slower only (``Stage.worthwhile``), and its
 stage must not rule it out against the facts (``Stage.rules_out``), and the trial's runtime must be
-able to run the chain (:func:`pipeline.core.runtime.runtime_cannot_run`: no torch.compile of a
+able to run the chain (:meth:`pipeline.core.runtimes.base.Runtime.cannot_run`: no torch.compile of a
 TorchScript model, no ONNX Runtime for numerics it does not reproduce, such as AMP; the runtime
 sweep does not propose such pairs either). A ruled-out trial ends
 pruned at once, with its reason in :data:`ATTR_RULED_OUT`; it does not count toward the
@@ -39,7 +39,7 @@ from torch import nn
 
 from pipeline.core.device import Capabilities, capabilities, move_module
 from pipeline.core.model_facts import ModelFacts, is_scripted
-from pipeline.core.runtime import runtime_cannot_run
+from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, StageConfig, StageContext, export_mirror, stage_for
 
@@ -95,7 +95,7 @@ class RuleOut:
         """Why ``runtime`` cannot run the chain of ``configs`` on this model (a compiled runtime on
         TorchScript; ONNX Runtime on numerics it does not reproduce, such as AMP); None: it can."""
         mirror = export_mirror([c for c in configs if c is not None])
-        return runtime_cannot_run(runtime, mirror, self.facts.scripted)
+        return get_runtime(runtime).cannot_run(mirror, self.facts.scripted)
 
     def unavailable(self, configs: Iterable[StageConfig | None]) -> str | None:
         """Why the device cannot run the chain of ``configs`` (``Stage.requires`` of the first stage that

@@ -19,7 +19,7 @@ import torch
 from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtime import available_runtimes
+from pipeline.core.runtimes.registry import available_runtimes
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.self_check import SelfCheck, require_stable, self_check
 from pipeline.core.spec import ModelSpec

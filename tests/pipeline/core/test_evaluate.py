@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.evaluate import (
     STATE_DICT_FILENAME,
     LatencySettings,
@@ -18,7 +18,7 @@ from pipeline.core.evaluate import (
     measure_latency,
     serialized_size_bytes,
 )
-from pipeline.core.runtime import known_limits_infeasible
+from pipeline.core.runtimes.compile import known_limits_infeasible
 from pipeline.core.spec import ModelSpec
 
 QUICK = LatencySettings(warmup_runs=1, min_runs=5, min_seconds=0.0)
@@ -89,7 +89,7 @@ def test_digits_evaluation_report(digits_model: nn.Module, digits_spec: ModelSpe
 
 
 def test_unknown_runtime_is_rejected(digits_model: nn.Module, digits_spec: ModelSpec) -> None:
-    with pytest.raises(ValueError, match="unknown runtime 'jit'"):
+    with pytest.raises(ConfigError, match="unknown runtime 'jit'"):
         evaluate_model(digits_model, digits_spec, torch.device("cpu"), runtime="jit", settings=QUICK)
 
 

@@ -7,8 +7,6 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import pipeline.core.evaluate as evaluate
-import pipeline.core.padding as padding
 from pipeline.core.evaluate import LatencySettings, compute_metrics, evaluate_model, fixed_size_chunks
 from pipeline.core.padding import (
     BUCKETS,
@@ -20,6 +18,7 @@ from pipeline.core.padding import (
     to_bucket,
     trim_to_longest,
 )
+from pipeline.core.runtimes.eager import Eager
 from pipeline.core.spec import Batch, Metric, ModelSpec
 from pipeline.sources.huggingface import PooledEmbedding
 
@@ -152,8 +151,7 @@ def test_bucket_cost_is_measured_and_the_metric_is_unchanged(encoder: nn.Module,
     assert plain.latency_inputs[4].measured_length == 31 and plain.latency_inputs[4].trimmed_p50_ms is None
     assert "bucket_overhead_pct_b4" not in plain.as_metrics()
     assert plain.as_metrics()["latency_tokens_b4"] == 31
-    monkeypatch.setattr(padding, "needs_static_shapes", lambda runtime: True)
-    monkeypatch.setattr(evaluate, "needs_static_shapes", lambda runtime: True)
+    monkeypatch.setattr(Eager, "static_shapes", True)
     bucketed = evaluate_model(encoder, spec, CPU, settings=QUICK)
     lengths = bucketed.latency_inputs[4]
     assert (lengths.length, lengths.measured_length) == (31, 32) and lengths.trimmed_p50_ms is not None

@@ -14,12 +14,12 @@ import torch
 from torch import nn
 
 from pipeline.core import device as device_table
-from pipeline.core import runtime as runtime_module
 from pipeline.core.device import ORT_PROVIDERS, Capabilities, capabilities, installed_ort_providers
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, compute_metric
 from pipeline.core.ort_session import SessionSettings
-from pipeline.core.runtime import available_runtimes, runtime_label
+from pipeline.core.runtimes import onnxruntime as runtime_module
+from pipeline.core.runtimes.registry import available_runtimes, get_runtime
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import config_from_dict
 from pipeline.engine.cache import NodeCache
@@ -68,12 +68,12 @@ def test_the_runtime_exists_only_where_onnxruntime_has_a_provider(monkeypatch: p
 
 
 def test_an_unverified_provider_says_so_where_the_runtime_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert runtime_label("onnxruntime", CPU) == "onnxruntime (CPUExecutionProvider)"
-    assert runtime_label("compile", CPU) == "compile"
+    assert get_runtime("onnxruntime").label(CPU) == "onnxruntime (CPUExecutionProvider)"
+    assert get_runtime("compile").label(CPU) == "compile"
     assert SessionSettings("CPUExecutionProvider", 1).describe().startswith("onnxruntime CPUExecutionProvider, 1 ")
     coreml = dataclasses.replace(capabilities(CPU), ort_providers=("CoreMLExecutionProvider",))
     monkeypatch.setattr(runtime_module, "capabilities", lambda device: coreml)
-    assert runtime_label("onnxruntime", CPU) == ("onnxruntime (CoreMLExecutionProvider, unverified: not yet run on "
+    assert get_runtime("onnxruntime").label(CPU) == ("onnxruntime (CoreMLExecutionProvider, unverified: not yet run on "
                                                  "a Mac)")
     assert "CoreMLExecutionProvider (unverified: not yet run on a Mac)" in SessionSettings(
         "CoreMLExecutionProvider", 1).describe()

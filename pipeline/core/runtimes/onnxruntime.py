@@ -1,0 +1,44 @@
+"""``onnxruntime``: the ONNX export run in ONNX Runtime.
+
+The file is the ``export.onnx`` stage's (its float graph, ORT's transformer fusions and ORT's int8
+mirror of the quantize stage), opened with :func:`pipeline.core.ort_session.open_session` (the device's
+first provider from the capability table). A numeric stage ONNX Runtime cannot mirror
+(:func:`pipeline.core.ort_mirror.ort_unmirrored`) is never measured as a float model: the search rules
+the recipe out before it runs, and a run that gets there anyway (``pipeline apply``) is infeasible with
+the reason. The runtime measures latency itself (the export does not time it again).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.core.device import capabilities, ort_provider_note
+from pipeline.core.mirror import ExportMirror
+from pipeline.core.ort_mirror import ort_unmirrored
+from pipeline.core.ort_session import open_session
+from pipeline.core.runtimes.base import FileRuntime, RuntimeFile
+
+
+class OnnxRuntime(FileRuntime):
+    """ONNX Runtime over the ONNX export, wherever the installed onnxruntime has a provider for the device."""
+
+    name = "onnxruntime"
+    file = RuntimeFile("export.onnx", open_session, {"measure_latency": False, "unmirrored": "infeasible"})
+
+    def available(self, device: torch.device) -> bool:
+        return bool(capabilities(device).ort_providers)
+
+    def label(self, device: torch.device) -> str:
+        if not (providers := capabilities(device).ort_providers):
+            return self.name
+        note = ort_provider_note(providers[0])
+        return f"{self.name} ({providers[0]}{f', {note}' if note else ''})"
+
+    def unmirrored(self, mirror: ExportMirror) -> list[str]:
+        return ort_unmirrored(mirror)
+
+    def deploys(self) -> str:
+        return "the .onnx file (open it with onnxruntime.InferenceSession)"
+
+
+ONNXRUNTIME = OnnxRuntime()
