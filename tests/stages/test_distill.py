@@ -143,7 +143,7 @@ def test_output_kind_must_be_known(digits_spec: ModelSpec) -> None:
 
 def test_default_pipeline_distills_between_prune_and_quantize() -> None:
     assert default_pipeline().describe() == (
-        "model -> prune -> distill -> quantize -> amp -> {export.coreml, export.onnx}")
+        "model -> prune -> distill -> pack -> quantize -> amp -> {export.coreml, export.onnx}")
 
 
 def test_distilled_prefix_is_a_cache_hit_for_a_second_trial(digits_spec: ModelSpec, digits_model: nn.Module,

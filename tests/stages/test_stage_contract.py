@@ -209,7 +209,7 @@ def test_apply_leaves_its_input_unchanged_and_resolves_to_its_type(
 
 def test_toy_stage_sits_where_it_says_in_the_default_pipeline(toy_stage: Stage) -> None:
     assert default_pipeline().describe() == (
-        "model -> prune -> distill -> toy.scale_bias -> quantize -> amp -> {export.coreml, export.onnx}"
+        "model -> prune -> distill -> toy.scale_bias -> pack -> quantize -> amp -> {export.coreml, export.onnx}"
     )
 
 

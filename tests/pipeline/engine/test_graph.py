@@ -16,15 +16,15 @@ from stages.quantize.stage import QuantizeConfig
 
 def test_default_pipeline_shape() -> None:
     pipeline = default_pipeline()
-    assert pipeline.describe() == "model -> prune -> distill -> quantize -> amp -> {export.coreml, export.onnx}"
-    assert [n.name for n in pipeline.model_stage_nodes()] == ["prune", "distill", "quantize", "amp"]
+    assert pipeline.describe() == "model -> prune -> distill -> pack -> quantize -> amp -> {export.coreml, export.onnx}"
+    assert [n.name for n in pipeline.model_stage_nodes()] == ["prune", "distill", "pack", "quantize", "amp"]
     assert [n.name for n in pipeline.export_nodes()] == ["export.coreml", "export.onnx"]
     assert pipeline.node("export.onnx").inputs == ("amp",)
     assert pipeline.objective_node().name == "evaluate"
     assert pipeline.objective_node().inputs == ("amp",)
     assert {n.name for n in pipeline.evaluation_nodes()} == {"evaluate", "evaluate.coreml", "evaluate.onnx"}
     assert pipeline.downstream_of_exports() == {"export.coreml", "export.onnx", "evaluate.coreml", "evaluate.onnx"}
-    assert pipeline.ancestors("quantize") == ["model", "prune", "distill", "quantize"]
+    assert pipeline.ancestors("quantize") == ["model", "prune", "distill", "pack", "quantize"]
 
 
 def test_cycle_is_rejected() -> None:

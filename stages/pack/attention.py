@@ -1,0 +1,84 @@
+"""Attention per sequence over packed tokens: each sequence's tokens attend to their own sequence only.
+
+Three kernels, all taking ``(T, heads, head_size)`` query / key / value and a
+:class:`~stages.pack.layout.PackedLayout`, returning ``(T, heads * head_size)``:
+
+* ``varlen``: :func:`torch.nn.attention.varlen.varlen_attn` (Flash Attention over the sequence
+  starts): CUDA, float16 / bfloat16 only (:func:`varlen_available`);
+* ``nested``: a nested jagged tensor per sequence and :func:`scaled_dot_product_attention`;
+* ``padded``: the tokens scattered back into the ``(batch, width)`` padded layout for attention
+  only, with the padding mask (the linear layers, the bulk of the work, still run on packed tokens).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Literal
+
+import torch
+from torch import Tensor
+from torch.nn import functional
+
+from stages.pack.layout import PackedLayout
+
+AttentionKind = Literal["varlen", "nested", "padded"]
+#: Whether this torch has variable-length Flash Attention (``torch.nn.attention.varlen``, torch >= 2.10).
+HAS_VARLEN = importlib.util.find_spec("torch.nn.attention.varlen") is not None
+if HAS_VARLEN:
+    from torch.nn.attention.varlen import varlen_attn
+#: Dtypes Flash Attention runs.
+VARLEN_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def varlen_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``varlen`` runs for tensors of ``dtype`` on ``device``."""
+    return HAS_VARLEN and device.type == "cuda" and dtype in VARLEN_DTYPES
+
+
+def choose_kernel(requested: str, device: torch.device, dtype: torch.dtype) -> AttentionKind:
+    """The kernel to run: ``requested``, or for ``auto`` ``varlen`` where it runs, else ``padded``
+    (the fastest of the others on CPU, measured: see experiments/bench/packed_rows.py)."""
+    if requested == "auto":
+        return "varlen" if varlen_available(device, dtype) else "padded"
+    if requested == "varlen" and not varlen_available(device, dtype):
+        raise ValueError(f"varlen attention needs CUDA and float16/bfloat16 (here: {device.type}, {dtype}) "
+                         "and torch.nn.attention.varlen")
+    if requested not in ("varlen", "nested", "padded"):
+        raise ValueError(f"unknown attention kernel {requested!r}: choose auto, varlen, nested or padded")
+    return requested  # type: ignore[return-value]
+
+
+def packed_attention(kind: AttentionKind, query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout,
+                     mask: Tensor, scale: float) -> Tensor:
+    """Attention of ``(T, heads, head_size)`` tensors within each packed sequence, ``(T, heads * head_size)``."""
+    tokens = query.shape[0]
+    if kind == "varlen":
+        return _varlen(query, key, value, layout, int(mask.shape[1]), scale).reshape(tokens, -1)
+    if kind == "nested":
+        return _nested(query, key, value, layout, scale).reshape(tokens, -1)
+    return _padded(query, key, value, layout, mask, scale)
+
+
+def _varlen(query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout, width: int, scale: float) -> Tensor:
+    # The input width bounds every sequence (the dummy one is cut to it too: flash attention only
+    # needs an upper bound); a static int, so compiled graphs do not specialize on the batch.
+    starts = layout.sequence_starts
+    return varlen_attn(query, key, value, starts, starts, width, width, scale=scale)  # type: ignore[return-value]
+
+
+def _nested(query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout, scale: float) -> Tensor:
+    offsets = layout.sequence_starts.long()
+    q, k, v = (torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2) for t in (query, key, value))
+    out = functional.scaled_dot_product_attention(q, k, v, scale=scale)
+    return out.transpose(1, 2).values()
+
+
+def _padded(query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout, mask: Tensor, scale: float) -> Tensor:
+    batch, width = (int(n) for n in mask.shape)
+    heads, size = int(query.shape[1]), int(query.shape[2])
+    stacked = torch.stack((query, key, value), dim=1)  # (T, 3, heads, size): one scatter for the three
+    buffer = stacked.new_zeros(batch * width + 1, 3, heads, size).index_copy(0, layout.scatter_index, stacked)
+    padded = buffer[: batch * width].view(batch, width, 3, heads, size).permute(2, 0, 3, 1, 4)
+    keep = mask.ne(0).view(batch, 1, 1, width)
+    out = functional.scaled_dot_product_attention(padded[0], padded[1], padded[2], attn_mask=keep, scale=scale)
+    return out.transpose(1, 2).reshape(batch * width, heads * size).index_select(0, layout.gather_index)
