@@ -52,6 +52,9 @@ class Capabilities:
     #: ONNX Runtime execution providers of the installed onnxruntime that run on this device, in
     #: onnxruntime's priority order (:data:`ORT_PROVIDERS`); empty: the onnxruntime runtime is unavailable.
     ort_providers: tuple[str, ...] = ()
+    #: OpenVINO devices of the installed openvino that run on this torch device (:data:`OV_DEVICES`);
+    #: empty: the openvino runtime is unavailable.
+    ov_devices: tuple[str, ...] = ()
 
     def preferred_reduced_dtype(self) -> torch.dtype | None:
         """The reduced dtype to try first: the first fast one, else the first available."""
@@ -87,6 +90,39 @@ def installed_ort_providers(kind: str) -> tuple[str, ...]:
     except ImportError:  # onnxruntime is a pinned dependency; a trimmed install just has no such runtime
         return ()
     return tuple(p for p in onnxruntime.get_available_providers() if ORT_PROVIDERS.get(p, ("", None))[0] == kind)
+
+
+#: OpenVINO devices the table knows: device -> (torch device kind it serves, None when verified on these
+#: machines, else why not yet). OpenVINO's GPU and NPU are Intel devices torch has no device for: listed, never used.
+OV_DEVICES: dict[str, tuple[str | None, str | None]] = {
+    "CPU": ("cpu", None),
+    "GPU": (None, "unverified: an Intel GPU, not a torch device (not present on these machines)"),
+    "NPU": (None, "unverified: an Intel NPU, not a torch device (not present on these machines)"),
+}
+#: The CPU plugin on Apple silicon (OpenVINO's ARM CPU plugin) has not run on these machines.
+OV_ARM_CPU_NOTE = "unverified: OpenVINO's ARM CPU plugin, not yet run on a Mac"
+
+
+def ov_device_note(device: str) -> str | None:
+    """Why OpenVINO ``device`` is not verified on these machines (None when it is)."""
+    base = device.split(".")[0]
+    if base == "CPU" and platform.system() == "Darwin" and platform.machine() == "arm64":
+        return OV_ARM_CPU_NOTE
+    return OV_DEVICES.get(base, (None, "unverified: a device this table does not know"))[1]
+
+
+def openvino_devices() -> tuple[str, ...]:
+    """The devices of the installed openvino (``openvino.Core().available_devices``; none without openvino)."""
+    try:
+        import openvino
+    except ImportError:  # openvino is a pinned dependency; a trimmed install just has no such runtime
+        return ()
+    return tuple(openvino.Core().available_devices)
+
+
+def installed_ov_devices(kind: str) -> tuple[str, ...]:
+    """OpenVINO devices of the installed openvino that run on torch device ``kind`` (CPU -> cpu)."""
+    return tuple(d for d in openvino_devices() if OV_DEVICES.get(d.split(".")[0], (None, None))[0] == kind)
 
 
 def available_kinds() -> list[str]:
@@ -224,6 +260,7 @@ def _cpu_capabilities() -> Capabilities:
         event_timing=False,
         coreml_predict=platform.system() == "Darwin",
         ort_providers=installed_ort_providers("cpu"),
+        ov_devices=installed_ov_devices("cpu"),
     )
 
 

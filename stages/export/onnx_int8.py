@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.exported_mirror import float_graph_unmirrored, ort_unmirrored
 from pipeline.core.mirror import ExportMirror
-from pipeline.core.ort_mirror import float_graph_unmirrored, ort_unmirrored
 from pipeline.core.spec import Batch
 from stages.export.checks import converter_failure
 from stages.export.layer_filter import LayerFilter, module_weight_key
@@ -61,7 +61,8 @@ def int8_plan(config: ONNXExportConfig, upstream: ExportMirror, protected: tuple
     with ``config.unmirrored == "infeasible"`` a numeric stage ORT cannot reproduce raises
     :class:`InfeasibleConfig`."""
     if config.unmirrored == "infeasible":
-        reasons = ort_unmirrored(upstream) if config.quantize == "mirror" else float_graph_unmirrored(upstream)
+        reasons = (ort_unmirrored(upstream) if config.quantize == "mirror"
+                   else float_graph_unmirrored("onnxruntime", upstream))
         if reasons:
             raise InfeasibleConfig(f"ONNX Runtime cannot run this recipe as trained: {'; '.join(reasons)} "
                                    "(run it with a torch runtime, or change the recipe)")

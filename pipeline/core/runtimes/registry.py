@@ -11,15 +11,19 @@ from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.runtimes.base import Runtime
 from pipeline.core.runtimes.compile import COMPILE
 from pipeline.core.runtimes.compile_cudagraphs import COMPILE_CUDAGRAPHS
+from pipeline.core.runtimes.compile_dynamic import COMPILE_DYNAMIC
 from pipeline.core.runtimes.eager import EAGER
 from pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
+from pipeline.core.runtimes.openvino import OPENVINO
 
 #: Every runtime, in the order the console lists them.
 RUNTIMES: dict[str, Runtime] = {runtime.name: runtime for runtime in (
     EAGER,
     COMPILE,
+    COMPILE_DYNAMIC,
     COMPILE_CUDAGRAPHS,
     ONNXRUNTIME,
+    OPENVINO,
 )}
 
 

@@ -1,0 +1,184 @@
+"""NNCF, the OpenVINO mirror of the quantize stage, and the layers it touches.
+
+The recipe's quantize method decides the NNCF call (the rules are :mod:`pipeline.core.exported_mirror`):
+static int8 (PT2E, calibrated) -> ``nncf.quantize`` calibrated on the spec's calibration batches, preset
+MIXED (asymmetric activations, symmetric per-channel weights: the x86 PT2E recipe's uint8 affine
+activations and int8 symmetric weights), with NNCF's transformer model type for token models; int8
+weight-only -> ``nncf.compress_weights`` (INT8, per output channel) with the CPU plugin's dynamic
+activation quantization off. The layers are the ones the torch side quantized: the quantize stage's layer
+filter (:class:`~stages.export.layer_filter.LayerFilter`) read on each weighted op of the IR, every other
+weighted op in NNCF's ignored scope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.spec import Batch
+from stages.export.checks import converter_failure
+from stages.export.layer_filter import LayerFilter, module_weight_key
+
+if TYPE_CHECKING:
+    import openvino
+
+#: IR op types of the layer kinds a quantization touches (what NNCF quantizes or compresses there).
+OV_OP_TYPES = {"linear": ("MatMul",), "conv": ("Convolution", "GroupConvolution")}
+#: Ops with a constant weight that NNCF may quantize or compress (embeddings: Gather).
+WEIGHTED_OP_TYPES = frozenset({"MatMul", "Convolution", "GroupConvolution", "Gather"})
+#: Ops that pass a layer's output on unchanged enough that the layer still counts as the head.
+PASS_THROUGH_OPS = frozenset({"Add", "Convert", "Reshape"})
+#: Prefix of the friendly names the PyTorch frontend gives ops of a module: ``__module.<path>/aten::...``.
+MODULE_PREFIX = "__module."
+
+OvQuantMode = Literal["static", "weights"]
+NNCFModelType = Literal["transformer", "default"]
+
+
+@dataclass(frozen=True)
+class WeightedOp:
+    """An IR op with a constant weight: its name, the torch module it came from (None: not traceable, e.g.
+    a convolution with a folded BatchNorm), weight shape, kind and whether it produces the output."""
+
+    name: str
+    module: str | None
+    shape: tuple[int, ...]
+    op_type: str
+    is_head: bool
+
+
+def _constant_shape(node: openvino.Node) -> tuple[int, ...] | None:
+    """The shape of ``node`` when it is a constant (through Convert / Reshape), else None."""
+    while node.get_type_name() in ("Convert", "Reshape") and node.get_input_size() > 0:
+        node = node.input_value(0).get_node()
+    if node.get_type_name() != "Constant":
+        return None
+    return tuple(int(d) for d in node.get_output_shape(0))
+
+
+def _module_of(node: openvino.Node) -> str | None:
+    name = node.get_friendly_name()
+    if not name.startswith(MODULE_PREFIX):
+        return None
+    return name[len(MODULE_PREFIX):].split("/", 1)[0]
+
+
+def _feeds_output(node: openvino.Node) -> bool:
+    for target in node.output(0).get_target_inputs():
+        consumer = target.get_node()
+        if consumer.get_type_name() == "Result":
+            return True
+        if consumer.get_type_name() in PASS_THROUGH_OPS and _feeds_output(consumer):
+            return True
+    return False
+
+
+def weighted_ops(model: openvino.Model) -> list[WeightedOp]:
+    """Every op of ``model`` with a constant weight (second input; Gather: its data), in graph order."""
+    found = []
+    for node in model.get_ordered_ops():
+        op_type = node.get_type_name()
+        if op_type not in WEIGHTED_OP_TYPES or node.get_input_size() < 2:
+            continue
+        weight_index = 0 if op_type == "Gather" else 1
+        shape = _constant_shape(node.input_value(weight_index).get_node())
+        if shape is not None:
+            found.append(WeightedOp(node.get_friendly_name(), _module_of(node), shape, op_type, _feeds_output(node)))
+    return found
+
+
+@dataclass(frozen=True)
+class LayerSelection:
+    """Which weighted ops NNCF touches (``selected``), the rest (``ignored``, with why), and the layers the
+    filter names (protected, kept float) that no op could be traced to."""
+
+    selected: tuple[str, ...]
+    ignored: dict[str, str]
+    untraced: tuple[str, ...]
+
+
+def select_ops(model: openvino.Model, layer_filter: LayerFilter) -> LayerSelection:
+    """The ops of the IR the quantize stage's filter quantizes; everything else weighted is ignored."""
+    op_types = {op for kind in layer_filter.kinds for op in OV_OP_TYPES[kind]}
+    selected: list[str] = []
+    ignored: dict[str, str] = {}
+    traced: set[str] = set()
+    for op in weighted_ops(model):
+        if op.op_type not in op_types:
+            ignored[op.name] = f"{op.op_type}: a layer kind the torch side did not quantize"
+            continue
+        key = module_weight_key(f"{op.module}.weight") if op.module else module_weight_key(op.name)
+        reason = layer_filter.skip_reason(key, elements=math.prod(op.shape),
+                                          input_size=op.shape[1] if len(op.shape) > 1 else op.shape[0],
+                                          is_head=op.is_head)
+        if reason is None:
+            selected.append(op.name)
+        else:
+            ignored[op.name] = reason
+            if op.module:
+                traced.update(layer for layer in (*layer_filter.protected, *layer_filter.float_layers)
+                              if op.module == layer or op.module.startswith(f"{layer}."))
+    named = (*layer_filter.protected, *layer_filter.float_layers)
+    return LayerSelection(tuple(selected), ignored, tuple(layer for layer in named if layer not in traced))
+
+
+def nncf_quiet() -> contextlib.AbstractContextManager[object]:
+    """NNCF's progress bars (printed to stdout) and info logs dropped; its warnings still reach the log."""
+    import nncf
+
+    nncf.set_log_level(logging.WARNING)
+    return contextlib.redirect_stdout(io.StringIO())
+
+
+def quantize_static(model: openvino.Model, ignored: Sequence[str], calibration: Sequence[Batch],
+                    model_type: NNCFModelType) -> openvino.Model:
+    """``nncf.quantize`` of ``model`` (a copy is quantized: NNCF changes the model it is given) on the
+    spec's calibration batches, every item of them used, ``ignored`` op names left float."""
+    import nncf
+
+    if not calibration:
+        raise InfeasibleConfig("static int8 in OpenVINO needs calibration batches: the spec has none")
+    dataset = nncf.Dataset(list(calibration), lambda batch: tuple(t.detach().cpu().numpy() for t in batch))
+    try:
+        with nncf_quiet():
+            return nncf.quantize(
+                model.clone(), dataset, preset=nncf.QuantizationPreset.MIXED,
+                model_type=nncf.ModelType.TRANSFORMER if model_type == "transformer" else None,
+                subset_size=len(calibration), target_device=nncf.TargetDevice.CPU,
+                ignored_scope=nncf.IgnoredScope(names=list(ignored), validate=False),
+            )
+    except InfeasibleConfig:
+        raise
+    except Exception as exc:  # NNCF raises many types (nncf.ValidationError, RuntimeError, OpenVINO's)
+        raise converter_failure("NNCF static int8 quantization", exc) from exc
+
+
+def compress_weights(model: openvino.Model, ignored: Sequence[str], symmetric: bool) -> openvino.Model:
+    """``nncf.compress_weights`` INT8 (per output channel, ``symmetric`` or not) of every weighted op but
+    ``ignored``; activations stay float (the loader keeps the CPU's dynamic quantization off)."""
+    import nncf
+
+    mode = nncf.CompressWeightsMode.INT8_SYM if symmetric else nncf.CompressWeightsMode.INT8_ASYM
+    try:
+        with nncf_quiet():
+            return nncf.compress_weights(model.clone(), mode=mode,
+                                         ignored_scope=nncf.IgnoredScope(names=list(ignored), validate=False))
+    except Exception as exc:  # NNCF raises many types
+        raise converter_failure("NNCF int8 weight compression", exc) from exc
+
+
+def count_int8(model: openvino.Model) -> tuple[int, int]:
+    """(FakeQuantize ops, int8 / uint8 constants) of ``model``: what NNCF inserted."""
+    fake_quantize = int8_constants = 0
+    for node in model.get_ops():
+        if node.get_type_name() == "FakeQuantize":
+            fake_quantize += 1
+        elif node.get_type_name() == "Constant" and node.get_element_type().get_type_name() in ("i8", "u8"):
+            int8_constants += 1
+    return fake_quantize, int8_constants
