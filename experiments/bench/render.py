@@ -1,6 +1,7 @@
 """BENCHMARKS.md from the raw JSON in ``experiments/bench/results/``: one table per benchmark result
-(:mod:`experiments.bench.harness`), then the ORT rows, recovery tables, fidelity checks, busy-machine
-checks and search-quality curves, each rendered by its own module."""
+(:mod:`experiments.bench.harness`), then the ORT rows, the peers (sentence-transformers' own backends),
+recovery tables, fidelity checks, busy-machine checks and search-quality curves, each rendered by its own
+module."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from experiments.bench.fidelity_check import render as render_fidelity_check
 from experiments.bench.ort_rows import ORT_ROWS_PREFIX
 from experiments.bench.ort_rows import render as render_ort_rows
 from experiments.bench.paths import RESULTS_DIR
+from experiments.bench.peers import PEERS_PREFIX
+from experiments.bench.peers import render as render_peers
 from experiments.bench.recovery import RECOVERY_PREFIX
 from experiments.bench.recovery import render as render_recovery
 from experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
@@ -108,8 +111,9 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
     files = sorted(folder.glob("*.json"))
     results = [json.loads(p.read_text()) for p in files
                if not p.name.startswith((RECOVERY_PREFIX, FIDELITY_CHECK_PREFIX, BUSY_PREFIX,
-                                         SEARCH_QUALITY_PREFIX, ORT_ROWS_PREFIX))]
+                                         SEARCH_QUALITY_PREFIX, ORT_ROWS_PREFIX, PEERS_PREFIX))]
     ort_rows = [json.loads(p.read_text()) for p in files if p.name.startswith(ORT_ROWS_PREFIX)]
+    peers = [json.loads(p.read_text()) for p in files if p.name.startswith(PEERS_PREFIX)]
     busy_checks = [json.loads(p.read_text()) for p in files if p.name.startswith(BUSY_PREFIX)]
     recoveries = [json.loads(p.read_text()) for p in files if p.name.startswith(RECOVERY_PREFIX)]
     checks = [json.loads(p.read_text()) for p in files if p.name.startswith(FIDELITY_CHECK_PREFIX)]
@@ -126,6 +130,8 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
         parts += [render_table(result), ""]
     for rows in ort_rows:
         parts += [render_ort_rows(rows), ""]
+    for peer in peers:
+        parts += [render_peers(peer), ""]
     for recovery in recoveries:
         parts += [render_recovery(recovery), ""]
     for check in checks:
