@@ -69,6 +69,9 @@ class SearchConfig(BaseModel):
     disabled: tuple[str, ...] = ()
     exports: Literal["pareto", "every_trial", "none"] = "pareto"
     seeds: tuple[SeedRecipe, ...] = ()
+    #: Cheap precision presets, each tried alone under every runtime of the study before the seeds
+    #: (:mod:`pipeline.search.presets`); a preset's ``runtime`` field is not used.
+    presets: tuple[SeedRecipe, ...] = ()
     cache_mb: int = Field(default=2048, ge=0)
     #: Trials composed from measured winners at most (:mod:`pipeline.search.compose`; 0: none).
     compose: int = Field(default=6, ge=0)
@@ -76,11 +79,14 @@ class SearchConfig(BaseModel):
     sweep_top: int = Field(default=3, ge=1)
     #: Costly stages run at low fidelity first (:mod:`pipeline.search.screening`).
     screening: bool = True
+    #: Costly stages (distillation, calibration) may take at most this share of a run's wall time: past it, a
+    #: costly trial stops at low fidelity (:mod:`pipeline.search.screening`).
+    costly_share: float = Field(default=0.25, gt=0.0, le=1.0)
 
     #: Fields that do not change what a trial measures (left out of the study's name): where results go,
     #: and which trials the search proposes besides its sampler's (a resumed study may change them).
     RUN_ONLY_FIELDS: ClassVar[frozenset[str]] = frozenset({"exports", "cache_mb", "compose", "sweep_top",
-                                                            "screening"})
+                                                            "screening", "presets", "costly_share"})
 
     @field_validator("runtimes")
     @classmethod
@@ -93,7 +99,8 @@ class SearchConfig(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> SearchConfig:
-        """Read a YAML search config (default ``experiments/configs/search.yaml``) and apply overrides (None = keep)."""
+        """Read a YAML search config (default ``experiments/configs/search.yaml``) and apply overrides (None = keep).
+        Overriding ``seeds`` without ``presets`` turns the presets off: the given seeds are all that is enqueued."""
 
         source = Path(path) if path else DEFAULT_SEARCH_CONFIG
         data: dict[str, Any] = {}
@@ -105,6 +112,8 @@ class SearchConfig(BaseModel):
         elif path:
             raise ConfigError(f"search config not found: {source}")
         given = {k: v for k, v in overrides.items() if v is not None}
+        if "seeds" in given and "presets" not in given:
+            given["presets"] = ()  # a caller that lists the seeds lists every trial enqueued before the sampler
         data.update(given)
         try:
             return cls.model_validate(data)

@@ -118,7 +118,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
                       + (f" (--trials {trials} is the study's total)" if finished > trials else ""), highlight=False)
     study, baseline, tracker = open_search(search, running=finished is None)
     children = len(tracker.children) if tracker is not None else 0
-    for line in (search.self_check_line, search.stages_line, search.rules.unknown_line()):
+    for line in (search.self_check_line, search.stages_line, search.presets_line, search.rules.unknown_line()):
         if line:
             console.print(line, highlight=False, soft_wrap=True)
     if fidelity := fidelity_note(search.spec.metric):

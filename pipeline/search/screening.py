@@ -12,6 +12,12 @@ those configs, eager (no compilation twice), and ends the trial there (pruned, w
 * (eager trials, whose screened latency is their own) a feasible trial is faster by more than
   :attr:`ScreeningPolicy.latency_tolerance` with a drop no worse than the trial could recover to.
 
+* (any trial) the costly stages already took more than their share of this run's wall time
+  (:class:`CostlyClock`, the search config's ``costly_share``): before the low-fidelity run (nothing costly is
+  paid) or after it (the full cost is not paid). Distillation bought nothing on the MiniLM CPU search that
+  took 2,341 s of its 6,338 s; the share keeps a search that finds nothing from it in minutes while a model
+  whose front needs it (prune + distill) still gets a full costly trial every few cheap ones.
+
 This is successive halving with two rungs, the promotion rule being "can still reach the front"
 instead of "in the top 1/eta of its rung": Optuna's pruners (``SuccessiveHalvingPruner`` and the
 others, through ``trial.report`` / ``trial.should_prune``) raise NotImplementedError in multi-objective
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import optuna
@@ -150,13 +156,55 @@ class ScreeningPolicy:
         return None
 
 
+#: Costly work under this many seconds in a run is never capped: a small model's distillation costs seconds, and a
+#: share of the first minute of a run would stop it before it could show anything.
+COSTLY_FLOOR_S = 60.0
+
+#: Stage name -> seconds it ran so far (the runner's stage tallies).
+Tallies = Callable[[], Mapping[str, float]]
+
+
+@dataclass
+class CostlyClock:
+    """The share of this run's wall time the costly stages took: the runner's tallies (low-fidelity and full
+    runs, seconds since the clock started) of each stage the screen lowered so far, against ``share`` (and at
+    least ``floor`` seconds: :data:`COSTLY_FLOOR_S`)."""
+
+    share: float
+    tallies: Tallies
+    clock: Callable[[], float] = time.perf_counter
+    floor: float = field(default_factory=lambda: COSTLY_FLOOR_S)
+    started: float = field(init=False)
+    at_start: dict[str, float] = field(init=False)
+    stages: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+        self.at_start = dict(self.tallies())
+
+    def spent(self) -> float:
+        """Seconds the costly stages ran since the clock started."""
+        now = self.tallies()
+        return sum(now.get(name, 0.0) - self.at_start.get(name, 0.0) for name in self.stages)
+
+    def over(self, stages: Collection[str]) -> str | None:
+        """Why a trial lowering ``stages`` may not pay more costly work now (None: it may)."""
+        self.stages.update(stages)
+        spent, elapsed = self.spent(), self.clock() - self.started
+        if spent <= max(self.share * elapsed, self.floor):
+            return None
+        return (f"time cap: costly stages ({', '.join(sorted(self.stages))}) took {spent:.0f} s of this run's "
+                f"{elapsed:.0f} s, over the {self.share:.0%} cap (search config costly_share)")
+
+
 @dataclass(frozen=True)
 class Screened:
     """What the screen of one trial measured and decided."""
 
     lowered: str
-    metric: float
-    drop: float
+    #: None: the time cap stopped the trial before the low-fidelity run.
+    metric: float | None
+    drop: float | None
     latency_ms: float | None
     margin: float
     seconds: float
@@ -179,11 +227,13 @@ class Screening:
     """The screen of one study: ``run(configs, runtime)`` measures a chain (the study's runner)."""
 
     def __init__(self, objectives: Objectives, run: RunFn, export_nodes: Collection[str],
-                 policy: ScreeningPolicy | None = None) -> None:
+                 policy: ScreeningPolicy | None = None, clock: CostlyClock | None = None) -> None:
         self.objectives = objectives
         self.run = run
         self.export_nodes = frozenset(export_nodes)
         self.policy = policy or ScreeningPolicy()
+        #: The costly stages' share of the run's time (None: no cap).
+        self.clock = clock
 
     def screen(self, trials: Sequence[FrozenTrial], configs: Mapping[str, StageConfig | None], runtime: str,
                baseline: Baseline) -> Screened | None:
@@ -191,6 +241,9 @@ class Screening:
         plan = low_fidelity(configs, self.export_nodes)
         if plan is None or ran_at_full(trials, configs, plan):
             return None
+        stages = {config.stage for node in plan.lowered if (config := configs[node]) is not None}
+        if self.clock is not None and (capped := self.clock.over(stages)) is not None:
+            return Screened(plan.key, None, None, None, 0.0, 0.0, f"{capped}; not run")
         start = time.perf_counter()
         report = self.run(plan.configs, SCREEN_RUNTIME)
         seconds = time.perf_counter() - start
@@ -199,6 +252,8 @@ class Screening:
         latency = report.latency_p50(self.objectives.latency_batch) if runtime == SCREEN_RUNTIME else None
         margin = self.policy.margin(allowed, recoveries(trials, plan.key))
         reason = self.policy.reason(drop, latency, allowed, margin, front_points(trials, self.objectives.latency_key))
+        if reason is None and self.clock is not None and (capped := self.clock.over(stages)) is not None:
+            reason = f"{capped}; the full cost is not paid"
         return Screened(plan.key, report.metric_value, drop, latency, margin, seconds, reason)
 
 

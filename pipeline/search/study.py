@@ -47,6 +47,7 @@ from pipeline.search.objectives import (
     Baseline,
     Objectives,
 )
+from pipeline.search.presets import preset_seeds
 from pipeline.search.rule_out import RuleOut
 from pipeline.search.seeding import merge_params, runtime_params, stage_params
 from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
@@ -120,6 +121,8 @@ class Search:
         self.self_check_line: str | None = None
         #: What changed in a resumed study's stages, for the console (set by :meth:`open_study`).
         self.stages_line: str | None = None
+        #: The precision presets enqueued first, for the console (set by :meth:`ensure_baseline`).
+        self.presets_line: str | None = None
         #: Paired latency of the trials against the baseline (its timer and CPU clock are injectable).
         self.latency = StudyLatency(spec, device, self.objectives.latency_batch, lambda: self.runner)
 
@@ -235,7 +238,8 @@ class Search:
         return RuleOut.read(self.runner.model, self.spec, self.device, stages)
 
     def ensure_baseline(self, study: optuna.Study) -> Baseline:
-        """The stored baseline, or measure it now, store it and enqueue the baseline and seed trials."""
+        """The stored baseline, or measure it now, store it and enqueue the baseline, the precision presets under
+        every runtime (:mod:`pipeline.search.presets`: cheap trials first) and the seed trials."""
         with self.lock():  # workers starting together measure and enqueue once
             self.check_model(study)
             stored = study.user_attrs.get(ATTR_BASELINE)
@@ -248,6 +252,9 @@ class Search:
             self.objectives.threshold(self.baseline)  # a relative drop of a baseline <= 0 fails here, before any trial
             if not study.trials:
                 self.enqueue(study, SeedRecipe(name="baseline"))
+                plan = preset_seeds(self.config.presets, self.runtimes, self.preset_skip)
+                enqueued = [seed for seed in plan.seeds if self.enqueue(study, seed)]
+                self.presets_line = plan.describe(enqueued)
                 for seed in self.config.seeds:
                     self.enqueue(study, seed)
             for seed in self.extra_seeds:
@@ -286,6 +293,18 @@ class Search:
         study.enqueue_trial(params, user_attrs={ATTR_SEED: seed.name, ATTR_SEED_RECIPE: payload,
                                                 ATTR_SEED_PARAMS: params})
         return True
+
+    def preset_skip(self, stages: tuple[dict[str, object], ...], runtime: str) -> str | None:
+        """Why a preset's ``stages`` cannot be a trial under ``runtime`` here (None: they can): a stage not in
+        the pipeline (or disabled), or the chain ruled out before it would run (slower only on this device,
+        unable to change this model, not runnable on the device, or not by the runtime)."""
+        available = {n.op for n in self.pipeline.stage_nodes() if n.name not in self.config.disabled}
+        missing = sorted({str(raw.get("stage")) for raw in stages} - available)
+        if missing:
+            return f"not in this pipeline: {', '.join(missing)}"
+        configs = [config_from_dict(dict(raw)) for raw in stages]
+        return (self.rules.reason(configs) or self.rules.unavailable(configs)
+                or self.rules.runtime_reason(configs, runtime))
 
     def seed_params(self, configs: list[StageConfig], runtime: str) -> dict[str, object]:
         """The Optuna params of a seed (so seeded trials appear in the sampler's plots), by stage node."""

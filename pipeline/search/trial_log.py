@@ -15,6 +15,7 @@ from pipeline.core.device import describe
 from pipeline.search.objectives import ATTR_METRICS
 from pipeline.search.pareto import pareto_trials
 from pipeline.search.record import TrialRecord
+from pipeline.search.screening import SCREENED_OUT
 from pipeline.search.study import Search
 from pipeline.tracking.tracker import Tracker
 
@@ -80,6 +81,8 @@ class TrialLogger:
                     f"{line} [{record.seconds.get('trial', 0.0):.1f} s, cache {record.cache.get('hits', 0)} hit(s)]"
                     f"{unstable}")
         if record.state == "PRUNED":
+            if (record.infeasible or "").startswith(SCREENED_OUT):  # stopped at low fidelity, the full cost unpaid
+                return f"{head} {record.infeasible}"
             return f"{head} infeasible: {record.infeasible or '?'}"
         return f"{head} {(record.error or '?').strip().splitlines()[-1][:200]}"
 

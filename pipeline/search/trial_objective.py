@@ -42,7 +42,7 @@ from pipeline.search.interrupt import Interrupts
 from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_PARAMS, ATTR_SEED_RECIPE, CONSTRAINT_NAME, Baseline
 from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialOutcome, TrialRecord
 from pipeline.search.rule_out import study_choices
-from pipeline.search.screening import Screened, Screening, record_screen
+from pipeline.search.screening import CostlyClock, Screened, Screening, record_screen
 from pipeline.search.seeding import stage_params
 from pipeline.search.workers import claim_config
 
@@ -63,9 +63,12 @@ class TrialObjective:
         self.exports = [n.name for n in search.pipeline.export_nodes()]
         self._repeats: RepeatIndex | None = None
         self._choices: dict[str, tuple[object, ...]] | None = None
-        #: Costly stages at low fidelity first (pipeline.search.screening), through the study's runner.
+        #: Costly stages at low fidelity first (pipeline.search.screening), through the study's runner, within
+        #: their share of this run's time (the clock starts now).
+        clock = CostlyClock(search.config.costly_share,
+                            lambda: {name: tally.seconds for name, tally in search.runner.stage_tallies.items()})
         self.screening = Screening(search.objectives, lambda configs, runtime: search.runner.run(
-            configs, runtime, exports=False).report, self.exports)
+            configs, runtime, exports=False).report, self.exports, clock=clock)
 
     def __call__(self, trial: optuna.Trial) -> TrialOutcome:
         """Run one trial: its record and values, or ``KeyboardInterrupt`` if Ctrl-C arrived meanwhile."""

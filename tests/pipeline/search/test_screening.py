@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
@@ -9,15 +10,17 @@ from typing import Self
 import optuna
 import pytest
 import torch
+from rich.console import Console
 from torch import nn
 
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
-from pipeline.search import Search, SearchConfig, run_search
+from pipeline.search import Search, SearchConfig, run_search, screening
 from pipeline.search.objectives import ATTR_CONFIGS, ATTR_FEASIBLE, ATTR_METRICS, ATTR_REASON, ATTR_RECIPE, ATTR_SEED
 from pipeline.search.screening import (
     ATTR_SCREEN,
     ATTR_SCREENED_OUT,
+    CostlyClock,
     ScreeningPolicy,
     front_points,
     low_fidelity,
@@ -88,6 +91,60 @@ def test_a_bad_prefix_is_stopped_before_its_full_cost(residual_spec: ModelSpec, 
     assert trials["good-int8"].state.name == "COMPLETE" and ATTR_SCREEN not in trials["good-int8"].user_attrs
     note = screened_note(list(trials.values()))
     assert note is not None and note.startswith("1 of 2 screened trial(s) screened out")
+
+
+def test_past_their_share_of_the_time_costly_trials_stop_at_low_fidelity(
+    monkeypatch: pytest.MonkeyPatch, residual_spec: ModelSpec, costly_stage: None, tmp_path: Path
+) -> None:
+    """A share so small that any costly work is over it (and no floor): the first costly trial runs its low
+    fidelity and stops there; the next one is stopped before any costly work."""
+    monkeypatch.setattr(screening, "COSTLY_FLOOR_S", 0.0)
+    pipeline_file = tmp_path / "costly.yaml"
+    pipeline_file.write_text("nodes:\n  - {op: model}\n  - {op: toy.costly}\n  - {name: evaluate, op: evaluate}\n")
+    config = SearchConfig.load(
+        None, pipeline=str(pipeline_file), sampler="random", runtimes=("eager",), latency_budget="quick",
+        exports="none", compose=0, costly_share=1e-9, seeds=[
+            {"name": "first", "stages": [{"stage": "toy.costly", "work": 100}]},
+            {"name": "second", "stages": [{"stage": "toy.costly", "work": 200}]},
+        ])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}",
+                    track=False)
+    COST.clear()
+    console = Console(file=io.StringIO(), width=400)
+    trials = {t.user_attrs[ATTR_SEED]: t for t in run_search(search, trials=3, console=console).study.trials}
+    assert COST == [25], "the low fidelity of the first only; neither full cost"
+    said = console.file.getvalue()  # type: ignore[attr-defined]
+    assert said.count("PRUNED   screened out at low fidelity (toy.costly): time cap: costly stages") == 2, said
+    first, second = trials["first"], trials["second"]
+    assert first.state.name == second.state.name == "PRUNED"
+    assert first.user_attrs[ATTR_SCREEN]["drop"] is not None
+    assert first.user_attrs[ATTR_SCREENED_OUT].startswith("time cap: costly stages (toy.costly) took ")
+    assert first.user_attrs[ATTR_SCREENED_OUT].endswith("; the full cost is not paid")
+    assert second.user_attrs[ATTR_SCREEN]["drop"] is None and second.user_attrs[ATTR_SCREENED_OUT].endswith("; not run")
+    assert second.user_attrs[ATTR_REASON].startswith("screened out at low fidelity (toy.costly): time cap")
+
+
+def test_the_costly_clock_counts_the_lowered_stages_since_it_started() -> None:
+    seconds = {"distill": 50.0, "quantize": 5.0, "amp": 500.0}
+    now = [1000.0]
+    clock = CostlyClock(0.25, lambda: dict(seconds), clock=lambda: now[0], floor=10.0)
+    assert CostlyClock(0.25, lambda: {}).floor == screening.COSTLY_FLOOR_S
+    now[0] += 100.0
+    seconds["amp"] += 90.0  # not a costly stage: never counted
+    assert clock.over({"distill"}) is None and clock.spent() == 0.0
+    seconds["distill"] += 25.0
+    assert clock.over({"distill"}) is None, "25 s of 100 s is the share, not over it"
+    seconds["quantize"] += 1.0
+    reason = clock.over({"quantize"})
+    assert clock.spent() == 26.0
+    assert reason == ("time cap: costly stages (distill, quantize) took 26 s of this run's 100 s, over the 25% cap "
+                      "(search config costly_share)")
+    now[0] += 4.0
+    assert clock.over(()) is None, "26 s of 104 s"
+    seconds["distill"] += 30.0
+    floored = CostlyClock(0.25, lambda: dict(seconds), clock=lambda: now[0], floor=40.0)
+    seconds["distill"] += 39.0
+    assert floored.over({"distill"}) is None, "under the floor, whatever the share"
 
 
 def test_only_costly_stages_are_lowered_and_a_lowered_config_is_another_node() -> None:

@@ -63,9 +63,10 @@ def test_search_config_validation_names_the_field(tmp_path: Path) -> None:
         SearchConfig.load(tmp_path / "missing.yaml")
     shipped = SearchConfig.load()
     assert shipped.objectives == ("metric", "latency") and shipped.max_drop.to_json() == 0.01
-    assert [s.name for s in shipped.seeds] == ["amp-bfloat16", "amp-float16", "int8-dynamic-only",
-                                               "int8-static-only", "prune-0.3", "prune-0.3-distill"]
-    assert [s.name for s in shipped.seeds if s.skip_where_unavailable] == ["int8-static-only"]
+    assert [s.name for s in shipped.seeds] == ["prune-0.3", "prune-0.3-distill"]
+    assert [p.name for p in shipped.presets] == ["bf16", "fp16", "bf16-packed", "fp16-packed", "int8-dynamic",
+                                                 "int8-static", "fp32", "fp32-packed"]
+    assert shipped.costly_share == 0.25
 
 
 def test_study_name_follows_what_trials_mean(residual_spec: ModelSpec) -> None:

@@ -1,0 +1,69 @@
+"""Cheap, strong paths first: every runtime with each precision preset alone, before any costly stage.
+
+A *preset* (the search config's ``presets``, ``experiments/configs/search.yaml``) is a short list of
+stage configs that costs no training and no long calibration: float32 as it is, every layer in a fast
+reduced dtype, int8. :func:`preset_seeds` crosses the presets with the study's runtimes (the search
+config's runtimes that the registry, :func:`pipeline.core.runtimes.registry.available_runtimes`, says
+run on the device), preset-major: the first preset under every runtime, then the next. A pair that
+cannot be a trial here is skipped with its reason, never enqueued: a stage not in the pipeline (or not
+installed, e.g. ``pack``), one the capability table calls slower only or the device cannot run, one the
+model's facts rule out (``pack`` on a model without a padding mask), a runtime that cannot run the
+chain (:meth:`pipeline.core.runtimes.base.Runtime.cannot_run`: ONNX Runtime with AMP). A runtime that
+registers later (OpenVINO, a dynamic-shape compile) gets its presets with no change here.
+
+The study enqueues these right after the baseline and before the config's ``seeds`` (which may hold a
+costly stage, such as distillation), so a search has the one-line paths' level within its first trials.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.search.config import SeedRecipe
+
+#: Seed names of preset trials start with this: ``preset-<preset>@<runtime>``.
+PRESET_PREFIX = "preset-"
+
+#: Why a seed's stages (as dicts) cannot be a trial under a runtime here; None: they can.
+SkipReason = Callable[[tuple[dict[str, Any], ...], str], str | None]
+
+
+@dataclass(frozen=True)
+class PresetPlan:
+    """The preset trials to enqueue, in order, and the pairs skipped with their reasons."""
+
+    seeds: list[SeedRecipe] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def describe(self, enqueued: Sequence[SeedRecipe]) -> str | None:
+        """The console line, naming the ``enqueued`` seeds (the study skips one that repeats a trial, such as
+        float32 under eager, the baseline); None when there are no presets."""
+        if not self.seeds and not self.skipped:
+            return None
+        names = ", ".join(s.name.removeprefix(PRESET_PREFIX) for s in enqueued) or "none"
+        line = f"presets first ({len(enqueued)} trial(s), each alone, before costly stages): {names}"
+        if self.skipped:
+            line += f"; {len(self.skipped)} pair(s) skipped as they cannot run here"
+        return line
+
+
+def preset_name(preset: str, runtime: str) -> str:
+    """The seed name of ``preset`` under ``runtime``."""
+    return f"{PRESET_PREFIX}{preset}@{runtime}"
+
+
+def preset_seeds(presets: Sequence[SeedRecipe], runtimes: Sequence[str], skip: SkipReason) -> PresetPlan:
+    """Each preset under each of ``runtimes`` (preset-major, in the given orders), minus the pairs ``skip``
+    gives a reason for. A preset's own ``runtime`` field is ignored: the runtimes are the study's."""
+    plan = PresetPlan()
+    for preset in presets:
+        for runtime in runtimes:
+            name = preset_name(preset.name, runtime)
+            reason = skip(preset.stages, runtime)
+            if reason is not None:
+                plan.skipped[name] = reason
+                continue
+            plan.seeds.append(SeedRecipe(name=name, runtime=runtime, stages=preset.stages))
+    return plan

@@ -1,0 +1,101 @@
+"""Precision presets under every runtime, before any costly stage (pipeline/search/presets.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import optuna
+import pytest
+import torch
+from optuna.trial import TrialState
+from torch import Tensor, nn
+
+from pipeline.core.mirror import ExportMirror
+from pipeline.core.runtimes import registry
+from pipeline.core.runtimes.base import Runtime
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import config_from_dict
+from pipeline.search import Search, SearchConfig, SeedRecipe
+from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_RECIPE
+from pipeline.search.presets import PRESET_PREFIX, preset_name, preset_seeds
+
+BF16 = SeedRecipe(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []},))
+INT8 = SeedRecipe(name="int8-dynamic", stages=({"stage": "quantize", "method": "int8_dynamic"},))
+FP32 = SeedRecipe(name="fp32")
+
+
+class NoAmpRuntime(Runtime):
+    """A runtime registered by a test: runs the torch module, but not a recipe with AMP."""
+
+    name: ClassVar[str] = "no_amp_test"
+
+    def available(self, device: torch.device) -> bool:
+        return True
+
+    def cannot_run(self, mirror: ExportMirror, scripted: bool) -> str | None:
+        return f"runtime {self.name}: no AMP" if mirror.amp_dtype is not None else None
+
+    def prepare(self, model: nn.Module, device: torch.device) -> Callable[..., Tensor]:
+        return model
+
+
+def test_presets_are_preset_major_and_skip_what_cannot_run() -> None:
+    def skip(stages: tuple[dict[str, Any], ...], runtime: str) -> str | None:
+        return "no amp here" if runtime == "b" and any(s["stage"] == "amp" for s in stages) else None
+
+    plan = preset_seeds([BF16, INT8, FP32], ["a", "b"], skip)
+    assert [s.name for s in plan.seeds] == [preset_name(p, r) for p, r in (
+        ("bf16", "a"), ("int8-dynamic", "a"), ("int8-dynamic", "b"), ("fp32", "a"), ("fp32", "b"))]
+    assert plan.skipped == {"preset-bf16@b": "no amp here"}
+    assert [s.runtime for s in plan.seeds] == ["a", "a", "b", "a", "b"]
+    assert plan.seeds[0].stages == BF16.stages
+    assert plan.describe(plan.seeds[1:]) == (
+        "presets first (4 trial(s), each alone, before costly stages): int8-dynamic@a, int8-dynamic@b, fp32@a, "
+        "fp32@b; 1 pair(s) skipped as they cannot run here")
+
+
+@pytest.fixture
+def with_fake_runtime(monkeypatch: pytest.MonkeyPatch) -> str:
+    runtime = NoAmpRuntime()
+    monkeypatch.setitem(registry.RUNTIMES, runtime.name, runtime)
+    return runtime.name
+
+
+def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seeds(
+    with_fake_runtime: str, residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """The shipped presets under eager, compile and a runtime registered here: the runtime that cannot run AMP
+    gets no AMP seed; every preset trial is queued before the first seed with a costly stage (distillation)."""
+    shipped = SearchConfig.load()
+    config = SearchConfig.load(None, runtimes=("eager", "compile", with_fake_runtime), exports="none",
+                               presets=[p.model_dump() for p in shipped.presets],
+                               seeds=[s.model_dump() for s in shipped.seeds])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
+    assert search.runtimes == ["eager", "compile", with_fake_runtime]
+    study = search.open_study()
+    search.ensure_baseline(study)
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    names = [t.user_attrs[ATTR_SEED] for t in waiting]
+    assert names[0] == "baseline"
+    assert "preset-int8-dynamic@no_amp_test" in names and "preset-fp32@no_amp_test" in names
+    assert "preset-bf16@no_amp_test" not in names, "a runtime that cannot run AMP gets no AMP seed"
+    assert "preset-bf16@eager" in names and "preset-bf16@compile" in names
+    assert "preset-fp32@eager" not in names, "float32 under eager is the baseline"
+    assert not any("fp16" in n for n in names), "float16 is slower only on a CPU"
+    assert not any("packed" in n for n in names), "the residual MLP has no padding mask"
+    enqueued = sum(1 for n in names if n.startswith(PRESET_PREFIX))
+    assert search.presets_line is not None and search.presets_line.startswith(f"presets first ({enqueued} trial(s)")
+
+    def costly(trial: optuna.trial.FrozenTrial) -> bool:
+        stages = trial.user_attrs[ATTR_SEED_RECIPE]["stages"]
+        return any(config_from_dict(dict(raw)).low_fidelity() is not None for raw in stages)
+
+    presets = [i for i, n in enumerate(names) if n.startswith(PRESET_PREFIX)]
+    first_costly = next(i for i, t in enumerate(waiting) if costly(t))
+    assert names[first_costly] == "prune-0.3-distill"
+    assert presets and max(presets) < first_costly
+    assert not any(costly(waiting[i]) for i in presets), "presets are cheap"
+    order = [n.removeprefix(PRESET_PREFIX).split("@")[0] for n in names if n.startswith(PRESET_PREFIX)]
+    assert order == sorted(order, key=[p.name for p in shipped.presets].index), "preset-major"
