@@ -1,0 +1,120 @@
+"""The OpenVINO runtime and its export: the one mirror table, the capability table, the IR against torch,
+NNCF's int8 recorded as measured, a plain user's load, and a recipe OpenVINO cannot run ruled out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino
+import pytest
+import torch
+from torch import nn
+
+from pipeline.core import device as device_module
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.evaluate import compute_metric
+from pipeline.core.exported_mirror import ort_unmirrored, ov_unmirrored
+from pipeline.core.mirror import ExportMirror
+from pipeline.core.ov_session import open_ir, recorded_settings
+from pipeline.core.runtimes.registry import RUNTIMES, available_runtimes
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import StageContext, apply_stage
+from pipeline.search import Search, SearchConfig, SeedRecipe, run_search
+from pipeline.search.objectives import ATTR_SEED
+from pipeline.search.rule_out import ATTR_RULED_OUT
+from stages.export.openvino import OpenVINOExportConfig
+from stages.quantize.stage import QuantizeConfig
+
+CPU = torch.device("cpu")
+
+def test_one_table_says_what_each_exported_runtime_reproduces() -> None:
+    dynamic = ExportMirror(quant_method="int8_dynamic", quant_bits=8, quant_activations="dynamic")
+    static = ExportMirror(quant_method="int8_static_pt2e", quant_bits=8, quant_activations="static")
+    weights = ExportMirror(quant_method="int8_weight_only", quant_bits=8, quant_activations="float")
+    int4 = ExportMirror(quant_method="intx_weight_only", quant_bits=4, quant_activations="float")
+    bf16 = ExportMirror(amp_dtype="bfloat16")
+    assert ort_unmirrored(dynamic) == [] and ort_unmirrored(static) == []
+    assert ort_unmirrored(weights) == ["int8_weight_only keeps activations float, and ONNX Runtime's int8 kernels "
+                                       "quantize them too (int8_dynamic is its mirror)"]
+    assert ort_unmirrored(bf16) == ["AMP (bfloat16) is not mirrored: the graph would compute in float32"]
+    assert ov_unmirrored(static) == [] and ov_unmirrored(weights) == [] and ov_unmirrored(bf16) == []
+    assert ov_unmirrored(dynamic)[0].startswith("int8_dynamic quantizes activations per row at run time")
+    assert ov_unmirrored(int4)[0].startswith("intx_weight_only has no OpenVINO mirror")
+    assert ov_unmirrored(ExportMirror(amp_dtype="float16"))[0].startswith("AMP (float16) is not mirrored")
+    kept = ov_unmirrored(ExportMirror(amp_dtype="bfloat16", fp32_layers=("classifier",)))
+    assert kept and kept[0].startswith("AMP keeps layers in float32")
+    assert ov_unmirrored(ExportMirror(not_mirrored=("prune: why",))) == ["prune: why"]
+
+def test_the_capability_table_lists_only_the_devices_the_installed_openvino_has(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_module, "openvino_devices", lambda: ("CPU", "GPU.0", "NPU"))
+    assert device_module.installed_ov_devices("cpu") == ("CPU",), "Intel GPU/NPU are no torch device"
+    assert device_module.ov_device_note("GPU.0", ).startswith("unverified")
+    monkeypatch.setattr(device_module, "openvino_devices", lambda: ())
+    assert device_module.installed_ov_devices("cpu") == ()
+    monkeypatch.setattr(device_module, "openvino_devices", lambda: ("GPU",))
+    assert device_module.installed_ov_devices("cpu") == ()
+    monkeypatch.setattr(device_module.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(device_module.platform, "machine", lambda: "arm64")
+    assert device_module.ov_device_note("CPU") == device_module.OV_ARM_CPU_NOTE
+
+def test_the_installed_openvino_runs_on_this_cpu() -> None:
+    assert "CPU" in openvino.Core().available_devices
+    assert "openvino" in available_runtimes(CPU)
+    assert RUNTIMES["openvino"].label(CPU) == "openvino (CPU)"
+
+def _export(model: nn.Module, spec: ModelSpec, out: Path, upstream: tuple[QuantizeConfig, ...] = ()) -> tuple:
+    ctx = StageContext(spec, CPU, output_dir=out, upstream=upstream, float_model=model)
+    result = apply_stage(model, OpenVINOExportConfig(measure_latency=False), ctx)
+    return result, ctx
+
+def test_the_float_ir_matches_torch_and_a_plain_openvino_load_gives_the_measured_outputs(
+        digits_spec: ModelSpec, digits_model: nn.Module, tmp_path: Path) -> None:
+    result, ctx = _export(digits_model, digits_spec, tmp_path)
+    xml = result.path / "digits.xml"
+    assert xml.exists() and (result.path / "digits.bin").exists()
+    assert ctx.resolved_config.inference_precision == "f32", "the precision is recorded, never a default"
+    assert result.metrics["openvino_max_abs_error"] < 1e-4
+    inputs = digits_spec.example_inputs(5)
+    with torch.no_grad():
+        expected = digits_model(*inputs)
+    measured = open_ir(result.path, CPU)
+    assert torch.allclose(measured(*inputs), expected, atol=1e-4)
+    core = openvino.Core()
+    recorded = recorded_settings(core.read_model(str(xml)))
+    compiled = core.compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": recorded["inference_precision"]})
+    plain = compiled([t.numpy() for t in inputs])[0]
+    np.testing.assert_allclose(plain, measured(*inputs).numpy(), atol=1e-6)
+    assert "paretorch" in recorded["versions"] and recorded["recipe"] == "[]"
+
+def test_an_int8_ir_metric_is_the_one_openvino_measures(digits_spec: ModelSpec, digits_model: nn.Module,
+                                                        tmp_path: Path) -> None:
+    quantize = QuantizeConfig(method="int8_static_pt2e", min_weight_elements=0, skip_head=False)
+    result, _ = _export(digits_model, digits_spec, tmp_path, (quantize,))
+    assert "NNCF static int8" in result.validation and "FakeQuantize" in result.validation
+    model = openvino.Core().read_model(str(result.path / "digits.xml"))
+    assert any(op.get_type_name() == "FakeQuantize" for op in model.get_ops())
+    reopened = open_ir(result.path, CPU)
+    metric = compute_metric(reopened, digits_spec.evaluation(), digits_spec.metric, CPU)
+    assert metric == pytest.approx(result.metrics[f"openvino_{digits_spec.metric.name}"])
+
+def test_an_unmirrored_recipe_is_infeasible_for_the_runtime_export(digits_spec: ModelSpec, digits_model: nn.Module,
+                                                                  tmp_path: Path) -> None:
+
+    ctx = StageContext(digits_spec, CPU, output_dir=tmp_path, float_model=digits_model,
+                       upstream=(QuantizeConfig(method="int8_dynamic"),))
+    with pytest.raises(InfeasibleConfig, match="OpenVINO cannot run this recipe as trained: int8_dynamic"):
+        apply_stage(digits_model, OpenVINOExportConfig(unmirrored="infeasible"), ctx)
+
+def test_a_recipe_openvino_cannot_run_is_ruled_out_and_not_counted(residual_spec: ModelSpec, tmp_path: Path) -> None:
+    dynamic_on_ov = SeedRecipe(name="dyn-ov", runtime="openvino", stages=({"stage": "quantize",
+                                                                          "method": "int8_dynamic"},))
+    config = SearchConfig.load(None, sampler="random", runtimes=("eager", "openvino"), latency_budget="quick",
+                               exports="none", compose=0, seeds=[dynamic_on_ov])
+    search = Search(residual_spec, CPU, config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
+    outcome = run_search(search, trials=2)
+    seeded = {t.user_attrs[ATTR_SEED]: t for t in outcome.study.trials if ATTR_SEED in t.user_attrs}
+    assert seeded["dyn-ov"].state.name == "PRUNED" and seeded["dyn-ov"].values is None
+    assert seeded["dyn-ov"].user_attrs[ATTR_RULED_OUT].startswith(
+        "runtime openvino cannot run this recipe as trained: int8_dynamic quantizes activations per row")
