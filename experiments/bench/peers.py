@@ -197,6 +197,18 @@ def describe_row(row: dict[str, Any]) -> str:
             f"{row['metric']:.2f} (torch {row['baseline_metric']:.2f}){held}")
 
 
+def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name and the instruction sets the peers choose by (AMX, AVX512-BF16, VNNI, AVX2)."""
+    if not cpuinfo.is_file():
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in cpuinfo.read_text().splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    present = [f for f in ("amx_bf16", "avx512_bf16", "avx512_vnni", "avx2") if f in flags]
+    return f"{fields.get('model name', platform.machine())} ({', '.join(present) or 'none of AMX/AVX-512/AVX2'}" \
+           + ("; no AMX)" if "amx_bf16" not in flags else ")")
+
+
 def _uptime() -> str:
     try:
         return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
@@ -216,10 +228,13 @@ def render(result: dict[str, Any]) -> str:
         "(`SentenceTransformer(path)`) in the same process on the same token batches (each padded to its longest). "
         f"Task: {result['metric_name']} on the spec's evaluation data; held-out: Spearman x 100 on "
         f"{result.get('held_out') or 'no held-out pairs (run with --held-out)'}; both from the peer's own "
-        "embeddings, the torch figure of the same environment in brackets.",
+        "embeddings, the torch figure of the same environment in brackets."
+        + (f" {settings['rounds']} timed rounds a peer after {settings['warmup']} warm-up pass(es); a round is "
+           f"{settings['latency_repeat']} passes over the latency batch, or the {settings['dev_sentences']} dev "
+           "sentences once." if (settings := result.get("settings")) else ""),
         "",
         "| peer | sentences (longest / mean tokens) | speed-up vs torch fp32 eager | ms a batch (peer / torch) | "
-        "task | held-out | precision | how |",
+        "task | held-out | OpenVINO precision hint | how |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in sorted(result["rows"], key=lambda r: (r["inputs"], -r.get("speedup", 0.0))):
@@ -231,12 +246,14 @@ def render(result: dict[str, Any]) -> str:
         lines.append(
             f"| {row['name']} | {row['inputs']} ({longest} / {row['mean_tokens']:.1f}) | {row['speedup']:.2f}x "
             f"[{row['ci'][0]:.2f}, {row['ci'][1]:.2f}] | {row['peer_ms']:.1f} / {row['baseline_ms']:.1f} | "
-            f"{row['metric']:.2f} ({row['baseline_metric']:.2f}) | {held} | {row.get('precision') or 'f32'} | "
+            f"{row['metric']:.2f} ({row['baseline_metric']:.2f}) | {held} | {row.get('precision') or '-'} | "
             f"`{row['how']}` |")
     versions = "; ".join(f"{family}: " + ", ".join(f"{k} {v}" for k, v in run["versions"].items())
                          for family, run in result.get("runs", {}).items())
     if versions:
         lines += ["", f"Environments: {versions}."]
+    if result.get("note"):
+        lines += ["", f"Note: {result['note']}"]
     return "\n".join(lines)
 
 
@@ -275,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = measure(args.families, args.held_out, args.work, args.envs, settings)
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
-    result = {"model": args.model, "device": "cpu", "cpu": platform.processor() or platform.machine(),
+    result = {"model": args.model, "device": "cpu", "cpu": cpu_description(),
               "batch": args.batch, "threads": args.threads, "settings": settings, "affinity": affinity,
               "uptime_before": before,
               "uptime_after": _uptime(), "seconds": time.perf_counter() - started,

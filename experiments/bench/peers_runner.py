@@ -266,7 +266,8 @@ def main(argv: Sequence[str]) -> int:
     if not (directory / "config.json").is_file():
         shutil.copytree(job["model_dir"], directory, dirs_exist_ok=True)
     baseline = SentenceTransformer(str(directory), device="cpu")
-    features = {key: [dict(baseline.tokenize(batch)) for batch in batches(spec["sentences"], job["batch"])]
+    tokenize = getattr(baseline, "preprocess", None) or baseline.tokenize  # 6.x renamed it; 5.x has tokenize only
+    features = {key: [dict(tokenize(batch)) for batch in batches(spec["sentences"], job["batch"])]
                 for key, spec in job["inputs"].items()}
     timed = {key: batch_features * job["inputs"][key]["repeat"] for key, batch_features in features.items()}
     result: dict[str, Any] = {

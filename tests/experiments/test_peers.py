@@ -169,3 +169,12 @@ def test_a_family_that_cannot_run_says_why_in_every_row(tmp_path: Path, monkeypa
     measured = peers.measure(["onnx"], None, tmp_path, tmp_path, {})
     assert [r["name"] for r in measured["rows"]] == list(peers.PEER_NAMES["onnx"])
     assert all(r["kind"] == "peer" and "no network" in r["error"] for r in measured["rows"])
+
+
+def test_the_cpu_is_described_by_the_flags_the_peers_choose_by(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512_vnni amx_bf16\n\n"
+                       "processor\t: 1\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512_vnni amx_bf16\n")
+    assert peers.cpu_description(cpuinfo) == "Some Xeon (amx_bf16, avx512_vnni, avx2)"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t: fpu avx2\n")
+    assert peers.cpu_description(cpuinfo) == "AMD EPYC (avx2; no AMX)"
