@@ -43,6 +43,7 @@ from experiments.bench.peer_envs import ENVS_DIR, FAMILIES, PeerEnvError, ensure
 from experiments.data import word_similarity
 from experiments.models import minilm
 from pipeline.core.noise import median_ci
+from pipeline.core.padding import latency_sample
 from pipeline.core.task_data import PairsData, load_task_data
 from pipeline.core.task_metrics import pairs_metric
 from pipeline.core.task_spec import distinct_texts
@@ -71,6 +72,21 @@ def dev_sentences(data: PairsData, count: int = DEV_SENTENCES, seed: int = SEED)
     return texts[:count]
 
 
+def latency_sentences(batch: int) -> list[str]:
+    """The sentences of MiniLM's latency batch at ``batch`` (:func:`pipeline.core.padding.latency_sample`: the
+    representative batch the pipeline times), in its row order, found by their token ids."""
+    sentences = minilm.sentences("evaluation")
+    input_ids, attention_mask = minilm.encode_text(sentences)
+    by_tokens = {tuple(ids[mask.bool()].tolist()): text
+                 for text, ids, mask in zip(sentences, input_ids, attention_mask, strict=True)}
+    ids, mask = latency_sample(minilm.spec(), batch)
+    rows = [tuple(row[keep.bool()].tolist()) for row, keep in zip(ids, mask, strict=True)]
+    missing = sum(row not in by_tokens for row in rows)
+    if missing:
+        raise ValueError(f"{missing} rows of the latency batch are no evaluation sentence: the spec changed")
+    return [by_tokens[row] for row in rows]
+
+
 def pairs_score(data: PairsData, embeddings: np.ndarray) -> float:
     """Spearman x 100 of the pairs' cosine similarities against their scores; ``embeddings`` are those of
     :func:`~pipeline.core.task_spec.distinct_texts` of the pairs, in its order."""
@@ -93,7 +109,7 @@ def job(family: str, work: Path, held_out: PairsData | None, settings: dict[str,
     """The runner's job for ``family``: sentences to time, texts to embed, calibration sentences."""
     task = word_similarity.load()
     batch = settings["batch"]
-    inputs = {LATENCY_SET: {"sentences": minilm.sentences("evaluation")[:batch], "repeat": settings["latency_repeat"]}}
+    inputs = {LATENCY_SET: {"sentences": latency_sentences(batch), "repeat": settings["latency_repeat"]}}
     encode = {"task": distinct_texts([*task.first, *task.second])[0]}
     if held_out is not None:
         inputs[DEV_SET] = {"sentences": dev_sentences(held_out, settings["dev_sentences"]), "repeat": 1}

@@ -11,10 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from experiments.bench import peer_envs, peers, peers_runner
 from experiments.bench.render import render_markdown
 from experiments.data.sts_benchmark import convert
+from experiments.models import minilm
+from pipeline.core.padding import latency_inputs
 from pipeline.core.task_data import PairsData, load_task_data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,3 +181,14 @@ def test_the_cpu_is_described_by_the_flags_the_peers_choose_by(tmp_path: Path) -
     assert peers.cpu_description(cpuinfo) == "Some Xeon (amx_bf16, avx512_vnni, avx2)"
     cpuinfo.write_text("model name\t: AMD EPYC\nflags\t: fpu avx2\n")
     assert peers.cpu_description(cpuinfo) == "AMD EPYC (avx2; no AMX)"
+
+
+def test_the_latency_set_is_the_specs_latency_batch() -> None:
+    """The peers time the sentences of the batch the pipeline times: padded as sentence-transformers pads
+    them, they are exactly the spec's latency batch at 32 (token ids, mask and length)."""
+    sentences = peers.latency_sentences(32)
+    assert len(sentences) == 32 and set(sentences) <= set(minilm.sentences("evaluation"))
+    ids, mask = minilm.encode_text(sentences)
+    (spec_ids, spec_mask), lengths = latency_inputs(minilm.spec(), 32, "eager")
+    assert torch.equal(ids, spec_ids) and torch.equal(mask, spec_mask)
+    assert lengths is not None and ids.shape[1] == lengths.length
