@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from rich.console import Console
 
 from experiments.bench.paths import MARKDOWN, RESULTS_DIR
 from experiments.bench.render import DEFAULT_MAX_DROP, render_markdown, render_table
+from experiments.bench.timeline import best_so_far, time_split
 from pipeline.core.device import capabilities, describe, move_module, resolve_device
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import LatencySettings, ModelReport, compute_metrics
@@ -160,7 +163,10 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     search = Search(spec, device, config, storage=storage, track=False,
                     name=f"bench-{spec.name}-{device.type}-{int(time.time())}")
     started = time.perf_counter()
-    outcome = run_search(search, trials, console=Console(stderr=True))
+    started_at = datetime.now()  # the trials' datetime_start / datetime_complete are local, naive times
+    # The search points fd 2 at its third-party log: the trial lines go to a copy of the bench's stderr.
+    with os.fdopen(os.dup(2), "w", buffering=1) as stderr:
+        outcome = run_search(search, trials, console=Console(file=stderr))
     seconds = time.perf_counter() - started
     if not outcome.pareto:
         raise RuntimeError("the search found no feasible trial")
@@ -171,7 +177,11 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
             "runtimes": list(search.runtimes),
             "search_latency_ms": best.user_attrs[ATTR_METRICS][key],
             "stage_work": {name: tally.describe() for name, tally in search.runner.stage_tallies.items()
-                           if name in COSTLY_STAGES}}
+                           if name in COSTLY_STAGES},
+            "timeline": best_so_far(outcome.study.trials, search.objectives.names.index("latency"),
+                                    outcome.baseline.latency_ms, started_at),
+            "time_split": time_split(outcome.times.wall, outcome.times.by_category,
+                                     {name: tally.seconds for name, tally in search.runner.stage_tallies.items()})}
     return list(recipe.model_stages()), recipe.runtime, info
 
 

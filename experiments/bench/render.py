@@ -23,6 +23,7 @@ from experiments.bench.recovery import RECOVERY_PREFIX
 from experiments.bench.recovery import render as render_recovery
 from experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
 from experiments.bench.search_quality import render as render_search_quality
+from experiments.bench.timeline import render as render_timeline
 from pipeline.search.allowed_drop import AllowedDrop
 
 #: The allowed metric drop of the search (``--max-drop``: ``0.01`` or ``1%``); other values get their own result file.
@@ -102,6 +103,8 @@ def render_table(result: dict[str, Any]) -> str:
         if s.get("stage_work"):
             work = "; ".join(f"{name}: {text}" for name, text in s["stage_work"].items())
             lines += ["", f"Stage work in the search (paid once per distinct prefix, cache hits reuse it): {work}."]
+        peers = [r["latency_ms_p50"][batch] for r in rows if r["kind"] == "peer" and r["latency_ms_p50"].get(batch)]
+        lines += render_timeline(s, base_ms / min(peers) if peers and base_ms else None)
     return "\n".join(lines)
 
 

@@ -1,0 +1,112 @@
+"""How fast a search gets its results: the best feasible speed-up so far against wall time, the time to reach
+the final best, and where the search's time went (issue 25: results in minutes, not hours).
+
+:func:`best_so_far` reads a finished study's trials (``datetime_start`` / ``datetime_complete``, the feasibility
+verdict and the latency objective); :func:`time_split` the search's own tallies (``SearchTimes`` and the
+runner's stage tallies); :func:`render` writes both for BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from pipeline.engine.recipe import Recipe, describe_config
+from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_METRICS, ATTR_RECIPE
+
+#: The bench's goal for the best-so-far curve: the peers' level within this many seconds of the search.
+EARLY_SECONDS = 600.0
+
+
+def best_so_far(trials: Sequence[FrozenTrial], latency_index: int, baseline_latency: float,
+                started: datetime) -> list[dict[str, Any]]:
+    """One point per feasible trial that raised the best speed-up, in completion order: ``seconds`` since
+    ``started`` (the search's start) when it completed, its ``speedup`` (the paired speed-up the trial
+    recorded, else ``baseline_latency`` over its latency objective, value ``latency_index``), ``trial`` and
+    ``recipe``. Infeasible, pruned and failed trials never count."""
+    done = sorted(((t.datetime_complete, t) for t in trials if t.state == TrialState.COMPLETE
+                   and t.datetime_complete is not None and t.values is not None and t.user_attrs.get(ATTR_FEASIBLE)),
+                  key=lambda item: (item[0], item[1].number))
+    points: list[dict[str, Any]] = []
+    best = 0.0
+    for complete, trial in done:
+        speedup = _speedup(trial, latency_index, baseline_latency)
+        if speedup <= best:
+            continue
+        best = speedup
+        recipe = trial.user_attrs.get(ATTR_RECIPE)
+        points.append({"seconds": (complete - started).total_seconds(), "speedup": speedup, "trial": trial.number,
+                       "recipe": _describe(Recipe.from_dict(recipe)) if recipe else "?"})
+    return points
+
+
+def _describe(recipe: Recipe) -> str:
+    """``amp(dtype=bfloat16, ...) @ compile`` (no ``|``: the text goes into a Markdown table)."""
+    body = " + ".join(describe_config(c, brief=True) for c in recipe.model_stages()) or "fp32"
+    return f"{body} @ {recipe.runtime}"
+
+
+def _speedup(trial: FrozenTrial, latency_index: int, baseline_latency: float) -> float:
+    paired = trial.user_attrs.get(ATTR_METRICS, {}).get("speedup")
+    if paired is not None:
+        return float(paired)
+    values = trial.values or []
+    latency = float(values[latency_index]) if len(values) > latency_index else 0.0
+    return baseline_latency / latency if latency > 0 else 0.0
+
+
+def time_to_best(points: Sequence[Mapping[str, Any]]) -> float | None:
+    """Seconds until the final best was reached (None: no feasible trial)."""
+    return float(points[-1]["seconds"]) if points else None
+
+
+def best_within(points: Sequence[Mapping[str, Any]], seconds: float) -> float | None:
+    """The best speed-up reached within ``seconds`` of the start (None: none yet)."""
+    reached = [float(p["speedup"]) for p in points if float(p["seconds"]) <= seconds]
+    return max(reached) if reached else None
+
+
+def time_split(wall: float, categories: Mapping[str, float], stage_seconds: Mapping[str, float]) -> dict[str, Any]:
+    """Where the search's ``wall`` seconds went: the runner's time categories (model load, stages, evaluation,
+    exports, runtime sessions), the stages by name, and the rest (search, tracking, I/O)."""
+    return {"wall": wall, "categories": dict(categories), "stages": dict(stage_seconds),
+            "other": max(0.0, wall - sum(categories.values()))}
+
+
+def _share(seconds: float, wall: float) -> str:
+    return f"{seconds:.0f} s ({100 * seconds / wall:.0f} %)" if wall else f"{seconds:.0f} s"
+
+
+def render(search: Mapping[str, Any], peer_speedup: float | None = None) -> list[str]:
+    """BENCHMARKS.md lines for a search's timeline (``search["timeline"]``) and time split
+    (``search["time_split"]``); ``peer_speedup``: the fastest peer row's speed-up, to say when the search reached it.
+    Empty for result files written before these were recorded."""
+    lines: list[str] = []
+    points = search.get("timeline")
+    if points is not None:
+        final = time_to_best(points)
+        early = best_within(points, EARLY_SECONDS)
+        head = ("Best feasible speed-up so far (search-time, paired with fp32 eager) against wall time: final best "
+                + (f"{points[-1]['speedup']:.2f}x reached after {final:.0f} s (trial {points[-1]['trial']}); "
+                   if final is not None else "none; ")
+                + f"best within the first {EARLY_SECONDS:.0f} s: " + (f"{early:.2f}x" if early else "none"))
+        if peer_speedup:
+            reached = next((p for p in points if float(p["speedup"]) >= peer_speedup), None)
+            head += (f"; the fastest peer's {peer_speedup:.2f}x reached after {reached['seconds']:.0f} s"
+                     if reached else f"; the fastest peer's {peer_speedup:.2f}x never reached")
+        lines += ["", head + ".", "", "| wall time | best speed-up | trial | recipe |", "| --- | --- | --- | --- |"]
+        lines += [f"| {p['seconds'] / 60:.1f} min | {p['speedup']:.2f}x | {p['trial']} | `{p['recipe']}` |"
+                  for p in points]
+    split = search.get("time_split")
+    if split:
+        wall = float(split["wall"])
+        parts = [f"{name} {_share(float(s), wall)}" for name, s in split["categories"].items() if s]
+        stages = [f"{name} {_share(float(s), wall)}" for name, s in
+                  sorted(split["stages"].items(), key=lambda item: -float(item[1])) if s]
+        lines += ["", f"Where the search's {wall:.0f} s went: {', '.join(parts)}; search, tracking and I/O "
+                  f"{_share(float(split['other']), wall)}. Stages (low-fidelity screens included): "
+                  + (", ".join(stages) or "none") + "."]
+    return lines
