@@ -294,7 +294,7 @@ def evaluate_model(
     already prepared for ``runtime`` (on ``device``), else prepared here."""
     model = move_module(model, device).eval()
     fn = prepare_runtime(model, runtime, device) if fn is None else fn
-    compiled, static_shapes = get_runtime(runtime).compiles, get_runtime(runtime).static_shapes
+    compiled = get_runtime(runtime).compiles
     compile_ms = 0.0
     latency: dict[int, LatencyStats] = {}
     lengths: dict[int, LatencyInputs] = {}
@@ -317,7 +317,9 @@ def evaluate_model(
     peak = peak_memory_bytes(device)
     # A compiled runtime evaluates at the largest measured batch size: no extra compilation.
     metric_batch = max(latency) if compiled else None
-    bucketed = spec.padding_mask if static_shapes else None
+    # A compiled runtime's chunks are cut to one width (a bucket): one shape for a static-shape runtime,
+    # one more length for a dynamic one (whose evaluation batches may differ in width).
+    bucketed = spec.padding_mask if compiled else None
     values = compute_metrics(fn, spec.evaluation(), (spec.metric, *spec.extra_metrics), device, metric_batch,
                              bucketed)
     metric_value = values.pop(spec.metric.name)

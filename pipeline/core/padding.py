@@ -27,6 +27,7 @@ import torch
 
 from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.spec import Batch, ModelSpec, tile
+from pipeline.core.token_inputs import is_token_input as is_token_input  # re-exported: stages import it here
 
 #: Sequence-length buckets for runtimes that need static shapes (a longer batch keeps its own length).
 BUCKETS: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
@@ -36,12 +37,6 @@ SAMPLE_ROWS = 256
 SAMPLE_BATCHES = 8
 #: How latency inputs are chosen, in the evaluation cache key (a change measures anew).
 LATENCY_INPUTS = f"median batch of {SAMPLE_ROWS}+ rows, cut to its longest sample; static shapes: buckets {BUCKETS}"
-
-
-def is_token_input(tensor: torch.Tensor) -> bool:
-    """An integer input of two or more dims (token ids, a mask): its dim 1 is a sequence whose length
-    varies from batch to batch, so exported graphs keep that dim dynamic."""
-    return tensor.dim() >= 2 and not tensor.is_floating_point() and not tensor.is_complex()
 
 
 def sequence_inputs(batch: Batch, mask_index: int) -> list[bool]:
