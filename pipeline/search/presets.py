@@ -4,7 +4,8 @@ A *preset* (the search config's ``presets``, ``experiments/configs/search.yaml``
 stage configs that costs no training and no long calibration: float32 as it is, every layer in a fast
 reduced dtype, int8. :func:`preset_seeds` crosses the presets with the study's runtimes (the search
 config's runtimes that the registry, :func:`pipeline.core.runtimes.registry.available_runtimes`, says
-run on the device), preset-major: the first preset under every runtime, then the next. A pair that
+run on the device), preset-major: the first preset under every runtime, then the next; within a preset,
+eager (the baseline's runtime, the reference every other runtime is there to beat) comes last. A pair that
 cannot be a trial here is skipped with its reason, never enqueued: a stage not in the pipeline (or not
 installed, e.g. ``pack``), one the capability table calls slower only or the device cannot run, one the
 model's facts rule out (``pack`` on a model without a padding mask), a runtime that cannot run the
@@ -25,6 +26,8 @@ from pipeline.search.config import SeedRecipe
 
 #: Seed names of preset trials start with this: ``preset-<preset>@<runtime>``.
 PRESET_PREFIX = "preset-"
+#: The baseline's runtime: last within each preset.
+REFERENCE_RUNTIME = "eager"
 
 #: Why a seed's stages (as dicts) cannot be a trial under a runtime here; None: they can.
 SkipReason = Callable[[tuple[dict[str, Any], ...], str], str | None]
@@ -55,11 +58,13 @@ def preset_name(preset: str, runtime: str) -> str:
 
 
 def preset_seeds(presets: Sequence[SeedRecipe], runtimes: Sequence[str], skip: SkipReason) -> PresetPlan:
-    """Each preset under each of ``runtimes`` (preset-major, in the given orders), minus the pairs ``skip``
-    gives a reason for. A preset's own ``runtime`` field is ignored: the runtimes are the study's."""
+    """Each preset under each of ``runtimes`` (preset-major, in the given orders, :data:`REFERENCE_RUNTIME`
+    last), minus the pairs ``skip`` gives a reason for. A preset's own ``runtime`` field is ignored: the
+    runtimes are the study's."""
     plan = PresetPlan()
+    ordered = sorted(runtimes, key=lambda runtime: runtime == REFERENCE_RUNTIME)  # stable: the rest keep their order
     for preset in presets:
-        for runtime in runtimes:
+        for runtime in ordered:
             name = preset_name(preset.name, runtime)
             reason = skip(preset.stages, runtime)
             if reason is not None:
