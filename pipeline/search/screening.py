@@ -156,6 +156,8 @@ class ScreeningPolicy:
         return None
 
 
+#: How a reason given by the costly stages' time cap starts.
+TIME_CAP = "time cap"
 #: Costly work under this many seconds in a run is never capped: a small model's distillation costs seconds, and a
 #: share of the first minute of a run would stop it before it could show anything.
 COSTLY_FLOOR_S = 60.0
@@ -193,7 +195,7 @@ class CostlyClock:
         spent, elapsed = self.spent(), self.clock() - self.started
         if spent <= max(self.share * elapsed, self.floor):
             return None
-        return (f"time cap: costly stages ({', '.join(sorted(self.stages))}) took {spent:.0f} s of this run's "
+        return (f"{TIME_CAP}: costly stages ({', '.join(sorted(self.stages))}) took {spent:.0f} s of this run's "
                 f"{elapsed:.0f} s, over the {self.share:.0%} cap (search config costly_share)")
 
 
@@ -273,6 +275,8 @@ def screened_note(trials: Sequence[FrozenTrial]) -> str | None:
     if not screens:
         return None
     out = sum(1 for s in screens if not s.get("passed"))
+    capped = sum(1 for s in screens if str(s.get("reason") or "").startswith(TIME_CAP))
     seconds = sum(float(s.get("seconds", 0.0)) for s in screens)
-    return (f"{out} of {len(screens)} screened trial(s) screened out at low fidelity before their full cost "
-            f"(screens took {seconds:.1f} s; reasons: Optuna attr '{ATTR_SCREENED_OUT}')")
+    return (f"{out} of {len(screens)} screened trial(s) screened out at low fidelity before their full cost"
+            + (f", {capped} of them by the costly stages' time cap" if capped else "")
+            + f" (screens took {seconds:.1f} s; reasons: Optuna attr '{ATTR_SCREENED_OUT}')")

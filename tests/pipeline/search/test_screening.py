@@ -122,6 +122,9 @@ def test_past_their_share_of_the_time_costly_trials_stop_at_low_fidelity(
     assert first.user_attrs[ATTR_SCREENED_OUT].endswith("; the full cost is not paid")
     assert second.user_attrs[ATTR_SCREEN]["drop"] is None and second.user_attrs[ATTR_SCREENED_OUT].endswith("; not run")
     assert second.user_attrs[ATTR_REASON].startswith("screened out at low fidelity (toy.costly): time cap")
+    note = screened_note(list(trials.values()))
+    assert note is not None and note.startswith("2 of 2 screened trial(s) screened out at low fidelity before their "
+                                                "full cost, 2 of them by the costly stages' time cap")
 
 
 def test_the_costly_clock_counts_the_lowered_stages_since_it_started() -> None:
