@@ -63,7 +63,7 @@ class SearchConfig(BaseModel):
     max_drop: MaxDrop = AllowedDrop("absolute", 0.01)
     sampler: Literal["tpe", "nsga2", "random"] = "tpe"
     seed: int = 0
-    runtimes: tuple[str, ...] = ("eager", "compile", "compile_cudagraphs", "onnxruntime")
+    runtimes: tuple[str, ...] = tuple(RUNTIMES)  # every registered runtime (intersected with the device's)
     latency_budget: Literal["quick", "normal", "thorough"] = "normal"
     latency_batch: int | None = Field(default=None, ge=1)
     disabled: tuple[str, ...] = ()
