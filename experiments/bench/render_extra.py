@@ -1,0 +1,52 @@
+"""BENCHMARKS.md sections for the row benchmarks that are not searches: the accelerator rows
+(``gpu-rows-*.json``, :mod:`experiments.bench.gpu_rows`) and the compile-shape comparison
+(``compile-shapes-*.json``, :mod:`experiments.bench.compile_shapes`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GPU_ROWS_PREFIX = "gpu-rows-"
+COMPILE_SHAPES_PREFIX = "compile-shapes-"
+
+
+def render_gpu_rows(result: dict[str, Any]) -> str:
+    """One table: every row paired with fp32 eager, its task metric, held-out score and achieved TFLOP/s."""
+    lines = [f"### MiniLM rows on {result['device']} (torch {result['torch']}): the one-line cast beside the stages",
+             "",
+             "Each row timed in alternating rounds with fp32 eager on the spec's fixed latency batch (padded to its "
+             "longest sentence); speed-up = median of per-round ratios [95% CI]. TFLOP/s: padded work / on real "
+             "tokens only. Metric: word similarity (Spearman x 100); held-out: STS dev pairs (Spearman x 100).",
+             "",
+             "| batch | tokens | real | runtime | row | speed-up [95% CI] | metric | held-out "
+             "| TFLOP/s padded / real |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        held = f"{row['held_out']:.2f}" if "held_out" in row else "-"
+        low, high = row["ci"]
+        tokens = " x ".join(map(str, row["tokens"]))
+        flops = f"{row['tflops_padded'] or 0:.0f} / {row['tflops_real'] or 0:.0f}"
+        lines.append(f"| {row['batch']} | {tokens} | {row['real_token_fraction']:.0%} | {row['runtime']} | "
+                     f"{row['row']} | {row['speedup']:.2f}x [{low:.2f}, {high:.2f}] | {row['metric']:.2f} | {held} | "
+                     f"{flops} |")
+    return "\n".join(lines)
+
+
+def render_compile_shapes(result: dict[str, Any]) -> str:
+    """Per dtype and input set: dynamic sequence length against length buckets and the exact length."""
+    lines = [f"### torch.compile shapes on MiniLM (CPU, {result['threads']} thread(s), cores {result['affinity']}, "
+             f"torch {result['torch']}; load {result['load_before']} -> {result['load_after']})", "",
+             "| dtype | inputs | length / bucket | bucket / dynamic | dynamic / exact | eager / dynamic |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for dtype, parts in result["dtypes"].items():
+        for name, inputs in parts["sets"].items():
+            ratios = inputs["ratios"]
+
+            def cell(key: str, ratios: dict[str, Any] = ratios) -> str:
+                r = ratios[key]
+                return f"{r['median']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+
+            lines.append(f"| {dtype} | {name} | {inputs['length']} / {inputs['bucket']} | "
+                         f"{cell('static_bucket / dynamic')} | {cell('dynamic / static_exact')} | "
+                         f"{cell('eager / dynamic')} |")
+    return "\n".join(lines)
