@@ -36,8 +36,8 @@ from torch import Tensor, nn
 
 from experiments.models.minilm import spec as minilm_spec
 from pipeline.core.evaluate import compute_metrics, count_macs
-from pipeline.core.paired import measure_paired, round_timer
 from pipeline.core.padding import latency_sample, trim_to_longest
+from pipeline.core.paired import measure_paired, round_timer
 from pipeline.core.runtimes.registry import available_runtimes, get_runtime
 from pipeline.core.spec import ModelSpec, move_batch
 from pipeline.core.stage import StageConfig, StageContext, apply_stage
