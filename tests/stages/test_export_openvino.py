@@ -118,3 +118,31 @@ def test_a_recipe_openvino_cannot_run_is_ruled_out_and_not_counted(residual_spec
     assert seeded["dyn-ov"].state.name == "PRUNED" and seeded["dyn-ov"].values is None
     assert seeded["dyn-ov"].user_attrs[ATTR_RULED_OUT].startswith(
         "runtime openvino cannot run this recipe as trained: int8_dynamic quantizes activations per row")
+
+
+def test_a_trial_under_openvino_replays_to_the_same_ir_and_metric(digits_spec: ModelSpec, tmp_path: Path) -> None:
+    """The runner makes the IR through export.openvino (the recipe names that export), the metric is
+    OpenVINO's, and the recipe replayed from its JSON elsewhere rebuilds a byte-identical IR and metric."""
+    from pipeline.core.evaluate import LatencySettings
+    from pipeline.core.stage import config_from_dict
+    from pipeline.engine.cache import NodeCache
+    from pipeline.engine.graph import recipe_pipeline
+    from pipeline.engine.recipe import Recipe
+    from pipeline.engine.runner import Runner
+
+    fast = LatencySettings(warmup_runs=1, min_runs=3, min_seconds=0)
+
+    def runner(configs: tuple, folder: Path) -> Runner:  # type: ignore[type-arg]
+        return Runner(recipe_pipeline(configs), digits_spec, CPU, cache=NodeCache(export_dir=folder / "exports"),
+                      latency=fast, work_dir=folder)
+
+    quantize = config_from_dict({"stage": "quantize", "method": "int8_static_pt2e"})
+    result = runner((quantize,), tmp_path / "search").run(runtime="openvino")
+    assert "openvino CPU, f32 inference precision" in result.report.device
+    recipe = Recipe.from_json(result.recipe(digits_spec.name).to_json())
+    assert recipe.runtime == "openvino" and [c.stage for c in recipe.exports()] == ["export.openvino"]
+    replay = runner(recipe.stages, tmp_path / "replay").run({}, recipe.runtime)
+    assert replay.report.metric_value == result.report.metric_value
+    first = next((tmp_path / "search" / "exports").glob("*/digits.openvino/digits.bin"))
+    again = Path(replay.exports["export.openvino"].path) / "digits.bin"
+    assert first.read_bytes() == again.read_bytes()
