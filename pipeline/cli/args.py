@@ -27,7 +27,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="labelled evaluation data, for any model: judge by the task metric instead of fidelity. "
                         "A .tsv/.csv/.jsonl table with text,label (classification: accuracy) or sentence1,sentence2,"
                         "score (pairs: Spearman x 100), a .pt file {'inputs', 'labels'} (tensor classification) or "
-                        "a BEIR directory (retrieval: nDCG@10). See README 'Judge by your task'")
+                        "a BEIR directory (retrieval: nDCG@10). See docs/metrics-and-task-data.md")
     parser.add_argument("--output-kind", default="auto", choices=("auto", "logits", "embedding"),
                         help="TorchScript/.pt2/hf: models: how fidelity is measured: logits -> top-1 agreement, "
                         "embedding -> mean cosine; auto: logits for a 2-D output whose rows are not unit-norm")
