@@ -14,7 +14,8 @@ RESULTS_FLAG = "--results-dir (make: RESULTS=)"
 
 def results_dir() -> Path:
     """The results directory (``--results-dir`` / ``RESULTS=``; default ``runs/``)."""
-    path = Path(os.environ.get(RESULTS_ENV_VAR, DEFAULT_RESULTS_DIR)).expanduser().absolute()
+    # An empty variable (``PARETORCH_RESULTS_DIR=``) means unset, never the current directory.
+    path = Path(os.environ.get(RESULTS_ENV_VAR) or DEFAULT_RESULTS_DIR).expanduser().absolute()
     return check_writable_dir(path, "the results directory", RESULTS_FLAG).resolve()
 
 
