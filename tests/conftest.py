@@ -1,9 +1,21 @@
-"""Shared fixtures: a private results directory, the digits spec and model, a residual MLP spec."""
+"""Shared fixtures: a private results directory, the digits spec and model, a residual MLP spec,
+the default pipeline's stages as the registry places them, and ``--toy-plugin``.
+
+``--toy-plugin`` installs ``tests/stages/toy_plugin`` (a third-party stage with an ``order``:
+one module plus one entry-point line) with pip into a temporary folder for the whole run, as
+a user's ``pip install`` would, so that the run proves a plugin cannot turn the suite red
+(``make test`` runs the stage-contract and default-pipeline tests this way).
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Iterator
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +25,87 @@ from torch import Tensor, nn
 from pipeline.core.device import CPU_BF16_ENV_VAR, capabilities
 from pipeline.core.paths import RESULTS_ENV_VAR
 from pipeline.core.spec import ACCURACY, ModelSpec
+from pipeline.core.stage import load_entry_points, registered_stages
+
+TOY_PLUGIN_SOURCE = Path(__file__).parent / "stages" / "toy_plugin"
+TOY_STAGE = "toy.scale_bias"
+TEST_WEIGHTS_ENV_VAR = "PARETORCH_TEST_WEIGHTS"
+_TOY_SITE: list[Path] = []  # the folder --toy-plugin installed into, while the run lasts
+
+
+def install_toy_plugin(folder: Path) -> Path:
+    """pip-install the toy stage package (offline, no build isolation) into ``folder``/site; returns the site."""
+    build, site = folder / "src", folder / "site"
+    shutil.copytree(TOY_PLUGIN_SOURCE, build, dirs_exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
+         "--no-compile", "--target", str(site), str(build)],
+        check=True, capture_output=True, text=True, timeout=120,
+    )
+    return site
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--toy-plugin", action="store_true",
+                     help="install tests/stages/toy_plugin (a third-party stage with an order) for the whole run")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``--toy-plugin``: install the toy stage before collection, found through its entry point
+    here and in every subprocess a test starts (``PYTHONPATH``)."""
+    if not config.getoption("--toy-plugin"):
+        return
+    folder = Path(tempfile.mkdtemp(prefix="paretorch-toy-plugin-"))
+    site = install_toy_plugin(folder)
+    _TOY_SITE.append(folder)
+    sys.path.insert(0, str(site))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    importlib.invalidate_caches()
+    load_entry_points()
+    assert TOY_STAGE in registered_stages(), "the toy plugin's entry point was not found"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for folder in _TOY_SITE:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return f"toy plugin installed: {TOY_STAGE} ({_TOY_SITE[0]})" if _TOY_SITE else None
+
+
+@pytest.fixture(scope="session")
+def toy_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the toy stage package is installed: the ``--toy-plugin`` site, or a fresh one."""
+    if _TOY_SITE:
+        return _TOY_SITE[0] / "site"
+    return install_toy_plugin(tmp_path_factory.mktemp("toy_plugin"))
+
+
+def default_stage_names() -> tuple[list[str], list[str]]:
+    """The default pipeline as the registry places it, written here independently of
+    ``pipeline.core.stage.default_order``: stages with an ``order``, sorted by (order, name),
+    model stages first, then exports. Every registered stage counts, a plugin's included."""
+    placed = sorted((s for s in registered_stages().values() if s.order is not None), key=lambda s: (s.order, s.name))
+    return [s.name for s in placed if not s.is_export], [s.name for s in placed if s.is_export]
+
+
+@pytest.fixture
+def default_stages() -> tuple[list[str], list[str]]:
+    """(model stages, exports) of the default pipeline, read from the registry (see :func:`default_stage_names`)."""
+    return default_stage_names()
+
+
+@pytest.fixture
+def stages_except() -> Callable[..., tuple[str, ...]]:
+    """``stages_except("prune", ...)``: every other model stage of the default pipeline (a plugin's included),
+    for a search config's ``disabled``: a test names the stages it searches, not the ones it leaves out."""
+
+    def others(*kept: str) -> tuple[str, ...]:
+        model_stages, _ = default_stage_names()
+        return tuple(name for name in model_stages if name not in kept)
+
+    return others
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -32,8 +125,13 @@ def cpu_bf16_fast() -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def results_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Every test writes under one temporary results directory (trained weights cached there)."""
+    """Every test writes under one temporary results directory (trained weights cached there).
+
+    ``PARETORCH_TEST_WEIGHTS`` (a folder of cached weights, set by the suite's toy-plugin run for
+    the pytest it starts) is copied in first, so that the inner run trains nothing again."""
     path = tmp_path_factory.mktemp("results")
+    if os.environ.get(TEST_WEIGHTS_ENV_VAR):
+        shutil.copytree(os.environ[TEST_WEIGHTS_ENV_VAR], path / "cache" / "weights")
     old = os.environ.get(RESULTS_ENV_VAR)
     os.environ[RESULTS_ENV_VAR] = str(path)
     yield path

@@ -12,7 +12,6 @@ import copy
 import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -41,28 +40,24 @@ from pipeline.core.stage import (
 from pipeline.engine.graph import default_pipeline
 
 CPU = torch.device("cpu")
-PLUGIN_SOURCE = Path(__file__).parent / "toy_plugin"
 TOY_STAGE = "toy.scale_bias"
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The toy stage package, installed by pip (offline, no build isolation) into a folder."""
-    build = tmp_path_factory.mktemp("toy_plugin_src")
-    shutil.copytree(PLUGIN_SOURCE, build, dirs_exist_ok=True)
-    site = tmp_path_factory.mktemp("toy_plugin_site")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
-         "--no-compile", "--target", str(site), str(build)],
-        check=True, capture_output=True, text=True, timeout=120,
-    )
-    return site
+def plugin_site(toy_plugin_site: Path) -> Path:
+    """The toy stage package, installed by pip (offline, no build isolation) into a folder (conftest.py)."""
+    return toy_plugin_site
 
 
 @pytest.fixture(scope="module")
 def toy_stage(plugin_site: Path) -> Iterator[Stage]:
-    """The toy stage, registered through its entry point (as a user's installed package would be)."""
+    """The toy stage, registered through its entry point (as a user's installed package would be).
+
+    Under ``--toy-plugin`` it is registered for the whole run already, and stays."""
+    if TOY_STAGE in registered_stages():
+        yield registered_stages()[TOY_STAGE]
+        return
     sys.path.insert(0, str(plugin_site))
     importlib.invalidate_caches()
     try:
@@ -75,8 +70,8 @@ def toy_stage(plugin_site: Path) -> Iterator[Stage]:
 
 
 def _stage_names(exports: bool = True) -> list[str]:
-    builtin = [name for name, stage in sorted(registered_stages().items()) if exports or not stage.is_export]
-    return [*builtin, TOY_STAGE]
+    names = [name for name, stage in sorted(registered_stages().items()) if exports or not stage.is_export]
+    return names if TOY_STAGE in names else [*names, TOY_STAGE]  # under --toy-plugin it is registered already
 
 
 def _stage(request: pytest.FixtureRequest) -> Stage:
@@ -207,10 +202,16 @@ def test_apply_leaves_its_input_unchanged_and_resolves_to_its_type(
 # --------------------------------------------------------------------------- the toy stage, end to end
 
 
-def test_toy_stage_sits_where_it_says_in_the_default_pipeline(toy_stage: Stage) -> None:
-    assert default_pipeline().describe() == (
-        "model -> prune -> distill -> toy.scale_bias -> pack -> quantize -> amp -> {export.coreml, export.onnx}"
-    )
+def test_toy_stage_sits_where_it_says_in_the_default_pipeline(
+    toy_stage: Stage, default_stages: tuple[list[str], list[str]]
+) -> None:
+    """Order 20, as distill: equal orders sort by name, so after distill; before pack (25)."""
+    model_stages, exports = default_stages  # the registry's stages by (order, name), the toy's included
+    pipeline = default_pipeline()
+    assert pipeline.describe() == " -> ".join(["model", *model_stages, "{" + ", ".join(exports) + "}"])
+    chain = [n.name for n in pipeline.model_stage_nodes()]
+    assert chain.index("prune") < chain.index("distill") < chain.index(TOY_STAGE) < chain.index("pack")
+    assert all(pipeline.node(name).inputs == (chain[-1],) for name in exports), "exports read the last model stage"
 
 
 def test_toy_stage_runs_through_optimize(plugin_site: Path, tmp_path: Path) -> None:

@@ -13,18 +13,30 @@ from stages.export.onnx import ONNXExportConfig
 from stages.prune.stage import PruneConfig
 from stages.quantize.stage import QuantizeConfig
 
+#: The built-in stages of the default pipeline, in their places (a plugin's stage may sit anywhere among them).
+BUILTIN_MODEL_STAGES = ["prune", "distill", "pack", "quantize", "amp"]
+BUILTIN_EXPORTS = ["export.coreml", "export.onnx"]
 
-def test_default_pipeline_shape() -> None:
+
+def test_default_pipeline_shape(default_stages: tuple[list[str], list[str]]) -> None:
+    model_stages, exports = default_stages  # from the registry: a plugin's stage is in them
+    last = model_stages[-1]
     pipeline = default_pipeline()
-    assert pipeline.describe() == "model -> prune -> distill -> pack -> quantize -> amp -> {export.coreml, export.onnx}"
-    assert [n.name for n in pipeline.model_stage_nodes()] == ["prune", "distill", "pack", "quantize", "amp"]
-    assert [n.name for n in pipeline.export_nodes()] == ["export.coreml", "export.onnx"]
-    assert pipeline.node("export.onnx").inputs == ("amp",)
+    assert pipeline.describe() == " -> ".join(["model", *model_stages, "{" + ", ".join(exports) + "}"])
+    assert [n.name for n in pipeline.model_stage_nodes()] == model_stages
+    assert [n.name for n in pipeline.export_nodes()] == exports
+    assert [name for name in model_stages if name in BUILTIN_MODEL_STAGES] == BUILTIN_MODEL_STAGES
+    assert [name for name in exports if name in [*BUILTIN_EXPORTS, "export.pt2", "export.openvino"]] == BUILTIN_EXPORTS
+    assert all(pipeline.node(name).inputs == (last,) for name in exports), "exports read the last model stage"
     assert pipeline.objective_node().name == "evaluate"
-    assert pipeline.objective_node().inputs == ("amp",)
-    assert {n.name for n in pipeline.evaluation_nodes()} == {"evaluate", "evaluate.coreml", "evaluate.onnx"}
-    assert pipeline.downstream_of_exports() == {"export.coreml", "export.onnx", "evaluate.coreml", "evaluate.onnx"}
-    assert pipeline.ancestors("quantize") == ["model", "prune", "distill", "pack", "quantize"]
+    assert pipeline.objective_node().inputs == (last,)
+    evaluations = {f"evaluate.{name.removeprefix('export.')}" for name in exports}
+    assert {n.name for n in pipeline.evaluation_nodes()} == {"evaluate", *evaluations}
+    assert pipeline.downstream_of_exports() == {*exports, *evaluations}
+    quantize = model_stages.index("quantize")
+    assert pipeline.ancestors("quantize") == ["model", *model_stages[: quantize + 1]]
+    assert [n for n in pipeline.ancestors("quantize") if n in BUILTIN_MODEL_STAGES] == ["prune", "distill", "pack",
+                                                                                        "quantize"]
 
 
 def test_cycle_is_rejected() -> None:

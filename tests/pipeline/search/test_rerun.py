@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -67,13 +68,17 @@ def test_rerunning_a_finished_study_appends_nothing_and_overwrites_nothing(
     assert max(m.value for m in history) > before.data.metrics["seconds_wall"]
 
 
-def test_the_resume_line_counts_trials_as_the_budget_does(residual_spec: ModelSpec, tmp_path: Path) -> None:
+def test_the_resume_line_counts_trials_as_the_budget_does(
+    residual_spec: ModelSpec, tmp_path: Path, stages_except: Callable[..., tuple[str, ...]]
+) -> None:
     config = SearchConfig.load(None, pipeline="default", sampler="random", runtimes=("eager",),
-                               latency_budget="quick", exports="none", disabled=("amp",), seeds=[])
+                               latency_budget="quick", exports="none", seeds=[],
+                               disabled=stages_except("prune", "distill", "quantize"))
     search = Search(residual_spec, CPU, config, storage=f"sqlite:///{tmp_path / 'optuna.db'}", track=False)
     study = search.open_study()
     search.ensure_baseline(study)
-    study.enqueue_trial({"prune.enabled": False, "distill.enabled": False, "quantize.method": "none"})  # a repeat
+    # a repeat of the baseline (every other stage, a plugin's too, is disabled above):
+    study.enqueue_trial({"prune.enabled": False, "distill.enabled": False, "quantize.method": "none"})
     assert len(run_search(search, trials=2, console=Console(file=io.StringIO())).study.trials) == 3
     _, output = _run(residual_spec, config, tmp_path, trials=3, track=False)
     assert (f"study {search.study_name}: 2 trial(s) done (and 1 repeat(s) or ruled-out configuration(s), not counted), "
