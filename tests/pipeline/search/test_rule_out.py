@@ -3,6 +3,7 @@ comes before any costly stage of its chain, it is counted and said, and it is ne
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,17 @@ class NeverConfig(StageConfig):
                             lambda mode: None if mode == "off" else never_rules_out(cls(), ctx.facts))
         return cls() if trial.suggest_categorical("toy.never.mode", modes) == "on" else None
 
+
+_SCRIPTED = itertools.count()
+
+
+def _scripted(spec: ModelSpec) -> torch.jit.ScriptModule:
+    """The spec's model as TorchScript, under a class of its own: TorchScript registers a class by its
+    qualified name, and a second class object of that name in the same process (the fixture module
+    imported again, e.g. by unpickling a cached model) cannot be scripted ("Can't redefine method")."""
+    model = spec.build()
+    model.__class__ = type(f"Scripted{next(_SCRIPTED)}{type(model).__name__}", (type(model),), {})
+    return torch.jit.script(model)
 
 def apply_costly(model: nn.Module, config: CostlyConfig, ctx: StageContext) -> nn.Module:
     COSTLY_RUNS.append(config.stage)
@@ -153,7 +165,7 @@ def test_facts_a_stage_cannot_read_rule_nothing_out_and_are_said(toy_stages: Non
 def test_a_torchscript_model_gets_no_trial_of_a_stage_that_cannot_act_on_it(
     residual_spec: ModelSpec, tmp_path: Path
 ) -> None:
-    scripted = torch.jit.script(residual_spec.build())
+    scripted = _scripted(residual_spec)
     spec = ModelSpec(name="scripted_mlp", build=lambda: scripted, example_inputs=residual_spec.example_inputs,
                      calibration=residual_spec.calibration, evaluation=residual_spec.evaluation,
                      metric=residual_spec.metric, latency_batch_sizes=(1,), training=residual_spec.training,
@@ -202,7 +214,7 @@ def test_a_runtime_that_cannot_run_the_chain_rules_the_trial_out_before_its_stag
 
 
 def test_compiled_runtimes_are_ruled_out_for_a_torchscript_model(residual_spec: ModelSpec) -> None:
-    scripted = torch.jit.script(residual_spec.build())
+    scripted = _scripted(residual_spec)
     rules = RuleOut.read(scripted, residual_spec, torch.device("cpu"), [])
     assert rules.runtime_reason([], "compile") == (
         "runtime compile: torch.compile cannot compile a TorchScript module (use eager)")
