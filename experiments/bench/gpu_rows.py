@@ -35,12 +35,13 @@ import torch
 from torch import Tensor, nn
 
 from experiments.models.minilm import spec as minilm_spec
+from pipeline.api import run_chain
 from pipeline.core.evaluate import compute_metrics, count_macs
 from pipeline.core.padding import latency_sample, trim_to_longest
 from pipeline.core.paired import measure_paired, round_timer
 from pipeline.core.runtimes.registry import available_runtimes, get_runtime
 from pipeline.core.spec import ModelSpec, move_batch
-from pipeline.core.stage import StageConfig, StageContext, apply_stage
+from pipeline.core.stage import StageConfig, StageContext
 from pipeline.core.task_data import load_task_data
 from pipeline.core.task_spec import with_task_data
 from stages.amp.stage import AmpConfig
@@ -50,12 +51,8 @@ FULL_BF16 = AmpConfig(dtype="bfloat16", fp32_layers=())
 
 
 def staged(model: nn.Module, configs: list[StageConfig], spec: ModelSpec, device: torch.device) -> nn.Module:
-    """``model`` through the project's stages (each on a copy), as a search trial builds it."""
-    for config in configs:
-        ctx = StageContext(spec=spec, device=device, output_dir=None, upstream=(), records={},
-                           float_model=None, input_key="bench", source_model=model)
-        model = apply_stage(model, config, ctx)
-    return model
+    """``model`` through the project's stages as a search trial builds it (the runner, :func:`run_chain`)."""
+    return run_chain(model, configs, StageContext(spec=spec, device=device)).model
 
 
 def variants(spec: ModelSpec, device: torch.device) -> list[tuple[str, nn.Module]]:
