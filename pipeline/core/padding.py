@@ -27,7 +27,6 @@ import torch
 
 from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.spec import Batch, ModelSpec, tile
-from pipeline.core.token_inputs import is_token_input as is_token_input  # re-exported: stages import it here
 
 #: Sequence-length buckets for runtimes that need static shapes (a longer batch keeps its own length).
 BUCKETS: tuple[int, ...] = (16, 32, 64, 128, 256, 512)

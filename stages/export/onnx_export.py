@@ -24,9 +24,9 @@ from torch import nn
 from pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.ort_session import OrtModel, open_session
-from pipeline.core.padding import is_token_input
 from pipeline.core.spec import Batch
 from pipeline.core.stage import ExportResult, StageContext, export_mirror
+from pipeline.core.token_inputs import is_token_input
 from stages.export.atomic import artifact_size_bytes, atomic_artifact
 from stages.export.checks import (
     CPU,

@@ -26,9 +26,10 @@ from pipeline.core.evaluate import LatencySettings, compute_metric, measure_late
 from pipeline.core.exported_mirror import float_graph_unmirrored, ov_unmirrored
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.ov_session import InferencePrecision, OvModel, open_ir, record_settings
-from pipeline.core.padding import cut_to, is_token_input, longest, trim_to_longest
+from pipeline.core.padding import cut_to, longest, trim_to_longest
 from pipeline.core.spec import Batch, ModelSpec
 from pipeline.core.stage import ExportResult, StageContext, export_mirror
+from pipeline.core.token_inputs import is_token_input
 from stages.export.atomic import artifact_size_bytes, atomic_artifact
 from stages.export.checks import (
     CPU,
