@@ -12,7 +12,7 @@
     pruned = apply_stage(model, PruneConfig(ratio=0.3), StageContext(spec, "cpu"))
     result = run_chain(model, [PruneConfig(ratio=0.3), QuantizeConfig(method="int8_dynamic"), ONNXExportConfig()],
                        StageContext(spec, "cpu", output_dir="exports/int8"))
-    result.model, result.exports, result.recipe.save("recipe.json")
+    result.model, result.exports, result.recipe.save("recipe.json")   # exports/int8/digits.onnx
 
 :func:`run_chain` is the search's :class:`~pipeline.engine.runner.Runner` over the
 chain's pipeline (:func:`~pipeline.engine.graph.recipe_pipeline`): model stages in
@@ -29,10 +29,11 @@ from typing import Any
 from torch import nn
 
 from pipeline.core.errors import ConfigError
-from pipeline.core.paths import results_dir
+from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.spec import load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, is_export
 from pipeline.engine.cache import NodeCache
+from pipeline.engine.deliver import deliver
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
@@ -65,24 +66,25 @@ def run_chain(
 ) -> ChainResult:
     """Apply ``configs`` to ``model`` (not modified): model stages in order, then exports.
 
-    Exports are written under ``ctx.output_dir`` (required when ``configs`` has exports).
+    Exports are written to ``ctx.output_dir`` itself (required when ``configs`` has exports): e.g.
+    ``<output_dir>/<spec>.onnx``, each result's ``path`` there. They are made through the export cache
+    (``<results>/cache/exports``, or ``cache``'s), so an unchanged chain reuses its files.
     Every node's records are added to ``ctx.records``.
     """
     exports = [c for c in configs if is_export(c)]
     if exports and ctx.output_dir is None:
         raise ConfigError("this chain has export stages, which write files: give StageContext an output_dir")
-    work_dir = ctx.output_dir if ctx.output_dir is not None else results_dir() / "work"
     if cache is None:
-        cache = NodeCache(export_dir=work_dir / "exports" if exports else None)
+        cache = NodeCache(export_dir=cache_dir("exports") if exports else None)
     pipeline = recipe_pipeline(configs, name="chain")
-    runner = Runner(pipeline, ctx.spec, ctx.device, cache=cache, work_dir=work_dir, model=model)
+    runner = Runner(pipeline, ctx.spec, ctx.device, cache=cache, work_dir=results_dir() / "work", model=model)
     result = runner.run(runtime=runtime, evaluate=False)
     for node in result.nodes.values():
         ctx.records.update(node.records)
     last_model = pipeline.node(pipeline.objective_node().name).inputs[0]
     return ChainResult(
         model=result.nodes[last_model].value,
-        exports=list(result.exports.values()),
+        exports=[deliver(export, output) for export in result.exports.values() if (output := ctx.output_dir)],
         recipe=result.recipe(ctx.spec.name),
         records=dict(ctx.records),
     )

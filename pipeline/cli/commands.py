@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from functools import partial
@@ -30,11 +29,13 @@ from pipeline.core.secrets import mask_secrets
 from pipeline.core.self_check import ALLOW_FLAG
 from pipeline.core.spec import ModelSpec
 from pipeline.engine.cache import NodeCache
+from pipeline.engine.deliver import deliver
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
 from pipeline.search import LATENCY_BUDGETS, Search, SearchConfig, SeedRecipe, run_search
 from pipeline.search.config import finished_states
+from pipeline.search.finish import front_files
 from pipeline.search.front import machine_line
 from pipeline.search.loop import run_worker
 from pipeline.search.objectives import ATTR_BASELINE, Baseline
@@ -85,7 +86,7 @@ def register_search_commands(sub: argparse._SubParsersAction[Any], commands: dic
     apply.add_argument("--output", default=None, help="where the exports and apply.json go "
                        "(default: <results>/apply/<recipe name>)")
     apply.add_argument("--no-export", action="store_true", help="apply and measure only; skip the exports")
-    apply.add_argument("--latency-budget", default="normal", choices=("quick", "normal", "thorough"))
+    apply.add_argument("--latency-budget", default="normal", choices=tuple(LATENCY_BUDGETS))
     apply.add_argument("--json", action="store_true", help="print the measurements and exports as JSON")
     add_threads_arg(apply)
     commands["apply"] = cmd_apply
@@ -142,8 +143,9 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--objectives", default=None, help="comma list of metric,latency,size (default metric,latency)")
     group.add_argument("--minimize-size", action="store_true", help="add the serialized size as a third objective")
     group.add_argument("--runtimes", default=None, help="comma list of runtimes to search (eager,compile,...)")
-    group.add_argument("--latency-budget", default=None, choices=("quick", "normal", "thorough"),
-                       help="latency measurement effort per trial (quick: objective batch size only)")
+    group.add_argument("--latency-budget", default=None, choices=tuple(LATENCY_BUDGETS),
+                       help="latency measurement effort per trial, timed alone and paired with the baseline "
+                       "(quick: objective batch size only, 1 call per side per paired round; docs/latency.md)")
     group.add_argument("--latency-batch", type=int, default=None, help="batch size of the latency objective")
     group.add_argument("--disable", default=None, help="comma list of stage nodes kept off (e.g. amp,prune)")
     group.add_argument("--exports", default=None, choices=("pareto", "every_trial", "none"),
@@ -226,8 +228,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     console.print(f"time: {outcome.times.describe()}")
     console.print(f"cache: {outcome.cache}")
     console.print(f"study {outcome.study_name} in {search.storage_label}")
-    if outcome.recipes:
-        console.print(f"recipes: {next(iter(outcome.recipes.values())).parent.parent}")
+    for line in front_files(outcome.recipes):
+        console.print(line, highlight=False, soft_wrap=True)
     if outcome.tracking_uri:
         local = outcome.tracking_uri.startswith("sqlite:")
         console.print(f"MLflow: {mask_secrets(outcome.tracking_uri)}" + (" (make ui)" if local else ""))
@@ -278,9 +280,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     output.mkdir(parents=True, exist_ok=True)
     exports: dict[str, dict[str, Any]] = {}
     for name, export in result.exports.items():
-        target = output / Path(export.path).name
-        _copy(Path(export.path), target)
-        exports[name] = {"path": str(target), "size_bytes": export.size_bytes, "validation": export.validation,
+        export = deliver(export, output)
+        exports[name] = {"path": str(export.path), "size_bytes": export.size_bytes, "validation": export.validation,
                          **export.metrics}
     summary = {"model": spec.name, "recipe": recipe.describe(), "device": result.report.device,
                "metrics": result.report.as_metrics(), "exports": exports, "recorded": recipe.metadata.get("metrics")}
@@ -294,16 +295,3 @@ def cmd_apply(args: argparse.Namespace) -> int:
         console.print(f"{name}: {info['path']} ({format_bytes(info['size_bytes'])}; {info['validation']})")
     console.print(f"written: {output / 'apply.json'}")
     return 0
-
-
-def _copy(source: Path, target: Path) -> None:
-    """Copy a file or a package directory (``.mlpackage``), with an ONNX external-data file beside it."""
-    if target.exists():
-        shutil.rmtree(target) if target.is_dir() else target.unlink()
-    if source.is_dir():
-        shutil.copytree(source, target)
-    else:
-        shutil.copy2(source, target)
-    for sibling in source.parent.glob(f"{source.name}.*"):  # e.g. model.onnx.data
-        if sibling.is_file():
-            shutil.copy2(sibling, target.parent / sibling.name)

@@ -239,15 +239,31 @@ class Runner:
         a torch runtime wraps the module; an exported runtime opens (or reuses) its file's session."""
         result = self.run(configs, runtime, exports=False, evaluate=False)
         parent = result.nodes[self.pipeline.objective_node().inputs[0]]
-        model = move_module(parent.value, self.device).eval()
         exported = get_runtime(runtime).file
         if exported is None:
-            return prepare_runtime(model, runtime, self.device)
-        config = self._runtime_export_config(exported, parent, dict(configs))
+            return prepare_runtime(move_module(parent.value, self.device).eval(), runtime, self.device)
         try:
-            return self._open_exported(exported, self._runtime_export(exported, config, parent))
+            return self._open_exported(exported, self._runtime_file(exported, parent, configs))
         finally:
             self._side_seconds = {}  # outside a run: the caller counts these seconds (as evaluation)
+
+    def runtime_file(self, configs: Mapping[str, StageConfig | None], runtime: str) -> ExportResult | None:
+        """The file an exported runtime runs for ``configs`` (from the export cache where it is there), the one
+        its trial measured; None for a torch runtime."""
+        exported = get_runtime(runtime).file
+        if exported is None:
+            return None
+        result = self.run(configs, runtime, exports=False, evaluate=False)
+        parent = result.nodes[self.pipeline.objective_node().inputs[0]]
+        try:
+            artifact: ExportResult = self._runtime_file(exported, parent, configs).value
+        finally:
+            self._side_seconds = {}  # outside a run: the caller counts these seconds
+        return artifact
+
+    def _runtime_file(self, exported: RuntimeFile, parent: NodeResult,
+                      configs: Mapping[str, StageConfig | None]) -> NodeResult:
+        return self._runtime_export(exported, self._runtime_export_config(exported, parent, dict(configs)), parent)
 
     # ------------------------------------------------------------------ nodes
 

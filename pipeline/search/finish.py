@@ -13,6 +13,7 @@ from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.paths import results_dir
 from pipeline.core.stage import StageConfig
 from pipeline.core.text import plain
+from pipeline.engine.deliver import companions, deliver, delivered
 from pipeline.engine.recipe import Recipe
 from pipeline.search.explain import dominated_by, front_tags
 from pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
@@ -70,7 +71,7 @@ def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
         metrics: dict[str, float] = {}
         if search.config.exports == "pareto":
             console.print(f"exporting Pareto trial {trial.number}: {recipe.describe()}")
-            recipe, files, metrics, status = export_trial(search, record)
+            recipe, files, metrics, status = export_trial(search, record, folder)
             study.set_user_attr(export_attr(trial.number), status)
             notes.extend(f"trial {trial.number} {k}: {v}" for k, v in status.items() if v != "ok")
         elif export_attr(trial.number) not in study.user_attrs:
@@ -85,9 +86,20 @@ def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
     return recipes, notes
 
 
-def export_trial(search: Search,
-                 record: TrialRecord) -> tuple[Recipe, dict[str, list[Path]], dict[str, float], dict[str, str]]:
-    """Run each export of a complete trial on its (cached) model; one failing export does not stop the others."""
+def front_files(recipes: dict[int, Path]) -> list[str]:
+    """The console's lines for the Pareto trials' folders: each trial's recipe and deployable files, full paths."""
+    lines = []
+    for number, recipe in sorted(recipes.items()):
+        lines.append(f"Pareto trial {number}: {recipe}")
+        lines.extend(f"  {path}" for path in delivered(recipe.parent))
+    return lines
+
+
+def export_trial(search: Search, record: TrialRecord,
+                 folder: Path) -> tuple[Recipe, dict[str, list[Path]], dict[str, float], dict[str, str]]:
+    """Run each export of a complete trial on its (cached) model and copy its files into ``folder`` (the trial's
+    study folder); one failing export does not stop the others. Under an exported runtime (ONNX Runtime,
+    OpenVINO), the file the trial measured is copied there too."""
     if record.recipe is None:
         raise ValueError(f"trial {record.number} has no recipe: only complete trials export")
     recipe, configs, runtime = record.recipe, record.configs, record.runtime
@@ -114,12 +126,18 @@ def export_trial(search: Search,
         applied = export.resolved or export.config
         if applied is not None:
             resolved.append(applied)
-        entry = search.runner.cache.export_dir / export.key if search.runner.cache.export_dir else Path(".")
-        files[node.name] = sorted(p for p in entry.iterdir() if p.name != "manifest.json")
+        files[node.name] = companions(deliver(export.value, folder).path)
         for name, value in (result.export_evaluations.items()):
             for key, number in (value or {}).items():
                 if isinstance(number, int | float) and not isinstance(number, bool):
                     metrics[f"{name}.{key}"] = float(number)
+    try:
+        measured = search.runner.runtime_file(configs, runtime)
+        if measured is not None and not (folder / Path(measured.path).name).exists():
+            files[f"runtime.{runtime}"] = companions(deliver(measured, folder).path)
+    except Exception as exc:  # the file the trial ran came from the cache; whatever broke, the exports above stand
+        status[f"runtime.{runtime}"] = plain(f"failed: {type(exc).__name__}: {exc}")
+        traceback.print_exc()
     final = Recipe(stages=(*recipe.model_stages(), *resolved), runtime=recipe.runtime, model=recipe.model,
                    metadata={**recipe.metadata, "exports": status})
     return final, files, metrics, status
