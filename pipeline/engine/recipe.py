@@ -109,8 +109,9 @@ class Recipe:
 
     def describe(self, brief: bool = False, exports: bool = True) -> str:
         """One line: ``prune(ratio=0.3) + quantize(method=int8_dynamic) | compile | -> onnx, coreml``;
-        ``brief``: lists as counts (``fp32_layers=[12 items]``), for console lines; ``exports=False``: without
-        the exports the recipe names (where they have not run, or another column says which ran)."""
+        ``brief``: lists as counts (``fp32_layers=[12 items]``; an empty one ``[]``, as everywhere), for console
+        lines; ``exports=False``: without the exports the recipe names (where they have not run, or another column
+        says which ran)."""
         body = " + ".join(describe_config(c, brief) for c in self.model_stages()) or "baseline"
         text = f"{body} | {self.runtime}"
         if exports and self.exports():
@@ -136,7 +137,7 @@ def describe_config(config: StageConfig, brief: bool = False) -> str:
             info.default_factory is not None else PydanticUndefined
         value = values.get(name)
         if default is PydanticUndefined or _json(default) != value:
-            if brief and isinstance(value, list):
+            if brief and isinstance(value, list) and value:  # an empty list reads [] everywhere
                 shown.append(f"{name}=[{len(value)} items]")
             else:
                 shown.append(f"{name}={value:.3g}" if isinstance(value, float) else f"{name}={value}")
