@@ -1,30 +1,27 @@
 """How the export stages reproduce the torch-side compression of a recipe.
 
-Core ML and ONNX convert the *float* graph (the model before the numeric stages)
+Core ML, ONNX and OpenVINO convert the *float* graph (the model before the numeric stages)
 and then re-apply the recipe's compression with their own tools. Each model stage
 says, in its :class:`~pipeline.core.stage.Stage` record, what exports must do about
 it, in one of three ways:
 
 * nothing: a structural stage (prune, distill) changes the float graph itself,
   so the exports carry it by converting that graph (``mirror=None``);
-* a function ``config -> ExportMirror`` giving the facts below (a numeric stage
-  such as quantize or amp, or unstructured pruning whose sparsity the exports
-  store compressed);
+* a function ``config -> ExportMirror`` holding the stage's :class:`MirrorFacts` (a numeric
+  stage such as quantize or amp, or unstructured pruning whose sparsity the exports store
+  compressed), each naming the exported runtimes that cannot reproduce it and why;
 * :class:`NotMirrored` with the reason, which every export records.
 
-The exporters read one merged :class:`ExportMirror` (see
+The kinds of facts (integer weights, a reduced dtype, sparsity) are the stages' own: the
+stages that produce and read them share their classes (``stages.common``); this module knows
+no stage. The exporters read one merged :class:`ExportMirror` (see
 :func:`pipeline.core.stage.export_mirror`) and never import a stage module.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Literal
-
-LayerKind = Literal["linear", "conv"]
-#: What a quantization does to activations: ``float`` (weight-only), ``dynamic`` (scales from each
-#: input at run time), ``static`` (scales calibrated ahead of time).
-ActivationQuant = Literal["float", "dynamic", "static"]
+from dataclasses import dataclass
+from typing import TypeVar
 
 
 @dataclass(frozen=True)
@@ -35,47 +32,61 @@ class NotMirrored:
 
 
 @dataclass(frozen=True)
-class ExportMirror:
-    """The compression and precision policy an export reproduces.
+class RuntimeGap:
+    """An exported runtime (its registry name, e.g. ``onnxruntime``) that does not reproduce a fact, and why."""
 
-    A stage's mirror function sets only the fields it knows; :meth:`merge`
-    combines the stages of a recipe in order (later stages win).
+    runtime: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MirrorFacts:
+    """Base of one kind of fact a stage asks the exports to reproduce (a frozen dataclass per kind).
+
+    ``gaps``: the exported runtimes that cannot reproduce these facts, each with why (a runtime may be
+    named more than once); a runtime not named reproduces them."""
+
+    gaps: tuple[RuntimeGap, ...] = ()
+
+    def unmirrored(self, runtime: str) -> list[str]:
+        """Why ``runtime`` does not reproduce these facts (empty: it does)."""
+        return [gap.reason for gap in self.gaps if gap.runtime == runtime]
+
+
+F = TypeVar("F", bound=MirrorFacts)
+
+
+@dataclass(frozen=True)
+class ExportMirror:
+    """The compression and precision policy an export reproduces: the facts of a recipe's stages.
+
+    A stage's mirror function gives the facts it knows; :meth:`merge` combines the stages of a
+    recipe in order (a later stage's facts replace an earlier one's of the same kind).
     """
 
-    #: Recipe name of the quantization method (kept in notes and metadata).
-    quant_method: str | None = None
-    #: 8 or 4 for integer weights the exports store; None: nothing to mirror as integers.
-    quant_bits: int | None = None
-    quant_group_size: int | None = None
-    #: Whether the *weights* are symmetric (a method's activation mapping does not count).
-    quant_symmetric: bool = True
-    #: How the method treats activations (None: no quantization, or a stage that does not say).
-    quant_activations: ActivationQuant | None = None
-    #: Which layer kinds the torch-side quantization touched.
-    quant_layer_kinds: tuple[LayerKind, ...] = ("linear",)
-    #: The quantize stage's layer filter: smallest quantized weight, and whether the head stays float.
-    quant_min_weight_elements: int | None = None
-    quant_skip_head: bool = False
-    #: Layers the quantize stage kept in float to hold its accuracy budget (module names).
-    quant_float_layers: tuple[str, ...] = ()
-    #: Why a quantization method has no export counterpart (e.g. float8 weights in Core ML).
-    quant_unmirrored: str | None = None
-    #: Zeroed weights the exports may store sparse (unstructured pruning).
-    unstructured_sparsity: bool = False
-    sparsity_ratio: float | None = None
-    #: Mixed precision: the reduced dtype's name and the layers kept in float32.
-    amp_dtype: str | None = None
-    fp32_layers: tuple[str, ...] = ()
+    #: At most one fact of each kind, in the order the recipe's stages gave them.
+    facts: tuple[MirrorFacts, ...] = ()
     #: ``"stage: reason"`` for every numeric stage the exports cannot reproduce.
     not_mirrored: tuple[str, ...] = ()
 
+    def of(self, kind: type[F]) -> F | None:
+        """The recipe's fact of ``kind`` (None: no stage gave one)."""
+        for fact in self.facts:
+            if isinstance(fact, kind):
+                return fact
+        return None
+
     def merge(self, other: ExportMirror) -> ExportMirror:
-        """``self`` with every field that ``other`` sets (differs from the default) taken from ``other``;
-        ``not_mirrored`` notes accumulate."""
-        default = ExportMirror()
-        changes = {
-            f.name: getattr(other, f.name)
-            for f in fields(self)
-            if f.name != "not_mirrored" and getattr(other, f.name) != getattr(default, f.name)
-        }
-        return replace(self, **changes, not_mirrored=(*self.not_mirrored, *other.not_mirrored))
+        """``self`` with ``other``'s facts (replacing those of the same kind); ``not_mirrored`` notes accumulate."""
+        replaced = {type(fact) for fact in other.facts}
+        kept = tuple(fact for fact in self.facts if type(fact) not in replaced)
+        return ExportMirror((*kept, *other.facts), (*self.not_mirrored, *other.not_mirrored))
+
+    def without(self, kind: type[MirrorFacts]) -> ExportMirror:
+        """The recipe as an export sees it that leaves facts of ``kind`` out (e.g. ``quantize="none"``)."""
+        return ExportMirror(tuple(f for f in self.facts if not isinstance(f, kind)), self.not_mirrored)
+
+    def unmirrored(self, runtime: str) -> list[str]:
+        """What of the recipe's numerics ``runtime`` does not reproduce (empty: all of it), stages marked
+        not mirrored included."""
+        return [reason for fact in self.facts for reason in fact.unmirrored(runtime)] + list(self.not_mirrored)

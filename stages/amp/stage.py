@@ -44,8 +44,10 @@ from pipeline.core.mirror import ExportMirror
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext
 from stages.amp.casting import REDUCED_DTYPES, dtype_name
+from stages.amp.export_gaps import runtime_gaps
 from stages.amp.switch import PrecisionSwitch
 from stages.amp.units import find_precision_units
+from stages.common.mirror_facts import ReducedPrecision
 from stages.common.rankings import SENSITIVITIES
 from stages.common.sensitivity import calibrate, run_forward
 
@@ -208,8 +210,11 @@ def rules_out(config: AmpConfig, facts: ModelFacts) -> str | None:
 
 
 def mirror(config: AmpConfig) -> ExportMirror:
-    """Core ML computes in the reduced dtype with the float32 layers kept; ONNX records it as not mirrored."""
-    return ExportMirror(amp_dtype=config.dtype, fp32_layers=tuple(config.fp32_layers or ()))
+    """Core ML computes in the reduced dtype with the float32 layers kept; OpenVINO in bf16 for the whole
+    model; ONNX Runtime not at all (:mod:`stages.amp.export_gaps`)."""
+    fp32_layers = tuple(config.fp32_layers or ())
+    return ExportMirror((ReducedPrecision(dtype=config.dtype, fp32_layers=fp32_layers,
+                                          gaps=runtime_gaps(config.dtype, fp32_layers)),))
 
 
 STAGE = Stage(AmpConfig, apply, numeric=True, mirror=mirror, requires=requires, order=40, worthwhile=worthwhile,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
+from stages.common.mirror_facts import Sparsity, WeightQuantization
 from stages.export.layer_filter import LayerFilter, module_weight_key, untraced_protected
 
 if TYPE_CHECKING:
@@ -71,13 +72,14 @@ def mirror_compression(
 
     notes: list[str] = []
     joint = target in IOS18_TARGETS
-    sparse = upstream.unstructured_sparsity
-    if sparse and (joint or upstream.quant_bits is None):
+    quant = upstream.of(WeightQuantization)
+    sparse = upstream.of(Sparsity) is not None
+    if sparse and (joint or quant is None or quant.bits is None):
         mlmodel = _store_zeros_sparse(cto, mlmodel, weight_threshold)
         notes.append("zeros of the unstructured pruning stored sparse")
-    if upstream.quant_bits is not None:
+    if quant is not None and quant.bits is not None:
         selection = select_weights(mlmodel, layer_filter)
-        mlmodel, note = _quantize(cto, mlmodel, upstream, selection, target, joint_with_sparse=sparse and joint)
+        mlmodel, note = _quantize(cto, mlmodel, quant, selection, target, joint_with_sparse=sparse and joint)
         notes.append(note)
         untraced = untraced_protected(layer_filter, list(selection.skipped.values()))
         if untraced:
@@ -85,9 +87,9 @@ def mirror_compression(
         if sparse and not joint:
             mlmodel = _store_zeros_sparse(cto, mlmodel, weight_threshold)
             notes.append(f"sparse storage only where not quantized ({target}: joint compression needs iOS18/macOS15)")
-    elif upstream.quant_method is not None:
-        why = upstream.quant_unmirrored or "no integer weights to store"
-        notes.append(f"{upstream.quant_method} not mirrored: {why}")
+    elif quant is not None:
+        why = quant.no_counterpart or "no integer weights to store"
+        notes.append(f"{quant.method} not mirrored: {why}")
     if palettize_bits is not None:
         config = cto.OpPalettizerConfig(nbits=palettize_bits, mode="kmeans", weight_threshold=weight_threshold)
         mlmodel = cto.palettize_weights(mlmodel, cto.OptimizationConfig(global_config=config))
@@ -136,21 +138,21 @@ def _feeds_output(op: Any, outputs: set[str]) -> bool:
 def _quantize(
     cto: Any,
     mlmodel: ct.models.MLModel,
-    upstream: ExportMirror,
+    quant: WeightQuantization,
     selection: WeightSelection,
     target: str,
     joint_with_sparse: bool,
 ) -> tuple[ct.models.MLModel, str]:
-    method = upstream.quant_method
+    method = quant.method
     if not selection.selected:
         return mlmodel, f"{method} not mirrored: no weight passes the quantize filter ({_skips(selection)})"
-    mode = "linear_symmetric" if upstream.quant_symmetric else "linear"
+    mode = "linear_symmetric" if quant.symmetric else "linear"
     which = f"{len(selection.selected)} weights; float: {_skips(selection)}"
-    if upstream.quant_bits == 8:
+    if quant.bits == 8:
         op_config = cto.OpLinearQuantizerConfig(mode=mode, dtype="int8", granularity="per_channel", weight_threshold=0)
         note = f"{method} mirrored: int8 per-channel {mode} ({which})"
     elif target in IOS18_TARGETS:
-        block = upstream.quant_group_size or DEFAULT_INT4_BLOCK
+        block = quant.group_size or DEFAULT_INT4_BLOCK
         op_config = cto.OpLinearQuantizerConfig(
             mode=mode, dtype="int4", granularity="per_block", block_size=block, weight_threshold=0
         )

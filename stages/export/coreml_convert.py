@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.mirror import ExportMirror
 from pipeline.core.spec import Batch
+from stages.common.mirror_facts import ReducedPrecision
 from stages.export.checks import short_error
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ TRACE_ROUTE = "torch.jit.trace"
 
 
 def convert_float_graph(
-    ct: Any, model: nn.Module, inputs: Batch, config: CoreMLExportConfig, upstream: ExportMirror
+    ct: Any, model: nn.Module, inputs: Batch, config: CoreMLExportConfig, amp: ReducedPrecision | None
 ) -> tuple[ct.models.MLModel, list[str]]:
     """The converted ML Program and notes: the route taken (and why earlier routes failed) and the precision."""
     options = {
@@ -61,22 +61,22 @@ def convert_float_graph(
         for route, decompose in decompositions:
             try:
                 program = decompose()
-                selector = Fp32LayerSelector(program, upstream.fp32_layers)
-                mlmodel = ct.convert(program, compute_precision=compute_precision(ct, upstream, selector), **options)
+                selector = Fp32LayerSelector(program, amp.fp32_layers if amp is not None else ())
+                mlmodel = ct.convert(program, compute_precision=compute_precision(ct, amp, selector), **options)
             except Exception as exc:  # coremltools raises NotImplementedError/ValueError/...: try the next route
                 failures.append(f"{route}: {short_error(exc)}")
                 continue
-            return mlmodel, [_route_note(route, failures), precision_note(upstream, selector)]
+            return mlmodel, [_route_note(route, failures), precision_note(amp, selector)]
     try:
         traced = torch.jit.trace(model, inputs)
-        precision = compute_precision(ct, upstream, None)
+        precision = compute_precision(ct, amp, None)
         mlmodel = ct.convert(
             traced, inputs=_traced_input_types(ct, model, inputs), compute_precision=precision, **options
         )
     except Exception as exc:
         failures.append(f"{TRACE_ROUTE}: {short_error(exc)}")
         raise InfeasibleConfig("Core ML conversion failed: " + "; ".join(failures)) from exc
-    return mlmodel, [_route_note(TRACE_ROUTE, failures), precision_note(upstream, None)]
+    return mlmodel, [_route_note(TRACE_ROUTE, failures), precision_note(amp, None)]
 
 
 def _core_aten_keeping_linear() -> Any:
@@ -139,26 +139,26 @@ class Fp32LayerSelector:
         return None
 
 
-def compute_precision(ct: Any, upstream: ExportMirror, selector: Fp32LayerSelector | None) -> Any:
+def compute_precision(ct: Any, amp: ReducedPrecision | None, selector: Fp32LayerSelector | None) -> Any:
     """FLOAT32 without AMP; FLOAT16, or float16 with an fp32 op selector, with it."""
-    if upstream.amp_dtype is None:
+    if amp is None:
         return ct.precision.FLOAT32
-    if upstream.fp32_layers and selector is not None and selector.node_layer:
+    if amp.fp32_layers and selector is not None and selector.node_layer:
         return ct.transform.FP16ComputePrecision(op_selector=selector)
     return ct.precision.FLOAT16
 
 
-def precision_note(upstream: ExportMirror, selector: Fp32LayerSelector | None) -> str:
+def precision_note(amp: ReducedPrecision | None, selector: Fp32LayerSelector | None) -> str:
     """Plain words for the precision used, including fp32 layers that could not be kept."""
-    if upstream.amp_dtype is None:
+    if amp is None:
         return "compute float32 (no AMP in the recipe)"
     note = "compute float16"
-    if upstream.amp_dtype != "float16":
-        note += f" (AMP {upstream.amp_dtype}: Core ML computes in float16 or float32 only)"
-    if not upstream.fp32_layers:
+    if amp.dtype != "float16":
+        note += f" (AMP {amp.dtype}: Core ML computes in float16 or float32 only)"
+    if not amp.fp32_layers:
         return note
     kept = sorted(selector.matched) if selector is not None else []
-    missing = [layer for layer in upstream.fp32_layers if layer not in kept]
+    missing = [layer for layer in amp.fp32_layers if layer not in kept]
     if kept:
         note += f"; kept in float32: {', '.join(kept)}"
     if missing:

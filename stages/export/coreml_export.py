@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.spec import Batch
 from pipeline.core.stage import ExportResult, StageContext, export_mirror
+from stages.common.mirror_facts import ReducedPrecision
 from stages.export.atomic import artifact_size_bytes, atomic_artifact
 from stages.export.checks import (
     OutputComparison,
@@ -52,7 +53,7 @@ def export_coreml(model: nn.Module, config: CoreMLExportConfig, ctx: StageContex
 
     name = f"{ctx.spec.name}.mlpackage"
     with atomic_artifact(output_dir, name) as staged:
-        mlmodel, notes = convert_float_graph(ct, float_model, inputs, config, upstream)
+        mlmodel, notes = convert_float_graph(ct, float_model, inputs, config, upstream.of(ReducedPrecision))
         try:
             mlmodel, compression_notes = mirror_compression(
                 mlmodel,
@@ -79,7 +80,7 @@ def export_coreml(model: nn.Module, config: CoreMLExportConfig, ctx: StageContex
         notes.append("reloaded; inputs and outputs checked")
         metrics: dict[str, float] = {"coreml_compressed_weight_ops": float(sum(compressed.values()))}
         if ctx.capabilities.coreml_predict:
-            lossy = bool(compressed) or upstream.amp_dtype is not None
+            lossy = bool(compressed) or upstream.of(ReducedPrecision) is not None
             comparison = _predict_and_compare(ct, staged, config, inputs, reference, output_names, lossy)
             notes.append(f"predicted on {config.compute_units}: {comparison.describe()}")
             metrics["coreml_max_abs_error"] = comparison.max_abs_error

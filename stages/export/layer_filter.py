@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.core.mirror import ExportMirror, LayerKind
+from pipeline.core.mirror import ExportMirror
+from stages.common.mirror_facts import LayerKind, WeightQuantization
 
 
 @dataclass(frozen=True)
@@ -34,14 +35,18 @@ class LayerFilter:
         cls, upstream: ExportMirror, protected: tuple[str, ...], default_min_elements: int
     ) -> LayerFilter:
         """The filter of the recipe's quantize config (``default_min_elements`` when it has none)."""
-        min_elements = upstream.quant_min_weight_elements
+        quant = upstream.of(WeightQuantization)
+        if quant is None:
+            return cls(kinds=("linear",), min_weight_elements=default_min_elements, skip_head=False,
+                       protected=protected)
+        min_elements = quant.min_weight_elements
         return cls(
-            kinds=upstream.quant_layer_kinds,
+            kinds=quant.layer_kinds,
             min_weight_elements=default_min_elements if min_elements is None else min_elements,
-            skip_head=upstream.quant_skip_head,
+            skip_head=quant.skip_head,
             protected=protected,
-            group_size=upstream.quant_group_size if upstream.quant_bits == 4 else None,
-            float_layers=upstream.quant_float_layers,
+            group_size=quant.group_size if quant.bits == 4 else None,
+            float_layers=quant.float_layers,
         )
 
     def skip_reason(self, weight_key: str, elements: int, input_size: int, is_head: bool) -> str | None:

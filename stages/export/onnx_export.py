@@ -27,6 +27,7 @@ from pipeline.core.ort_session import OrtModel, open_session
 from pipeline.core.spec import Batch
 from pipeline.core.stage import ExportResult, StageContext, export_mirror
 from pipeline.core.token_inputs import is_token_input
+from stages.common.mirror_facts import ReducedPrecision, Sparsity
 from stages.export.atomic import artifact_size_bytes, atomic_artifact
 from stages.export.checks import (
     CPU,
@@ -104,9 +105,9 @@ def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -
 
 def _unmirrored_notes(upstream: ExportMirror) -> list[str]:
     notes = []
-    if upstream.amp_dtype is not None:
-        notes.append(f"AMP ({upstream.amp_dtype}) not mirrored: the graph computes in float32")
-    if upstream.unstructured_sparsity:
+    if (amp := upstream.of(ReducedPrecision)) is not None:
+        notes.append(f"AMP ({amp.dtype}) not mirrored: the graph computes in float32")
+    if upstream.of(Sparsity) is not None:
         notes.append("pruned zeros stored dense")
     notes.extend(f"not mirrored: {note}" for note in upstream.not_mirrored)
     return notes

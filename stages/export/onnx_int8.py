@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.exported_mirror import float_graph_unmirrored, ort_unmirrored
 from pipeline.core.mirror import ExportMirror
+from pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
 from pipeline.core.spec import Batch
+from stages.common.mirror_facts import WeightQuantization
 from stages.export.checks import converter_failure
 from stages.export.layer_filter import LayerFilter, module_weight_key
 
@@ -61,29 +62,30 @@ def int8_plan(config: ONNXExportConfig, upstream: ExportMirror, protected: tuple
     with ``config.unmirrored == "infeasible"`` a numeric stage ORT cannot reproduce raises
     :class:`InfeasibleConfig`."""
     if config.unmirrored == "infeasible":
-        reasons = (ort_unmirrored(upstream) if config.quantize == "mirror"
-                   else float_graph_unmirrored("onnxruntime", upstream))
+        exported = upstream if config.quantize == "mirror" else upstream.without(WeightQuantization)
+        reasons = exported.unmirrored(ONNXRUNTIME.name)
         if reasons:
             raise InfeasibleConfig(f"ONNX Runtime cannot run this recipe as trained: {'; '.join(reasons)} "
                                    "(run it with a torch runtime, or change the recipe)")
+    quant = upstream.of(WeightQuantization)
     if config.quantize == "none":
-        return Int8Plan(note="not quantized (quantize='none')" if upstream.quant_method else "")
+        return Int8Plan(note="not quantized (quantize='none')" if quant is not None else "")
     if config.quantize == "int8_dynamic":
         layer_filter = LayerFilter(kinds=("linear",), min_weight_elements=0, skip_head=False, protected=protected)
         note = "int8 dynamic quantization (quantize='int8_dynamic'), every linear layer not protected by the spec"
         return Int8Plan(layer_filter=layer_filter, note=note)
-    if upstream.quant_bits == 8:
+    if quant is not None and quant.bits == 8:
         layer_filter = LayerFilter.from_upstream(upstream, protected, default_min_elements=0)
-        mapping = "symmetric" if upstream.quant_symmetric else "asymmetric"
-        if upstream.quant_activations == "static":
-            note = (f"{upstream.quant_method} mirrored: onnxruntime static int8 (QDQ on each layer's input and "
+        mapping = "symmetric" if quant.symmetric else "asymmetric"
+        if quant.activations == "static":
+            note = (f"{quant.method} mirrored: onnxruntime static int8 (QDQ on each layer's input and "
                     f"weight, outputs float; activation ranges at the {CALIBRATION_PERCENTILE}th percentile of the "
                     f"spec's calibration data), per-channel {mapping} weights")
-            return Int8Plan(layer_filter=layer_filter, mode="static", symmetric=upstream.quant_symmetric, note=note)
-        note = f"{upstream.quant_method} mirrored: onnxruntime dynamic int8, per-channel {mapping} weights"
-        return Int8Plan(layer_filter=layer_filter, symmetric=upstream.quant_symmetric, note=note)
-    if upstream.quant_method is not None:
-        return Int8Plan(note=f"{upstream.quant_method} not mirrored in ONNX (only int8 methods are)")
+            return Int8Plan(layer_filter=layer_filter, mode="static", symmetric=quant.symmetric, note=note)
+        note = f"{quant.method} mirrored: onnxruntime dynamic int8, per-channel {mapping} weights"
+        return Int8Plan(layer_filter=layer_filter, symmetric=quant.symmetric, note=note)
+    if quant is not None:
+        return Int8Plan(note=f"{quant.method} not mirrored in ONNX (only int8 methods are)")
     return Int8Plan()
 
 

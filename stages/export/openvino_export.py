@@ -3,9 +3,9 @@
 The float graph is converted from the torch model (the PyTorch frontend traces it; the ExportedProgram
 route of openvino 2026.4 fails on torch 2.13's guard function), with every input's batch and, for token
 inputs, sequence dimension dynamic. The recipe's numeric stages are then re-applied with OpenVINO's tools
-(:mod:`stages.export.openvino_nncf`; which ones it can, is the table of
-:mod:`pipeline.core.exported_mirror`), and the IR is saved with float32 weights (``save_model`` would
-otherwise halve them to float16, a numeric change of its own). The artifact is a directory
+(:mod:`stages.export.openvino_nncf`; which ones it can, each stage says in its mirror facts:
+:mod:`stages.quantize.export_gaps`, :mod:`stages.amp.export_gaps`), and the IR is saved with float32
+weights (``save_model`` would otherwise halve them to float16, a numeric change of its own). The artifact is a directory
 ``<spec>.openvino`` holding ``<spec>.xml`` + ``<spec>.bin``; the IR's ``rt_info`` records the inference
 precision, the recipe and the library versions, and keeps OpenVINO's dynamic activation quantization off
 (``runtime_options``, which ``compile_model`` applies). The IR is checked against torch at two shapes (the
@@ -23,13 +23,14 @@ from torch import nn
 
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
-from pipeline.core.exported_mirror import float_graph_unmirrored, ov_unmirrored
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.ov_session import InferencePrecision, OvModel, open_ir, record_settings
 from pipeline.core.padding import cut_to, longest, trim_to_longest
+from pipeline.core.runtimes.openvino import OPENVINO
 from pipeline.core.spec import Batch, ModelSpec
 from pipeline.core.stage import ExportResult, StageContext, export_mirror
 from pipeline.core.token_inputs import is_token_input
+from stages.common.mirror_facts import ReducedPrecision, WeightQuantization
 from stages.export.atomic import artifact_size_bytes, atomic_artifact
 from stages.export.checks import (
     CPU,
@@ -77,15 +78,17 @@ def ov_plan(config: OpenVINOExportConfig, upstream: ExportMirror, token_model: b
     """Decide the NNCF step and the precision from ``config`` and the recipe; with
     ``config.unmirrored == "infeasible"`` a numeric stage OpenVINO cannot reproduce raises
     :class:`InfeasibleConfig`."""
-    reasons = ov_unmirrored(upstream) if config.quantize == "mirror" else float_graph_unmirrored("openvino", upstream)
-    whole_model_bf16 = upstream.amp_dtype in ("bfloat16", "auto") and not upstream.fp32_layers
+    exported = upstream if config.quantize == "mirror" else upstream.without(WeightQuantization)
+    reasons = exported.unmirrored(OPENVINO.name)
+    amp, quant = upstream.of(ReducedPrecision), upstream.of(WeightQuantization)
+    whole_model_bf16 = amp is not None and amp.dtype in ("bfloat16", "auto") and not amp.fp32_layers
     precision: InferencePrecision
     if config.inference_precision == "auto":
         precision = "bf16" if whole_model_bf16 else "f32"
     else:
         precision = config.inference_precision
-        if upstream.amp_dtype is not None and precision == "f32":
-            reasons.append(f"AMP ({upstream.amp_dtype}) is not mirrored: inference_precision='f32'")
+        if amp is not None and precision == "f32":
+            reasons.append(f"AMP ({amp.dtype}) is not mirrored: inference_precision='f32'")
     if reasons and config.unmirrored == "infeasible":
         raise InfeasibleConfig(f"OpenVINO cannot run this recipe as trained: {'; '.join(reasons)} "
                                "(run it with a torch runtime, or change the recipe)")
@@ -93,12 +96,12 @@ def ov_plan(config: OpenVINOExportConfig, upstream: ExportMirror, token_model: b
     model_type: NNCFModelType = ("transformer" if token_model else "default") if config.model_type == "auto" \
         else config.model_type
     mode: OvQuantMode | None = None
-    if config.quantize == "mirror" and upstream.quant_bits == 8 and upstream.quant_method is not None:
-        if upstream.quant_activations == "static":
+    if config.quantize == "mirror" and quant is not None and quant.bits == 8:
+        if quant.activations == "static":
             mode = "static"
-        elif upstream.quant_activations == "float":
+        elif quant.activations == "float":
             mode = "weights"
-    elif config.quantize == "none" and upstream.quant_method is not None:
+    elif config.quantize == "none" and quant is not None:
         notes.append("not quantized (quantize='none')")
     return OvPlan(mode, precision, model_type, tuple(notes))
 
@@ -170,23 +173,26 @@ def _convert(model: nn.Module, inputs: Batch) -> openvino.Model:
 def _quantize(graph: openvino.Model, plan: OvPlan, upstream: ExportMirror, ctx: StageContext,
               notes: list[str]) -> openvino.Model:
     """The NNCF mirror of the recipe's int8 on the layers its filter chose; ``notes`` gets what it did."""
+    quant = upstream.of(WeightQuantization)
+    if quant is None:
+        raise ValueError("an OpenVINO int8 plan needs the recipe's quantization (ov_plan gave a mode without one)")
     layer_filter = LayerFilter.from_upstream(upstream, ctx.spec.protected_layers, default_min_elements=0)
     selection = select_ops(graph, layer_filter)
     if selection.untraced:
         why = f"layers the quantize filter keeps float not traced to an IR op: {', '.join(selection.untraced)}"
-        raise InfeasibleConfig(f"OpenVINO cannot mirror {upstream.quant_method}: {why}")
+        raise InfeasibleConfig(f"OpenVINO cannot mirror {quant.method}: {why}")
     if not selection.selected:
         notes.append(f"int8 not applied: no op of the IR passes the quantize filter ({len(selection.ignored)} float)")
         return graph
     if plan.mode == "static":
         quantized = quantize_static(graph, list(selection.ignored), ctx.spec.calibration(), plan.model_type)
-        how = (f"{upstream.quant_method} mirrored: NNCF static int8 (preset MIXED: asymmetric activations, "
+        how = (f"{quant.method} mirrored: NNCF static int8 (preset MIXED: asymmetric activations, "
                f"symmetric per-channel weights; model type {plan.model_type}), calibrated on the spec's "
                "calibration data")
     else:
-        quantized = compress_weights(graph, list(selection.ignored), upstream.quant_symmetric)
-        mapping = "symmetric" if upstream.quant_symmetric else "asymmetric"
-        how = (f"{upstream.quant_method} mirrored: NNCF int8 weight compression ({mapping}, per output channel), "
+        quantized = compress_weights(graph, list(selection.ignored), quant.symmetric)
+        mapping = "symmetric" if quant.symmetric else "asymmetric"
+        how = (f"{quant.method} mirrored: NNCF int8 weight compression ({mapping}, per output channel), "
                "activations float (dynamic quantization off)")
     fake_quantize, int8_constants = count_int8(quantized)
     notes.append(f"{how}: {len(selection.selected)} layers int8 ({fake_quantize} FakeQuantize, {int8_constants} int8 "

@@ -23,6 +23,7 @@ from pipeline.core.evaluate import count_params
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import Stage, StageConfig, StageContext
+from stages.common.mirror_facts import Sparsity
 from stages.prune.depth import prune_depth
 from stages.prune.facts import PruneFacts, read_facts
 from stages.prune.model_checks import find_output_head, protected_modules, reference_shapes
@@ -189,7 +190,7 @@ def mirror(config: PruneConfig) -> ExportMirror:
     zeros are too, and exports may store them sparse."""
     if config.method != "unstructured":
         return ExportMirror()
-    return ExportMirror(unstructured_sparsity=True, sparsity_ratio=config.ratio)
+    return ExportMirror((Sparsity(ratio=config.ratio),))
 
 
 STAGE = Stage(PruneConfig, apply_prune, mirror=mirror, order=10, facts=read_facts, rules_out=rules_out)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from pipeline.core.mirror import LayerKind
 from pipeline.core.stage import StageContext
+from stages.common.mirror_facts import LayerKind
 from stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, is_candidate, output_layer_names
 from stages.quantize.methods import method
 

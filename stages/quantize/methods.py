@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 
 from pipeline.core.device import Capabilities
-from pipeline.core.mirror import ActivationQuant, LayerKind
+from stages.common.mirror_facts import ActivationQuant, LayerKind
 
 #: Whether torchao may change global inductor settings when it quantizes: it would
 #: otherwise change process-wide inductor settings (coordinate-descent tuning, ...)

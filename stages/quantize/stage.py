@@ -51,8 +51,10 @@ from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext
+from stages.common.mirror_facts import WeightQuantization
 from stages.common.rankings import SENSITIVITIES
 from stages.common.sensitivity import calibrate, reference_outputs, relative_output_error
+from stages.quantize.export_gaps import runtime_gaps
 from stages.quantize.facts import QuantizeFacts, read_facts, why_untouched
 from stages.quantize.fallback import QuantizedSwap, SimulatedStaticInt8
 from stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, LayerSelection, select_layers
@@ -312,22 +314,24 @@ def requires(config: QuantizeConfig, caps: Capabilities) -> str | None:
 
 
 def mirror(config: QuantizeConfig) -> ExportMirror:
-    """Integer weights of the same bits, group size, weight mapping and layer filter."""
+    """Integer weights of the same bits, group size, weight mapping and layer filter, and the exported
+    runtimes that cannot reproduce the method (:mod:`stages.quantize.export_gaps`)."""
     record = method(config.method)
     # The mapping is the weights' only where the method maps weights (int8_dynamic's is the activations').
     symmetric = config.mapping != "asymmetric" or record.mapping_target != "weights"
-    return ExportMirror(
-        quant_method=config.method,
-        quant_bits=record.weight_bits,
-        quant_group_size=config.group_size if record.grouped else None,
-        quant_symmetric=symmetric,
-        quant_activations=record.activations,
-        quant_layer_kinds=record.layer_kinds,
-        quant_min_weight_elements=config.min_weight_elements,
-        quant_skip_head=config.skip_head,
-        quant_float_layers=tuple(config.float_layers or ()),
-        quant_unmirrored=record.unmirrored,
-    )
+    return ExportMirror((WeightQuantization(
+        method=config.method,
+        bits=record.weight_bits,
+        group_size=config.group_size if record.grouped else None,
+        symmetric=symmetric,
+        activations=record.activations,
+        layer_kinds=record.layer_kinds,
+        min_weight_elements=config.min_weight_elements,
+        skip_head=config.skip_head,
+        float_layers=tuple(config.float_layers or ()),
+        no_counterpart=record.unmirrored,
+        gaps=runtime_gaps(record),
+    ),))
 
 
 STAGE = Stage(QuantizeConfig, apply, numeric=True, mirror=mirror, requires=requires, order=30, facts=read_facts,

@@ -14,26 +14,33 @@ from torch import nn
 from pipeline.core import device as device_module
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.evaluate import compute_metric
-from pipeline.core.exported_mirror import ort_unmirrored, ov_unmirrored
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.ov_session import open_ir, recorded_settings
+from pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
+from pipeline.core.runtimes.openvino import OPENVINO
 from pipeline.core.runtimes.registry import RUNTIMES, available_runtimes
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageContext, apply_stage
+from pipeline.core.stage import StageContext, apply_stage, export_mirror
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search
 from pipeline.search.objectives import ATTR_SEED
 from pipeline.search.rule_out import ATTR_RULED_OUT
+from stages.amp.stage import AmpConfig
+from stages.common.mirror_facts import WeightQuantization
 from stages.export.openvino import OpenVINOExportConfig
 from stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 
-def test_one_table_says_what_each_exported_runtime_reproduces() -> None:
-    dynamic = ExportMirror(quant_method="int8_dynamic", quant_bits=8, quant_activations="dynamic")
-    static = ExportMirror(quant_method="int8_static_pt2e", quant_bits=8, quant_activations="static")
-    weights = ExportMirror(quant_method="int8_weight_only", quant_bits=8, quant_activations="float")
-    int4 = ExportMirror(quant_method="intx_weight_only", quant_bits=4, quant_activations="float")
-    bf16 = ExportMirror(amp_dtype="bfloat16")
+def test_the_stages_say_what_each_exported_runtime_reproduces() -> None:
+    def ort_unmirrored(mirror: ExportMirror) -> list[str]:
+        return ONNXRUNTIME.unmirrored(mirror)
+
+    def ov_unmirrored(mirror: ExportMirror) -> list[str]:
+        return OPENVINO.unmirrored(mirror)
+
+    dynamic, static, weights, int4 = (export_mirror([QuantizeConfig(method=method)]) for method in (
+        "int8_dynamic", "int8_static_pt2e", "int8_weight_only", "intx_weight_only"))
+    bf16 = export_mirror([AmpConfig(dtype="bfloat16")])
     assert ort_unmirrored(dynamic) == [] and ort_unmirrored(static) == []
     assert ort_unmirrored(weights) == ["int8_weight_only keeps activations float, and ONNX Runtime's int8 kernels "
                                        "quantize them too (int8_dynamic is its mirror)"]
@@ -41,10 +48,14 @@ def test_one_table_says_what_each_exported_runtime_reproduces() -> None:
     assert ov_unmirrored(static) == [] and ov_unmirrored(weights) == [] and ov_unmirrored(bf16) == []
     assert ov_unmirrored(dynamic)[0].startswith("int8_dynamic quantizes activations per row at run time")
     assert ov_unmirrored(int4)[0].startswith("intx_weight_only has no OpenVINO mirror")
-    assert ov_unmirrored(ExportMirror(amp_dtype="float16"))[0].startswith("AMP (float16) is not mirrored")
-    kept = ov_unmirrored(ExportMirror(amp_dtype="bfloat16", fp32_layers=("classifier",)))
+    assert ov_unmirrored(export_mirror([AmpConfig(dtype="float16")]))[0].startswith("AMP (float16) is not mirrored")
+    kept = ov_unmirrored(export_mirror([AmpConfig(dtype="bfloat16", fp32_layers=("classifier",))]))
     assert kept and kept[0].startswith("AMP keeps layers in float32")
     assert ov_unmirrored(ExportMirror(not_mirrored=("prune: why",))) == ["prune: why"]
+    # quantize="none": the export leaves the quantization's gaps out, the AMP ones stay
+    both = export_mirror([QuantizeConfig(method="int8_weight_only"), AmpConfig(dtype="bfloat16")])
+    assert len(ort_unmirrored(both)) == 2
+    assert ort_unmirrored(both.without(WeightQuantization)) == ort_unmirrored(bf16)
 
 def test_the_capability_table_lists_only_the_devices_the_installed_openvino_has(
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ from torch import nn
 
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror, NotMirrored
+from pipeline.core.runtimes.registry import RUNTIMES
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import (
     ENTRY_POINT_GROUP,
@@ -140,6 +141,16 @@ def test_export_mirror_is_declared(model_stage: Stage, digits_spec: ModelSpec) -
         assert mirror.not_mirrored == (f"{stage.name}: {stage.mirror.reason}",)
     if stage.numeric and not isinstance(stage.mirror, NotMirrored):
         assert mirror != ExportMirror(), f"numeric stage {stage.name}'s mirror says nothing for {config}"
+
+
+def test_mirror_gaps_name_exported_runtimes(model_stage: Stage, digits_spec: ModelSpec) -> None:
+    """A stage's mirror facts name, for their gaps, runtimes that exist and run an exported file."""
+    exported = {name for name, runtime in RUNTIMES.items() if runtime.file is not None}
+    for config in [example_config(model_stage, digits_spec), *suggested_configs(model_stage, digits_spec)]:
+        if config is None:
+            continue
+        for fact in model_stage.mirror_of(config).facts:
+            assert {gap.runtime for gap in fact.gaps} <= exported, f"{model_stage.name}: {fact}"
 
 
 # --------------------------------------------------------------------------- config and suggest

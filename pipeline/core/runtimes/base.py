@@ -95,9 +95,10 @@ class FileRuntime(Runtime):
 
     file: ClassVar[RuntimeFile]
 
-    @abstractmethod
     def unmirrored(self, mirror: ExportMirror) -> list[str]:
-        """What of a recipe's numerics the runtime's toolkit does not reproduce (empty: all of it)."""
+        """What of a recipe's numerics the runtime's toolkit does not reproduce (empty: all of it): the gaps
+        the recipe's stages name for this runtime (:class:`~pipeline.core.mirror.RuntimeGap`)."""
+        return mirror.unmirrored(self.name)
 
     def cannot_run(self, mirror: ExportMirror, scripted: bool) -> str | None:
         if scripted:

@@ -2,9 +2,9 @@
 
 The file is the ``export.onnx`` stage's (its float graph, ORT's transformer fusions and ORT's int8
 mirror of the quantize stage), opened with :func:`pipeline.core.ort_session.open_session` (the device's
-first provider from the capability table). A numeric stage ONNX Runtime cannot mirror
-(:func:`pipeline.core.exported_mirror.ort_unmirrored`) is never measured as a float model: the search rules
-the recipe out before it runs, and a run that gets there anyway (``pipeline apply``) is infeasible with
+first provider from the capability table). A numeric stage ONNX Runtime cannot mirror (a gap the stage
+names for ``onnxruntime``, :class:`pipeline.core.mirror.RuntimeGap`) is never measured as a float model: the
+search rules the recipe out before it runs, and a run that gets there anyway (``pipeline apply``) is infeasible with
 the reason. The runtime measures latency itself (the export does not time it again).
 """
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 import torch
 
 from pipeline.core.device import capabilities, ort_provider_note
-from pipeline.core.exported_mirror import ort_unmirrored
-from pipeline.core.mirror import ExportMirror
 from pipeline.core.ort_session import open_session
 from pipeline.core.runtimes.base import FileRuntime, RuntimeFile
 
@@ -33,9 +31,6 @@ class OnnxRuntime(FileRuntime):
             return self.name
         note = ort_provider_note(providers[0])
         return f"{self.name} ({providers[0]}{f', {note}' if note else ''})"
-
-    def unmirrored(self, mirror: ExportMirror) -> list[str]:
-        return ort_unmirrored(mirror)
 
     def deploys(self) -> str:
         return "the .onnx file (open it with onnxruntime.InferenceSession)"

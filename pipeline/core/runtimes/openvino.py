@@ -4,8 +4,8 @@ The file is the ``export.openvino`` stage's (the float graph converted with ``op
 NNCF's int8 mirror of the quantize stage, the recipe's inference precision: f32, or bf16 where the recipe's
 AMP runs the whole model in bfloat16), opened with :func:`pipeline.core.ov_session.open_ir` on the device's
 first OpenVINO device from the capability table (dynamic shapes, torch's thread count, one stream, LATENCY).
-A numeric stage OpenVINO cannot mirror (:func:`pipeline.core.exported_mirror.ov_unmirrored`) is never
-measured as another model: the search rules the recipe out before it runs, and a run that gets there anyway
+A numeric stage OpenVINO cannot mirror (a gap the stage names for ``openvino``,
+:class:`pipeline.core.mirror.RuntimeGap`) is never measured as another model: the search rules the recipe out before it runs, and a run that gets there anyway
 (``pipeline apply``, or AMP float32 layers known only once calibrated) is infeasible with the reason.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from pipeline.core.device import capabilities, ov_device_note
-from pipeline.core.exported_mirror import ov_unmirrored
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.ov_session import open_ir
 from pipeline.core.runtimes.base import FileRuntime, RuntimeFile
@@ -41,9 +40,6 @@ class OpenVINORuntime(FileRuntime):
                     "not on TorchScript (use eager)")
         reasons = self.unmirrored(mirror)
         return f"runtime {self.name} cannot run this recipe as trained: {'; '.join(reasons)}" if reasons else None
-
-    def unmirrored(self, mirror: ExportMirror) -> list[str]:
-        return ov_unmirrored(mirror)
 
     def deploys(self) -> str:
         return ("the IR directory (.xml + .bin): openvino.Core().compile_model(xml, 'CPU', "

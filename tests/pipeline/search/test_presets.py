@@ -20,6 +20,7 @@ from pipeline.core.stage import config_from_dict
 from pipeline.search import Search, SearchConfig, SeedRecipe
 from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_RECIPE
 from pipeline.search.presets import PRESET_PREFIX, preset_name, preset_seeds
+from stages.common.mirror_facts import ReducedPrecision
 
 BF16 = SeedRecipe(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []},))
 INT8 = SeedRecipe(name="int8-dynamic", stages=({"stage": "quantize", "method": "int8_dynamic"},))
@@ -35,7 +36,7 @@ class NoAmpRuntime(Runtime):
         return True
 
     def cannot_run(self, mirror: ExportMirror, scripted: bool) -> str | None:
-        return f"runtime {self.name}: no AMP" if mirror.amp_dtype is not None else None
+        return f"runtime {self.name}: no AMP" if mirror.of(ReducedPrecision) is not None else None
 
     def prepare(self, model: nn.Module, device: torch.device) -> Callable[..., Tensor]:
         return model
