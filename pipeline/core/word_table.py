@@ -31,7 +31,8 @@ class WordTable(Table):
         super().__init__(*headers, **{**layout, **kwargs})
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        widths = fit_widths([_texts(column) for column in self.columns], options.max_width - GAP * (len(self.columns) - 1))
+        room = options.max_width - GAP * (len(self.columns) - 1)
+        widths = fit_widths([_texts(column) for column in self.columns], room)
         for column, width in zip(self.columns, widths, strict=True):
             column.width = width
         yield from super().__rich_console__(console, options)
