@@ -134,16 +134,17 @@ def ruled_out_counts(trials: Sequence[FrozenTrial]) -> Counter[str]:
 
 
 def summarize(study: optuna.Study) -> str | None:
-    """Store the study's ruled-out counts (:data:`ATTR_RULED_OUT_COUNTS`) and return the end-of-search line
-    (None when nothing was ruled out)."""
+    """Store the study's ruled-out counts (:data:`ATTR_RULED_OUT_COUNTS`) and return the end-of-search note:
+    a line with the total, then one line per distinct reason with its count, most frequent first (None when
+    nothing was ruled out)."""
     counts = ruled_out_counts(study.get_trials(deepcopy=False))
     if not counts:
         return None
     if study.user_attrs.get(ATTR_RULED_OUT_COUNTS) != dict(counts):
         study.set_user_attr(ATTR_RULED_OUT_COUNTS, dict(counts))
-    reasons = "; ".join(f"{_short(reason)} (x{count})" for reason, count in counts.most_common())
+    reasons = "".join(f"\n  {count} x {_short(reason)}" for reason, count in counts.most_common())
     return (f"{sum(counts.values())} configuration(s) ruled out before running, as they cannot change this model "
-            f"(not trials, not counted; Optuna attr '{ATTR_RULED_OUT}'): {reasons}")
+            f"(not trials, not counted; Optuna attr '{ATTR_RULED_OUT}'), one line per reason:{reasons}")
 
 
 def _short(reason: str) -> str:
