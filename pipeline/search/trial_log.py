@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from pipeline.core.device import describe
+from pipeline.engine.short_recipe import short_recipe
 from pipeline.search.objectives import ATTR_METRICS
 from pipeline.search.pareto import pareto_trials
 from pipeline.search.record import TrialRecord
@@ -35,9 +36,14 @@ class TrialLogger:
     def __call__(self, study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
         self.log(record)
         self._update_best(study)
-        self.console.print(self._line(record), soft_wrap=True, highlight=False)
+        self.show(record)
         if self.progress is not None:
             self.progress.update(self.task, advance=1 if record.counted else 0, best=self.best)
+
+    def show(self, record: TrialRecord) -> None:
+        """Print the trial's line: a terminal wraps it between words, a log file keeps it whole (one line per
+        trial, to grep)."""
+        self.console.print(self._line(record), soft_wrap=not self.console.is_terminal, highlight=False)
 
     def log(self, record: TrialRecord) -> None:
         """Write the trial's child run from its record, in one call (params = the resolved recipe).
@@ -73,18 +79,25 @@ class TrialLogger:
         if record.state == "COMPLETE":
             values = record.metrics
             metric = self.search.spec.metric.name
-            every = self.search.config.exports == "every_trial"  # else: exports run at the end, for the front only
-            line = record.recipe.describe(brief=True, exports=every) if record.recipe else ""
             unstable = f" | {record.latency_unstable} (off the front)" if record.latency_unstable else ""
             return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {values.get('metric_drop', 0):+.4f}) | "
-                    f"{values.get(self.search.objectives.latency_key, 0):.3f} ms ({speedup_text(values)}) | "
-                    f"{line} [{record.seconds.get('trial', 0.0):.1f} s, cache {record.cache.get('hits', 0)} hit(s)]"
-                    f"{unstable}")
+                    f"{speedup_text(values)} | {self._recipe(record)} [{record.seconds.get('trial', 0.0):.1f} s, "
+                    f"cache {record.cache.get('hits', 0)} hit(s)]{unstable}")
         if record.state == "PRUNED":
             if (record.infeasible or "").startswith(SCREENED_OUT):  # stopped at low fidelity, the full cost unpaid
                 return f"{head} {record.infeasible}"
             return f"{head} infeasible: {record.infeasible or '?'}"
         return f"{head} {(record.error or '?').strip().splitlines()[-1][:200]}"
+
+    def _recipe(self, record: TrialRecord) -> str:
+        """The recipe that ran, short (:mod:`pipeline.engine.short_recipe`; the full one: MLflow and the recipe
+        file), with the exports where they ran with the trial (else they run at the end, for the front only)."""
+        if record.recipe is None:
+            return ""
+        text = short_recipe(record.recipe.stages, record.recipe.runtime)
+        if self.search.config.exports == "every_trial" and (exports := record.recipe.exports()):
+            text += " | -> " + ", ".join(c.stage.removeprefix("export.") for c in exports)
+        return text
 
 
 def speedup_text(metrics: Mapping[str, float]) -> str:
