@@ -131,10 +131,10 @@ def threads_line(threads: int | None, device: torch.device, workers: int = 1) ->
 
 def add_search_args(parser: argparse.ArgumentParser) -> None:
     """Options that name a study (shared by ``optimize`` and ``report``); unset ones come from the search config."""
-    group = parser.add_argument_group("search (defaults from experiments/configs/search.yaml)")
+    group = parser.add_argument_group("search (defaults from pipeline/defaults/search.yaml)")
     group.add_argument("--search-config", default=None, metavar="YAML", help="a search config file")
     add_nondeterministic_arg(group)
-    group.add_argument("--pipeline", default=None, help="default, a name in experiments/pipelines/ or a YAML path")
+    group.add_argument("--pipeline", default=None, help="default, a name in pipeline/defaults/pipelines/ or a YAML path")
     group.add_argument("--max-drop", default=None, metavar="DROP",
                        help="allowed metric drop vs the unoptimized model: absolute (0.01) or a percentage of "
                        "the baseline metric (1%%) (default 0.01)")
@@ -259,8 +259,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     console = make_console()
     stored = study.user_attrs.get(ATTR_BASELINE)
     baseline = Baseline(**stored) if stored is not None else None
-    console.print(pareto_table(rows, search.objectives, f"{spec.name}: Pareto front of {search.study_name} ({counts}); "
-                               f"{FRONT_NOTE}; re-measured: the front timed again when the study ended", baseline))
+    console.print(pareto_table(rows, search.objectives, f"{spec.name}: Pareto front of {search.study_name} ({counts})",
+                               baseline, [FRONT_NOTE, "re-timed: the front timed again when the study ended"]))
     if machine := machine_line(study):
         console.print(machine, highlight=False, soft_wrap=True)
     return 0

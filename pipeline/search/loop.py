@@ -168,7 +168,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
     front = [t for t, _ in distinct_front(study)]
     stored = study.user_attrs.get(ATTR_REMEASURED, {})
     again: dict[int, float] = {}
-    remeasured = "re-measured: when the study's trials last ran (stored; nothing ran since)"
+    remeasured = "re-timed: when the study's trials last ran (stored; nothing ran since)"
     if changed or not all(str(t.number) in stored for t in front):
         with phase(f"re-measuring the front for the table: {len(front)} trial(s) and the unoptimized model, "
                    f"interleaved, {ROUNDS} rounds"):
@@ -176,12 +176,12 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
         rows = with_remeasured(rows, measured)
         again = remeasured_speedups(measured)
         study.set_user_attr(ATTR_REMEASURED, {str(k): v for k, v in again.items()})
-        remeasured = (f"re-measured: the front again with the baseline ({measured[BASELINE].latency_ms:.3f} ms), "
+        remeasured = (f"re-timed: the front again with the baseline ({measured[BASELINE].latency_ms:.3f} ms), "
                       f"interleaved, {ROUNDS} rounds")
     total = budget.counted(study)
-    title = (f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials ({logger.device}); {FRONT_NOTE}; "
-             f"{remeasured}")
-    table = pareto_table(rows, search.objectives, title, baseline)
+    title = f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials"
+    table_notes = [f"device: {logger.device}", FRONT_NOTE, remeasured]
+    table = pareto_table(rows, search.objectives, title, baseline, table_notes)
     search.times.by_category = dict(search.runner.totals)
     search.times.wall = time.perf_counter() - wall_start
     if tracker is not None and changed:
@@ -195,7 +195,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
         if remaining > 0:  # the study's totals over all its runs; a run that ran no trial adds nothing
             tracker.add_study_seconds({"seconds_wall": search.times.wall,
                                        **{f"seconds_{k}": v for k, v in search.times.by_category.items()}})
-        tracker.set_study_note(study_note(title, rows, search, baseline))
+        tracker.set_study_note(study_note("; ".join([title, *table_notes]), rows, search, baseline))
         for number, speedup in again.items():
             tracker.log_trial_metrics(number, {"speedup_remeasured": speedup})
         tracker.close_study("KILLED" if interrupted else "FINISHED")

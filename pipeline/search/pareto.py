@@ -16,9 +16,13 @@ from rich.table import Table
 
 from pipeline.core.noise import overlaps
 from pipeline.core.report import format_bytes
+from pipeline.core.word_table import WordTable
+from pipeline.engine.recipe import Recipe
+from pipeline.engine.short_recipe import short_recipe
 from pipeline.search.objectives import (
     ATTR_EXPORTS,
     ATTR_METRICS,
+    ATTR_RECIPE,
     ATTR_RECIPE_LINE,
     ATTR_REMEASURED,
     Baseline,
@@ -56,6 +60,10 @@ class ParetoRow:
     speedup_ci: tuple[float, float] = (math.nan, math.nan)
     #: The speed-up measured again when the study ended, front trials interleaved (NaN: not re-measured).
     remeasured: float = math.nan
+    #: The recipe in the short notation the console prints (:mod:`pipeline.engine.short_recipe`).
+    short: str = ""
+    #: The stored export outcome (``{"export.onnx": "ok", ...}``; None: not exported yet): ``exports`` in words.
+    export_status: dict[str, str] | None = None
 
 
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -65,6 +73,7 @@ def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
 
 def trial_row(trial: FrozenTrial, objectives: Objectives, exports: str = "") -> ParetoRow:
     metrics: Mapping[str, float] = trial.user_attrs.get(ATTR_METRICS, {})
+    recipe = Recipe.from_dict(trial.user_attrs[ATTR_RECIPE]) if ATTR_RECIPE in trial.user_attrs else None
     return ParetoRow(
         trial=trial.number,
         metric=float(metrics.get(objectives.spec.metric.name, math.nan)),
@@ -79,6 +88,7 @@ def trial_row(trial: FrozenTrial, objectives: Objectives, exports: str = "") -> 
         latency_ci=(float(metrics.get(f"{objectives.latency_key}_ci_low", math.nan)),
                     float(metrics.get(f"{objectives.latency_key}_ci_high", math.nan))),
         speedup_ci=(float(metrics.get("speedup_ci_low", math.nan)), float(metrics.get("speedup_ci_high", math.nan))),
+        short=short_recipe(recipe.stages, recipe.runtime) if recipe is not None else "",
     )
 
 
@@ -102,11 +112,13 @@ def pareto_rows(study: optuna.Study, objectives: Objectives) -> list[ParetoRow]:
     remeasured = attrs.get(ATTR_REMEASURED, {})
     rows = []
     for trial, repeats in distinct_front(study):
-        row = trial_row(trial, objectives, _export_note(attrs.get(export_attr(trial.number))))
+        status = attrs.get(export_attr(trial.number))
+        row = replace(trial_row(trial, objectives, _export_note(status)), export_status=status)
         if str(trial.number) in remeasured:
             row = replace(row, remeasured=float(remeasured[str(trial.number)]))
         if repeats:
-            row = replace(row, recipe=f"{row.recipe} (again in {', '.join(map(str, repeats))})")
+            again = f" (again in {', '.join(map(str, repeats))})"
+            row = replace(row, recipe=row.recipe + again, short=row.short + again)
         rows.append(row)
     return mark_ties(sorted(rows, key=lambda r: (r.latency_ms, -r.metric)))
 
@@ -154,32 +166,49 @@ def _export_note(note: Mapping[str, str] | None) -> str:
     return ", ".join(parts) or "none"
 
 
+def exports_cell(status: Mapping[str, str] | None) -> str:
+    """The console's exports cell: ``onnx, no coreml`` (why not: the notes under the table), ``none``, or
+    ``not yet``."""
+    if status is None:
+        return "not yet"
+    names = [name.removeprefix("export.") for name in status]
+    return ", ".join(n if s == "ok" else f"no {n}" for n, s in zip(names, status.values(), strict=True)) or "none"
+
+
 def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
-                 baseline: Baseline | None = None) -> Table:
-    """The table printed at the end of ``optimize`` and by ``report``; its caption says the allowed drop."""
+                 baseline: Baseline | None = None, notes: Sequence[str] = ()) -> Table:
+    """The table printed at the end of ``optimize`` and by ``report``, readable at 80 columns: a one-line
+    ``title``, the baseline's row first, each recipe in the short notation (the full one is in the recipe file
+    and MLflow); under it ``notes`` (what the numbers are) and the allowed drop. A cell wraps between words,
+    never inside one."""
     metric = objectives.spec.metric.name
-    table = Table(title=title, show_header=True, header_style="bold", show_lines=False,
-                  caption=f"allowed drop: {objectives.describe_drop(baseline)}")
+    table = WordTable(title=title, header_style="bold", caption_justify="left",
+                      caption="; ".join([*notes, f"allowed drop: {objectives.describe_drop(baseline)}"]))
     table.add_column("trial", justify="right")
-    table.add_column(metric, justify="right")
+    table.add_column(metric.replace("_", " "), justify="right")
     table.add_column("drop", justify="right")
-    table.add_column(f"p50 ms (b{objectives.latency_batch}) [95% CI] ~ tied with", justify="right")
-    table.add_column("speed-up (paired) [95% CI]", justify="right")
-    table.add_column("re-measured", justify="right")
+    table.add_column(f"p50 ms b{objectives.latency_batch}", justify="right")
+    table.add_column("speed-up [95% CI] ~ tied with", justify="right")
+    table.add_column("re-timed", justify="right")
     table.add_column("size", justify="right")
     table.add_column("recipe")
     table.add_column("exports")
+    if baseline is not None:
+        timed_again = any(math.isfinite(r.remeasured) for r in rows)
+        table.add_row("-" if baseline.trial is None else str(baseline.trial), f"{baseline.metric_value:.4f}",
+                      f"{0.0:+.4f}", f"{baseline.latency_ms:.3f}", "1.00x", "1.00x" if timed_again else "-",
+                      format_bytes(baseline.size_bytes), "baseline", "", style="dim")
     for row in rows:
         table.add_row(
             str(row.trial),
             f"{row.metric:.4f}",
             f"{row.drop:+.4f}",
-            latency_cell(row),
-            speedup_cell(row),
+            f"{row.latency_ms:.3f}",
+            speedup_cell(row) + (f" ~ {', '.join(map(str, row.ties))}" if row.ties else ""),
             f"{row.remeasured:.2f}x" if math.isfinite(row.remeasured) else "-",
             format_bytes(row.size_bytes) if math.isfinite(row.size_bytes) else "?",
-            row.recipe,
-            row.exports,
+            row.short or row.recipe,
+            exports_cell(row.export_status),
         )
     return table
 

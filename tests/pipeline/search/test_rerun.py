@@ -59,7 +59,7 @@ def test_rerunning_a_finished_study_appends_nothing_and_overwrites_nothing(
     assert len(client.get_metric_history(first.parent_run_id, "seconds_wall")) == 1
     assert _table(client, first.parent_run_id, tmp_path / "again") == table
     assert len(client.search_runs([before.info.experiment_id], "tags.`paretorch.role` = 'trial'")) == len(children)
-    assert str(again.table.title).endswith("re-measured: when the study's trials last ran (stored; nothing ran since)")
+    assert "re-timed: when the study's trials last ran (stored; nothing ran since)" in str(again.table.caption)
 
     # A resume that runs a trial adds its seconds to the study's total over its runs, as the next step.
     _run(residual_spec, config, tmp_path, trials=3)
