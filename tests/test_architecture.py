@@ -11,11 +11,15 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+
+from pipeline.core.paths import CONFIGS_DIR, DEFAULT_SEARCH_CONFIG, PIPELINES_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "stages", "experiments")
@@ -71,3 +75,55 @@ def test_the_function_level_import_check_finds_one(tmp_path: Path) -> None:
     found = function_level_imports(sample)
     assert found == [(2, "pipeline.core"), (3, "coremltools")]
     assert [m for _, m in found if not _is_lazy_library(m)] == ["pipeline.core"]
+
+
+#: ``experiments`` as a module or a path part (``experiments.models``, ``"experiments"``, ``experiments/configs``),
+#: not a part of a URL (MLflow's ``/#/experiments/``).
+EXPERIMENTS = re.compile(r"(?<![\w/#])experiments(?=[./]|$)")
+
+
+def names_of_experiments(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string in ``path``'s code, docstrings aside, that names ``experiments``: an
+    import by string (``importlib.import_module("experiments.models")``) or a path into it, which
+    import-linter cannot see."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        and EXPERIMENTS.search(node.value)
+    ]
+
+
+def test_pipeline_names_no_experiments_module_or_path() -> None:
+    """Models come from the ``paretorch.models`` entry points and the defaults are package data
+    (``pipeline/defaults``): no string under ``pipeline`` reaches into ``experiments``."""
+    offenders = [
+        f"{path.relative_to(REPO)}:{line}: {text!r}"
+        for path in sorted((REPO / "pipeline").rglob("*.py"))
+        for line, text in names_of_experiments(path)
+    ]
+    assert not offenders, "pipeline names experiments (use an entry point or package data):\n" + "\n".join(offenders)
+
+
+def test_the_experiments_string_check_finds_one(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Docs may say experiments."""\nimport importlib\n'
+                      'def f():\n    """experiments too."""\n    return importlib.import_module("experiments.models")\n'
+                      'URL = "/#/experiments/1"\nDIR = ROOT / "experiments" / "configs"\n')
+    assert names_of_experiments(sample) == [(5, "experiments.models"), (7, "experiments")]
+
+
+def test_the_default_configs_are_package_data() -> None:
+    """A non-editable install carries the search defaults and pipeline files (pyproject's package-data)."""
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = {p for pattern in package_data["pipeline"] for p in (REPO / "pipeline").glob(pattern)}
+    assert DEFAULT_SEARCH_CONFIG in shipped
+    assert set(PIPELINES_DIR.glob("*.yaml")) <= shipped and any(PIPELINES_DIR.glob("*.yaml"))
+    assert CONFIGS_DIR.is_relative_to(REPO / "pipeline")

@@ -32,9 +32,9 @@ def cache_dir(kind: str) -> Path:
     return check_writable_dir(results_dir() / "cache" / kind, f"the cache directory ({kind})", "--results-dir")
 
 
-#: The shipped configs (``experiments/configs``): search defaults and pipeline files.
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "configs"
-#: The search defaults (``experiments/configs/search.yaml``).
+#: The shipped configs (``pipeline/defaults``, package data): search defaults and pipeline files.
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "defaults"
+#: The search defaults (``pipeline/defaults/search.yaml``).
 DEFAULT_SEARCH_CONFIG = CONFIGS_DIR / "search.yaml"
 #: Where ``--pipeline NAME`` finds ``NAME.yaml``.
 PIPELINES_DIR = CONFIGS_DIR / "pipelines"

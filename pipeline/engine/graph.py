@@ -17,7 +17,7 @@ The default pipeline::
 Pipelines are checked at construction with :mod:`graphlib` (cycles, missing
 inputs, duplicate outputs, wrong kinds of inputs) and compose with ``+``.
 Custom pipelines come from Python (``Pipeline([...])``) or from a YAML file
-(:func:`load_pipeline`; see ``experiments/pipelines/``).
+(:func:`load_pipeline`; see ``pipeline/defaults/pipelines/``).
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def recipe_pipeline(configs: Iterable[StageConfig], name: str = "recipe") -> Pip
 
 
 def load_pipeline(ref: str | Path) -> Pipeline:
-    """``default``, a name in ``experiments/configs/pipelines/`` or a path to a pipeline YAML file."""
+    """``default``, a name in ``pipeline/defaults/pipelines/`` or a path to a pipeline YAML file."""
     if str(ref) == "default":
         return default_pipeline()
     path = Path(ref)

@@ -1,6 +1,6 @@
 """Cheap, strong paths first: every runtime with each precision preset alone, before any costly stage.
 
-A *preset* (the search config's ``presets``, ``experiments/configs/search.yaml``) is a short list of
+A *preset* (the search config's ``presets``, ``pipeline/defaults/search.yaml``) is a short list of
 stage configs that costs no training and no long calibration: float32 as it is, every layer in a fast
 reduced dtype, int8. :func:`preset_seeds` crosses the presets with the study's runtimes (the search
 config's runtimes that the registry, :func:`pipeline.core.runtimes.registry.available_runtimes`, says

@@ -2,7 +2,8 @@
 
 Accepted forms:
 
-* a built-in name: ``digits`` -> ``experiments/models/digits.py``'s ``spec``;
+* a registered name: ``digits`` -> the ``paretorch.models`` entry point of that name (the built-ins
+  declare theirs in ``pyproject.toml``, like the stages; an installed package may add its own);
 * ``path/to/file.py:attr``;
 * ``package.module:attr``;
 * a TorchScript file (``model.pt``), a ``.pt2`` ExportedProgram, or
@@ -17,8 +18,8 @@ what to do, before any search starts.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
-import pkgutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,19 +34,23 @@ from pipeline.core.task_data import load_task_data
 from pipeline.core.task_spec import with_task_data
 from pipeline.sources import SourceOptions, resolve_source
 
-#: The package of the shipped model specs (one module per model, each with a ``spec``).
-BUILTIN_PACKAGE = "experiments.models"
-BUILTIN_ATTR = "spec"
+#: Entry-point group through which packages declare model specs by name
+#: (``[project.entry-points."paretorch.models"] name = "module:attr"``, a ModelSpec or a function returning one).
+MODEL_ENTRY_POINT_GROUP = "paretorch.models"
 
 #: Resolvers for other model sources (TorchScript, .pt2, hf:...): each takes the
 #: reference and the source options and returns a spec, or None if it is not theirs.
 SOURCE_RESOLVERS: list[Callable[[str, SourceOptions], ModelSpec | None]] = [resolve_source]
 
 
+def model_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    """The registered model names (the ``paretorch.models`` entry points), by name."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=MODEL_ENTRY_POINT_GROUP)}
+
+
 def builtin_names() -> list[str]:
-    """Names of the specs shipped in ``experiments/models/``."""
-    package = importlib.import_module(BUILTIN_PACKAGE)
-    return sorted(info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_"))
+    """Names of the registered model specs (``MODEL=digits``), sorted."""
+    return sorted(model_entry_points())
 
 
 def resolve_spec(ref: str, options: SourceOptions | None = None) -> ModelSpec:
@@ -89,9 +94,8 @@ def _resolve(ref: str, options: SourceOptions) -> ModelSpec:
         else:
             module = _import_module(target)
         return _spec_from_attr(module, attr, ref)
-    if ref in builtin_names():
-        module = _import_module(f"{BUILTIN_PACKAGE}.{ref}")
-        return _spec_from_attr(module, BUILTIN_ATTR, ref)
+    if (entry_point := model_entry_points().get(ref)) is not None:
+        return _spec_from_value(_load_entry_point(entry_point), ref)
     if ref.endswith(".py") or Path(ref).exists():
         raise SpecError(
             f"model '{ref}' names a file but no attribute: use '{ref}:<attr>' (a ModelSpec or a function returning one)"
@@ -131,13 +135,25 @@ def _import_module(name: str) -> ModuleType:
         raise SpecError(f"importing module '{name}' failed: {type(exc).__name__}: {exc}") from exc
 
 
+def _load_entry_point(entry_point: importlib.metadata.EntryPoint) -> object:
+    try:
+        return entry_point.load()
+    except Exception as exc:  # the package's import error, whatever it is
+        raise SpecError(f"model entry point '{entry_point.name}' ({entry_point.value}) failed to load: "
+                        f"{type(exc).__name__}: {exc}") from exc
+
+
 def _spec_from_attr(module: ModuleType, attr: str, ref: str) -> ModelSpec:
     if not attr:
         raise SpecError(f"model '{ref}' has an empty attribute after ':'")
     if not hasattr(module, attr):
         public = sorted(a for a in vars(module) if not a.startswith("_"))
         raise SpecError(f"'{ref}': module has no attribute '{attr}' (it has: {', '.join(public[:12])})")
-    value: Any = getattr(module, attr)
+    return _spec_from_value(getattr(module, attr), ref)
+
+
+def _spec_from_value(value: Any, ref: str) -> ModelSpec:
+    """``value`` (a ModelSpec or a zero-argument function returning one) as a checked spec named by ``ref``."""
     if not isinstance(value, ModelSpec):
         if not callable(value) or isinstance(value, type | nn.Module):
             raise SpecError(

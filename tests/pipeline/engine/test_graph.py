@@ -118,7 +118,7 @@ def test_yaml_errors_name_the_problem(tmp_path: Path) -> None:
 
 def test_shipped_pipelines_load() -> None:
     files = sorted(PIPELINES_DIR.glob("*.yaml"))
-    assert files, "experiments/pipelines/ ships at least one example"
+    assert files, "pipeline/defaults/pipelines/ ships at least one example"
     for path in files:
         pipeline = load_pipeline(path.stem)
         assert pipeline.objective_node() is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from torch import nn
 
 from pipeline.core.errors import SpecError
 from pipeline.core.spec import ACCURACY, ModelSpec, load_model
-from pipeline.sources.resolve import builtin_names, resolve_spec
+from pipeline.sources.resolve import MODEL_ENTRY_POINT_GROUP, builtin_names, model_entry_points, resolve_spec
 
 GOOD_SPEC_FILE = '''
 import torch
@@ -57,6 +58,28 @@ def _tiny_spec(build, forward_inputs=None) -> ModelSpec:
 
 def test_builtin_names_include_digits() -> None:
     assert "digits" in builtin_names()
+
+
+def test_builtin_models_are_declared_as_entry_points() -> None:
+    declared = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=MODEL_ENTRY_POINT_GROUP)}
+    assert {"digits", "minilm"} <= set(declared)
+    assert declared["digits"] == "experiments.models.digits:spec"
+
+
+@pytest.mark.parametrize("name", sorted(model_entry_points()))
+def test_every_model_entry_point_loads_to_its_named_spec(name: str) -> None:
+    """Each registered name resolves to a ModelSpec (not built: no weights are loaded) named after it."""
+    spec = resolve_spec(name)
+    assert isinstance(spec, ModelSpec)
+    assert spec.name == name and spec.source == name
+
+
+def test_a_model_entry_point_that_fails_to_load_is_one_spec_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = importlib.metadata.EntryPoint("broken", "no_such_module_here:spec", MODEL_ENTRY_POINT_GROUP)
+    monkeypatch.setattr("pipeline.sources.resolve.model_entry_points", lambda: {"broken": broken})
+    with pytest.raises(SpecError, match=r"model entry point 'broken' \(no_such_module_here:spec\) failed to load: "
+                                        "ModuleNotFoundError"):
+        resolve_spec("broken")
 
 
 def test_builtin_resolves() -> None:
