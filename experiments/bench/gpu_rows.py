@@ -34,11 +34,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from experiments.bench.harness import BENCH_LATENCY
 from experiments.models.minilm import spec as minilm_spec
 from pipeline.api import run_chain
 from pipeline.core.evaluate import compute_metrics, count_macs
 from pipeline.core.padding import latency_sample, trim_to_longest
-from pipeline.core.paired import measure_paired, round_timer
+from pipeline.core.paired import DeviceTimer, measure_paired
 from pipeline.core.runtimes.registry import available_runtimes, get_runtime
 from pipeline.core.spec import ModelSpec, move_batch
 from pipeline.core.stage import StageConfig, StageContext
@@ -87,7 +88,7 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
     scores = {name: score(model, spec, device, held) for name, model in models}
     baseline_model = models[0][1]
     runtimes = [r for r in compiled if r in available_runtimes(device)]
-    timer = round_timer(device)
+    timer = DeviceTimer(device, BENCH_LATENCY)
     for batch in batch_sizes:
         inputs = move_batch(trim_to_longest(latency_sample(spec, batch), mask), device)
         real = float(inputs[mask].ne(0).float().mean())
@@ -102,7 +103,7 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
                     for _ in range(3):  # compile / record outside the timed rounds
                         fn(*inputs)
                     started = time.perf_counter()
-                    paired = measure_paired(baseline_model, fn, inputs, timer)
+                    paired = measure_paired((baseline_model, inputs), (fn, inputs), timer, BENCH_LATENCY)
                 seconds = paired.trial_ms / 1000.0
                 rows.append({
                     "batch": batch, "tokens": list(inputs[mask].shape), "real_token_fraction": real,

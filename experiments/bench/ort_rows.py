@@ -27,11 +27,12 @@ from typing import Any
 
 import torch
 
+from experiments.bench.harness import BENCH_LATENCY
 from experiments.bench.paths import RESULTS_DIR
 from pipeline.core.device import capabilities, describe, resolve_device
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.padding import latency_inputs
-from pipeline.core.paired import measure_paired, process_clock, round_timer
+from pipeline.core.paired import DeviceTimer, measure_paired, process_clock
 from pipeline.core.spec import ModelSpec, move_batch
 from pipeline.core.stage import config_from_dict
 from pipeline.engine.graph import recipe_pipeline
@@ -64,7 +65,7 @@ def _is_token_model(spec: ModelSpec) -> bool:
 def measure_rows(spec: ModelSpec, device: torch.device, batch: int) -> dict[str, Any]:
     """The baseline and every ORT row: metric, file size, session seconds, paired latency."""
     inputs = move_batch(latency_inputs(spec, batch, "eager")[0], device)
-    timer = round_timer(device)
+    timer = DeviceTimer(device, BENCH_LATENCY)
     clock = process_clock if device.type == "cpu" else None
     base_runner = Runner(recipe_pipeline([]), spec, device)
     base = base_runner.run(runtime="eager", exports=False).report
@@ -87,7 +88,7 @@ def measure_rows(spec: ModelSpec, device: torch.device, batch: int) -> dict[str,
             continue
         seconds = time.perf_counter() - started
         fn = runner.prepare({}, "onnxruntime")
-        paired = measure_paired(baseline_fn, fn, inputs, timer, cpu_clock=clock)
+        paired = measure_paired((baseline_fn, inputs), (fn, inputs), timer, BENCH_LATENCY, cpu_clock=clock)
         report = result.report
         rows.append({
             "name": name, "recipe": result.recipe(spec.name).describe(), "metric": report.metric_value,

@@ -1,12 +1,11 @@
-"""Measure a model: task metric, latency per batch size, memory, size, params, MACs."""
+"""Measure a model: task metric, latency per batch size (timed as pipeline/core/latency.py says), memory, size,
+params, MACs."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,44 +15,14 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.core.device import Stopwatch, describe, move_module, peak_memory_bytes, reset_peak_memory, synchronize
-from pipeline.core.noise import median_ci
+from pipeline.core.device import describe, move_module, peak_memory_bytes, reset_peak_memory
+from pipeline.core.latency import LatencySettings, LatencyStats, measure_latency
 from pipeline.core.padding import LatencyInputs, pad_to, to_bucket, trim_to_longest
 from pipeline.core.padding import latency_inputs as choose_latency_inputs
 from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
 from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LatencySettings:
-    """How long to measure: warm-up calls, then runs until both minimums are met."""
-
-    warmup_runs: int = 5
-    min_runs: int = 20
-    min_seconds: float = 0.3
-    max_runs: int = 2000
-
-
-@dataclass(frozen=True)
-class LatencyStats:
-    batch_size: int
-    p50_ms: float
-    p90_ms: float
-    mean_ms: float
-    std_ms: float
-    min_ms: float
-    runs: int
-    first_call_ms: float
-    #: 95% confidence interval of the median over the timed runs (order statistics, pipeline/core/noise.py).
-    p50_ci_low_ms: float = 0.0
-    p50_ci_high_ms: float = 0.0
-
-    @property
-    def spread_pct(self) -> float:
-        """(p90 - p50) / p50 in percent: how noisy the measurement was."""
-        return 100.0 * (self.p90_ms - self.p50_ms) / self.p50_ms if self.p50_ms > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -174,52 +143,6 @@ def compute_metric(
 ) -> float:
     """Run ``fn`` over the evaluation batches and compute one metric on the device."""
     return compute_metrics(fn, batches, (metric,), device)[metric.name]
-
-
-def measure_latency(
-    fn: Callable[..., Tensor],
-    inputs: Batch,
-    device: torch.device,
-    settings: LatencySettings = LatencySettings(),
-) -> LatencyStats:
-    """Latency of ``fn(*inputs)``: warm-up, then timed runs until both
-    ``min_runs`` and ``min_seconds`` are reached. The loop records timing events
-    and never synchronizes; results are read once at the end."""
-    batch_size = int(inputs[0].shape[0]) if inputs and inputs[0].dim() > 0 else 1
-    with torch.no_grad():
-        first = Stopwatch(device)
-        first.start()
-        fn(*inputs)
-        first.stop()
-        first_call_ms = first.elapsed_ms()
-        for _ in range(settings.warmup_runs):
-            fn(*inputs)
-        synchronize(device)
-        watches: list[Stopwatch] = []
-        loop_start = time.perf_counter()
-        while len(watches) < settings.max_runs and (
-            len(watches) < settings.min_runs or time.perf_counter() - loop_start < settings.min_seconds
-        ):
-            watch = Stopwatch(device)
-            watch.start()
-            fn(*inputs)
-            watch.stop()
-            watches.append(watch)
-        synchronize(device)
-    times = sorted(w.elapsed_ms() for w in watches)
-    ci = median_ci(times)
-    return LatencyStats(
-        batch_size=batch_size,
-        p50_ms=statistics.median(times),
-        p90_ms=times[min(len(times) - 1, round(0.9 * (len(times) - 1)))],
-        mean_ms=statistics.fmean(times),
-        std_ms=statistics.pstdev(times),
-        min_ms=times[0],
-        runs=len(times),
-        first_call_ms=first_call_ms,
-        p50_ci_low_ms=ci[0],
-        p50_ci_high_ms=ci[1],
-    )
 
 
 #: torch.save stores the file's stem inside the archive, so the size depends on the name.

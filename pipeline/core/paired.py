@@ -1,18 +1,26 @@
-"""Paired latency: a model timed in alternating rounds with the unoptimized model, in one process.
+"""Paired latency: a model timed in rounds alternating with the unoptimized model, in one process.
 
 A lone latency is only as good as the moment it was taken: on a busy machine one trial measured
 while another job ran looks several times slower than it is, and a speed-up that divides it by a
-baseline measured minutes earlier is wrong either way. :func:`measure_paired` times the baseline
-and the trial in rounds (baseline, trial, baseline, trial ...; each round a median of several calls,
-:func:`~pipeline.core.evaluate.measure_latency`), so a slow period slows both alike; the speed-up is
-the median of the per-round ratios, with a distribution-free 95% interval (:mod:`pipeline.core.noise`).
+baseline measured minutes earlier is wrong either way. :func:`measure_paired` warms each side up once,
+then times the baseline and the trial in rounds (each round a median of a few calls per side), so a
+slow period slows both alike; the speed-up is the median of the per-round ratios, with a
+distribution-free 95% interval (:mod:`pipeline.core.noise`). How many rounds and calls: the study's
+:class:`~pipeline.core.latency.LatencySettings` (``--latency-budget``).
+
+The order alternates: baseline first in even rounds, the trial first in odd ones (an even number of
+rounds: A B | B A | A B ...). With a fixed order, whatever the first (or second) place in a round costs
+(a colder cache, a clock ramping up) lands on one side only: the unoptimized model timed against itself
+came out 1.005x with a 95% interval that excluded 1.0. :func:`time_rounds` reverses the order on odd
+rounds for any number of functions (the front's re-measure), so each one's mean place is the same.
 
 Contention is checked per measurement: the interval's width, the 1-minute load average against the
 cores this process may use, and on the CPU the process's CPU time against the wall time of its
 rounds. A measurement whose interval is wider than :data:`MAX_CI_WIDTH` of its ratio is taken again
 (up to :data:`RETRIES` more times); one that stays wide is *unstable*, with the reason why.
 
-The clock is injectable: a :data:`RoundTimer` times one round of functions, so tests run on fake timings.
+The clock is injectable: a :class:`RoundTimer` warms the sides up and times one round, so tests run on
+fake timings.
 """
 
 from __future__ import annotations
@@ -22,22 +30,21 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from pipeline.core.evaluate import LatencySettings, measure_latency
+from pipeline.core.latency import LatencySettings, time_calls, warm_up
 from pipeline.core.noise import median_ci
 from pipeline.core.spec import Batch
 
-#: Times one round: each function once in turn (a median of several calls each), in ms.
-RoundTimer = Callable[[Sequence[Callable[..., Tensor]], Batch], list[float]]
+#: One side of a paired measurement: a prepared function and the inputs it is timed on (each runtime its own:
+#: a static-shape runtime pays for its length bucket, :func:`pipeline.core.padding.latency_inputs`).
+Timed = tuple[Callable[..., Tensor], Batch]
 #: ``() -> (wall seconds, process CPU seconds)``; None where CPU time says nothing (an accelerator).
 CpuClock = Callable[[], tuple[float, float]]
 
-#: Rounds of a paired measurement (9: the smallest count whose 95% median interval is not the full range).
-ROUNDS = 9
-ROUND_SETTINGS = LatencySettings(warmup_runs=3, min_runs=10, min_seconds=0.05)
 #: A speed-up whose 95% interval is wider than this share of the speed-up is measured again.
 MAX_CI_WIDTH = 0.20
 #: How many more times an unstable measurement is taken before the trial is kept off the front.
@@ -46,27 +53,52 @@ RETRIES = 2
 BUSY_CPU_SHARE = 0.8
 
 
-def round_timer(device: torch.device, settings: LatencySettings = ROUND_SETTINGS) -> RoundTimer:
-    """The real clock: each function's median latency over ``settings`` (warm-up, then timed calls)."""
+class RoundTimer(Protocol):
+    """Times paired rounds: :meth:`warm_up` once per measurement, then one call per round."""
 
-    def time_round(functions: Sequence[Callable[..., Tensor]], inputs: Batch) -> list[float]:
-        return [measure_latency(fn, inputs, device, settings).p50_ms for fn in functions]
+    def warm_up(self, sides: Sequence[Timed]) -> None:
+        """Each side's untimed warm-up calls."""
 
-    return time_round
+    def __call__(self, sides: Sequence[Timed]) -> list[float]:
+        """One round: each side in the given order, its median over the round's calls, in ms."""
+
+
+@dataclass(frozen=True)
+class DeviceTimer:
+    """The real clock: ``settings.warmup_runs`` calls per side per measurement, then per round each side's
+    median of ``settings.round_runs`` calls (at least ``settings.round_seconds``)."""
+
+    device: torch.device
+    settings: LatencySettings
+
+    def warm_up(self, sides: Sequence[Timed]) -> None:
+        for fn, inputs in sides:
+            warm_up(fn, inputs, self.device, self.settings.warmup_runs)
+
+    def __call__(self, sides: Sequence[Timed]) -> list[float]:
+        settings = self.settings
+        return [statistics.median(time_calls(fn, inputs, self.device, settings.round_runs, settings.round_seconds,
+                                             settings.max_runs)) for fn, inputs in sides]
 
 
 def process_clock() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def time_rounds(functions: Sequence[Callable[..., Tensor]], inputs: Batch, timer: RoundTimer,
-                rounds: int = ROUNDS) -> list[list[float]]:
-    """Per function, its time in each of ``rounds`` interleaved rounds."""
-    samples: list[list[float]] = [[] for _ in functions]
+def round_order(count: int, index: int) -> list[int]:
+    """The order of ``count`` functions in round ``index``: as given in even rounds, reversed in odd ones."""
+    order = list(range(count))
+    return order[::-1] if index % 2 else order
+
+
+def time_rounds(sides: Sequence[Timed], timer: RoundTimer, rounds: int) -> list[list[float]]:
+    """Per side, its time in each of ``rounds`` rounds (the order reversed every other round)."""
+    samples: list[list[float]] = [[] for _ in sides]
     with torch.no_grad():
-        for _ in range(rounds):
-            for series, value in zip(samples, timer(functions, inputs), strict=True):
-                series.append(value)
+        for index in range(rounds):
+            order = round_order(len(sides), index)
+            for position, value in zip(order, timer([sides[i] for i in order]), strict=True):
+                samples[position].append(value)
     return samples
 
 
@@ -113,7 +145,8 @@ class MachineLoad:
 
 @dataclass(frozen=True)
 class PairedLatency:
-    """A trial timed in rounds alternating with the baseline: medians, the speed-up and its interval."""
+    """A trial timed in rounds with the baseline (alternating which goes first): medians, the speed-up and its
+    interval."""
 
     baseline_ms: float
     trial_ms: float
@@ -143,11 +176,11 @@ class PairedLatency:
         return metrics
 
 
-def paired_once(baseline: Callable[..., Tensor], trial: Callable[..., Tensor], inputs: Batch, timer: RoundTimer,
-                rounds: int = ROUNDS, cpu_clock: CpuClock | None = process_clock) -> PairedLatency:
-    """One paired measurement of ``rounds`` rounds (baseline first in each)."""
+def paired_once(baseline: Timed, trial: Timed, timer: RoundTimer, rounds: int,
+                cpu_clock: CpuClock | None = process_clock) -> PairedLatency:
+    """One paired measurement of ``rounds`` rounds (the baseline first in even rounds, the trial in odd ones)."""
     before = cpu_clock() if cpu_clock is not None else None
-    base, mine = time_rounds((baseline, trial), inputs, timer, rounds)
+    base, mine = time_rounds((baseline, trial), timer, rounds)
     share = None
     if before is not None and cpu_clock is not None:
         wall, cpu = (after - start for after, start in zip(cpu_clock(), before, strict=True))
@@ -157,15 +190,16 @@ def paired_once(baseline: Callable[..., Tensor], trial: Callable[..., Tensor], i
                          median_ci(ratios), rounds, MachineLoad(load_average(), usable_cores(), share))
 
 
-def measure_paired(baseline: Callable[..., Tensor], trial: Callable[..., Tensor], inputs: Batch, timer: RoundTimer,
-                   rounds: int = ROUNDS, max_width: float = MAX_CI_WIDTH, retries: int = RETRIES,
+def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: LatencySettings,
+                   max_width: float = MAX_CI_WIDTH, retries: int = RETRIES,
                    cpu_clock: CpuClock | None = process_clock) -> PairedLatency:
-    """The trial's paired speed-up; measured again (up to ``retries`` more times) while its interval is
-    wider than ``max_width`` of the ratio. Keeps the narrowest attempt; ``unstable`` says why when even
-    that one is too wide."""
+    """The trial's paired speed-up over ``settings.rounds`` rounds, each side warmed up once first; measured
+    again (up to ``retries`` more times) while its interval is wider than ``max_width`` of the ratio. Keeps
+    the narrowest attempt; ``unstable`` says why when even that one is too wide."""
+    timer.warm_up((baseline, trial))
     best: PairedLatency | None = None
     for attempt in range(1, retries + 2):
-        measured = paired_once(baseline, trial, inputs, timer, rounds, cpu_clock)
+        measured = paired_once(baseline, trial, timer, settings.rounds, cpu_clock)
         if best is None or measured.ci_width < best.ci_width:
             best = measured
         if best.ci_width <= max_width:

@@ -6,9 +6,9 @@ tracking of every trial; the Pareto trials exported and logged at the end.
 
 from __future__ import annotations
 
+from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.search.config import (
     DEFAULT_SEARCH_CONFIG,
-    LATENCY_BUDGETS,
     SearchConfig,
     SeedRecipe,
     default_storage,

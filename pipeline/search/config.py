@@ -1,4 +1,4 @@
-"""The search config (``pipeline/defaults/search.yaml`` + CLI overrides), the study's name, storage and sampler."""
+"""The search config (``experiments/configs/search.yaml`` + CLI overrides), the study's name, storage and sampler."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, field_validator
 
 from pipeline.core.errors import ConfigError
-from pipeline.core.evaluate import LatencySettings
+from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
 from pipeline.core.runtimes.registry import RUNTIMES
 from pipeline.core.stage import format_validation_error
@@ -27,15 +27,6 @@ if TYPE_CHECKING:
     import optuna
 
     from pipeline.core.spec import ModelSpec
-
-#: Latency measurement effort per trial: quick measures only the objective batch size.
-LATENCY_BUDGETS: dict[str, LatencySettings] = {
-    # Samples spread over 0.2 s at least, so one scheduling hiccup does not move the median.
-    "quick": LatencySettings(warmup_runs=3, min_runs=10, min_seconds=0.2),
-    "normal": LatencySettings(warmup_runs=5, min_runs=20, min_seconds=0.3),
-    "thorough": LatencySettings(warmup_runs=10, min_runs=50, min_seconds=1.0),
-}
-
 
 class SeedRecipe(BaseModel):
     """A trial enqueued before the sampler starts: named stage configs and a runtime."""
@@ -55,7 +46,7 @@ MaxDrop = Annotated[AllowedDrop, PlainValidator(AllowedDrop.parse), PlainSeriali
 
 
 class SearchConfig(BaseModel):
-    """What is searched and how (``pipeline/defaults/search.yaml``; CLI flags override fields)."""
+    """What is searched and how (``experiments/configs/search.yaml``; CLI flags override fields)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     pipeline: str = "default"
@@ -64,7 +55,8 @@ class SearchConfig(BaseModel):
     sampler: Literal["tpe", "nsga2", "random"] = "tpe"
     seed: int = 0
     runtimes: tuple[str, ...] = tuple(RUNTIMES)  # every registered runtime (intersected with the device's)
-    latency_budget: Literal["quick", "normal", "thorough"] = "normal"
+    #: A name of :data:`pipeline.core.latency.LATENCY_BUDGETS`: how long each trial is timed, alone and paired.
+    latency_budget: str = "normal"
     latency_batch: int | None = Field(default=None, ge=1)
     disabled: tuple[str, ...] = ()
     exports: Literal["pareto", "every_trial", "none"] = "pareto"
@@ -97,9 +89,16 @@ class SearchConfig(BaseModel):
             raise ValueError(f"unknown runtime(s) {', '.join(unknown)}: choose from {', '.join(RUNTIMES)}")
         return names
 
+    @field_validator("latency_budget")
+    @classmethod
+    def _known_budget(cls, name: str) -> str:
+        if name not in LATENCY_BUDGETS:
+            raise ValueError(f"unknown latency budget {name!r}: choose from {', '.join(LATENCY_BUDGETS)}")
+        return name
+
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> SearchConfig:
-        """Read a YAML search config (default ``pipeline/defaults/search.yaml``) and apply overrides (None = keep).
+        """Read a YAML search config (default ``experiments/configs/search.yaml``) and apply overrides (None = keep).
         Overriding ``seeds`` without ``presets`` turns the presets off: the given seeds are all that is enqueued."""
 
         source = Path(path) if path else DEFAULT_SEARCH_CONFIG

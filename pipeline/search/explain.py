@@ -1,7 +1,9 @@
-"""Why each trial is where it is: on the front, or dominated by which front trial.
+"""Why each trial is where it is: on the front, tied with a front trial, or beaten by which front trial.
 
 Written when a study ends (the front is known only then) as MLflow tags on each trial's
-run and as one study user attribute (Optuna does not let finished trials change).
+run and as one study user attribute (Optuna does not let finished trials change). "Beaten"
+is the front's rule (:mod:`pipeline.search.front_rule`: better with confidence, not on point
+values); :func:`dominates` is Optuna's point-value dominance, what optuna-dashboard shows.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from collections.abc import Sequence
 
 import optuna
 from optuna.study import StudyDirection
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
+
+from pipeline.search.front_rule import beats, candidates, front_groups
 
 
 def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[StudyDirection]) -> bool:
@@ -26,29 +30,37 @@ def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[Study
 
 
 def dominated_by(study: optuna.Study, front: Sequence[FrozenTrial]) -> dict[int, int]:
-    """For each complete trial off ``front``: the front trial that dominates it (the first by number).
-    A trial no front trial dominates (an infeasible one that is better in some objective) is left out."""
+    """For each complete trial off ``front``: the front trial that beats it (the first by number, the front's
+    rule: :func:`pipeline.search.front_rule.beats`). A trial no front trial beats (one tied with a front trial,
+    an infeasible one that is better in some objective) is left out."""
     numbers = {t.number for t in front}
-    ordered = sorted(front, key=lambda t: t.number)
+    pool = candidates(study)
+    leads = [c for c in pool if c.trial.number in numbers]
     result: dict[int, int] = {}
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if trial.number in numbers or trial.values is None:
+    for other in pool:
+        if other.trial.number in numbers:
             continue
-        winner = next((f for f in ordered if dominates(f.values, trial.values, study.directions)), None)
+        winner = next((lead for lead in leads if beats(lead, other)), None)
         if winner is not None:
-            result[trial.number] = winner.number
+            result[other.trial.number] = winner.trial.number
     return result
 
 
 def front_tags(study: optuna.Study, distinct: Sequence[tuple[FrozenTrial, list[int]]],
                dominated: dict[int, int]) -> dict[int, dict[str, str]]:
     """MLflow tags per trial: ``pareto`` (once per distinct recipe), ``same_as`` for a front trial
-    that repeats an earlier one's recipe and numbers, ``dominated_by`` for the others."""
+    that repeats an earlier one's recipe and numbers, ``tied_with`` for a trial tied with a front trial
+    (:mod:`pipeline.search.front_rule`: the simpler recipe leads), ``dominated_by`` for the others."""
     tags: dict[int, dict[str, str]] = {}
+    for number, winner in dominated.items():
+        tags[number] = {"pareto": "false", "dominated_by": str(winner)}
     for trial, repeats in distinct:
         tags[trial.number] = {"pareto": "true"}
         for number in repeats:
             tags[number] = {"pareto": "false", "same_as": str(trial.number)}
-    for number, winner in dominated.items():
-        tags[number] = {"pareto": "false", "dominated_by": str(winner)}
+    leads = {t.number for t, _ in distinct}
+    for group in front_groups(candidates(study)):
+        if group.lead.trial.number in leads:
+            for number in group.tied:
+                tags[number] = {"pareto": "false", "tied_with": str(group.lead.trial.number)}
     return tags

@@ -3,8 +3,10 @@
 During the search each trial is timed paired with the baseline (:mod:`pipeline.core.paired`), and
 the front is chosen from those paired speed-ups. When the study ends, :func:`remeasure` times the
 baseline and every distinct front trial once more in rounds (each round times each model once, in
-turn), so slow periods hit all of them alike: a check of the front side by side, shown as its own
-column ("re-measured") next to the in-search paired speed-up, never in its place. Each latency is
+turn, the order reversed every other round; the study's latency settings, each runtime on its own
+inputs, as in the search), so slow periods hit all of them alike: a check of the front side by side,
+shown as its own column ("re-measured") next to the in-search paired speed-up, never in its place,
+and flagged where it falls outside the search's interval (:attr:`ParetoRow.outside`). Each latency is
 the median of the per-round medians with its 95% interval (pipeline/core/noise.py); the re-measured
 speed-up divides the baseline's re-measured median.
 """
@@ -19,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.core.noise import median_ci
-from pipeline.core.paired import ROUNDS, noise_line, time_rounds
+from pipeline.core.paired import noise_line
 from pipeline.core.stage import StageConfig
 from pipeline.search.objectives import ATTR_LATENCY_UNSTABLE, ATTR_METRICS
 from pipeline.search.pareto import ParetoRow
@@ -39,14 +41,14 @@ class Remeasured:
     rounds: int
 
 
-def remeasure(search: Search, candidates: Mapping[int, tuple[Mapping[str, StageConfig | None], str]],
-              rounds: int = ROUNDS) -> dict[int, Remeasured]:
+def remeasure(search: Search, candidates: Mapping[int, tuple[Mapping[str, StageConfig | None], str]]
+              ) -> dict[int, Remeasured]:
     """Time each candidate (key -> (per-node configs, runtime)) at the objective batch, interleaved
-    (the search's round timer: :attr:`StudyLatency.timer`)."""
-    functions = {key: search.latency.function(configs, runtime) for key, (configs, runtime) in candidates.items()}
-    samples = time_rounds(list(functions.values()), search.latency.inputs(), search.latency.timer, rounds)
+    (the search's round timer and settings: :meth:`StudyLatency.together`)."""
+    sides = {key: search.latency.side(configs, runtime) for key, (configs, runtime) in candidates.items()}
+    samples = search.latency.together(list(sides.values()))
     return {key: Remeasured(statistics.median(values), median_ci(values), len(values))
-            for key, values in zip(functions, samples, strict=True)}
+            for key, values in zip(sides, samples, strict=True)}
 
 
 def front_candidates(search: Search, trials: Sequence[FrozenTrial]

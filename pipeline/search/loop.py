@@ -25,7 +25,6 @@ from pipeline.search.duplicates import TrialBudget
 from pipeline.search.finish import finish_study, study_dir, study_note
 from pipeline.search.front import (
     BASELINE,
-    ROUNDS,
     front_candidates,
     machine_line,
     remeasure,
@@ -171,13 +170,13 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
     remeasured = "re-timed: when the study's trials last ran (stored; nothing ran since)"
     if changed or not all(str(t.number) in stored for t in front):
         with phase(f"re-measuring the front for the table: {len(front)} trial(s) and the unoptimized model, "
-                   f"interleaved, {ROUNDS} rounds"):
+                   f"interleaved, {search.latency.settings.rounds} rounds"):
             measured = remeasure(search, front_candidates(search, front))
         rows = with_remeasured(rows, measured)
         again = remeasured_speedups(measured)
         study.set_user_attr(ATTR_REMEASURED, {str(k): v for k, v in again.items()})
         remeasured = (f"re-timed: the front again with the baseline ({measured[BASELINE].latency_ms:.3f} ms), "
-                      f"interleaved, {ROUNDS} rounds")
+                      f"interleaved, {search.latency.settings.rounds} rounds")
     total = budget.counted(study)
     title = f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials"
     table_notes = [f"device: {logger.device}", FRONT_NOTE, remeasured]

@@ -13,6 +13,7 @@ of the deprecated sampler ``constraints_func``), which every sampler and
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -119,7 +120,22 @@ class Objectives:
 
     @property
     def latency_key(self) -> str:
+        """The latency objective: the baseline's p50 divided by the trial's speed-up (paired), every trial on
+        the baseline's one scale; derived, not measured (the trial's own p50, timed alone, is
+        :attr:`measured_key`)."""
+        return f"latency_ms_b{self.latency_batch}_via_speedup"
+
+    @property
+    def measured_key(self) -> str:
+        """The trial's own p50 at the objective batch, timed alone (:meth:`ModelReport.as_metrics`)."""
         return f"latency_ms_p50_b{self.latency_batch}"
+
+    def objective_latency(self, metrics: Mapping[str, float]) -> tuple[float, tuple[float, float]]:
+        """A trial's latency objective and its 95% interval from its stored metrics (NaN where missing). A trial
+        stored before the objective had a name of its own kept it under :attr:`measured_key`."""
+        key = self.latency_key if self.latency_key in metrics else self.measured_key
+        return (float(metrics.get(key, math.nan)),
+                (float(metrics.get(f"{key}_ci_low", math.nan)), float(metrics.get(f"{key}_ci_high", math.nan))))
 
     def directions(self) -> list[Literal["minimize", "maximize"]]:
         return [self._direction(n) for n in self.names]
@@ -205,18 +221,19 @@ class Objectives:
                       paired: PairedLatency | None = None) -> dict[str, float]:
         """Everything logged for one trial: the report's measurements plus drop and ratios.
 
-        With ``paired`` (the trial timed alternating with the baseline), ``speedup`` is its paired
-        speed-up and the objective latency is the study baseline's latency over it (every trial on the
-        baseline's one scale; its 95% interval likewise); the lone p50 stays as ``..._unpaired``."""
+        ``speedup``: with ``paired`` (the trial timed alternating with the baseline), its paired speed-up,
+        else the baseline's p50 over the trial's. The objective latency (:attr:`latency_key`) is the study
+        baseline's p50 over that speed-up (every trial on the baseline's one scale; its 95% interval likewise);
+        the trial's own p50, timed alone, stays under :attr:`measured_key` with its own interval."""
         metrics = report.as_metrics()
         latency = report.latency_p50(self.latency_batch)
         metrics["metric_drop"] = self.drop(baseline, report.metric_value)
         if baseline.metric_value > 0:
             metrics["metric_drop_relative"] = metrics["metric_drop"] / baseline.metric_value
         metrics["speedup"] = baseline.latency_ms / latency if latency > 0 else 0.0
+        key = self.latency_key
+        metrics[key] = latency
         if paired is not None and paired.speedup > 0:
-            key = self.latency_key
-            metrics[f"{key}_unpaired"] = latency
             metrics.update(paired.metrics())
             metrics[key] = baseline.latency_ms / paired.speedup
             low, high = paired.ci

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 from optuna.trial import TrialState
 from rich.table import Table
 
-from pipeline.core.noise import overlaps
 from pipeline.core.report import format_bytes
 from pipeline.core.word_table import WordTable
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.short_recipe import short_recipe
+from pipeline.search.front_rule import RULE, FrontGroup, candidates, front_groups
 from pipeline.search.objectives import (
     ATTR_EXPORTS,
     ATTR_METRICS,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 #: What the table's latency and speed-up are (its title says it, in ``optimize`` and ``report`` alike).
 FRONT_NOTE = ("speed-up: timed paired with the baseline during the search (median of per-round ratios, 95% CI), "
-              "p50 = the baseline's p50 / that speed-up")
+              f"ms = the baseline's p50 / that speed-up; {RULE}; re-timed \"outside\": outside the search's 95% CI")
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,10 @@ class ParetoRow:
     recipe: str
     exports: str
     compile_seconds: float = 0.0
-    #: 95% confidence interval of the latency median (NaN when not measured).
+    #: 95% interval of the latency objective (the speed-up's, on the baseline's scale; NaN when not measured).
     latency_ci: tuple[float, float] = (math.nan, math.nan)
-    #: Front trials whose latency interval overlaps this one's: neither is faster with confidence.
+    #: Trials tied with this one (:mod:`pipeline.search.front_rule`: neither better with confidence; this one is
+    #: the simplest recipe), off the point-value front included.
     ties: tuple[int, ...] = ()
     #: 95% interval of the paired speed-up (NaN for a trial measured before paired latency).
     speedup_ci: tuple[float, float] = (math.nan, math.nan)
@@ -65,69 +66,70 @@ class ParetoRow:
     #: The stored export outcome (``{"export.onnx": "ok", ...}``; None: not exported yet): ``exports`` in words.
     export_status: dict[str, str] | None = None
 
+    @property
+    def outside(self) -> bool:
+        """The re-measured speed-up falls outside the search's 95% interval (the machine changed, or the
+        interval was too narrow: read the speed-up with care)."""
+        low, high = self.speedup_ci
+        return (math.isfinite(self.remeasured) and math.isfinite(low) and math.isfinite(high)
+                and not low <= self.remeasured <= high)
+
+
+def front(study: optuna.Study) -> list[FrontGroup]:
+    """The study's front (:mod:`pipeline.search.front_rule`): per lead, its repeats and its ties."""
+    return front_groups(candidates(study))
+
 
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Feasible, non-dominated complete trials (``study.best_trials`` honours the constraint)."""
-    return list(study.best_trials)
+    """The front's trials (feasible, beaten by none with confidence; the simplest of each tie), by number."""
+    return sorted((g.lead.trial for g in front(study)), key=lambda t: t.number)
 
 
 def trial_row(trial: FrozenTrial, objectives: Objectives, exports: str = "") -> ParetoRow:
     metrics: Mapping[str, float] = trial.user_attrs.get(ATTR_METRICS, {})
     recipe = Recipe.from_dict(trial.user_attrs[ATTR_RECIPE]) if ATTR_RECIPE in trial.user_attrs else None
+    latency, latency_ci = objectives.objective_latency(metrics)
     return ParetoRow(
         trial=trial.number,
         metric=float(metrics.get(objectives.spec.metric.name, math.nan)),
         drop=float(metrics.get("metric_drop", math.nan)),
-        latency_ms=float(metrics.get(objectives.latency_key, math.nan)),
+        latency_ms=latency,
         speedup=float(metrics.get("speedup", math.nan)),
         size_bytes=float(metrics.get("size_bytes", math.nan)),
         # The exports the recipe names are left out: the exports column says which ran.
         recipe=str(trial.user_attrs.get(ATTR_RECIPE_LINE, "")).partition(" | -> ")[0],
         exports=exports,
         compile_seconds=float(metrics.get("compile_seconds", 0.0)),
-        latency_ci=(float(metrics.get(f"{objectives.latency_key}_ci_low", math.nan)),
-                    float(metrics.get(f"{objectives.latency_key}_ci_high", math.nan))),
+        latency_ci=latency_ci,
         speedup_ci=(float(metrics.get("speedup_ci_low", math.nan)), float(metrics.get("speedup_ci_high", math.nan))),
         short=short_recipe(recipe.stages, recipe.runtime) if recipe is not None else "",
     )
 
 
 def distinct_front(study: optuna.Study) -> list[tuple[FrozenTrial, list[int]]]:
-    """The front without repeats: samplers re-propose a config (the cache makes the repeat
-    free); each recipe is kept once, as its first trial, with the numbers of its repeats."""
-    groups: dict[tuple[str, tuple[float, ...]], tuple[FrozenTrial, list[int]]] = {}
-    for trial in sorted(pareto_trials(study), key=lambda t: t.number):
-        key = (str(trial.user_attrs.get(ATTR_RECIPE_LINE, trial.number)), tuple(trial.values))
-        if key in groups:
-            groups[key][1].append(trial.number)
-        else:
-            groups[key] = (trial, [])
-    return list(groups.values())
+    """The front without repeats: samplers re-propose a config (the cache makes the repeat free); each recipe
+    is kept once, as its simplest (first) trial, with the numbers of its repeats."""
+    return [(g.lead.trial, sorted(g.repeats)) for g in sorted(front(study), key=lambda g: g.lead.trial.number)]
 
 
 def pareto_rows(study: optuna.Study, objectives: Objectives) -> list[ParetoRow]:
-    """Rows of the distinct Pareto front, fastest first; export notes and re-measured speed-ups from the
+    """Rows of the front, fastest first, each with its ties; export notes and re-measured speed-ups from the
     study's user attrs."""
     attrs = study.user_attrs
     remeasured = attrs.get(ATTR_REMEASURED, {})
     rows = []
-    for trial, repeats in distinct_front(study):
+    for group in front(study):
+        trial, repeats = group.lead.trial, sorted(group.repeats)
         status = attrs.get(export_attr(trial.number))
         row = replace(trial_row(trial, objectives, _export_note(status)), export_status=status)
+        row = replace(row, ties=tuple(sorted(group.tied)))
         if str(trial.number) in remeasured:
             row = replace(row, remeasured=float(remeasured[str(trial.number)]))
         if repeats:
             again = f" (again in {', '.join(map(str, repeats))})"
             row = replace(row, recipe=row.recipe + again, short=row.short + again)
         rows.append(row)
-    return mark_ties(sorted(rows, key=lambda r: (r.latency_ms, -r.metric)))
-
-
-def mark_ties(rows: Sequence[ParetoRow]) -> list[ParetoRow]:
-    """Each row with the other rows whose latency intervals overlap its own (ties, not winners)."""
-    known = [r for r in rows if all(math.isfinite(v) for v in r.latency_ci)]
-    return [replace(row, ties=tuple(o.trial for o in known if o is not row and row in known
-                                    and overlaps(row.latency_ci, o.latency_ci))) for row in rows]
+    return sorted(rows, key=lambda r: (r.latency_ms, -r.metric))
 
 
 def latency_cell(row: ParetoRow) -> str:
@@ -138,6 +140,13 @@ def latency_cell(row: ParetoRow) -> str:
     if row.ties:
         text += f" ~ {', '.join(map(str, row.ties))}"
     return text
+
+
+def remeasured_cell(row: ParetoRow) -> str:
+    """``4.68x``, ``4.68x outside`` when it falls outside the search's interval, ``-`` when not re-measured."""
+    if not math.isfinite(row.remeasured):
+        return "-"
+    return f"{row.remeasured:.2f}x" + (" outside" if row.outside else "")
 
 
 def speedup_cell(row: ParetoRow) -> str:
@@ -205,7 +214,7 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
             f"{row.drop:+.4f}",
             f"{row.latency_ms:.3f}",
             speedup_cell(row) + (f" ~ {', '.join(map(str, row.ties))}" if row.ties else ""),
-            f"{row.remeasured:.2f}x" if math.isfinite(row.remeasured) else "-",
+            remeasured_cell(row),
             format_bytes(row.size_bytes) if math.isfinite(row.size_bytes) else "?",
             row.short or row.recipe,
             exports_cell(row.export_status),
@@ -225,6 +234,7 @@ def table_columns(rows: Sequence[ParetoRow], objectives: Objectives) -> dict[str
         "speedup": [round(r.speedup, 2) for r in rows],
         "speedup_95ci": [speedup_cell(r).partition(" ")[2] for r in rows],
         "speedup_remeasured": [round(r.remeasured, 2) if math.isfinite(r.remeasured) else None for r in rows],
+        "remeasured_outside_ci": [r.outside for r in rows],
         "size": [format_bytes(r.size_bytes) if math.isfinite(r.size_bytes) else "?" for r in rows],
         "recipe": [r.recipe for r in rows],
         "exports": [r.exports for r in rows],
@@ -245,7 +255,7 @@ class _Point:
 
 
 def _points(study: optuna.Study, objectives: Objectives) -> list[_Point]:
-    front = {t.number for t in pareto_trials(study)}
+    front = {n for trial, repeats in distinct_front(study) for n in (trial.number, *repeats)}
     points = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         row = trial_row(trial, objectives)
@@ -309,7 +319,7 @@ def _frame(points: Sequence[_Point], objectives: Objectives, baseline: Baseline 
 
 
 def _latency_label(objectives: Objectives, frame: _Frame) -> str:
-    return (f"latency p50, batch {objectives.latency_batch} (ms): baseline / paired speed-up"
+    return (f"latency, batch {objectives.latency_batch} (ms): the baseline's p50 / paired speed-up"
             + ("; log scale" if frame.log_x else ""))
 
 

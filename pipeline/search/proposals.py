@@ -12,6 +12,7 @@ Optuna constraint and these proposals.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -91,8 +92,8 @@ class Proposals:
     def feasible_latency(self, record: TrialRecord) -> float | None:
         """The trial's objective latency if it completed and its verdict is feasible, else None."""
         value = record.metrics.get(self.objectives.spec.metric.name)
-        latency = record.metrics.get(self.objectives.latency_key)
-        if record.state != COMPLETE or value is None or latency is None:
+        latency = self.objectives.objective_latency(record.metrics)[0]
+        if record.state != COMPLETE or value is None or math.isnan(latency):
             return None
         verdict = self.objectives.verdict(self.baseline, value, record.latency_unstable, record.metrics)
         return float(latency) if verdict.feasible else None

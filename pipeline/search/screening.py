@@ -107,13 +107,14 @@ def recoveries(trials: Sequence[FrozenTrial], key: str) -> list[float]:
     return found
 
 
-def front_points(trials: Sequence[FrozenTrial], latency_key: str) -> list[tuple[float, float]]:
-    """(drop, objective latency) of the complete trials within the allowed drop; the latency as the screen
-    measures it (timed alone, not paired with the baseline: ``<latency key>_unpaired`` where the trial has it)."""
+def front_points(trials: Sequence[FrozenTrial], measured_key: str) -> list[tuple[float, float]]:
+    """(drop, latency) of the complete trials within the allowed drop; the latency as the screen measures it
+    (timed alone, not paired with the baseline: ``measured_key``, :attr:`Objectives.measured_key`; in a trial
+    stored before the objective had its own name, ``<measured key>_unpaired`` where the trial has it)."""
     points = []
     for trial in trials:
         metrics = trial.user_attrs.get(ATTR_METRICS, {})
-        latency = metrics.get(f"{latency_key}_unpaired", metrics.get(latency_key))
+        latency = metrics.get(f"{measured_key}_unpaired", metrics.get(measured_key))
         if (trial.state == TrialState.COMPLETE and trial.user_attrs.get(ATTR_FEASIBLE)
                 and "metric_drop" in metrics and latency is not None):
             points.append((float(metrics["metric_drop"]), float(latency)))
@@ -253,7 +254,7 @@ class Screening:
         drop = self.objectives.drop(baseline, report.metric_value)
         latency = report.latency_p50(self.objectives.latency_batch) if runtime == SCREEN_RUNTIME else None
         margin = self.policy.margin(allowed, recoveries(trials, plan.key))
-        reason = self.policy.reason(drop, latency, allowed, margin, front_points(trials, self.objectives.latency_key))
+        reason = self.policy.reason(drop, latency, allowed, margin, front_points(trials, self.objectives.measured_key))
         if reason is None and self.clock is not None and (capped := self.clock.over(stages)) is not None:
             reason = f"{capped}; the full cost is not paid"
         return Screened(plan.key, report.metric_value, drop, latency, margin, seconds, reason)

@@ -18,6 +18,7 @@ import torch
 
 from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtimes.registry import available_runtimes
 from pipeline.core.secrets import mask_secrets
@@ -28,7 +29,6 @@ from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
 from pipeline.engine.runner import TIME_CATEGORIES, Runner
 from pipeline.search.config import (
-    LATENCY_BUDGETS,
     SearchConfig,
     SeedRecipe,
     default_storage,
@@ -124,7 +124,8 @@ class Search:
         #: The precision presets enqueued first, for the console (set by :meth:`ensure_baseline`).
         self.presets_line: str | None = None
         #: Paired latency of the trials against the baseline (its timer and CPU clock are injectable).
-        self.latency = StudyLatency(spec, device, self.objectives.latency_batch, lambda: self.runner)
+        self.latency = StudyLatency(spec, device, self.objectives.latency_batch, lambda: self.runner,
+                                    LATENCY_BUDGETS[config.latency_budget])
 
     @property
     def study_name(self) -> str:
@@ -225,7 +226,7 @@ class Search:
             self._runner = Runner(
                 self.pipeline, self.spec, self.device,
                 cache=NodeCache(self.config.cache_mb * 1024**2, export_dir=cache_dir("exports")),
-                latency=LATENCY_BUDGETS[self.config.latency_budget],
+                latency=self.latency.settings,  # the settings the paired rounds use: one budget
                 batch_sizes=self.latency_batch_sizes(),
                 work_dir=results_dir() / "work" / self.study_name,
             )

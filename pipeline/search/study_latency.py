@@ -1,21 +1,33 @@
 """A study's latency measurements: each trial timed in rounds alternating with the unoptimized model.
 
-One object per study holds what every paired measurement shares: the baseline's prepared
-function (prepared once), the latency inputs per runtime (chosen once: the same batch for a trial
-and the baseline it is paired with, :func:`pipeline.core.padding.latency_inputs`), the round timer
-and the CPU clock (tests inject fakes for both).
+One object per study holds what every paired measurement shares: the study's latency settings
+(``--latency-budget``, :data:`pipeline.core.latency.LATENCY_BUDGETS`: the same object the runner times
+trials alone with), the baseline's prepared function (prepared once), the latency inputs per runtime
+(chosen once, :func:`pipeline.core.padding.latency_inputs`: the same samples for every side, each runtime
+at its own length: the eager baseline at the batch's longest, a static-shape runtime in its bucket), the
+round timer and the CPU clock (tests inject fakes for both).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
+from pipeline.core.latency import LatencySettings
 from pipeline.core.padding import latency_inputs
-from pipeline.core.paired import CpuClock, PairedLatency, RoundTimer, measure_paired, process_clock, round_timer
+from pipeline.core.paired import (
+    CpuClock,
+    DeviceTimer,
+    PairedLatency,
+    RoundTimer,
+    Timed,
+    measure_paired,
+    process_clock,
+    time_rounds,
+)
 from pipeline.core.spec import Batch, ModelSpec, move_batch
 from pipeline.core.stage import StageConfig
 from pipeline.engine.runner import Runner, RunResult
@@ -25,13 +37,14 @@ class StudyLatency:
     """Paired latency of a study's trials against its baseline, at the objective batch size."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, batch_size: int,
-                 runner: Callable[[], Runner]) -> None:
+                 runner: Callable[[], Runner], settings: LatencySettings) -> None:
         self.spec = spec
         self.device = device
         self.batch_size = batch_size
+        self.settings = settings
         self._runner = runner  # the study's runner, built on first use
-        #: Times one round (:mod:`pipeline.core.paired`); tests inject a fake clock here.
-        self.timer: RoundTimer = round_timer(device)
+        #: Warms up and times one round (:mod:`pipeline.core.paired`); tests inject a fake clock here.
+        self.timer: RoundTimer = DeviceTimer(device, settings)
         #: Process CPU time against wall time during a measurement: on the CPU only.
         self.cpu_clock: CpuClock | None = process_clock if device.type == "cpu" else None
         self._baseline: Callable[..., Tensor] | None = None
@@ -60,12 +73,27 @@ class StudyLatency:
             self._baseline = self.function({}, "eager")
         return self._baseline
 
+    def side(self, configs: Mapping[str, StageConfig | None], runtime: str,
+             result: RunResult | None = None) -> Timed:
+        """A trial's prepared model and the inputs its runtime is timed on."""
+        return self.function(configs, runtime, result), self.inputs(runtime)
+
+    def baseline_side(self) -> Timed:
+        """The unoptimized model, eager, and its inputs."""
+        return self.baseline(), self.inputs("eager")
+
     def measure(self, configs: Mapping[str, StageConfig | None], runtime: str,
                 result: RunResult | None = None) -> PairedLatency:
         """The trial timed in rounds alternating with the baseline; its seconds count as evaluation time."""
         start = time.perf_counter()
         try:
-            return measure_paired(self.baseline(), self.function(configs, runtime, result), self.inputs(runtime),
-                                  self.timer, cpu_clock=self.cpu_clock)
+            return measure_paired(self.baseline_side(), self.side(configs, runtime, result), self.timer,
+                                  self.settings, cpu_clock=self.cpu_clock)
         finally:
             self._runner().totals["evaluation"] += time.perf_counter() - start
+
+    def together(self, sides: Sequence[Timed]) -> list[list[float]]:
+        """Several models timed in the same rounds (each warmed up once, the order reversed every other
+        round): per side, its median in each round."""
+        self.timer.warm_up(sides)
+        return time_rounds(sides, self.timer, self.settings.rounds)

@@ -1,4 +1,5 @@
-"""Paired latency on fake clocks: ratios survive a busy period, wide intervals are retried, then flagged."""
+"""Paired latency on fake clocks: ratios survive a busy period, wide intervals are retried, then flagged; the
+order alternates, so whatever the first place in a round costs lands on both sides alike."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 import torch
 
-from pipeline.core.paired import ROUNDS, free_cores, measure_paired, noise_line
+from pipeline.core.latency import LATENCY_BUDGETS, LatencySettings
+from pipeline.core.paired import DeviceTimer, Timed, free_cores, measure_paired, noise_line, round_order, time_rounds
 from pipeline.core.spec import Batch
 
 INPUTS: Batch = (torch.zeros(1, 4),)
+SETTINGS = LATENCY_BUDGETS["normal"]
+ROUNDS = SETTINGS.rounds
 
 
 def baseline(x: torch.Tensor) -> torch.Tensor:
@@ -22,16 +26,28 @@ def trial(x: torch.Tensor) -> torch.Tensor:
     return x + 1
 
 
-def fake_timer(times: Callable[[Callable[..., torch.Tensor], int], float]
-               ) -> Callable[[Sequence[Callable[..., torch.Tensor]], Batch], list[float]]:
-    """A round timer from ``times(fn, round index)``: no clock, no sleeping."""
-    rounds = itertools.count()
+class FakeTimer:
+    """A round timer from ``times(fn, round index, place in the round)``: no clock, no sleeping. Records the
+    order each round ran in."""
 
-    def time_round(functions: Sequence[Callable[..., torch.Tensor]], inputs: Batch) -> list[float]:
-        index = next(rounds)
-        return [times(fn, index) for fn in functions]
+    def __init__(self, times: Callable[[Callable[..., torch.Tensor], int, int], float]) -> None:
+        self.times = times
+        self.rounds = itertools.count()
+        self.orders: list[list[Callable[..., torch.Tensor]]] = []
+        self.warmed: list[Callable[..., torch.Tensor]] = []
 
-    return time_round
+    def warm_up(self, sides: Sequence[Timed]) -> None:
+        self.warmed.extend(fn for fn, _ in sides)
+
+    def __call__(self, sides: Sequence[Timed]) -> list[float]:
+        index = next(self.rounds)
+        self.orders.append([fn for fn, _ in sides])
+        return [self.times(fn, index, place) for place, (fn, _) in enumerate(sides)]
+
+
+def fake_timer(times: Callable[[Callable[..., torch.Tensor], int], float]) -> FakeTimer:
+    """A fake timer whose times do not depend on the order."""
+    return FakeTimer(lambda fn, index, place: times(fn, index))
 
 
 def fixed_cpu(share: float) -> Callable[[], tuple[float, float]]:
@@ -48,7 +64,7 @@ def fixed_cpu(share: float) -> Callable[[], tuple[float, float]]:
 def test_a_busy_period_slows_both_sides_and_leaves_the_ratio() -> None:
     # rounds 3..5 run while another job holds the cores: everything 10x slower
     timer = fake_timer(lambda fn, i: (1.0 if fn is baseline else 0.5) * (10.0 if 3 <= i <= 5 else 1.0))
-    paired = measure_paired(baseline, trial, INPUTS, timer, cpu_clock=fixed_cpu(0.4))
+    paired = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=fixed_cpu(0.4))
     assert paired.speedup == pytest.approx(2.0) and paired.ci == pytest.approx((2.0, 2.0))
     assert paired.attempts == 1 and paired.unstable is None and paired.rounds == ROUNDS
     assert paired.trial_ms == pytest.approx(0.5) and paired.machine.cpu_share == pytest.approx(0.4)
@@ -58,9 +74,9 @@ def test_a_busy_period_slows_both_sides_and_leaves_the_ratio() -> None:
 
 
 def test_a_wide_interval_is_measured_again_then_called_unstable() -> None:
-    wild = itertools.cycle([0.1, 2.0, 0.2, 1.5, 0.15, 3.0, 0.3, 0.12, 2.5])
+    wild = itertools.cycle([0.1, 2.0, 0.2, 1.5, 0.15, 3.0, 0.3, 0.12, 2.5, 0.2])
     timer = fake_timer(lambda fn, i: 1.0 if fn is baseline else next(wild))
-    paired = measure_paired(baseline, trial, INPUTS, timer, cpu_clock=None)
+    paired = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None)
     assert paired.attempts == 3 and paired.unstable is not None
     assert paired.unstable.startswith("speed-up 95% CI [0.40, 8.33] is ")
     assert "in each of 3 measurements" in paired.unstable and "core(s)" in paired.unstable
@@ -69,11 +85,78 @@ def test_a_wide_interval_is_measured_again_then_called_unstable() -> None:
 
 def test_a_retry_that_settles_is_kept() -> None:
     calls = itertools.count()
-    # first attempt (9 rounds) noisy, then steady
-    noisy = itertools.cycle([0.1, 2.0, 0.2, 1.5, 0.15, 3.0, 0.3, 0.12, 2.5])
+    # first attempt (its rounds) noisy, then steady
+    noisy = itertools.cycle([0.1, 2.0, 0.2, 1.5, 0.15, 3.0, 0.3, 0.12, 2.5, 0.2])
     timer = fake_timer(lambda fn, i: 1.0 if fn is baseline else (next(noisy) if next(calls) < ROUNDS else 0.25))
-    paired = measure_paired(baseline, trial, INPUTS, timer, cpu_clock=None)
+    paired = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None)
     assert paired.attempts == 2 and paired.unstable is None and paired.speedup == pytest.approx(4.0)
+
+
+def first_costs(penalty: float, true_ms: Callable[[Callable[..., torch.Tensor]], float]) -> FakeTimer:
+    """A clock where the side that runs first in a round pays ``penalty`` (a share of its time) more."""
+    return FakeTimer(lambda fn, index, place: true_ms(fn) * (1.0 + penalty if place == 0 else 1.0))
+
+
+def test_the_order_alternates_so_a_model_timed_against_itself_covers_one() -> None:
+    timer = first_costs(0.05, lambda fn: 1.0)
+    same = measure_paired((baseline, INPUTS), (baseline, INPUTS), timer, SETTINGS, cpu_clock=None)
+    assert same.ci[0] <= 1.0 <= same.ci[1], f"{same.speedup:.3f}x [{same.ci[0]:.3f}, {same.ci[1]:.3f}]"
+    assert same.speedup == pytest.approx(1.0, abs=0.002), "the first place's cost lands on both sides alike"
+    firsts = [order[0] for order in timer.orders]
+    assert len(firsts) == ROUNDS and firsts[::2] == [baseline] * (ROUNDS // 2), "baseline first in even rounds"
+    # a trial that costs the same: the interval covers 1.0; one that is 2x faster: 2x within its interval
+    timer = first_costs(0.05, lambda fn: 1.0 if fn is baseline else 0.5)
+    faster = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None)
+    assert faster.ci[0] <= 2.0 <= faster.ci[1] and faster.speedup == pytest.approx(2.0, rel=0.003)
+
+
+def test_a_fixed_order_would_have_missed_one() -> None:
+    """What the alternation fixes: the same clock, timed baseline first in every round, excludes 1.0."""
+    timer = first_costs(0.05, lambda fn: 1.0)
+    fixed = [timer([(baseline, INPUTS), (trial, INPUTS)]) for _ in range(ROUNDS)]
+    ratios = sorted(b / t for b, t in fixed)
+    assert ratios[1] > 1.0, "every round's ratio is 1.05: the interval [x(1), x(8)] excludes 1.0"
+    alternating = time_rounds([(baseline, INPUTS), (trial, INPUTS)], first_costs(0.05, lambda fn: 1.0), ROUNDS)
+    assert sorted(b / t for b, t in zip(*alternating, strict=True))[1] < 1.0 < max(
+        b / t for b, t in zip(*alternating, strict=True))
+
+
+def test_the_order_of_several_models_reverses_every_other_round() -> None:
+    assert [round_order(3, i) for i in range(4)] == [[0, 1, 2], [2, 1, 0], [0, 1, 2], [2, 1, 0]]
+    mean_place = [sum(round_order(3, i).index(k) for i in range(ROUNDS)) / ROUNDS for k in range(3)]
+    assert mean_place == [1.0, 1.0, 1.0]
+
+
+def test_each_side_is_warmed_up_once_per_measurement_not_per_round() -> None:
+    timer = fake_timer(lambda fn, i: 1.0 if fn is baseline else 0.5)
+    measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None)
+    assert timer.warmed == [baseline, trial] and len(timer.orders) == ROUNDS
+
+
+def test_the_real_clock_times_the_rounds_the_budget_asks_for() -> None:
+    """A real model on the real clock: calls counted per side, warm-up once, then round_runs calls a round."""
+    calls = {"baseline": 0, "trial": 0}
+
+    def counted(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            calls[name] += 1
+            return x * 2
+        return fn
+
+    settings = LatencySettings(warmup_runs=2, rounds=4, round_runs=3, round_seconds=0.0)
+    timer = DeviceTimer(torch.device("cpu"), settings)
+    result = measure_paired((counted("baseline"), INPUTS), (counted("trial"), INPUTS), timer, settings,
+                            max_width=float("inf"), cpu_clock=None)
+    assert calls == {"baseline": 2 + 4 * 3, "trial": 2 + 4 * 3} and result.rounds == 4
+    assert result.speedup > 0 and result.baseline_ms > 0
+
+
+@pytest.mark.parametrize("name", ["quick", "normal", "thorough"])
+def test_each_budget_keeps_enough_rounds_for_an_interval(name: str) -> None:
+    settings = LATENCY_BUDGETS[name]
+    assert settings.rounds >= 10 and settings.rounds % 2 == 0, "9+ rounds (a 95% median interval), even: balanced"
+    with pytest.raises(ValueError, match="even"):
+        LatencySettings(rounds=9)
 
 
 def test_free_cores_leave_room_for_other_work() -> None:

@@ -14,7 +14,6 @@ from pipeline.search.front import BASELINE, Remeasured, with_remeasured
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE, Baseline, Objectives
 from pipeline.search.pareto import (
     latency_cell,
-    mark_ties,
     pareto_figure_html,
     pareto_figure_png,
     table_columns,
@@ -59,13 +58,11 @@ def test_logged_table_is_rounded(residual_spec: ModelSpec) -> None:
     assert columns[objectives.latency_key] == [0.123] and columns["size"] == ["1000 B"]
 
 
-def test_rows_whose_latency_intervals_overlap_are_ties(residual_spec: ModelSpec) -> None:
+def test_a_row_shows_its_ties_beside_its_latency(residual_spec: ModelSpec) -> None:
     objectives = Objectives.create(residual_spec, ["metric", "latency"], 0.01, 1)
-    study = _study(objectives, [(0.97, 1.0, "a"), (0.96, 0.9, "b"), (0.95, 0.5, "c")])
-    cis = {0: (0.95, 1.05), 1: (0.85, 0.97), 2: (0.45, 0.55)}
-    rows = mark_ties([replace(trial_row(t, objectives), latency_ci=cis[t.number]) for t in study.trials])
-    assert {r.trial: r.ties for r in rows} == {0: (1,), 1: (0,), 2: ()}
-    assert latency_cell(rows[0]) == "1.000 [0.950, 1.050] ~ 1"
+    study = _study(objectives, [(0.97, 1.0, "a")])
+    row = replace(trial_row(study.trials[0], objectives), latency_ci=(0.95, 1.05), ties=(1, 4))
+    assert latency_cell(row) == "1.000 [0.950, 1.050] ~ 1, 4"
 
 
 def test_remeasured_speedups_are_a_column_of_their_own(residual_spec: ModelSpec) -> None:

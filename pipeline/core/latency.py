@@ -1,0 +1,138 @@
+"""How latency is measured: the one settings object (per ``--latency-budget``) and the timed calls.
+
+Every path that times a model reads one :class:`LatencySettings`: a trial timed alone
+(:func:`measure_latency`, inside :func:`pipeline.core.evaluate.evaluate_model`: the runner, the
+screen, ``evaluate``, ``apply``), and the same trial timed in rounds alternating with the baseline
+(:mod:`pipeline.core.paired`: the search's objective, the front's re-measure, the bench's paired
+rows). :data:`LATENCY_BUDGETS` names the three settings a user chooses from (``--latency-budget``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from pipeline.core.device import Stopwatch, synchronize
+from pipeline.core.noise import median_ci
+from pipeline.core.spec import Batch
+
+
+@dataclass(frozen=True)
+class LatencySettings:
+    """How long to measure.
+
+    Timed alone: ``warmup_runs`` calls, then timed runs until both ``min_runs`` and ``min_seconds``
+    are reached. Paired with the baseline: each side warmed up once (``warmup_runs`` calls), then
+    ``rounds`` rounds that alternate which side goes first (an even count: each side first in half
+    of them), each side timed ``round_runs`` calls and at least ``round_seconds`` per round."""
+
+    warmup_runs: int = 5
+    min_runs: int = 20
+    min_seconds: float = 0.3
+    max_runs: int = 2000
+    rounds: int = 10
+    round_runs: int = 3
+    round_seconds: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.rounds < 2 or self.rounds % 2:
+            raise ValueError(f"rounds must be even and at least 2 (each side first in half of them), not {self.rounds}")
+        if self.round_runs < 1 or self.min_runs < 1:
+            raise ValueError("round_runs and min_runs must be at least 1")
+
+
+#: ``--latency-budget``: quick times the objective batch only, with 1 call per side per paired round
+#: (a slow model's measurement costs about 2 x (warm-up + rounds) calls); thorough is the bench's.
+LATENCY_BUDGETS: dict[str, LatencySettings] = {
+    # Timed alone over 0.2 s at least, so one scheduling hiccup does not move the median.
+    "quick": LatencySettings(warmup_runs=2, min_runs=10, min_seconds=0.2,
+                             rounds=10, round_runs=1, round_seconds=0.02),
+    "normal": LatencySettings(warmup_runs=3, min_runs=20, min_seconds=0.3,
+                              rounds=10, round_runs=3, round_seconds=0.05),
+    "thorough": LatencySettings(warmup_runs=10, min_runs=50, min_seconds=1.0,
+                                rounds=20, round_runs=5, round_seconds=0.2),
+}
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    batch_size: int
+    p50_ms: float
+    p90_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    runs: int
+    first_call_ms: float
+    #: 95% confidence interval of the median over the timed runs (order statistics, pipeline/core/noise.py).
+    p50_ci_low_ms: float = 0.0
+    p50_ci_high_ms: float = 0.0
+
+    @property
+    def spread_pct(self) -> float:
+        """(p90 - p50) / p50 in percent: how noisy the measurement was."""
+        return 100.0 * (self.p90_ms - self.p50_ms) / self.p50_ms if self.p50_ms > 0 else 0.0
+
+
+def warm_up(fn: Callable[..., Tensor], inputs: Batch, device: torch.device, runs: int) -> None:
+    """Call ``fn(*inputs)`` ``runs`` times, untimed, and wait for the device."""
+    with torch.no_grad():
+        for _ in range(runs):
+            fn(*inputs)
+    synchronize(device)
+
+
+def time_calls(fn: Callable[..., Tensor], inputs: Batch, device: torch.device, min_runs: int,
+               min_seconds: float = 0.0, max_runs: int = 2000) -> list[float]:
+    """Milliseconds of each call of ``fn(*inputs)``, until both ``min_runs`` and ``min_seconds`` are
+    reached (at most ``max_runs``). No warm-up; the loop records timing events and never
+    synchronizes inside; results are read once at the end."""
+    watches: list[Stopwatch] = []
+    with torch.no_grad():
+        loop_start = time.perf_counter()
+        while len(watches) < max_runs and (len(watches) < min_runs
+                                           or time.perf_counter() - loop_start < min_seconds):
+            watch = Stopwatch(device)
+            watch.start()
+            fn(*inputs)
+            watch.stop()
+            watches.append(watch)
+        synchronize(device)
+    return [w.elapsed_ms() for w in watches]
+
+
+def measure_latency(
+    fn: Callable[..., Tensor],
+    inputs: Batch,
+    device: torch.device,
+    settings: LatencySettings = LatencySettings(),
+) -> LatencyStats:
+    """Latency of ``fn(*inputs)`` timed alone: the first call (timed apart: a compiled runtime compiles
+    there), ``warmup_runs`` calls, then timed runs until both ``min_runs`` and ``min_seconds``."""
+    batch_size = int(inputs[0].shape[0]) if inputs and inputs[0].dim() > 0 else 1
+    with torch.no_grad():
+        first = Stopwatch(device)
+        first.start()
+        fn(*inputs)
+        first.stop()
+        first_call_ms = first.elapsed_ms()
+    warm_up(fn, inputs, device, settings.warmup_runs)
+    times = sorted(time_calls(fn, inputs, device, settings.min_runs, settings.min_seconds, settings.max_runs))
+    ci = median_ci(times)
+    return LatencyStats(
+        batch_size=batch_size,
+        p50_ms=statistics.median(times),
+        p90_ms=times[min(len(times) - 1, round(0.9 * (len(times) - 1)))],
+        mean_ms=statistics.fmean(times),
+        std_ms=statistics.pstdev(times),
+        min_ms=times[0],
+        runs=len(times),
+        first_call_ms=first_call_ms,
+        p50_ci_low_ms=ci[0],
+        p50_ci_high_ms=ci[1],
+    )
