@@ -1,4 +1,4 @@
-"""The search config (``experiments/configs/search.yaml`` + CLI overrides), the study's name, storage and sampler."""
+"""The search config (``pipeline/defaults/search.yaml`` + CLI overrides), the study's name, storage and sampler."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ MaxDrop = Annotated[AllowedDrop, PlainValidator(AllowedDrop.parse), PlainSeriali
 
 
 class SearchConfig(BaseModel):
-    """What is searched and how (``experiments/configs/search.yaml``; CLI flags override fields)."""
+    """What is searched and how (``pipeline/defaults/search.yaml``; CLI flags override fields)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     pipeline: str = "default"
@@ -98,7 +98,7 @@ class SearchConfig(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> SearchConfig:
-        """Read a YAML search config (default ``experiments/configs/search.yaml``) and apply overrides (None = keep).
+        """Read a YAML search config (default ``pipeline/defaults/search.yaml``) and apply overrides (None = keep).
         Overriding ``seeds`` without ``presets`` turns the presets off: the given seeds are all that is enqueued."""
 
         source = Path(path) if path else DEFAULT_SEARCH_CONFIG
