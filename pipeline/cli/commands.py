@@ -33,13 +33,16 @@ from pipeline.engine.deliver import deliver
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
+from pipeline.engine.short_recipe import short_recipe
 from pipeline.search import LATENCY_BUDGETS, Search, SearchConfig, SeedRecipe, run_search
 from pipeline.search.config import finished_states
 from pipeline.search.finish import front_files
 from pipeline.search.front import machine_line
-from pipeline.search.loop import run_worker
+from pipeline.search.loop import THIRD_PARTY_LOG, run_worker
 from pipeline.search.objectives import ATTR_BASELINE, Baseline
 from pipeline.search.pareto import FRONT_NOTE, pareto_rows, pareto_table
+from pipeline.search.quiet import stderr_to
+from pipeline.search.recorded import RECORDED, recorded_cells
 from pipeline.search.storage import validate_storage_url
 from pipeline.search.workers import WORKER_FLAG, launch_workers
 
@@ -273,24 +276,35 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if recipe.model and recipe.model != spec.name:
         raise ConfigError(f"recipe {args.recipe} was made for model '{recipe.model}', not '{spec.name}'")
     device = resolve_device(args.device)
-    runner = Runner(recipe_pipeline(recipe.stages), spec, device, cache=NodeCache(export_dir=cache_dir("exports")),
-                    latency=LATENCY_BUDGETS[args.latency_budget])
-    result = runner.run({}, recipe.runtime, exports=not args.no_export)
     output = Path(args.output) if args.output else results_dir() / "apply" / Path(args.recipe).parent.name
     output.mkdir(parents=True, exist_ok=True)
+    console = make_console()
+    log = output / THIRD_PARTY_LOG  # as optimize does: the console keeps paretorch's own lines
+    if not args.json:
+        console.print(f"third-party warnings and progress bars: {log}", highlight=False, soft_wrap=True)
+    with stderr_to(log):
+        runner = Runner(recipe_pipeline(recipe.stages), spec, device, cache=NodeCache(export_dir=cache_dir("exports")),
+                        latency=LATENCY_BUDGETS[args.latency_budget])
+        result = runner.run({}, recipe.runtime, exports=not args.no_export)
     exports: dict[str, dict[str, Any]] = {}
     for name, export in result.exports.items():
         export = deliver(export, output)
         exports[name] = {"path": str(export.path), "size_bytes": export.size_bytes, "validation": export.validation,
                          **export.metrics}
+    measured = recipe.metadata.get(RECORDED)
     summary = {"model": spec.name, "recipe": recipe.describe(), "device": result.report.device,
-               "metrics": result.report.as_metrics(), "exports": exports, "recorded": recipe.metadata.get("metrics")}
+               "metrics": result.report.as_metrics(), "exports": exports, "recorded": measured}
     (output / "apply.json").write_text(json.dumps(summary, indent=2, default=str))
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
         return 0
-    console = make_console()
-    console.print(evaluation_table(f"{spec.name}: {recipe.describe()}", result.report))
+    trial = recipe.metadata.get("trial")
+    beside = recorded_cells(result.report, measured) if isinstance(measured, dict) else None
+    console.print(evaluation_table(f"{spec.name}: {short_recipe(recipe.stages, recipe.runtime)}", result.report,
+                                   beside, f"search (trial {trial})" if trial is not None else "search"))
+    if beside is None:
+        console.print("recorded: none in this recipe file (recipes saved before the search recorded its numbers)",
+                      highlight=False)
     for name, info in exports.items():
         console.print(f"{name}: {info['path']} ({format_bytes(info['size_bytes'])}; {info['validation']})")
     console.print(f"written: {output / 'apply.json'}")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.console import Console
 from rich.table import Table
 
 from pipeline.core.evaluate import ModelReport
+from pipeline.core.word_table import WordTable
 
 
 def format_bytes(n: float) -> str:
@@ -23,28 +26,35 @@ def format_count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def evaluation_table(title: str, report: ModelReport) -> Table:
-    """The one-model table printed by ``python -m pipeline evaluate``."""
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    table.add_row(report.metric_name, f"{report.metric_value:.4f}")
-    for name, value in report.extra.items():
-        table.add_row(name, f"{value:.4f}")
+def evaluation_table(title: str, report: ModelReport, beside: Mapping[str, str] | None = None,
+                     beside_label: str = "") -> Table:
+    """The one-model table printed by ``python -m pipeline evaluate`` and ``apply``. ``beside``: a third column,
+    ``beside_label``, with other numbers of the same measures (``apply``: what the search recorded), keyed
+    ``metric``, ``latency <batch>``, ``speed-up`` and ``device``."""
+    rows: list[tuple[str, str, str]] = [("metric", report.metric_name, f"{report.metric_value:.4f}")]
+    rows.extend((name, name, f"{value:.4f}") for name, value in report.extra.items())
     for batch, stats in report.latency.items():
-        table.add_row(
-            f"latency batch {batch} (p50 / p90)",
-            f"{stats.p50_ms:.3f} / {stats.p90_ms:.3f} ms  ({stats.runs} runs, spread {stats.spread_pct:.0f}%)",
-        )
-    table.add_row("peak memory" + (" (process RSS)" if report.device.startswith("cpu") else ""),
-                  format_bytes(report.peak_memory_bytes))
-    table.add_row("serialized size", format_bytes(report.size_bytes))
-    table.add_row("parameters", format_count(report.params))
-    table.add_row("MACs (batch 1)", "not counted (see log)" if report.macs is None else format_count(report.macs))
-    table.add_row("runtime", report.runtime)
+        timing = f"{stats.p50_ms:.3f} / {stats.p90_ms:.3f} ms  ({stats.runs} runs, spread {stats.spread_pct:.0f}%)"
+        rows.append((f"latency {batch}", f"latency batch {batch} (p50 / p90)", timing))
+    if beside is not None and "speed-up" in beside:
+        rows.append(("speed-up", "speed-up", "-"))
+    rows.append(("memory", "peak memory" + (" (process RSS)" if report.device.startswith("cpu") else ""),
+                 format_bytes(report.peak_memory_bytes)))
+    rows.append(("size", "serialized size", format_bytes(report.size_bytes)))
+    rows.append(("params", "parameters", format_count(report.params)))
+    macs = "not counted (see log)" if report.macs is None else format_count(report.macs)
+    rows.append(("macs", "MACs (batch 1)", macs))
+    rows.append(("runtime", "runtime", report.runtime))
     if report.compile_seconds:
-        table.add_row("compile time (not in latency)", f"{report.compile_seconds:.2f} s")
-    table.add_row("device", report.device)
+        rows.append(("compile", "compile time (not in latency)", f"{report.compile_seconds:.2f} s"))
+    rows.append(("device", "device", report.device))
+    table = WordTable(title=title, header_style="bold")
+    table.add_column("measure")
+    table.add_column("value" if beside is None else "this run", justify="right")
+    if beside is not None:
+        table.add_column(beside_label, justify="right")
+    for key, measure, value in rows:
+        table.add_row(measure, value, *([beside.get(key, "")] if beside is not None else []))
     return table
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import TrialState
 
+from pipeline.core.device import describe
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.stage import StageConfig, StageContext, config_from_dict
 from pipeline.engine.recipe import configs_to_json
@@ -41,6 +42,7 @@ from pipeline.search.insight import sensitivity_tables
 from pipeline.search.interrupt import Interrupts
 from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_PARAMS, ATTR_SEED_RECIPE, CONSTRAINT_NAME, Baseline
 from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialOutcome, TrialRecord
+from pipeline.search.recorded import RECORDED, recorded
 from pipeline.search.rule_out import study_choices
 from pipeline.search.screening import CostlyClock, Screened, Screening, record_screen
 from pipeline.search.seeding import stage_params
@@ -210,10 +212,11 @@ class TrialObjective:
             return TrialOutcome(draft(state=FAIL, error=traceback.format_exc()), failure=exc)
         paired_seconds = time.perf_counter() - paired_start
         report = result.report
-        recipe = result.recipe(search.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
-                               metadata={"study": search.study_name, "trial": trial.number})
         verdict = search.objectives.verdict(self.baseline, report.metric_value, paired.unstable, report.extra)
         metrics = search.objectives.trial_metrics(report, self.baseline, paired)
+        measured = recorded(report, metrics, search.objectives.latency_batch, describe(search.device))
+        recipe = result.recipe(search.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
+                               metadata={"study": search.study_name, "trial": trial.number, RECORDED: measured})
         record = draft(
             state=COMPLETE, recipe=recipe, metrics={**metrics, **budget_metrics(recipe.stages, verdict.headroom)},
             seconds={**result.seconds, **({"screening": screened.seconds} if screened else {}),
