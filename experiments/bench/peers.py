@@ -40,6 +40,7 @@ import torch
 
 from experiments.bench.paths import RESULTS_DIR
 from experiments.bench.peer_envs import ENVS_DIR, FAMILIES, PeerEnvError, ensure
+from experiments.bench.recipe_rows import recipe_rows
 from experiments.data import word_similarity
 from experiments.models import minilm
 from pipeline.core.noise import median_ci
@@ -177,8 +178,9 @@ def peer_rows(family: str, result: dict[str, Any], task: PairsData, held_out: Pa
 
 
 def measure(families: Sequence[str], held_out_path: Path | None, work: Path, envs_dir: Path,
-            settings: dict[str, int]) -> dict[str, Any]:
-    """Every family's peer rows (a family that cannot run gives rows that say why)."""
+            settings: dict[str, int], recipes: Sequence[Path] = ()) -> dict[str, Any]:
+    """Every family's peer rows (a family that cannot run gives rows that say why), then a row per sentence
+    set for each paretorch recipe file (:mod:`experiments.bench.recipe_rows`: the same protocol)."""
     task = word_similarity.load()
     held_out = load_task_data(str(held_out_path)) if held_out_path is not None else None
     if held_out is not None and not isinstance(held_out, PairsData):
@@ -199,6 +201,12 @@ def measure(families: Sequence[str], held_out_path: Path | None, work: Path, env
         rows += peer_rows(family, result, task, held_out, spec)
         for row in rows[-len(result["peers"]) * len(spec["inputs"]):]:
             print(describe_row(row), flush=True)
+    if recipes:
+        sets = job(families[0] if families else "onnx", work, held_out, settings)["inputs"]
+        ours = recipe_rows(recipes, sets, settings, held_out_path)
+        for row in ours:
+            print(describe_row(row), flush=True)
+        rows += ours
     return {"rows": rows, "runs": runs, "metric_name": "word similarity Spearman x 100",
             "held_out": str(held_out_path) if held_out_path else None}
 
@@ -264,6 +272,10 @@ def render(result: dict[str, Any]) -> str:
             f"[{row['ci'][0]:.2f}, {row['ci'][1]:.2f}] | {row['peer_ms']:.1f} / {row['baseline_ms']:.1f} | "
             f"{row['metric']:.2f} ({row['baseline_metric']:.2f}) | {held} | {row.get('precision') or '-'} | "
             f"`{row['how']}` |")
+    if any(row.get("kind") == "paretorch" for row in result["rows"]):
+        lines += ["", "Rows named `paretorch: ...` are paretorch recipe files replayed by the engine and timed by the "
+                  "same protocol in paretorch's environment (`experiments/bench/recipe_rows.py`); a static-shape "
+                  "runtime gets each batch in its length bucket, as the search times it."]
     versions = "; ".join(f"{family}: " + ", ".join(f"{k} {v}" for k, v in run["versions"].items())
                          for family, run in result.get("runs", {}).items())
     if versions:
@@ -278,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--held-out", type=Path, default=None,
                         help="sentence pairs (sentence1, sentence2, score) for the held-out Spearman and the dev set")
-    parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    parser.add_argument("--families", nargs="*", choices=FAMILIES, default=list(FAMILIES),
+                        help="peer families to run (none: only the --recipe rows)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=11, help="timed rounds a peer (alternating with torch)")
@@ -291,10 +304,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=ENVS_DIR.parent / "peer-work",
                         help="exported models, embeddings and the runners' raw results")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--recipe", type=Path, action="append", default=[], metavar="RECIPE",
+                        help="a paretorch recipe file (e.g. the search's best) timed the same way (repeatable)")
     args = parser.parse_args(argv)
     if args.model != "minilm":
         parser.exit(2, f"error: the peers are sentence-transformers backends: only --model minilm has them, "
                        f"not {args.model!r}\n")
+    missing = [str(path) for path in args.recipe if not path.is_file()]
+    if missing:
+        parser.exit(2, f"error: --recipe {', '.join(missing)} does not exist: give a study's recipe.json "
+                       "(runs/studies/<study>/trial-NNN/recipe.json)\n")
     if args.held_out is not None and not args.held_out.is_file():
         parser.exit(2, f"error: --held-out {args.held_out} does not exist: convert the dev pairs with "
                        "python -m experiments.data.sts_benchmark RAW.tsv OUT.tsv\n")
@@ -305,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                 "latency_repeat": args.latency_repeat, "dev_sentences": args.dev_sentences}
     started = time.perf_counter()
     try:
-        measured = measure(args.families, args.held_out, args.work, args.envs, settings)
+        measured = measure(args.families, args.held_out, args.work, args.envs, settings, args.recipe)
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
     result = {"model": args.model, "device": "cpu", "cpu": cpu_description(),

@@ -1,0 +1,126 @@
+"""paretorch's own recipes timed the way the peers are: rows beside sentence-transformers' backends.
+
+A peer row (:mod:`experiments.bench.peers`) is one backend timed in rounds alternating with torch fp32
+eager, on two sentence sets (the spec's latency batch at 32, repeated; sentences of the held-out dev
+pairs), each batch padded to its own longest row. A *recipe row* is a paretorch recipe file (a study's
+``recipe.json``, e.g. the search's best) replayed with the engine's runner and timed by the same
+protocol in this process: the same sentence sets, batches, threads, warm-up passes, rounds and
+alternating order; the baseline is the unoptimized model under torch eager on each batch at its own
+length. A runtime that compiles for static shapes gets each batch padded to its length bucket
+(:func:`pipeline.core.padding.to_bucket`), as the search times it: the bucket's cost is in the row.
+Task metric and held-out Spearman come from the recipe's own outputs under its runtime.
+
+Rows have ``"kind": "paretorch"`` and render in the peers' table.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from experiments.bench.peers_runner import time_rounds
+from experiments.models import minilm
+from pipeline.core.device import move_module, resolve_device
+from pipeline.core.evaluate import compute_metrics
+from pipeline.core.noise import median_ci
+from pipeline.core.padding import to_bucket
+from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
+from pipeline.core.spec import Batch, ModelSpec, move_batch
+from pipeline.core.task_data import load_task_data
+from pipeline.core.task_spec import with_task_data
+from pipeline.engine.graph import recipe_pipeline
+from pipeline.engine.recipe import Recipe
+from pipeline.engine.runner import Runner
+from pipeline.engine.short_recipe import short_recipe
+
+#: One pass of a model over a sentence set's token batches.
+Pass = Callable[[], None]
+
+
+def token_batches(sentences: Sequence[str], batch: int, repeat: int) -> list[Batch]:
+    """``sentences`` cut into consecutive batches of ``batch``, each tokenized and padded to its longest
+    row (as sentence-transformers pads), the list ``repeat`` times over."""
+    batches = [minilm.encode_text(sentences[i : i + batch]) for i in range(0, len(sentences), batch)]
+    return batches * repeat
+
+
+def forward_pass(fn: Callable[..., Tensor], batches: Sequence[Batch], device: torch.device) -> Pass:
+    """One pass of ``fn`` over ``batches`` (already on ``device``), waiting for the device at the end."""
+
+    def run() -> None:
+        with torch.no_grad():
+            for inputs in batches:
+                fn(*inputs)
+        if device.type != "cpu":
+            torch.accelerator.synchronize()
+
+    return run
+
+
+def replay(recipe: Recipe, spec: ModelSpec, device: torch.device) -> Callable[..., Tensor]:
+    """The recipe's model built by the engine's runner (the search's cache keys and resolved configs) and
+    prepared for its runtime: a torch runtime wraps the module, an exported one opens its file."""
+    runner = Runner(recipe_pipeline(recipe.model_stages()), spec, device)
+    return runner.prepare({}, recipe.runtime)
+
+
+def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings: dict[str, int],
+                held_out: Path | None, device_name: str = "cpu") -> list[dict[str, Any]]:
+    """For each recipe file, one ``"kind": "paretorch"`` row per sentence set (``sets``: name ->
+    ``{"sentences", "repeat"}``, the peers' job inputs)."""
+    device = resolve_device(device_name)
+    spec = minilm.spec()
+    mask = spec.padding_mask
+    assert mask is not None
+    baseline_fn = prepare_runtime(move_module(spec.build(), device).eval(), "eager", device)
+    held_spec = with_task_data(spec, load_task_data(str(held_out))) if held_out is not None else None
+    baseline_metric = _task_metric(baseline_fn, spec, device, "eager", settings["batch"])
+    baseline_held = _task_metric(baseline_fn, held_spec, device, "eager", settings["batch"]) if held_spec else None
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        recipe = Recipe.load(path)
+        started = time.perf_counter()
+        fn = replay(recipe, spec, device)
+        static = get_runtime(recipe.runtime).static_shapes
+        common = {"kind": "paretorch", "name": f"paretorch: {short_recipe(recipe.model_stages(), recipe.runtime)}",
+                  "recipe_file": str(path), "how": f"python -m pipeline apply --recipe {path.name}",
+                  "prepare_seconds": time.perf_counter() - started}
+        metric = _task_metric(fn, spec, device, recipe.runtime, settings["batch"])
+        held = _task_metric(fn, held_spec, device, recipe.runtime, settings["batch"]) if held_spec else None
+        for name, inputs in sets.items():
+            own = [move_batch(b, device) for b in token_batches(inputs["sentences"], settings["batch"],
+                                                                inputs["repeat"])]
+            timed = [to_bucket(b, mask) for b in own] if static else own
+            # The peers' protocol (the runner's time_rounds): warm-up passes, then rounds alternating who goes first.
+            rounds = time_rounds(forward_pass(baseline_fn, own, device), forward_pass(fn, timed, device),
+                                 settings["rounds"], settings["warmup"])
+            ratios = [b / r for b, r in zip(rounds["baseline_s"], rounds["peer_s"], strict=True)]
+            count = len(own)
+            rows.append({
+                **common, "inputs": name, "speedup": statistics.median(ratios), "ci": list(median_ci(ratios)),
+                "peer_ms": 1000 * statistics.median(rounds["peer_s"]) / count,
+                "baseline_ms": 1000 * statistics.median(rounds["baseline_s"]) / count, "rounds": len(ratios),
+                "batches": count // inputs["repeat"],
+                "longest": [int(b[mask].shape[1]) for b in own[: count // inputs["repeat"]]],
+                "timed_widths": sorted({int(b[mask].shape[1]) for b in timed}),
+                "mean_tokens": float(torch.cat([b[mask].sum(dim=1) for b in own]).float().mean()),
+                "metric": metric, "baseline_metric": baseline_metric,
+                "held_out": held, "baseline_held_out": baseline_held,
+                "precision": None,
+            })
+    return rows
+
+
+def _task_metric(fn: Callable[..., Tensor], spec: ModelSpec, device: torch.device, runtime: str, batch: int) -> float:
+    """The spec's task metric on ``fn``'s outputs; a compiled runtime runs fixed-size chunks in one length
+    bucket, as :func:`pipeline.core.evaluate.evaluate_model` scores it."""
+    compiled = get_runtime(runtime).compiles
+    values = compute_metrics(fn, spec.evaluation(), (spec.metric,), device, batch if compiled else None,
+                             spec.padding_mask if compiled else None)
+    return values[spec.metric.name]
