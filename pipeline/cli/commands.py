@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 
 from pipeline.cli.args import add_model_args, spec_from_args
+from pipeline.cli.store_urls import validate_storage_url, validate_tracking_uri
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.paired import free_cores, load_average, usable_cores
@@ -43,7 +44,6 @@ from pipeline.search.objectives import ATTR_BASELINE, Baseline
 from pipeline.search.pareto import FRONT_NOTE, pareto_rows, pareto_table
 from pipeline.search.quiet import stderr_to
 from pipeline.search.recorded import RECORDED, recorded_cells
-from pipeline.search.storage import validate_storage_url
 from pipeline.search.workers import WORKER_FLAG, launch_workers
 
 Command = Any
@@ -137,7 +137,8 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("search (defaults from pipeline/defaults/search.yaml)")
     group.add_argument("--search-config", default=None, metavar="YAML", help="a search config file")
     add_nondeterministic_arg(group)
-    group.add_argument("--pipeline", default=None, help="default, a name in pipeline/defaults/pipelines/ or a YAML path")
+    group.add_argument("--pipeline", default=None,
+                       help="default, a name in pipeline/defaults/pipelines/ or a YAML path")
     group.add_argument("--max-drop", default=None, metavar="DROP",
                        help="allowed metric drop vs the unoptimized model: absolute (0.01) or a percentage of "
                        "the baseline metric (1%%) (default 0.01)")
@@ -148,7 +149,7 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--runtimes", default=None, help="comma list of runtimes to search (eager,compile,...)")
     group.add_argument("--latency-budget", default=None, choices=tuple(LATENCY_BUDGETS),
                        help="latency measurement effort per trial, timed alone and paired with the baseline "
-                       "(quick: objective batch size only, 1 call per side per paired round; docs/latency.md)")
+                       "(quick: 1 call per side per paired round; a search times the objective batch only; docs/latency.md)")
     group.add_argument("--latency-batch", type=int, default=None, help="batch size of the latency objective")
     group.add_argument("--disable", default=None, help="comma list of stage nodes kept off (e.g. amp,prune)")
     group.add_argument("--exports", default=None, choices=("pareto", "every_trial", "none"),
@@ -184,6 +185,8 @@ def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True, 
     )
     if args.storage:
         validate_storage_url(args.storage)
+    if track and args.tracking_uri:
+        validate_tracking_uri(args.tracking_uri)
     return Search(spec, resolve_device(args.device), config, storage=args.storage,
                   tracking_uri=args.tracking_uri, track=track, name=name or args.study_name,
                   worker=getattr(args, "worker_index", None) or 0, extra_seeds=enqueued(getattr(args, "enqueue", [])),

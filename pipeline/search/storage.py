@@ -29,7 +29,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import text
 
-from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.core.locks import file_lock
 from pipeline.core.paths import sqlite_file
 from pipeline.core.secrets import mask_secrets
@@ -82,17 +82,6 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         elif "Connection refused" in str(exc) or "could not connect" in str(exc):
             hint = " (is the database server running and reachable at that host and port?)"
         raise PipelineError(mask_secrets(f"cannot open the Optuna storage {url}: {one_line(exc)}{hint}")) from exc
-
-
-def validate_storage_url(url: str) -> None:
-    """Refuse storage URLs Optuna cannot open, naming the flag."""
-    if url.startswith(JOURNAL_PREFIX):
-        if not url.removeprefix(JOURNAL_PREFIX):
-            raise ConfigError("--storage journal:PATH needs a file path (e.g. journal:runs/optuna.journal)")
-        return
-    if "://" not in url:
-        raise ConfigError(f"--storage {mask_secrets(url)}: not a storage URL; use sqlite:///PATH, journal:PATH "
-                          "or postgresql://user:password@host/db")
 
 
 # ------------------------------------------------------------------ the study lock

@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from pipeline.cli.main import main
+from pipeline.cli.store_urls import validate_storage_url
 from pipeline.core.errors import ConfigError, PipelineError, SpecError
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.writable import check_writable_dir
 from pipeline.engine.recipe import Recipe
 from pipeline.search.config import SearchConfig
-from pipeline.search.storage import validate_storage_url
 from pipeline.sources.archive import check_batch_flexible
 from pipeline.sources.inputs import TensorInputs, parse_input_shape
 
@@ -78,8 +78,8 @@ def test_max_drop_is_checked_against_the_metric_range(capsys: pytest.CaptureFixt
     assert code == 2 and "--max-drop 5: accuracy lies in [0, 1]" in err
 
 
-def test_storage_urls_are_checked_and_journal_paths_accepted() -> None:
-    validate_storage_url("journal:runs/optuna.journal")
+def test_storage_urls_are_checked_and_journal_paths_accepted(tmp_path: Path) -> None:
+    validate_storage_url(f"journal:{tmp_path / 'optuna.journal'}")  # a file in an existing directory
     with pytest.raises(ConfigError, match="journal:PATH needs a file path"):
         validate_storage_url("journal:")
     with pytest.raises(ConfigError, match="not a storage URL"):
