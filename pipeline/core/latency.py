@@ -46,7 +46,7 @@ class LatencySettings:
             raise ValueError("round_runs and min_runs must be at least 1")
 
 
-#: ``--latency-budget``: quick times the objective batch only, with 1 call per side per paired round
+#: ``--latency-budget``: quick times 1 call per side per paired round
 #: (a slow model's measurement costs about 2 x (warm-up + rounds) calls); thorough is the bench's.
 LATENCY_BUDGETS: dict[str, LatencySettings] = {
     # Timed alone over 0.2 s at least, so one scheduling hiccup does not move the median.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.search.config import (
     DEFAULT_SEARCH_CONFIG,
+    Preset,
     SearchConfig,
     SeedRecipe,
     default_storage,
@@ -21,6 +22,7 @@ from pipeline.search.study import Search, SearchTimes
 __all__ = [
     "DEFAULT_SEARCH_CONFIG",
     "LATENCY_BUDGETS",
+    "Preset",
     "Search",
     "SearchConfig",
     "SearchOutcome",

@@ -41,6 +41,32 @@ class SeedRecipe(BaseModel):
     skip_where_unavailable: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
+def known_runtime_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` unchanged when every one is a registered runtime (a device may lack some: they are dropped
+    later, by the capability table); an unknown name is a typo, a ValueError naming the registered ones."""
+    unknown = [name for name in names if name not in RUNTIMES]
+    if unknown:
+        raise ValueError(f"unknown runtime(s) {', '.join(unknown)}: choose from {', '.join(RUNTIMES)}")
+    return names
+
+
+class Preset(BaseModel):
+    """A cheap stage list (no training, no long calibration) tried alone before the seeds
+    (:mod:`pipeline.search.presets`), under each of ``runtimes`` the study offers, in that order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    stages: tuple[dict[str, Any], ...] = ()
+    #: Where the preset can pay, in the order to try them (those the study does not offer are left out); None:
+    #: every runtime of the study, eager last. E.g. PT2E int8 under eager runs reference kernels, slower than float.
+    runtimes: tuple[str, ...] | None = None
+
+    @field_validator("runtimes")
+    @classmethod
+    def _known_runtimes(cls, names: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if names is None else known_runtime_names(names)
+
+
 #: ``max_drop``: ``0.01`` (absolute) or ``"1%"`` (of the baseline metric); a bad value raises the flag's ConfigError.
 MaxDrop = Annotated[AllowedDrop, PlainValidator(AllowedDrop.parse), PlainSerializer(AllowedDrop.to_json)]
 
@@ -61,9 +87,8 @@ class SearchConfig(BaseModel):
     disabled: tuple[str, ...] = ()
     exports: Literal["pareto", "every_trial", "none"] = "pareto"
     seeds: tuple[SeedRecipe, ...] = ()
-    #: Cheap precision presets, each tried alone under every runtime of the study before the seeds
-    #: (:mod:`pipeline.search.presets`); a preset's ``runtime`` field is not used.
-    presets: tuple[SeedRecipe, ...] = ()
+    #: Cheap precision presets, each tried alone under its runtimes before the seeds (:mod:`pipeline.search.presets`).
+    presets: tuple[Preset, ...] = ()
     cache_mb: int = Field(default=2048, ge=0)
     #: Trials composed from measured winners at most (:mod:`pipeline.search.compose`; 0: none).
     compose: int = Field(default=6, ge=0)
@@ -83,11 +108,7 @@ class SearchConfig(BaseModel):
     @field_validator("runtimes")
     @classmethod
     def _known_runtimes(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        """Names a device may lack are dropped later (the capability table); an unknown name is a typo."""
-        unknown = [name for name in names if name not in RUNTIMES]
-        if unknown:
-            raise ValueError(f"unknown runtime(s) {', '.join(unknown)}: choose from {', '.join(RUNTIMES)}")
-        return names
+        return known_runtime_names(names)
 
     @field_validator("latency_budget")
     @classmethod

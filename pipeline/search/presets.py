@@ -4,8 +4,11 @@ A *preset* (the search config's ``presets``, ``pipeline/defaults/search.yaml``) 
 stage configs that costs no training and no long calibration: float32 as it is, every layer in a fast
 reduced dtype, int8. :func:`preset_seeds` crosses the presets with the study's runtimes (the search
 config's runtimes that the registry, :func:`pipeline.core.runtimes.registry.available_runtimes`, says
-run on the device), preset-major: the first preset under every runtime, then the next; within a preset,
-eager (the baseline's runtime, the reference every other runtime is there to beat) comes last. A pair that
+run on the device), preset-major: the first preset under its runtimes, then the next. A preset that names
+its ``runtimes`` runs under those the study offers, in that order (where it can pay: PT2E int8 under eager
+runs reference kernels, slower than float32, and costs a trial); one that names none runs under every
+runtime of the study, eager (the baseline's runtime, the reference every other runtime is there to beat)
+last. A pair that
 cannot be a trial here is skipped with its reason, never enqueued: a stage not in the pipeline (or not
 installed, e.g. ``pack``), one the capability table calls slower only or the device cannot run, one the
 model's facts rule out (``pack`` on a model without a padding mask), a runtime that cannot run the
@@ -22,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.search.config import SeedRecipe
+from pipeline.search.config import Preset, SeedRecipe
 
 #: Seed names of preset trials start with this: ``preset-<preset>@<runtime>``.
 PRESET_PREFIX = "preset-"
@@ -57,14 +60,14 @@ def preset_name(preset: str, runtime: str) -> str:
     return f"{PRESET_PREFIX}{preset}@{runtime}"
 
 
-def preset_seeds(presets: Sequence[SeedRecipe], runtimes: Sequence[str], skip: SkipReason) -> PresetPlan:
-    """Each preset under each of ``runtimes`` (preset-major, in the given orders, :data:`REFERENCE_RUNTIME`
-    last), minus the pairs ``skip`` gives a reason for. A preset's own ``runtime`` field is ignored: the
-    runtimes are the study's."""
+def preset_seeds(presets: Sequence[Preset], runtimes: Sequence[str], skip: SkipReason) -> PresetPlan:
+    """Each preset under its runtimes among the study's ``runtimes`` (preset-major; a preset's own order, else
+    the study's with :data:`REFERENCE_RUNTIME` last), minus the pairs ``skip`` gives a reason for."""
     plan = PresetPlan()
     ordered = sorted(runtimes, key=lambda runtime: runtime == REFERENCE_RUNTIME)  # stable: the rest keep their order
     for preset in presets:
-        for runtime in ordered:
+        mine = ordered if preset.runtimes is None else [r for r in preset.runtimes if r in runtimes]
+        for runtime in mine:
             name = preset_name(preset.name, runtime)
             reason = skip(preset.stages, runtime)
             if reason is not None:

@@ -213,12 +213,10 @@ class Search:
                 study.set_user_attr(ATTR_STUDY_KEY, key)
 
     def latency_batch_sizes(self) -> tuple[int, ...]:
-        """The batch sizes a trial measures: the objective's alone on the quick budget, else the
-        spec's latency batch sizes plus the objective's (``--latency-batch 256`` need not be one of them)."""
-        objective = self.objectives.latency_batch
-        if self.config.latency_budget == "quick":
-            return (objective,)
-        return tuple(dict.fromkeys((*self.spec.latency_batch_sizes, objective)))
+        """The batch sizes a trial is timed at: the objective's alone, whatever the budget (another batch size
+        would cost a compiled runtime two more compilations a trial and decides nothing; ``evaluate`` and
+        ``apply`` time every spec batch size). ``--latency-batch 256`` need not be a spec batch size."""
+        return (self.objectives.latency_batch,)
 
     @property
     def runner(self) -> Runner:

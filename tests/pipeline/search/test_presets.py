@@ -17,14 +17,14 @@ from pipeline.core.runtimes import registry
 from pipeline.core.runtimes.base import Runtime
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import config_from_dict
-from pipeline.search import Search, SearchConfig, SeedRecipe
+from pipeline.search import Preset, Search, SearchConfig
 from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_RECIPE
 from pipeline.search.presets import PRESET_PREFIX, preset_name, preset_seeds
 from stages.common.mirror_facts import ReducedPrecision
 
-BF16 = SeedRecipe(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []},))
-INT8 = SeedRecipe(name="int8-dynamic", stages=({"stage": "quantize", "method": "int8_dynamic"},))
-FP32 = SeedRecipe(name="fp32")
+BF16 = Preset(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []},))
+INT8 = Preset(name="int8-dynamic", stages=({"stage": "quantize", "method": "int8_dynamic"},))
+FP32 = Preset(name="fp32")
 
 
 class NoAmpRuntime(Runtime):
@@ -58,6 +58,32 @@ def test_presets_are_preset_major_and_skip_what_cannot_run() -> None:
         "1 pair(s) skipped as they cannot run here")
 
 
+def test_a_preset_runs_under_its_own_runtimes_in_its_order() -> None:
+    """A preset naming its runtimes gets those the study offers, in the preset's order (eager too, if named);
+    an unknown runtime name in a preset is a config error."""
+    int8 = Preset(name="int8-static", stages=({"stage": "quantize", "method": "int8_static_pt2e"},),
+                  runtimes=("onnxruntime", "openvino", "compile"))
+    plan = preset_seeds([int8, FP32], ["eager", "compile", "onnxruntime"], lambda stages, runtime: None)
+    assert [s.name for s in plan.seeds] == [preset_name(p, r) for p, r in (
+        ("int8-static", "onnxruntime"), ("int8-static", "compile"),
+        ("fp32", "compile"), ("fp32", "onnxruntime"), ("fp32", "eager"))]
+    with pytest.raises(ValueError, match="unknown runtime"):
+        Preset(name="x", runtimes=("eagre",))
+
+
+def test_the_shipped_presets_put_static_int8_first_and_never_under_eager() -> None:
+    """On a CPU the fastest one-line peer is static int8 under OpenVINO: it runs first; PT2E int8 under eager
+    (reference kernels, slower than float32) and packing without a compiler are not tried."""
+    shipped = SearchConfig.load().presets
+    runtimes = ["eager", "compile", "compile_dynamic", "onnxruntime", "openvino"]
+    plan = preset_seeds(shipped, runtimes, lambda stages, runtime: None)
+    names = [s.name for s in plan.seeds]
+    assert names[0] == preset_name("int8-static", "openvino")
+    assert preset_name("int8-static", "eager") not in names
+    assert not any("packed@eager" in n or "packed@compile_dynamic" in n for n in names)
+    assert len(names) < len(shipped) * len(runtimes)
+
+
 @pytest.fixture
 def with_fake_runtime(monkeypatch: pytest.MonkeyPatch) -> str:
     runtime = NoAmpRuntime()
@@ -68,11 +94,12 @@ def with_fake_runtime(monkeypatch: pytest.MonkeyPatch) -> str:
 def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seeds(
     with_fake_runtime: str, residual_spec: ModelSpec, tmp_path: Path
 ) -> None:
-    """The shipped presets under eager, compile and a runtime registered here: the runtime that cannot run AMP
-    gets no AMP seed; every preset trial is queued before the first seed with a costly stage (distillation)."""
+    """The shipped presets (their runtime lists left out: every runtime of the study) under eager, compile and a
+    runtime registered here: the runtime that cannot run AMP gets no AMP seed; every preset trial is queued
+    before the first seed with a costly stage (distillation)."""
     shipped = SearchConfig.load()
     config = SearchConfig.load(None, runtimes=("eager", "compile", with_fake_runtime), exports="none",
-                               presets=[p.model_dump() for p in shipped.presets],
+                               presets=[p.model_dump(exclude={"runtimes"}) for p in shipped.presets],
                                seeds=[s.model_dump() for s in shipped.seeds])
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
     assert search.runtimes == ["eager", "compile", with_fake_runtime]
