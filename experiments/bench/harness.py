@@ -175,7 +175,10 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     key = search.objectives.latency_key  # the baseline's p50 / the paired speed-up
     best = min(outcome.pareto, key=lambda t: t.user_attrs[ATTR_METRICS][key])
     recipe = Recipe.from_dict(best.user_attrs[ATTR_RECIPE])
+    # The peers' bench times this file by their protocol (experiments.bench.peers --recipe).
+    best_file = recipe.save(work / best_recipe_name(spec.name, device.type))
     info = {"trials": trials, "search_seconds": seconds, "best_trial": best.number, "cache": outcome.cache,
+            "best_recipe_file": str(best_file),
             "runtimes": list(search.runtimes),
             "search_latency_ms": best.user_attrs[ATTR_METRICS][key],
             "search_speedup": [best.user_attrs[ATTR_METRICS].get(k) for k in ("speedup", "speedup_ci_low",
@@ -187,6 +190,11 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
             "time_split": time_split(outcome.times.wall, outcome.times.by_category,
                                      {name: tally.seconds for name, tally in search.runner.stage_tallies.items()})}
     return list(recipe.model_stages()), recipe.runtime, info
+
+
+def best_recipe_name(model: str, device: str) -> str:
+    """The file name of a bench search's best recipe, under ``<results>/bench/``."""
+    return f"best-{model}-{device}.json"
 
 
 def held_out_check(spec: ModelSpec, device: torch.device, path: Path, best: Prepare, runtime: str,
