@@ -24,7 +24,7 @@ import torch
 from pipeline.core.device import resolve_device
 from pipeline.core.evaluate import compute_metric
 from pipeline.core.spec import ModelSpec, load_model
-from pipeline.core.stage import StageContext, apply_stage
+from pipeline.core.stage import StageContext, transform
 from pipeline.sources.resolve import resolve_spec
 from stages.distill.stage import DistillConfig
 from stages.prune.stage import PruneConfig
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for prune in args.prune:
         ctx = StageContext(spec, device)
-        pruned = apply_stage(model, prune, ctx).cpu()
+        pruned = transform(model, prune, ctx).cpu()
         layer_map = same_name_layers(pruned, model) if args.hidden else ()
         runs = [(0, 0.0)] if 0 in args.steps else []
         runs += [(steps, lr) for steps in args.steps if steps for lr in args.lr]
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 dctx = StageContext(spec, device, source_model=model)
                 config = DistillConfig(steps=steps, lr=lr, batch_size=args.batch_size, layer_map=layer_map)
                 start = time.perf_counter()
-                distilled = apply_stage(pruned, config, dctx)
+                distilled = transform(pruned, config, dctx)
                 seconds, passes = time.perf_counter() - start, int(dctx.records["distill.teacher_passes"])
             value = metric_of(distilled, spec, device)
             row = {"prune": prune.to_dict(), "steps": steps, "lr": lr, "hidden_layers": len(layer_map),

@@ -7,9 +7,18 @@ device and where it sits in the default pipeline. Transform stages return a new
 model; export stages return an :class:`ExportResult`. :func:`apply_stage` hands the
 function a deep copy, so a stage can never change its caller's model.
 
+The record is typed by its config: ``Stage(QuantizeConfig, apply, mirror=mirror, ...)`` is a
+``Stage[QuantizeConfig]``, and the type checker holds ``apply``, ``mirror``, ``requires``,
+``worthwhile`` and ``rules_out`` to take a ``QuantizeConfig``. The registry is keyed by config
+type (like torchao's config-keyed ``quantize_`` handlers): :func:`stage_for` finds a config's stage
+from its class, and every call through the record (:meth:`Stage.run`, :meth:`Stage.mirror_of`, ...)
+checks that the config is the stage's own before the stage's function sees it.
+
 Stages are found through the ``paretorch.stages`` entry-point group
 (:data:`ENTRY_POINT_GROUP`): the built-ins declare theirs in ``pyproject.toml``, a
 separately installed package does the same. Nothing in ``pipeline`` imports a stage.
+The config and context classes live in :mod:`pipeline.core.stage_config` and
+:mod:`pipeline.core.stage_context`; this module is where stages import the whole API from.
 """
 
 from __future__ import annotations
@@ -18,193 +27,65 @@ import copy
 import importlib.metadata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from functools import cached_property
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar, cast
 
-import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 from torch import nn
 
-from pipeline.core.device import Capabilities, capabilities
+from pipeline.core.device import Capabilities
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.mirror import ExportMirror, NotMirrored
 from pipeline.core.model_facts import ModelFacts
-from pipeline.core.spec import Batch, ModelSpec, move_batch
+from pipeline.core.stage_config import BudgetUse, ExportConfig, StageConfig, format_validation_error
+from pipeline.core.stage_context import ExportResult, StageContext
 
-if TYPE_CHECKING:
-    import optuna
-
-
-class StageConfig(BaseModel):
-    """Base of every stage config: frozen, unknown fields rejected, validated on construction.
-
-    Subclasses set ``stage`` (the registry name) and implement :meth:`suggest`.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    stage: ClassVar[str] = ""
-
-    @classmethod
-    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
-        """This stage's search space: a config for ``trial``, or None (stage off).
-
-        Written with plain ``trial.suggest_*`` calls; parameter names are
-        prefixed with the stage name so that they stay unique in a study.
-        """
-        raise NotImplementedError(f"{cls.__name__} has no search space")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form, with the stage name under ``"stage"``."""
-        return {"stage": self.stage, **self.model_dump(mode="json")}
-
-    def describe(self) -> str:
-        """One short line for tables: ``prune(ratio=0.3, importance=l2)``."""
-        fields = ", ".join(f"{k}={v}" for k, v in self.model_dump(mode="json").items() if v not in (None, [], ()))
-        return f"{self.stage}({fields})"
-
-    def low_fidelity(self) -> StageConfig | None:
-        """A cheaper config of this stage whose outcome predicts this one's (e.g. a quarter of the
-        distillation steps), which a search runs first to screen out a costly trial that cannot reach
-        the front (:mod:`pipeline.search.screening`); None: the stage is not costly."""
-        return None
-
-    def budget_use(self) -> BudgetUse | None:
-        """The output-error budget this (resolved) config held by keeping layers in float, if any.
-
-        Stages rank layers by output error, a proxy; the trial's verdict is the task metric.
-        The search records both, so that a budget stricter than the task needs is visible."""
-        return None
-
-
-@dataclass(frozen=True)
-class BudgetUse:
-    """An output-error budget a stage held, and what it cost: layers left in float for it."""
-
-    name: str  # the config field, e.g. "quantize.fallback_budget"
-    budget: float
-    float_layers: int
-
-
-class ExportConfig(StageConfig):
-    """Base of export stage configs: exports are not searched, ``suggest`` returns the defaults."""
-
-    @classmethod
-    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
-        return cls()
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    """What an export stage produced: a file or package, and how it was checked."""
-
-    format: str
-    path: Path
-    size_bytes: int
-    #: How the export was checked, said plainly: e.g. "reloaded; inputs/outputs checked
-    #: (predict needs macOS)" or "onnxruntime matches torch (max abs err 2e-6)".
-    validation: str
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class StageContext:
-    """What a stage may read besides the model: the device, the spec's data,
-    where to write files, and the recipe so far. Stages record extra results
-    (e.g. AMP sensitivities) with :meth:`record` and may hand back the fully
-    determined config they applied with :meth:`resolve` (kept in the recipe)."""
-
-    spec: ModelSpec
-    device: torch.device
-    output_dir: Path | None = None
-    #: Resolved configs of the stages applied before this one, in order.
-    upstream: tuple[StageConfig, ...] = ()
-    records: dict[str, Any] = field(default_factory=dict)
-    resolved_config: StageConfig | None = None
-    #: For export stages: the model after the structural stages (pruning) but
-    #: before the numeric ones (quantize, amp), i.e. the float graph that Core ML
-    #: and ONNX convert before mirroring the recipe's compression. None: same as
-    #: the model handed to the stage.
-    float_model: nn.Module | None = None
-    #: Content key of the input model (the runner's cache key: same key, same model),
-    #: so a stage may reuse work it did on that model before. None: unknown (scripted use).
-    input_key: str | None = None
-    #: The unoptimized model the pipeline started from (the runner's source model; do not
-    #: modify it), e.g. the teacher of distillation. None: unknown (scripted use of one stage).
-    source_model: nn.Module | None = None
-    #: What the stages know about the unoptimized model (a search reads them once per study), so that
-    #: ``suggest`` offers no choice that cannot change this model (:meth:`offered`). None: unknown.
-    facts: ModelFacts | None = None
-    #: The choices each categorical param already has in the study: Optuna cannot change a
-    #: categorical's choices within a study, so :meth:`offered` keeps them.
-    study_choices: Mapping[str, Sequence[Any]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.device, str):  # scripted use: StageContext(spec, "cpu")
-            self.device = torch.device(self.device)
-        if isinstance(self.output_dir, str):
-            self.output_dir = Path(self.output_dir)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return capabilities(self.device)
-
-    @cached_property
-    def calibration_batches(self) -> list[Batch]:
-        """The spec's calibration batches, on the device (loaded once)."""
-        return [move_batch(batch, self.device) for batch in self.spec.calibration()]
-
-    def example_inputs(self, batch_size: int = 2) -> Batch:
-        return move_batch(self.spec.example_inputs(batch_size), self.device)
-
-    def record(self, key: str, value: Any) -> None:
-        self.records[key] = value
-
-    def resolve(self, config: StageConfig) -> None:
-        self.resolved_config = config
-
-    def offered(self, name: str, choices: Sequence[T], why_not: Callable[[T], str | None]) -> list[T]:
-        """The choices of the categorical param ``name`` worth a trial on this model: those ``why_not``
-        (the stage's ``rules_out`` of a config with that choice, read against :attr:`facts`) gives no
-        reason against. Without facts, all of them; in a study that fixed the param's choices before,
-        those (a ruled-out one is then answered before it runs, not run)."""
-        if name in self.study_choices:
-            return list(self.study_choices[name])
-        if self.facts is None:
-            return list(choices)
-        return [choice for choice in choices if why_not(choice) is None]
-
-    def upstream_config(self, config_type: type[C]) -> C | None:
-        """The last upstream config of ``config_type``, if the recipe has one."""
-        for config in reversed(self.upstream):
-            if isinstance(config, config_type):
-                return config
-        return None
-
-    def require_output_dir(self) -> Path:
-        if self.output_dir is None:
-            raise ConfigError("this stage writes files: give StageContext an output_dir")
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        return self.output_dir
-
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "BudgetUse",
+    "ExportConfig",
+    "ExportResult",
+    "Stage",
+    "StageConfig",
+    "StageContext",
+    "apply",
+    "apply_stage",
+    "config_from_dict",
+    "default_order",
+    "export_mirror",
+    "format_validation_error",
+    "get_stage",
+    "is_export",
+    "load_entry_points",
+    "register_stage",
+    "registered",
+    "registered_stages",
+    "stage_for",
+    "transform",
+    "unregister_stage",
+]
 
 C = TypeVar("C", bound=StageConfig)
-T = TypeVar("T")
-ApplyFn = Callable[[nn.Module, Any, StageContext], Any]
+#: A stage's config type, as the record holds it: a ``Stage[QuantizeConfig]`` is a ``Stage[StageConfig]``
+#: (the registry's view), safe because the record's methods take any config and check it is the stage's own.
+C_co = TypeVar("C_co", bound=StageConfig, covariant=True)
 
-
-MirrorFn = Callable[[Any], ExportMirror]
+#: What a stage's ``apply`` returns: the new model, or for an export stage what it wrote.
+StageOutput = nn.Module | ExportResult
+#: ``apply(model, config, ctx)``: the pure function of a stage.
+ApplyFn = Callable[[nn.Module, C, StageContext], StageOutput]
+#: How exports reproduce a config: its mirror facts.
+MirrorFn = Callable[[C], ExportMirror]
 #: What a config needs from the device: a reason it cannot run there, or None.
-RequiresFn = Callable[[Any, Capabilities], str | None]
+RequiresFn = Callable[[C, Capabilities], str | None]
 #: Cheap facts a stage reads about the unoptimized model (once per study), e.g. its removable blocks.
-FactsFn = Callable[[nn.Module, "StageContext"], Any]
+FactsFn = Callable[[nn.Module, StageContext], object]
 #: Why a config cannot change the model these facts describe, or None.
-RulesOutFn = Callable[[Any, ModelFacts], str | None]
+RulesOutFn = Callable[[C, ModelFacts], str | None]
 
 
 @dataclass(frozen=True)
-class Stage:
+class Stage(Generic[C_co]):
     """One stage, everything about it in one record (built in the stage's own module).
 
     * ``config_type`` and ``apply``: the frozen config (with its ``suggest``) and the
@@ -229,18 +110,21 @@ class Stage:
       model (no layer it touches, no block it removes, a TorchScript model it cannot act on);
       a search checks every stage of a trial's chain before any of them runs, and such a
       configuration is not a trial. ``suggest`` reads it through :meth:`StageContext.offered`.
+
+    Call the functions through the methods (:meth:`run`, :meth:`mirror_of`, :meth:`unavailable`,
+    :meth:`not_worthwhile`, :meth:`ruled_out`): they check the config is this stage's own.
     """
 
-    config_type: type[StageConfig]
-    apply: ApplyFn
+    config_type: type[C_co]
+    apply: ApplyFn[C_co]
     produces: Literal["model", "export"] = "model"
     numeric: bool = False
-    mirror: MirrorFn | NotMirrored | None = None
-    requires: RequiresFn | None = None
+    mirror: MirrorFn[C_co] | NotMirrored | None = None
+    requires: RequiresFn[C_co] | None = None
     order: int | None = None
-    worthwhile: RequiresFn | None = None
+    worthwhile: RequiresFn[C_co] | None = None
     facts: FactsFn | None = None
-    rules_out: RulesOutFn | None = None
+    rules_out: RulesOutFn[C_co] | None = None
 
     def __post_init__(self) -> None:
         if not self.config_type.stage:
@@ -261,48 +145,65 @@ class Stage:
     def is_export(self) -> bool:
         return self.produces == "export"
 
+    def own(self, config: StageConfig) -> C_co:
+        """``config``, checked to be this stage's config type (a TypeError names both otherwise)."""
+        if not isinstance(config, self.config_type):
+            raise TypeError(f"{type(config).__name__} is not the config type of stage '{self.name}'")
+        return config
+
+    def run(self, model: nn.Module, config: StageConfig, ctx: StageContext) -> StageOutput:
+        """``apply`` on ``model`` itself (:func:`apply_stage` hands it a copy)."""
+        return self.apply(model, self.own(config), ctx)
+
     def unavailable(self, config: StageConfig, caps: Capabilities) -> str | None:
         """Why ``config`` cannot run on a device with ``caps`` (None: it can)."""
-        return self.requires(config, caps) if self.requires is not None else None
+        return self.requires(self.own(config), caps) if self.requires is not None else None
 
     def not_worthwhile(self, config: StageConfig, caps: Capabilities) -> str | None:
         """Why ``config`` is not worth a trial on a device with ``caps`` (None: it is)."""
-        return self.worthwhile(config, caps) if self.worthwhile is not None else None
+        return self.worthwhile(self.own(config), caps) if self.worthwhile is not None else None
 
     def ruled_out(self, config: StageConfig, facts: ModelFacts) -> str | None:
         """Why ``config`` cannot change the model ``facts`` describe (None: it may)."""
-        return self.rules_out(config, facts) if self.rules_out is not None else None
+        return self.rules_out(self.own(config), facts) if self.rules_out is not None else None
 
     def mirror_of(self, config: StageConfig) -> ExportMirror:
         """What exports must reproduce of ``config`` (empty for float-graph stages)."""
         if isinstance(self.mirror, NotMirrored):
             return ExportMirror(not_mirrored=(f"{self.name}: {self.mirror.reason}",))
-        return self.mirror(config) if self.mirror is not None else ExportMirror()
+        return self.mirror(self.own(config)) if self.mirror is not None else ExportMirror()
 
 
 #: Entry-point group through which stage packages declare their stages
 #: (``[project.entry-points."paretorch.stages"] name = "module:STAGE"``).
 ENTRY_POINT_GROUP = "paretorch.stages"
 
-_STAGES: dict[str, Stage] = {}
+#: The registry: each stage under its config type.
+_STAGES: dict[type[StageConfig], Stage[StageConfig]] = {}
 _entry_points_loaded = False
 
 
-def register_stage(stage: Stage) -> Stage:
-    """Add ``stage`` to the registry (entry points do this for installed packages)."""
-    if stage.name in _STAGES and _STAGES[stage.name] is not stage:
+def _by_name() -> Mapping[str, Stage[StageConfig]]:
+    return {stage.name: stage for stage in _STAGES.values()}
+
+
+def register_stage(stage: Stage[C]) -> Stage[C]:
+    """Add ``stage`` to the registry under its config type (entry points do this for installed packages)."""
+    known = _STAGES.get(stage.config_type) or _by_name().get(stage.name)
+    if known is not None and known is not stage:
         raise ConfigError(f"stage '{stage.name}' is registered twice")
-    _STAGES[stage.name] = stage
+    _STAGES[stage.config_type] = stage
     return stage
 
 
 def unregister_stage(name: str) -> None:
     """Remove a stage (tests and plugins that replace one)."""
-    _STAGES.pop(name, None)
+    if (stage := _by_name().get(name)) is not None:
+        del _STAGES[stage.config_type]
 
 
 @contextmanager
-def registered(*stages: Stage) -> Iterator[None]:
+def registered(*stages: Stage[StageConfig]) -> Iterator[None]:
     """Register ``stages`` for the ``with`` block only (tests, notebooks)."""
     _ensure_loaded()
     for stage in stages:
@@ -321,8 +222,9 @@ def load_entry_points(group: str = ENTRY_POINT_GROUP) -> None:
     Loading imports the stage's module, so a plugin that fails to import is an error
     naming the entry point.
     """
+    names = _by_name()
     for entry_point in importlib.metadata.entry_points(group=group):
-        if entry_point.name in _STAGES:
+        if entry_point.name in names:
             continue
         try:
             stage = entry_point.load()
@@ -347,24 +249,28 @@ def _ensure_loaded() -> None:
         load_entry_points()
 
 
-def registered_stages() -> dict[str, Stage]:
+def registered_stages() -> dict[str, Stage[StageConfig]]:
     """All stages, by name: the installed entry points plus any registered in code."""
     _ensure_loaded()
-    return dict(_STAGES)
+    return dict(_by_name())
 
 
-def get_stage(name: str) -> Stage:
+def get_stage(name: str) -> Stage[StageConfig]:
     stages = registered_stages()
     if name not in stages:
         raise ConfigError(f"unknown stage '{name}': known stages are {', '.join(sorted(stages))}")
     return stages[name]
 
 
-def stage_for(config: StageConfig) -> Stage:
-    stage = get_stage(config.stage)
-    if not isinstance(config, stage.config_type):
-        raise TypeError(f"{type(config).__name__} is not the config type of stage '{stage.name}'")
-    return stage
+def stage_for(config: C) -> Stage[C]:
+    """The stage of ``config``, found by its class (or the nearest registered base class)."""
+    _ensure_loaded()
+    for kind in type(config).__mro__:
+        if kind in _STAGES:
+            # The key is the stage's config type and a base of type(config): its functions take ``config``.
+            return cast("Stage[C]", _STAGES[kind])
+    stage = get_stage(config.stage)  # an unknown name is a ConfigError listing the known stages
+    raise TypeError(f"{type(config).__name__} is not the config type of stage '{stage.name}'")
 
 
 def is_export(config: StageConfig) -> bool:
@@ -372,7 +278,7 @@ def is_export(config: StageConfig) -> bool:
     return stage_for(config).is_export
 
 
-def default_order() -> tuple[list[Stage], list[Stage]]:
+def default_order() -> tuple[list[Stage[StageConfig]], list[Stage[StageConfig]]]:
     """The default pipeline's model stages and exports, each in ``order``."""
     placed = sorted((s for s in registered_stages().values() if s.order is not None), key=lambda s: (s.order, s.name))
     return [s for s in placed if not s.is_export], [s for s in placed if s.is_export]
@@ -391,35 +297,35 @@ def export_mirror(configs: Sequence[StageConfig]) -> ExportMirror:
     return merged
 
 
-def config_from_dict(data: dict[str, Any]) -> StageConfig:
+def config_from_dict(data: Mapping[str, object]) -> StageConfig:
     """Inverse of :meth:`StageConfig.to_dict`; errors name the stage and the field."""
-    if not isinstance(data, dict) or "stage" not in data:
+    if not isinstance(data, Mapping) or "stage" not in data:
         raise ConfigError(f"a stage config must be an object with a 'stage' key, got {data!r}")
     fields = {k: v for k, v in data.items() if k != "stage"}
     stage = get_stage(str(data["stage"]))
     try:
-        return stage.config_type(**fields)
+        return stage.config_type.model_validate(fields)
     except ValidationError as exc:
         raise ConfigError(f"invalid {stage.name} config: {format_validation_error(exc)}") from exc
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """'ratio=1.5: Input should be less than 1' for each failing field, on one line."""
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "config"
-        parts.append(f"{where}={error.get('input')!r}: {error['msg']}")
-    return "; ".join(parts)
-
-
-def apply_stage(model: nn.Module, config: StageConfig, ctx: StageContext) -> Any:
-    """Run ``config``'s stage on a deep copy of ``model``."""
+def apply_stage(model: nn.Module, config: StageConfig, ctx: StageContext) -> StageOutput:
+    """Run ``config``'s stage on a deep copy of ``model``: the new model, or an export's result."""
     stage = stage_for(config)
     reason = stage.unavailable(config, ctx.capabilities)
     if reason is not None:
         raise InfeasibleConfig(f"{stage.name}: {reason}")
     ctx.resolved_config = None
-    return stage.apply(copy.deepcopy(model), config, ctx)
+    return stage.run(copy.deepcopy(model), config, ctx)
+
+
+def transform(model: nn.Module, config: StageConfig, ctx: StageContext) -> nn.Module:
+    """:func:`apply_stage` of a model stage: the new model (an export stage's config is a TypeError)."""
+    result = apply_stage(model, config, ctx)
+    if not isinstance(result, nn.Module):
+        raise TypeError(f"stage '{config.stage}' is an export stage: it returned a {type(result).__name__}, "
+                        "not a model")
+    return result
 
 
 #: Scripted reuse of one stage: ``apply(model, PruneConfig(ratio=0.3), ctx)``.
