@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from experiments.bench.harness import BENCH_LATENCY
+from experiments.bench.settings import BENCH_LATENCY
 from experiments.models.minilm import spec as minilm_spec
 from pipeline.api import run_chain
 from pipeline.core.evaluate import compute_metrics, count_macs

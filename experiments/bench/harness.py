@@ -37,11 +37,11 @@ from rich.console import Console
 
 from experiments.bench.paths import MARKDOWN, RESULTS_DIR
 from experiments.bench.render import DEFAULT_MAX_DROP, render_markdown, render_table
+from experiments.bench.settings import BENCH_LATENCY
 from experiments.bench.timeline import best_so_far, time_split
 from pipeline.core.device import capabilities, describe, move_module, resolve_device
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import ModelReport, compute_metrics
-from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.paths import results_dir
 from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
 from pipeline.core.spec import ModelSpec
@@ -60,8 +60,6 @@ from stages.prune.stage import PruneConfig
 from stages.quantize.methods import methods_on
 from stages.quantize.stage import QuantizeConfig
 
-#: The bench times every row, alone and paired, as ``--latency-budget thorough`` does.
-BENCH_LATENCY = LATENCY_BUDGETS["thorough"]
 #: The distillation of the "prune + distill" rows: bounded in time, so a CPU run of MiniLM
 #: (about 0.8 s per step of 16 on one core) stays affordable; on a GPU it ends by steps.
 BENCH_DISTILL = DistillConfig(steps=400, lr=3e-4, batch_size=16, max_seconds=300)

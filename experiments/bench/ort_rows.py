@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from experiments.bench.harness import BENCH_LATENCY
 from experiments.bench.paths import RESULTS_DIR
+from experiments.bench.settings import BENCH_LATENCY
 from pipeline.core.device import capabilities, describe, resolve_device
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.padding import latency_inputs
