@@ -13,11 +13,10 @@ import pytest
 import torch
 from optuna.trial import TrialState
 from rich.console import Console
-from torch import nn
 
 from pipeline.core.paired import Timed
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from pipeline.core.stage import Stage, registered
 from pipeline.search import Search, SearchConfig, run_search
 from pipeline.search.explain import dominated_by, front_tags
 from pipeline.search.front_rule import MIN_EFFECT, candidates, faster, front_groups
@@ -113,26 +112,11 @@ def test_a_remeasure_outside_the_search_interval_is_flagged() -> None:
 # --------------------------------------------------------------------------- a no-op stage in a search
 
 
-#: The stage's systematic timing advantage: 2.5 % faster in every round (under the minimum effect).
+#: The no-op stage (the tag_stage fixture, tests/pipeline/search/conftest.py) by label: its time per call, 2.5 %
+#: faster in every round for "steady" (a systematic advantage under the minimum effect).
 NOOP_MS = {"steady": 0.975, "plain": 1.0}
 #: What the first place in a round costs (the bias a fixed order put on the baseline).
 FIRST_PLACE = 0.05
-
-
-class NoopConfig(StageConfig):
-    """A plugin stage that changes nothing the model computes (it names the model for the fake clock)."""
-
-    stage = "toy.noop"
-    tag: str = "plain"
-
-    @classmethod
-    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> NoopConfig | None:
-        return None
-
-
-def apply_noop(model: nn.Module, config: NoopConfig, ctx: StageContext) -> nn.Module:
-    model.paretorch_label = config.tag  # type: ignore[assignment]
-    return model
 
 
 class FirstPlaceClock:
@@ -147,14 +131,15 @@ class FirstPlaceClock:
 
 
 @pytest.fixture(scope="module")
-def noop_search(residual_spec: ModelSpec, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Search]:
+def noop_search(residual_spec: ModelSpec, tag_stage: Stage,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Search]:
     folder = tmp_path_factory.mktemp("noop")
     pipeline_file = folder / "noop.yaml"
-    pipeline_file.write_text("nodes:\n  - {op: model}\n  - {op: toy.noop}\n  - {name: evaluate, op: evaluate}\n")
-    seeds = [{"name": tag, "stages": [{"stage": "toy.noop", "tag": tag}]} for tag in NOOP_MS]
+    pipeline_file.write_text("nodes:\n  - {op: model}\n  - {op: toy.tag}\n  - {name: evaluate, op: evaluate}\n")
+    seeds = [{"name": tag, "stages": [{"stage": "toy.tag", "label": tag}]} for tag in NOOP_MS]
     config = SearchConfig.load(None, pipeline=str(pipeline_file), sampler="random", runtimes=("eager",),
                                latency_budget="quick", exports="none", seeds=seeds)
-    with registered(Stage(NoopConfig, apply_noop)):
+    with registered(tag_stage):
         search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{folder / 'optuna.db'}",
                         track=False)
         search.latency.timer = FirstPlaceClock()

@@ -13,11 +13,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from rich.console import Console
-from torch import nn
 
 from pipeline.core.paired import Timed
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from pipeline.core.stage import Stage, registered
 from pipeline.search import Search, SearchConfig, run_search
 from pipeline.search.objectives import (
     ATTR_FEASIBLE,
@@ -33,22 +32,6 @@ from pipeline.tracking.tracker import TRIAL_TAG, experiment_name
 #: True latency (ms) per label; "busy" is timed while another job runs (everything 10x slower).
 TRUE_MS = {None: 1.0, "busy": 0.5, "quiet": 0.8}
 WILD_MS = [0.1, 2.0, 0.2, 1.5, 0.15, 3.0, 0.3, 0.12, 2.5, 0.2]  # median ratio 4.2x, 95% CI [0.4, 8.3]
-
-
-class TagConfig(StageConfig):
-    """A test-only stage that labels the model (for the fake clock) and leaves its numbers as they are."""
-
-    stage = "toy.tag"
-    label: str = "quiet"
-
-    @classmethod
-    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> TagConfig | None:
-        return None
-
-
-def apply_tag(model: nn.Module, config: TagConfig, ctx: StageContext) -> nn.Module:
-    model.paretorch_label = config.label  # type: ignore[assignment]
-    return model
 
 
 class FakeTimer:
@@ -67,14 +50,15 @@ class FakeTimer:
 
 
 @pytest.fixture(scope="module")
-def paired_search(residual_spec: ModelSpec, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Search]:
+def paired_search(residual_spec: ModelSpec, tag_stage: Stage,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Search]:
     folder = tmp_path_factory.mktemp("paired")
     pipeline_file = folder / "tagged.yaml"
     pipeline_file.write_text("nodes:\n  - {op: model}\n  - {op: toy.tag}\n  - {name: evaluate, op: evaluate}\n")
     seeds = [{"name": label, "stages": [{"stage": "toy.tag", "label": label}]} for label in ("busy", "quiet", "wild")]
     config = SearchConfig.load(None, pipeline=str(pipeline_file), sampler="random", runtimes=("eager",),
                                latency_budget="quick", exports="none", seeds=seeds)
-    with registered(Stage(TagConfig, apply_tag)):
+    with registered(tag_stage):
         search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{folder / 'optuna.db'}",
                         tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
         search.latency.timer = FakeTimer()
