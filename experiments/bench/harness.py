@@ -222,7 +222,7 @@ def describe_chain(configs: list[Any], runtime: str) -> str:
 
 
 def bench(model: str, device_name: str, trials: int, batch: int, max_drop: AllowedDrop,
-          held_out: Path | None = None) -> dict[str, Any]:
+          held_out: Path | None = None, singles: bool = True) -> dict[str, Any]:
 
     device = resolve_device(device_name)
     spec = resolve_spec(model)
@@ -235,7 +235,8 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
     # ramping up): one discarded pass of the baseline, so the baseline row is not it.
     print(f"[bench] {spec.name}: warm-up (fp32 eager, discarded)", file=sys.stderr, flush=True)
     measure_recipe(spec, device, [], "eager", batch_sizes)  # discarded
-    for name, configs, runtime in single_technique_recipes(device):
+    recipes = single_technique_recipes(device)
+    for name, configs, runtime in recipes if singles else recipes[:1]:  # the first is the baseline
         print(f"[bench] {spec.name}: {name}", file=sys.stderr, flush=True)
         try:
             report, cost, _ = measure_recipe(spec, device, configs, runtime, batch_sizes)
@@ -291,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="labelled data (as --eval-data) the search never sees: after the search, the baseline "
                         "and the best recipe are scored on it with the same metric")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--no-singles", dest="singles", action="store_false",
+                        help="the baseline row and the search only, without a row per single technique (where device "
+                        "time is short; experiments.bench.gpu_rows gives the one-line rows of a GPU)")
     parser.add_argument("--render-only", action="store_true", help="only rewrite BENCHMARKS.md from the JSON files")
     args = parser.parse_args(argv)
     try:
@@ -301,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(args.device)
         default_batch = 32 if device.type == "cpu" else 1
         batch = args.batch or default_batch
-        result = bench(args.model, args.device, args.trials, batch, max_drop, args.held_out)
+        result = bench(args.model, args.device, args.trials, batch, max_drop, args.held_out, args.singles)
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = "" if batch == default_batch else f"-b{batch}"  # e.g. the GPU throughput objective, batch 256
         if max_drop != DEFAULT_MAX_DROP:  # -drop0.03, -drop1pct
