@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from pipeline.core.device import move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.evaluate import LatencySettings, ModelReport, evaluate_model
+from pipeline.core.evaluate import LatencySettings, evaluate_model
 from pipeline.core.padding import LATENCY_INPUTS
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtimes.base import LoadedModel, RuntimeFile
@@ -40,96 +40,10 @@ from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_s
 from pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
 from pipeline.engine.exported import OpenSessions, exported_report
 from pipeline.engine.graph import Pipeline
-from pipeline.engine.recipe import Recipe
+from pipeline.engine.run_result import NodeResult, RunResult, StageTally
 
 #: Time categories of a run: stage work, measurement, exports, opening exported files in their runtime.
 TIME_CATEGORIES = ("model_load", "stages", "evaluation", "exports", "runtime_sessions")
-
-
-@dataclass
-class NodeResult:
-    """What one node produced in one run."""
-
-    name: str
-    kind: str
-    key: str
-    value: Any
-    config: StageConfig | None = None
-    resolved: StageConfig | None = None
-    cached: bool = False
-    seconds: float = 0.0
-    #: Resolved configs from the source up to and including this node (model nodes).
-    chain: tuple[StageConfig, ...] = ()
-    float_model: nn.Module | None = None
-    records: dict[str, Any] = field(default_factory=dict)
-    #: Evaluations under a runtime of an exported file: the export config that made the file it ran.
-    runtime_export: StageConfig | None = None
-
-    @property
-    def ran(self) -> bool:
-        """False for a stage that was off (its value is its input's)."""
-        return self.kind in ("source", "evaluate") or self.config is not None
-
-
-@dataclass
-class RunResult:
-    """All node results of one run, the objective's report and the run's timings."""
-
-    pipeline: Pipeline
-    runtime: str
-    nodes: dict[str, NodeResult]
-    seconds: dict[str, float]
-    cache_hits: int
-    cache_misses: int
-
-    @property
-    def objective(self) -> NodeResult:
-        return self.nodes[self.pipeline.objective_node().name]
-
-    @property
-    def report(self) -> ModelReport:
-        report: ModelReport = self.objective.value
-        return report
-
-    @property
-    def exports(self) -> dict[str, ExportResult]:
-        return {n.name: self.nodes[n.name].value for n in self.pipeline.export_nodes()
-                if n.name in self.nodes and self.nodes[n.name].value is not None}
-
-    @property
-    def export_evaluations(self) -> dict[str, dict[str, Any]]:
-        objective = self.pipeline.objective_node().name
-        return {name: result.value for name, result in self.nodes.items()
-                if result.kind == "evaluate" and name != objective and result.value is not None}
-
-    def recipe(self, model: str | None, deferred_exports: Mapping[str, StageConfig | None] | None = None,
-               metadata: Mapping[str, Any] | None = None) -> Recipe:
-        """The replayable recipe: the objective model's resolved chain, then its exports
-        (resolved if they ran, else the configs in ``deferred_exports``)."""
-        chain = list(self.nodes[self.pipeline.objective_node().inputs[0]].chain)
-        for node in self.pipeline.export_nodes():
-            result = self.nodes.get(node.name)
-            if result is not None and result.config is not None:
-                chain.append(result.resolved or result.config)
-            elif deferred_exports and deferred_exports.get(node.name) is not None:
-                chain.append(deferred_exports[node.name])  # type: ignore[arg-type]
-        evaluated = self.nodes.get(self.pipeline.objective_node().name)  # None: a chain run without evaluation
-        runtime_export = evaluated.runtime_export if evaluated is not None else None
-        if runtime_export is not None:  # the file the runtime ran is the recipe's export of that stage
-            chain = [c for c in chain if c.stage != runtime_export.stage] + [runtime_export]
-        return Recipe(stages=tuple(chain), runtime=self.runtime, model=model, metadata=dict(metadata or {}))
-
-
-@dataclass
-class StageTally:
-    """How often one stage ran (cache misses) or was answered by the cache, and the seconds it ran."""
-
-    runs: int = 0
-    hits: int = 0
-    seconds: float = 0.0
-
-    def describe(self) -> str:
-        return f"{self.runs} run(s) in {self.seconds:.1f} s, {self.hits} cache hit(s)"
 
 
 class Runner:

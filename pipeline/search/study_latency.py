@@ -30,7 +30,8 @@ from pipeline.core.paired import (
 )
 from pipeline.core.spec import Batch, ModelSpec, move_batch
 from pipeline.core.stage import StageConfig
-from pipeline.engine.runner import Runner, RunResult
+from pipeline.engine.run_result import RunResult
+from pipeline.engine.runner import Runner
 
 
 class StudyLatency:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,6 +47,7 @@ from pipeline.core.errors import InfeasibleConfig, PipelineError
 from pipeline.core.progress import Phase, phase
 from pipeline.core.spec import Batch
 from stages.common.layer_outputs import floating_output_leaves
+from stages.common.partial_ranking import MeasureFn, PartialRanking, UnitForwardError, try_measure
 from stages.common.rankings import SensitivityRanking
 
 #: The greedy phase re-measures the whole model at most this many times: bigger
@@ -56,10 +57,6 @@ MAX_MOVES = 32
 #: at most: a model with more candidates ranks them on its first batches only (the
 #: budget is always checked on every batch).
 SENSITIVITY_PASSES = 64
-
-
-class UnitForwardError(InfeasibleConfig):
-    """The model's forward pass failed with some units changed."""
 
 
 class UnitSwitch(Protocol):
@@ -167,9 +164,6 @@ class _Clock:
         return time.monotonic() - self.start
 
 
-MeasureFn = Callable[[Sequence[str], str], float]
-
-
 def calibrate(
     switch: UnitSwitch,
     candidates: Sequence[str],
@@ -235,44 +229,13 @@ def _calibrate(switch: UnitSwitch, candidates: Sequence[str], batches: Sequence[
             clock.check()
             return measure(changed, what, ranking_batches)
 
-        partial = _PartialRanking(stage, change)
-        try:
-            if blocks:
-                partial.rank_blocks(list(candidates), 0, measure_for_ranking)
-            else:
-                partial.rank_flat(candidates, measure_for_ranking)
-        except _OutOfTime:
-            done = {unit for group in partial.groups for unit in group} | set(partial.unreducible)
-            unmeasured = tuple(unit for unit in candidates if unit not in done)
+        ranking, unmeasured, ran_out = _rank(candidates, blocks, measure_for_ranking, stage, change)
+        if ran_out:
             cut_short = f"time budget of {seconds:g} s ran out while ranking ({len(unmeasured)} units not measured)"
-            for unit in unmeasured:  # unknown: ranked most sensitive, the first to go back
-                partial.add((unit,), math.inf)
-        ranking = SensitivityRanking(partial.groups, partial.sensitivity, partial.unreducible)
     ranked = ranking.ranked()
-
-    def error_with(moved: int) -> float:
-        if moved not in ranking.errors:
-            kept = len(_flatten(ranked[:moved]))
-            what = f"with {kept} layers kept original" if moved else f"with every layer {change}"
-            ranking.errors[moved] = measure(_flatten(ranked[moved:]), what)
-        return ranking.errors[moved]
-
-    step = max(1, math.ceil(len(ranked) / MAX_MOVES))
-    moved = 0
-    error = error_with(0)  # always measured: the policy must be checked against the budget
-    steps = [(0, error)]
-    while error > error_budget and moved < len(ranked):
-        if moved + step not in ranking.errors:
-            try:
-                clock.check()
-            except _OutOfTime:
-                cut_short = cut_short or f"time budget of {seconds:g} s ran out in the greedy phase"
-                break
-        moved = min(len(ranked), moved + step)
-        error = error_with(moved)
-        steps.append((len(_flatten(ranked[:moved])), error))
-    if error > error_budget:  # cut short before the budget held: nothing changed is the only safe policy
-        moved, error = len(ranked), 0.0
+    moved, error, steps, ran_out = _greedy(ranking, error_budget, measure, clock, change)
+    if ran_out:
+        cut_short = cut_short or f"time budget of {seconds:g} s ran out in the greedy phase"
     changed = _flatten(ranked[moved:])
     refined: list[str] = []
     if refine and cut_short is None:
@@ -290,6 +253,61 @@ def _calibrate(switch: UnitSwitch, candidates: Sequence[str], batches: Sequence[
     )
 
 
+def _rank(candidates: Sequence[str], blocks: bool, measure: MeasureFn, stage: str,
+          change: str) -> tuple[SensitivityRanking, tuple[str, ...], bool]:
+    """The ranking of ``candidates`` (blocks first when ``blocks``), the units left unmeasured and whether
+    time ran out; an unmeasured unit is ranked most sensitive, the first to go back."""
+    partial = PartialRanking(stage, change)
+    unmeasured: tuple[str, ...] = ()
+    ran_out = False
+    try:
+        if blocks:
+            partial.rank_blocks(list(candidates), 0, measure)
+        else:
+            partial.rank_flat(candidates, measure)
+    except _OutOfTime:
+        ran_out = True
+        done = {unit for group in partial.groups for unit in group} | set(partial.unreducible)
+        unmeasured = tuple(unit for unit in candidates if unit not in done)
+        for unit in unmeasured:
+            partial.add((unit,), math.inf)
+    return SensitivityRanking(partial.groups, partial.sensitivity, partial.unreducible), unmeasured, ran_out
+
+
+def _greedy(ranking: SensitivityRanking, error_budget: float, measure: MeasureFn, clock: _Clock,
+            change: str) -> tuple[int, float, list[tuple[int, float]], bool]:
+    """Move the most sensitive groups back, ``len / MAX_MOVES`` at a time, until the whole-model error is
+    within ``error_budget``: (groups moved back, the error, [(units kept, error)] per step, whether time ran
+    out). Measured steps are kept in ``ranking.errors`` and reused from it."""
+    ranked = ranking.ranked()
+
+    def error_with(moved: int) -> float:
+        if moved not in ranking.errors:
+            kept = len(_flatten(ranked[:moved]))
+            what = f"with {kept} layers kept original" if moved else f"with every layer {change}"
+            ranking.errors[moved] = measure(_flatten(ranked[moved:]), what)
+        return ranking.errors[moved]
+
+    step = max(1, math.ceil(len(ranked) / MAX_MOVES))
+    moved = 0
+    error = error_with(0)  # always measured: the policy must be checked against the budget
+    steps = [(0, error)]
+    ran_out = False
+    while error > error_budget and moved < len(ranked):
+        if moved + step not in ranking.errors:
+            try:
+                clock.check()
+            except _OutOfTime:
+                ran_out = True
+                break
+        moved = min(len(ranked), moved + step)
+        error = error_with(moved)
+        steps.append((len(_flatten(ranked[:moved])), error))
+    if error > error_budget:  # cut short before the budget held: nothing changed is the only safe policy
+        moved, error = len(ranked), 0.0
+    return moved, error, steps, ran_out
+
+
 def _refine(changed: Sequence[str], kept: Sequence[str], error: float, error_budget: float,
             measure: MeasureFn, clock: _Clock, change: str) -> tuple[list[str], float]:
     """The ``kept`` units (most sensitive first, so tried from the end) that can be changed on
@@ -301,93 +319,11 @@ def _refine(changed: Sequence[str], kept: Sequence[str], error: float, error_bud
             clock.check()
         except _OutOfTime:
             break
-        trial = _try_measure(measure, (*changed, *refined, unit), f"with {unit} {change} as well")
+        trial = try_measure(measure, (*changed, *refined, unit), f"with {unit} {change} as well")
         if isinstance(trial, float) and trial <= error_budget:
             refined.append(unit)
             error = trial
     return refined, error
-
-
-@dataclass
-class _PartialRanking:
-    """The groups, sensitivities and unreducible units measured so far (kept when time runs out)."""
-
-    stage: str
-    change: str
-    groups: list[tuple[str, ...]] = field(default_factory=list)
-    sensitivity: dict[str, float] = field(default_factory=dict)
-    unreducible: dict[str, str] = field(default_factory=dict)
-
-    def add(self, group: tuple[str, ...], error: float) -> None:
-        self.groups.append(group)
-        self.sensitivity.update(dict.fromkeys(group, error))
-
-    def rank_flat(self, candidates: Sequence[str], measure: MeasureFn) -> None:
-        """Every unit alone (growing a group over later siblings where one alone breaks the forward)."""
-        for index, name in enumerate(candidates):
-            if name in self.sensitivity or name in self.unreducible:
-                continue
-            group: tuple[str, ...] = (name,)
-            error = _try_measure(measure, group, f"with only {name} {self.change}")
-            if isinstance(error, UnitForwardError):
-                alone = error
-                parent = name.rpartition(".")[0]
-                later_siblings = [
-                    unit
-                    for unit in candidates[index + 1 :]
-                    if unit.rpartition(".")[0] == parent and unit not in self.sensitivity
-                    and unit not in self.unreducible
-                ]
-                # Grow the group over the following siblings until the forward runs.
-                for sibling in later_siblings:
-                    group = (*group, sibling)
-                    error = _try_measure(measure, group, f"with {', '.join(group)} {self.change}")
-                    if not isinstance(error, UnitForwardError):
-                        break
-                if isinstance(error, UnitForwardError):
-                    self.unreducible[name] = alone.reason
-                    continue
-            self.add(group, error)
-
-    def rank_blocks(self, units: list[str], depth: int, measure: MeasureFn) -> None:
-        """Measure the blocks of ``units`` at name depth ``depth`` (``encoder.layer.3`` at
-        depth 2); descend into those above their siblings' mean, keep the others as groups."""
-        blocks = _blocks_at(units, depth)
-        if len(blocks) == 1 and len(units) > 1:
-            self.rank_blocks(units, depth + 1, measure)
-            return
-        errors: dict[str, float | UnitForwardError] = {}
-        siblings: list[float] = []
-        for key, members in blocks.items():
-            if len(members) == 1:
-                self.rank_flat(members, measure)
-                siblings.extend(self.sensitivity[m] for m in members if m in self.sensitivity)
-            else:
-                errors[key] = error = _try_measure(measure, tuple(members), f"with block {key} {self.change}")
-                if isinstance(error, float):
-                    siblings.append(error)
-        finite = [e for e in siblings if math.isfinite(e)]
-        mean = sum(finite) / len(finite) if finite else 0.0
-        for key, error in errors.items():
-            members = blocks[key]
-            if isinstance(error, UnitForwardError) or not error <= mean:
-                self.rank_blocks(members, depth + 1, measure)
-            else:
-                self.add(tuple(members), error)
-
-
-def _blocks_at(units: Sequence[str], depth: int) -> dict[str, list[str]]:
-    blocks: dict[str, list[str]] = {}
-    for unit in units:
-        blocks.setdefault(".".join(unit.split(".")[: depth + 1]), []).append(unit)
-    return blocks
-
-
-def _try_measure(measure: MeasureFn, group: Sequence[str], what: str) -> float | UnitForwardError:
-    try:
-        return measure(group, what)
-    except UnitForwardError as exc:
-        return exc
 
 
 def _flatten(groups: Sequence[tuple[str, ...]]) -> list[str]:

@@ -133,17 +133,7 @@ def prune_depth(
     blocks can be skipped, or the pruned model no longer runs.
     """
     blocks = candidate_blocks(model, inputs, protected)
-    if not blocks:
-        raise InfeasibleConfig(
-            "depth pruning: the model has no removable block (an element of an nn.ModuleList / "
-            "nn.Sequential with two or more Linear/Conv layers and a sibling of its class, called once, "
-            "whose output tensor has its input's shape, holding no protected layer)"
-        )
-    batches = list(ctx.calibration_batches)[:DEPTH_BATCHES]
-    if not batches:
-        raise InfeasibleConfig(
-            f"depth pruning measures block importance on calibration batches; spec '{ctx.spec.name}' has none"
-        )
+    batches = _measurement_batches(blocks, ctx)
     total = min(len(blocks), max(1, round(config.ratio * len(blocks))))
     lengths = {id(block.container): len(block.container._modules) for block in blocks}
     removed: list[dict[str, Any]] = []
@@ -152,23 +142,8 @@ def prune_depth(
     for step, (count, finetune_steps) in enumerate(zip(counts, finetunes, strict=True), start=1):
         if count == 0:
             continue
-        remaining = [block for block in blocks if block.name not in {r["block"] for r in removed}]
-        costs, failures = block_costs(model, remaining, batches)
-        if "prune.block_costs" not in ctx.records:
-            ctx.record("prune.block_costs", costs)
-        if failures:
-            ctx.record("prune.unremovable_blocks", {**ctx.records.get("prune.unremovable_blocks", {}), **failures})
-        removable = [block for block in remaining if block.name in costs]
-        if len(removable) < count:
-            reasons = "; ".join(f"{name}: {why}" for name, why in failures.items())
-            raise InfeasibleConfig(
-                f"depth pruning step {step}: {count} blocks to remove but only {len(removable)} can be "
-                f"skipped ({reasons})"
-            )
-        chosen = sorted(removable, key=lambda block: costs[block.name])[:count]
-        for block in chosen:
-            block.container._modules[block.key] = SkippedBlock()
-            removed.append({"block": block.name, "cost": costs[block.name], "step": step})
+        removed += _remove_cheapest(model, [b for b in blocks if b.name not in {r["block"] for r in removed}],
+                                    batches, count, step, ctx)
         check_pruned_forward(
             model,
             inputs,
@@ -184,6 +159,44 @@ def prune_depth(
     layers = _sync_num_hidden_layers(model, lengths)
     if layers is not None:
         ctx.record("prune.num_hidden_layers", layers)
+
+
+def _measurement_batches(blocks: list[Block], ctx: StageContext) -> list[Batch]:
+    """The calibration batches block costs are measured on; infeasible without a block or a batch."""
+    if not blocks:
+        raise InfeasibleConfig(
+            "depth pruning: the model has no removable block (an element of an nn.ModuleList / "
+            "nn.Sequential with two or more Linear/Conv layers and a sibling of its class, called once, "
+            "whose output tensor has its input's shape, holding no protected layer)"
+        )
+    batches = list(ctx.calibration_batches)[:DEPTH_BATCHES]
+    if not batches:
+        raise InfeasibleConfig(
+            f"depth pruning measures block importance on calibration batches; spec '{ctx.spec.name}' has none"
+        )
+    return batches
+
+
+def _remove_cheapest(model: nn.Module, remaining: list[Block], batches: list[Batch], count: int, step: int,
+                     ctx: StageContext) -> list[dict[str, Any]]:
+    """Skip the ``count`` blocks of ``remaining`` whose skipping changes the output least (measured now);
+    returns what was removed ([{block, cost, step}]) and records the costs and the unremovable blocks."""
+    costs, failures = block_costs(model, remaining, batches)
+    if "prune.block_costs" not in ctx.records:
+        ctx.record("prune.block_costs", costs)
+    if failures:
+        ctx.record("prune.unremovable_blocks", {**ctx.records.get("prune.unremovable_blocks", {}), **failures})
+    removable = [block for block in remaining if block.name in costs]
+    if len(removable) < count:
+        reasons = "; ".join(f"{name}: {why}" for name, why in failures.items())
+        raise InfeasibleConfig(
+            f"depth pruning step {step}: {count} blocks to remove but only {len(removable)} can be "
+            f"skipped ({reasons})"
+        )
+    chosen = sorted(removable, key=lambda block: costs[block.name])[:count]
+    for block in chosen:
+        block.container._modules[block.key] = SkippedBlock()
+    return [{"block": block.name, "cost": costs[block.name], "step": step} for block in chosen]
 
 
 def _weight_layer_count(module: nn.Module) -> int:

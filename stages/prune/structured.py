@@ -13,6 +13,7 @@ intermediate width; every other group loses ``ratio``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -44,6 +45,18 @@ def make_importance(name: str) -> Any:
     raise ValueError(f"unknown importance '{name}': choose l1, l2, bn_scale or taylor")
 
 
+@dataclass(frozen=True)
+class _Scope:
+    """What the pruner keeps whole and the ratios it prunes at: heads and FFN widths may differ from ``ratio``."""
+
+    ignored: list[nn.Module]
+    heads: dict[nn.Module, int]
+    head_ratio: float
+    ffn_layers: list[nn.Linear]
+    ffn_ratio: float
+    ffn_ratios: dict[nn.Module, float]
+
+
 def prune_structured(
     model: nn.Module,
     config: PruneConfig,
@@ -62,12 +75,29 @@ def prune_structured(
     different fractions. Raises :class:`InfeasibleConfig` if torch-pruning
     fails, nothing can be pruned, or the pruned model no longer runs.
     """
-    import torch_pruning as tp
-
     if config.importance == "bn_scale" and not any(
         isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
     ):
         raise InfeasibleConfig("bn_scale importance needs BatchNorm layers (their scale factors), the model has none")
+    scope = _scope(model, config, head, protected)
+    pruner = _pruner(model, inputs, config, scope)
+    unsupported = channel_multiplier_convs(model)
+    if unsupported:  # torch-pruning 1.6.1 fails on them (IndexError in step()): keep them and their groups whole
+        ctx.record("prune.kept_whole", {name: CHANNEL_MULTIPLIER_REASON for name in unsupported})
+    _ignore_groups_touching(pruner, [*protected, *unsupported.values()])
+    if not _prunable_groups(pruner):
+        kept = f"; kept whole: {', '.join(unsupported)} ({CHANNEL_MULTIPLIER_REASON})" if unsupported else ""
+        raise InfeasibleConfig(
+            "structured pruning: no channel group can be pruned without touching the head or a protected layer" + kept
+        )
+    for step, finetune_steps in enumerate(split_steps(config.finetune_steps, config.iterative_steps), start=1):
+        what = f"structured pruning step {step}/{config.iterative_steps} (ratio {config.ratio}, {config.importance})"
+        _step(model, pruner, config, ctx, scope, what)
+        check_pruned_forward(model, inputs, expected_shapes, what)
+        finetune(finetune_steps)
+
+
+def _scope(model: nn.Module, config: PruneConfig, head: nn.Module | None, protected: list[nn.Module]) -> _Scope:
     ignored = [m for m in (head, *protected) if m is not None]
     heads = attention_heads(model)
     head_ratio = config.ratio if config.head_ratio is None else config.head_ratio
@@ -81,54 +111,51 @@ def prune_structured(
         ignored.extend(ffn_layers)
     elif ffn_ratio != config.ratio:
         ffn_ratios = dict.fromkeys(ffn_layers, ffn_ratio)
+    return _Scope(ignored, heads, head_ratio, ffn_layers, ffn_ratio, ffn_ratios)
+
+
+def _pruner(model: nn.Module, inputs: Batch, config: PruneConfig, scope: _Scope) -> Any:
+    """torch-pruning's pruner over ``model``'s dependency graph (InfeasibleConfig: it cannot trace it)."""
+    import torch_pruning as tp
+
     try:
-        pruner = tp.pruner.BasePruner(
+        return tp.pruner.BasePruner(
             model,
             inputs,
             importance=make_importance(config.importance),
             global_pruning=config.scope == "global",
             pruning_ratio=config.ratio,
-            pruning_ratio_dict=ffn_ratios,
+            pruning_ratio_dict=scope.ffn_ratios,
             iterative_steps=config.iterative_steps,
-            ignored_layers=ignored,
+            ignored_layers=scope.ignored,
             # attention: remove whole heads (same ratio), never channels inside a head
-            num_heads=heads,
-            prune_num_heads=bool(heads),
+            num_heads=scope.heads,
+            prune_num_heads=bool(scope.heads),
             prune_head_dims=False,
-            head_pruning_ratio=head_ratio if heads else 0.0,
+            head_pruning_ratio=scope.head_ratio if scope.heads else 0.0,
         )
     except Exception as exc:  # torch-pruning could not trace this graph
         raise InfeasibleConfig(
             f"torch-pruning could not build the dependency graph: {type(exc).__name__}: {exc}"
         ) from exc
-    unsupported = channel_multiplier_convs(model)
-    if unsupported:  # torch-pruning 1.6.1 fails on them (IndexError in step()): keep them and their groups whole
-        ctx.record("prune.kept_whole", {name: CHANNEL_MULTIPLIER_REASON for name in unsupported})
-    _ignore_groups_touching(pruner, [*protected, *unsupported.values()])
-    if not _prunable_groups(pruner):
-        kept = f"; kept whole: {', '.join(unsupported)} ({CHANNEL_MULTIPLIER_REASON})" if unsupported else ""
-        raise InfeasibleConfig(
-            "structured pruning: no channel group can be pruned without touching the head or a protected layer" + kept
-        )
 
-    for step, finetune_steps in enumerate(split_steps(config.finetune_steps, config.iterative_steps), start=1):
-        what = f"structured pruning step {step}/{config.iterative_steps} (ratio {config.ratio}, {config.importance})"
-        if config.importance == "taylor":
-            ctx.record("prune.taylor_loss", taylor_gradients(model, ctx.spec, ctx.device, ctx.calibration_batches))
-        try:
-            pruner.step()
-        except Exception as exc:  # torch-pruning failed on this graph
-            raise InfeasibleConfig(f"{what}: torch-pruning failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            clear_gradients(model)
-        if heads:
-            ctx.record("prune.attention_heads", sync_head_counts(model, pruner.num_heads))
-        if ffn_layers and ffn_ratio > 0.0:
-            widths = ffn_widths(model, ffn_layers)
-            ctx.record("prune.ffn_widths", widths)
-            sync_intermediate_size(model, widths)
-        check_pruned_forward(model, inputs, expected_shapes, what)
-        finetune(finetune_steps)
+
+def _step(model: nn.Module, pruner: Any, config: PruneConfig, ctx: StageContext, scope: _Scope, what: str) -> None:
+    """One pruning step, then the heads and FFN widths the model's config records brought in line."""
+    if config.importance == "taylor":
+        ctx.record("prune.taylor_loss", taylor_gradients(model, ctx.spec, ctx.device, ctx.calibration_batches))
+    try:
+        pruner.step()
+    except Exception as exc:  # torch-pruning failed on this graph
+        raise InfeasibleConfig(f"{what}: torch-pruning failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        clear_gradients(model)
+    if scope.heads:
+        ctx.record("prune.attention_heads", sync_head_counts(model, pruner.num_heads))
+    if scope.ffn_layers and scope.ffn_ratio > 0.0:
+        widths = ffn_widths(model, scope.ffn_layers)
+        ctx.record("prune.ffn_widths", widths)
+        sync_intermediate_size(model, widths)
 
 
 #: Why a depthwise convolution with a channel multiplier is never pruned.

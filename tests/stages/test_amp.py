@@ -15,7 +15,7 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
 
-import pipeline.core.stage
+import pipeline.core.stage_context
 from pipeline.api import run_chain
 from pipeline.core.device import Capabilities
 from pipeline.core.errors import ConfigError, InfeasibleConfig
@@ -402,7 +402,7 @@ def _capabilities(reduced: tuple[torch.dtype, ...]) -> Capabilities:
 def test_dtype_the_device_lacks_is_infeasible(
     monkeypatch: pytest.MonkeyPatch, digits_spec: ModelSpec, digits_model: nn.Module, reduced, dtype, match
 ) -> None:
-    monkeypatch.setattr(pipeline.core.stage, "capabilities", lambda device: _capabilities(reduced))
+    monkeypatch.setattr(pipeline.core.stage_context, "capabilities", lambda device: _capabilities(reduced))
     with pytest.raises(InfeasibleConfig, match=match):
         _calibrate(digits_spec, digits_model, AmpConfig(dtype=dtype))
 
@@ -411,7 +411,7 @@ def test_suggest_space(monkeypatch: pytest.MonkeyPatch, digits_spec: ModelSpec) 
     import optuna
 
     fast_bf16 = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=(torch.bfloat16,))
-    monkeypatch.setattr(pipeline.core.stage, "capabilities", lambda device: fast_bf16)
+    monkeypatch.setattr(pipeline.core.stage_context, "capabilities", lambda device: fast_bf16)
     ctx = StageContext(spec=digits_spec, device=CPU)
     off = optuna.trial.FixedTrial({"amp.enabled": False})
     assert AmpConfig.suggest(off, ctx) is None  # type: ignore[arg-type]
@@ -434,7 +434,7 @@ def test_no_amp_trial_without_a_fast_reduced_dtype(monkeypatch: pytest.MonkeyPat
     import optuna
 
     slow = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=())
-    monkeypatch.setattr(pipeline.core.stage, "capabilities", lambda device: slow)
+    monkeypatch.setattr(pipeline.core.stage_context, "capabilities", lambda device: slow)
     study = optuna.create_study()
     study.enqueue_trial({"amp.enabled": True})
     trial = study.ask()
