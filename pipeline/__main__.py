@@ -1,9 +1,8 @@
-import sys
 import time
 
 #: When the command started, before the imports (torch takes seconds): the `time:` line of optimize covers them.
 STARTED = time.perf_counter()
 
-from pipeline.cli.main import main  # noqa: E402
+from pipeline.cli.main import run  # noqa: E402
 
-sys.exit(main(started=STARTED))
+run(started=STARTED)

@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pipeline.core.stage import StageConfig
 from pipeline.search.objectives import ATTR_REPEAT_OF
 from pipeline.search.rule_out import is_ruled_out
+from pipeline.search.storage import retried
 
 #: Consecutive repeats after which the budget stops the study: the sampler has run out of new recipes.
 MAX_CONSECUTIVE_REPEATS = 25
@@ -76,8 +77,11 @@ class TrialBudget:
         self.exhausted = False
 
     def counted(self, study: optuna.Study) -> int:
-        """Finished trials that count against the budget."""
-        return sum(1 for t in study.get_trials(deepcopy=False, states=self.states) if not not_counted(t))
+        """Finished trials that count against the budget (not an interrupted or killed trial, whose config is
+        enqueued again: :func:`~pipeline.search.storage.retried`)."""
+        trials = study.get_trials(deepcopy=False)
+        again = retried(trials)
+        return sum(1 for t in trials if t.state in self.states and not not_counted(t) and t.number not in again)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self.consecutive = self.consecutive + 1 if not_counted(trial) else 0

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
@@ -31,6 +31,7 @@ from pipeline.search.front import (
     remeasured_speedups,
     with_remeasured,
 )
+from pipeline.search.interrupt import stopping
 from pipeline.search.objectives import (
     ATTR_EXPORTS,
     ATTR_RECIPE,
@@ -52,7 +53,7 @@ from pipeline.search.quiet import stderr_to
 from pipeline.search.record import TrialRecord
 from pipeline.search.rule_out import summarize as summarize_ruled_out
 from pipeline.search.screening import screened_note
-from pipeline.search.storage import fail_dead_trials
+from pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
 from pipeline.search.study import Search, SearchTimes
 from pipeline.search.trial_log import TrialLogger
 from pipeline.search.trial_objective import TrialObjective
@@ -104,7 +105,7 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
     console = console or Console()
     log = study_dir(search.study_name) / THIRD_PARTY_LOG
     console.print(f"third-party warnings and progress bars: {log}", highlight=False, soft_wrap=True)
-    with stderr_to(log):
+    with stderr_to(log), stopping():
         return _run_search(search, trials, timeout, console, launch, started)
 
 
@@ -116,6 +117,15 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
         console.print(f"study {search.study_name} has {finished} of {trials} trials; nothing to run"
                       + (f" (--trials {trials} is the study's total)" if finished > trials else ""), highlight=False)
     study, baseline, tracker = open_search(search, running=finished is None)
+    try:
+        return _searched(search, study, baseline, tracker, trials, timeout, console, launch, wall_start)
+    except KeyboardInterrupt:  # outside a trial (a front export, the re-measure): record, then stop
+        stop_recorded(study, tracker)
+        raise
+
+
+def _searched(search: Search, study: optuna.Study, baseline: Baseline, tracker: Tracker | None, trials: int,
+              timeout: float | None, console: Console, launch: Launcher | None, wall_start: float) -> SearchOutcome:
     children = len(tracker.children) if tracker is not None else 0
     for line in (search.self_check_line, search.stages_line, search.presets_line, search.rules.unknown_line()):
         if line:
@@ -137,7 +147,8 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
         repeats = len(done) - (trials - remaining)
         labels = ", ".join(get_runtime(r).label(search.device) for r in search.runtimes)
         console.print(f"study {search.study_name}: {trials - remaining} trial(s) done"
-                      + (f" (and {repeats} repeat(s) or ruled-out configuration(s), not counted)" if repeats else "")
+                      + (f" (and {repeats} repeat(s), ruled-out or interrupted configuration(s), not counted)"
+                         if repeats else "")
                       + f", running {remaining} more on {logger.device} (runtimes: {labels}); "
                       f"{exports_line(search)}; full recipes: MLflow param and tag 'recipe', Optuna attr "
                       f"'{ATTR_RECIPE}'", highlight=False)
@@ -150,7 +161,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
             console.print(f"stopped early: the sampler proposed only repeats or ruled-out configurations "
                           f"({budget.consecutive} in a row)")
     if interrupted:
-        console.print("interrupted: exporting and logging what is done")
+        return interrupted_outcome(search, study, baseline, tracker, console, notes, parent)
     if tracker is not None:
         tracker.refresh_children()  # trials that other workers logged
     exported = export_outcomes(study)
@@ -203,6 +214,36 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
                          interrupted, notes, machine_line(study))
 
 
+def interrupted_outcome(search: Search, study: optuna.Study, baseline: Baseline, tracker: Tracker | None,
+                        console: Console, notes: list[str], parent: str | None) -> SearchOutcome:
+    """Ctrl-C during the trials: what is done is in the study and MLflow already; the parent run is closed KILLED
+    and nothing slow runs (no export, no re-measure): the next run of the study exports its front, and the
+    interrupted trial's configuration runs again there (it is not counted)."""
+    stop_recorded(study, tracker)
+    total = TrialBudget(0, finished_states()).counted(study)
+    exports = ", and the Pareto trials export then" if search.config.exports == "pareto" else ""
+    console.print(f"interrupted: {total} trial(s) recorded; the interrupted trial does not count and runs again "
+                  f"when this command runs again{exports}", highlight=False)
+    rows = pareto_rows(study, search.objectives)
+    title = f"{search.spec.name}: Pareto front so far, {len(rows)} of {total} trials"
+    search.times.by_category = dict(search.runner.totals)
+    table = pareto_table(rows, search.objectives, title, baseline, [FRONT_NOTE, "re-timed: not yet (interrupted)"])
+    return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, {}, search.times,
+                         search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
+                         True, notes, machine_line(study))
+
+
+def stop_recorded(study: optuna.Study, tracker: Tracker | None) -> None:
+    """After a Ctrl-C: no trial of this process left RUNNING (each is FAIL, its config enqueued again) and the
+    study's MLflow parent run closed KILLED."""
+    mine = worker_id()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if trial.user_attrs.get(ATTR_WORKER) == mine:
+            retry_trial(study, trial.number)
+    if tracker is not None:
+        tracker.close_study("KILLED")
+
+
 def catch_up(search: Search, study: optuna.Study, tracker: Tracker | None,
              logger: TrialLogger) -> list[FrozenTrial]:
     """Mark FAIL the trials of dead workers and log the finished trials that no process logged; the
@@ -210,10 +251,11 @@ def catch_up(search: Search, study: optuna.Study, tracker: Tracker | None,
     with search.lock():
         fail_dead_trials(study)
         done = study.get_trials(deepcopy=False, states=finished_states())
+        again = retried(study.get_trials(deepcopy=False))  # interrupted or killed: not a trial, its config runs again
         if tracker is not None:
             tracker.refresh_children()
             for trial in done:
-                if trial.number not in tracker.children:
+                if trial.number not in tracker.children and trial.number not in again:
                     logger.log(TrialRecord.from_trial(trial))
     return done
 
@@ -265,7 +307,8 @@ def run_worker(search: Search, trials: int, timeout: float | None = None, consol
     study has ``trials``; True if interrupted. The preparing process exports and logs the front."""
     study, baseline, tracker = open_search(search)
     logger = TrialLogger(search, tracker, console or Console())
-    return trial_loop(search, study, baseline, TrialBudget(trials, finished_states()), timeout, logger)
+    with stopping():
+        return trial_loop(search, study, baseline, TrialBudget(trials, finished_states()), timeout, logger)
 
 
 def trial_loop(search: Search, study: optuna.Study, baseline: Baseline, budget: TrialBudget, timeout: float | None,

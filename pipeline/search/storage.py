@@ -6,7 +6,8 @@
 
 A trial whose process died is marked FAIL the next time any worker starts (heartbeats older than
 :data:`GRACE_S`, or a dead process id on this host) and its config is enqueued once more
-(:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback`).
+(:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback`); an interrupted trial's config is enqueued
+again every time (:func:`retry_trial`). Neither counts toward the study's trials (:func:`retried`).
 
 :func:`study_lock` is an exclusive lock per study: a file lock beside a local storage, a PostgreSQL
 advisory lock for a server. Workers hold it to create the schema and the study, and from "how many
@@ -188,7 +189,22 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
 
 
 def retry_trial(study: optuna.Study, number: int) -> None:
-    """Enqueue the config of trial ``number`` once more (an interrupted trial): seeds and params survive."""
+    """Trial ``number`` was interrupted (Ctrl-C): mark it FAIL if a second Ctrl-C left it RUNNING, and enqueue its
+    config once more, however often it was interrupted before (seeds and params survive). Not counted: it is
+    :func:`retried`."""
     trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
-    if trial is not None and trial.state == TrialState.FAIL:
-        retry_callback()(study, trial)
+    if trial is None or trial.state not in (TrialState.RUNNING, TrialState.FAIL):
+        return
+    if trial.state == TrialState.RUNNING:
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        trial = study._storage.get_trial(trial._trial_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        RetryHeartbeatStaleTrialCallback(max_retry=None)(study, trial)
+
+
+def retried(trials: list[FrozenTrial]) -> set[int]:
+    """The trials whose config was enqueued again (interrupted, or their process died): not trials of the study,
+    their config's next run is. Optuna's retry callback keeps each retry's history in the retry's system attributes:
+    pass every trial of the study (the retry may still be WAITING)."""
+    return {number for t in trials for number in t.system_attrs.get("retry_history", ())}

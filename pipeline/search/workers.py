@@ -63,7 +63,7 @@ def run_trials(objective: Objective, lock: StudyLock, study: optuna.Study, budge
                timeout: float | None, callbacks: Sequence[Callback]) -> bool:
     """Run trials until ``budget.total`` are finished or running (all workers together), the budget is
     exhausted (only repeats proposed) or ``timeout`` passes; True if interrupted (Ctrl-C). The interrupted
-    trial is marked FAIL and its config enqueued again.
+    trial is marked FAIL and its config enqueued again; it does not count (:func:`~pipeline.search.storage.retried`).
 
     Each trial's record goes from ``objective`` straight to ``callbacks`` (then the budget), once the trial
     is finished in the study; a trial that ended without one (an error outside the objective's steps) is
@@ -98,7 +98,7 @@ def run_trials(objective: Objective, lock: StudyLock, study: optuna.Study, budge
                 study.optimize(run, n_trials=1, catch=(Exception,), callbacks=[finished])
             finally:
                 lock.release()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a second Ctrl-C is held off meanwhile (interrupt.stopping, around the search)
         if current:
             retry_trial(study, current[-1])
         return True

@@ -1,4 +1,5 @@
-"""Ctrl-C and kill -9 during a trial, then a rerun: one line, the trial FAIL, its seed retried once, MLflow closed.
+"""Ctrl-C and kill -9 during a trial, then a rerun: one line, the trial FAIL, its seed retried once and the trial not
+counted toward --trials, MLflow closed.
 
 Two slow seeds (pruning with 1000 fine-tuning steps) on digits: the first run is interrupted (SIGINT) during
 seed A, the second is killed (SIGKILL) during seed B, the third finishes the study.
@@ -81,11 +82,13 @@ def test_interrupt_and_kill_then_rerun(tmp_path: Path) -> None:
 
     first = study.start(trials=9)
     interrupted = study.wait_running("slow-a", first)
+    start = time.monotonic()
     os.killpg(first.pid, signal.SIGINT)
     output = first.communicate(timeout=180)[0]
+    assert time.monotonic() - start < 2.0, output  # no export, no re-measure: what is done is recorded, at once
     assert first.returncode == 130, output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
-    assert sum("interrupted" in line for line in output.splitlines()) == 1, output
+    assert sum(line.startswith("interrupted") for line in output.splitlines()) == 1, output
 
     second = study.start(trials=9)
     killed = study.wait_running("slow-b", second)
@@ -103,7 +106,9 @@ def test_interrupt_and_kill_then_rerun(tmp_path: Path) -> None:
     assert retries[killed].user_attrs["paretorch.seed"] == "slow-b"
     assert all(t.state == TrialState.COMPLETE for t in retries.values())
     finished = [t for t in trials.values() if t.state.is_finished()]
-    assert len(finished) == 5 and not [t for t in trials.values() if t.state == TrialState.RUNNING]
+    counted = [t for t in finished if t.number not in (interrupted, killed)]
+    assert len(counted) == 5, "--trials 5: the interrupted and the killed trial do not count, their retries do"
+    assert not [t for t in trials.values() if t.state == TrialState.RUNNING]
 
     client = MlflowClient(tracking_uri=study.tracking)
     runs = client.search_runs([client.get_experiment_by_name("paretorch/digits").experiment_id])
@@ -111,5 +116,5 @@ def test_interrupt_and_kill_then_rerun(tmp_path: Path) -> None:
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     children = {int(r.data.tags["paretorch.trial"]): r.info.status for r in runs
                 if r.data.tags.get("paretorch.role") == "trial"}
-    assert sorted(children) == sorted(t.number for t in finished)
-    assert children[interrupted] == "FAILED" and children[killed] == "FAILED"
+    assert sorted(children) == sorted(t.number for t in counted), "an interrupted or killed trial has no run"
+    assert set(children.values()) <= {"FINISHED", "KILLED"}

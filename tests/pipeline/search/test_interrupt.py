@@ -81,7 +81,7 @@ def test_ctrl_c_inside_a_tracer_stops_the_run(tracer_stage: None, tmp_path: Path
     captured = capsys.readouterr()
     output = captured.out + captured.err
     assert code == 130, output
-    assert sum("interrupted" in line for line in output.splitlines()) == 1, output
+    assert sum(line.startswith("interrupted") for line in output.splitlines()) == 1, output
     assert TRACER_REASON not in output and "Traceback" not in output, output
 
     trials = optuna.load_study(study_name="ctrl-c", storage=storage).get_trials(deepcopy=False)

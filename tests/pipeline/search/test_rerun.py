@@ -81,8 +81,8 @@ def test_the_resume_line_counts_trials_as_the_budget_does(
     study.enqueue_trial({"prune.enabled": False, "distill.enabled": False, "quantize.method": "none"})
     assert len(run_search(search, trials=2, console=Console(file=io.StringIO())).study.trials) == 3
     _, output = _run(residual_spec, config, tmp_path, trials=3, track=False)
-    assert (f"study {search.study_name}: 2 trial(s) done (and 1 repeat(s) or ruled-out configuration(s), not counted), "
-            "running 1 more") in output
+    assert (f"study {search.study_name}: 2 trial(s) done (and 1 repeat(s), ruled-out or interrupted "
+            "configuration(s), not counted), running 1 more") in output
     assert "-> " not in output, "trial lines name no export: exports run at the end, for the front only"
     assert "exports (coreml, onnx)" not in output and "no exports" in output
 
