@@ -82,7 +82,8 @@ def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
         if tracker is not None:
             tracker.log_trial_files(trial.number, {"": [recipe_path], "profile": profile, **files})
             tracker.log_trial_metrics(trial.number, metrics)
-            tracker.set_trial_tags(trial.number, {"exported": "true"})
+            ran = {"recipe": recipe.describe()} if search.config.exports == "pareto" else {}  # the exports that ran
+            tracker.set_trial_tags(trial.number, {"exported": "true", **ran})
     return recipes, notes
 
 

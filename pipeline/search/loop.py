@@ -58,6 +58,7 @@ from pipeline.search.study import Search, SearchTimes
 from pipeline.search.trial_log import TrialLogger
 from pipeline.search.trial_objective import TrialObjective
 from pipeline.search.workers import Callback, run_trials
+from pipeline.tracking.columns import SORT_METRIC
 from pipeline.tracking.tracker import Tracker
 
 Launcher = Callable[[], tuple[bool, list[str]]]
@@ -293,12 +294,14 @@ def open_search(search: Search, running: bool = True) -> tuple[optuna.Study, Bas
         tracker.open_study(
             search.spec.name, search.study_name,
             params={**{"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
+                    "search.runtimes": search.runtimes,  # those the device offered, not every one the config names
                     **search.objectives.drop_params(baseline)},
             tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe(),
                   **({FIDELITY_NOTE_TAG: note} if (note := fidelity_note(search.spec.metric)) else {})},
             running=running,
         )
-        tracker.show_columns(search.objectives.headline_keys())
+        tracker.show_columns(search.objectives.headline_keys(),
+                             leading=(SORT_METRIC, search.spec.metric.name, "metric_drop"))
     return study, baseline, tracker
 
 

@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial
 from pipeline.core.stage import StageConfig
 from pipeline.core.text import plain
 from pipeline.engine.recipe import OFF, Recipe, configs_from_json, configs_to_json, flatten_node_configs
+from pipeline.engine.short_recipe import short_recipe
 from pipeline.search.objectives import (
     ATTR_CACHE,
     ATTR_CONFIGS,
@@ -186,12 +187,23 @@ class TrialRecord:
         metrics.update({f"cache_{k}": float(v) for k, v in self.cache.items()})
         return metrics if headline is None else namespace_metrics(metrics, headline)
 
-    def tracking_tags(self, common: Mapping[str, str]) -> dict[str, str]:
+    def run_name(self) -> str:
+        """The MLflow run's name: the trial number and its short recipe (``016 prune 0.3 + int8s | ort``), the one the
+        console prints; the configs it asked for where it did not complete."""
+        if self.recipe is not None:
+            stages: list[StageConfig | None] = list(self.recipe.stages)
+        else:
+            stages = list(self.configs.values())
+        return f"{self.number:03d} {short_recipe(stages, self.recipe.runtime if self.recipe else self.runtime)}"
+
+    def tracking_tags(self, common: Mapping[str, str], exports_ran: bool = False) -> dict[str, str]:
+        """The run's tags; its ``recipe`` names the exports only where they ran with the trial (``exports_ran``):
+        the Pareto trials' exports, at the end of the search, set it again with those that ran."""
         tags = {**common, "pareto": "false", "optuna.trial_number": str(self.number)}
         if self.seed is not None:
             tags["seed"] = self.seed
         if self.recipe is not None:
-            tags["recipe"] = self.recipe.describe()
+            tags["recipe"] = self.recipe.describe(exports=exports_ran)
         if self.infeasible is not None:
             tags["infeasible_reason"] = self.infeasible
         tags["feasible"] = str(bool(self.feasible)).lower()

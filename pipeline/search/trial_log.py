@@ -52,9 +52,11 @@ class TrialLogger:
         if self.tracker is None or not record.counted:
             return
         common = {"device": self.device, "sampler": self.search.config.sampler}
+        exports_ran = self.search.config.exports == "every_trial"
         self.tracker.log_trial(record.number, record.state, record.params(),
                                record.tracking_metrics(self.search.objectives.headline_keys()),
-                               record.tracking_tags(common), record.start_ms, record.texts())
+                               record.tracking_tags(common, exports_ran), record.start_ms, record.texts(),
+                               name=record.run_name())
 
     def _update_best(self, study: optuna.Study) -> None:
         front = pareto_trials(study)

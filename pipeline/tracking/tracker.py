@@ -186,12 +186,13 @@ class Tracker:
         self._log(self.parent_run_id, params=params)
         return self.parent_run_id
 
-    def show_columns(self, metrics: Sequence[str], tags: Sequence[str] = KEY_TAGS) -> None:
+    def show_columns(self, metrics: Sequence[str], tags: Sequence[str] = KEY_TAGS, leading: Sequence[str] = ()) -> None:
         """Add these metrics and run tags to the columns the experiment's runs table opens with
-        (``pipeline.tracking.columns``; the URL ``make ui`` prints): the trial runs, one row each."""
+        (``pipeline.tracking.columns``; the URL ``make ui`` prints): the trial runs, one row each; the ``leading``
+        metrics, then the tags, first."""
         current = self._client.get_experiment(self.experiment_id).tags.get(VIEW_TAG)
         view = headline_view([clean_key(m) for m in metrics], [clean_key(t) for t in tags], current,
-                             search_filter=f"tags.`{ROLE_TAG}` = 'trial'")
+                             search_filter=f"tags.`{ROLE_TAG}` = 'trial'", leading=[clean_key(m) for m in leading])
         if view != current:
             self._client.set_experiment_tag(self.experiment_id, VIEW_TAG, view)
 
@@ -263,8 +264,10 @@ class Tracker:
         tags: Mapping[str, str],
         start_ms: int | None = None,
         texts: Mapping[str, str] | None = None,
+        name: str | None = None,
     ) -> str:
-        """Create (once) the child run of trial ``number`` and log everything about it."""
+        """Create (once) the child run of trial ``number`` and log everything about it; ``name``: the run's name
+        (default ``trial-NNN``)."""
         if number in self.children:
             return self.children[number]
         self._load_children()  # another worker may have logged it
@@ -273,7 +276,7 @@ class Tracker:
         run = self._client.create_run(
             self.experiment_id,
             start_time=start_ms,
-            run_name=f"trial-{number:03d}",
+            run_name=name or f"trial-{number:03d}",
             tags={PARENT_TAG: self.parent_run_id, STUDY_TAG: self.study_name, ROLE_TAG: "trial",
                   TRIAL_TAG: str(number), "state": state, **library_tags(), **tags},
         )

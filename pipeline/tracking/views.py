@@ -12,9 +12,10 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 from pipeline.tracking.columns import VIEW_KEY, VIEW_PARAMETER, VIEW_TAG
-from pipeline.tracking.tracker import experiment_name
+from pipeline.tracking.tracker import ROLE_TAG, STUDY_TAG, experiment_name
 
 if TYPE_CHECKING:
+    from mlflow import MlflowClient
     from mlflow.entities import Experiment
 
 #: Prefix of the metrics that are not headline numbers (MLflow groups them under it).
@@ -53,15 +54,36 @@ def markdown_table(columns: Mapping[str, list[object]]) -> str:
 
 def experiment_links(tracking_uri: str, base: str) -> list[tuple[str, str]]:
     """(experiment name, runs-view URL) for each paretorch experiment in the store, newest first."""
+    return [(e.name, experiment_url(base, e)) for e in _experiments(_client(tracking_uri))]
+
+
+def study_links(tracking_uri: str, base: str) -> list[tuple[str, str]]:
+    """(study name, URL of its parent run) for each study in the store's paretorch experiments, the most recently
+    started first: the run whose Description is the Pareto table and whose artifacts hold ``pareto.png``."""
+    client = _client(tracking_uri)
+    links = []
+    for experiment in _experiments(client):
+        parents = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'study'",
+                                     order_by=["attributes.start_time DESC"], max_results=100)
+        links += [(run.data.tags.get(STUDY_TAG, run.info.run_name),
+                   run_view_url(base, experiment.experiment_id, run.info.run_id)) for run in parents]
+    return links
+
+
+def _client(tracking_uri: str) -> MlflowClient:
     from mlflow import MlflowClient
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # schema creation on a new store logs at INFO
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    client = MlflowClient(tracking_uri=tracking_uri)
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _experiments(client: MlflowClient) -> list[Experiment]:
+    """The store's paretorch experiments, the most recently updated first."""
     prefix = experiment_name("")
     experiments = [e for e in client.search_experiments() if e.name.startswith(prefix)]
     experiments.sort(key=lambda e: e.last_update_time or 0, reverse=True)
-    return [(e.name, experiment_url(base, e)) for e in experiments]
+    return experiments
 
 
 def namespace_metrics(metrics: Mapping[str, float], headline: Collection[str]) -> dict[str, float]:

@@ -13,7 +13,9 @@ from pipeline.engine.recipe import Recipe
 from pipeline.search import Search, SearchConfig, run_search
 from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
 from stages.amp.stage import AmpConfig
+from stages.export.onnx import ONNXExportConfig
 from stages.prune.stage import PruneConfig
+from stages.quantize.stage import QuantizeConfig
 
 
 def _complete_record(number: int = 0) -> TrialRecord:
@@ -55,8 +57,11 @@ def test_optuna_attributes_read_back_as_the_same_record() -> None:
 
 
 def test_mlflow_params_of_a_calibrated_amp_trial_are_resolved(residual_spec: ModelSpec, tmp_path: Path) -> None:
-    """The MLflow child run of an AMP trial shows the dtype and float32 layers calibration chose."""
-    config = SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none",
+    """The MLflow child run of an AMP trial shows the dtype and float32 layers calibration chose; it is named by its
+    number and short recipe, its recipe tag claims no export (none ran); the parent lists the runtimes the device
+    offered (CUDA graphs asked for, not on a CPU)."""
+    config = SearchConfig.load(None, sampler="random", runtimes=("eager", "compile_cudagraphs"),
+                               latency_budget="quick", exports="none",
                                seeds=[{"name": "amp-only", "stages": [{"stage": "amp"}]}])
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'optuna.db'}",
@@ -70,6 +75,21 @@ def test_mlflow_params_of_a_calibrated_amp_trial_are_resolved(residual_spec: Mod
     assert run.data.params["amp.dtype"] in ("bfloat16", "float16")
     assert "amp.fp32_layers" in run.data.params and run.data.params["amp.fp32_layers"] != "null"
     assert run.data.params["prune"] == "off"
+    assert run.info.run_name.startswith("001 bf16") or run.info.run_name.startswith("001 fp16"), run.info.run_name
+    assert run.info.run_name.endswith(" | eager") and "->" not in run.data.tags["recipe"], run.data.tags["recipe"]
+    [parent] = client.search_runs([run.info.experiment_id], filter_string="tags.`paretorch.role` = 'study'")
+    assert parent.data.params["search.runtimes"] == "['eager']"
+
+
+def test_a_run_is_named_by_its_number_and_short_recipe() -> None:
+    record = TrialRecord(number=16, state=COMPLETE, runtime="onnxruntime", configs={},
+                         recipe=Recipe(stages=(PruneConfig(ratio=0.3), QuantizeConfig(method="int8_static_pt2e"),
+                                               ONNXExportConfig()), runtime="onnxruntime", model="digits"))
+    assert record.run_name() == "016 prune 0.3 + int8s | ort"
+    assert record.tracking_tags({})["recipe"].endswith("| onnxruntime"), "no export ran with the trial"
+    assert record.tracking_tags({}, exports_ran=True)["recipe"].endswith("| -> onnx")
+    asked = TrialRecord(number=3, state=PRUNED, runtime="eager", configs={"prune": PruneConfig(ratio=0.5), "amp": None})
+    assert asked.run_name() == "003 prune 0.5 | eager"
 
 
 def test_reasons_name_what_went_wrong() -> None:

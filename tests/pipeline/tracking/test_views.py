@@ -9,9 +9,16 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.tracking.columns import VIEW_TAG, headline_view
+from pipeline.tracking.columns import CREATED, DURATION, RUN_NAME, TABLE_WIDTH_1366, VIEW_TAG, headline_view
 from pipeline.tracking.tracker import Tracker
-from pipeline.tracking.views import experiment_links, markdown_table, namespace_metrics, run_view_url, runs_view_url
+from pipeline.tracking.views import (
+    experiment_links,
+    markdown_table,
+    namespace_metrics,
+    run_view_url,
+    runs_view_url,
+    study_links,
+)
 
 
 def test_links_open_the_model_training_view() -> None:
@@ -42,20 +49,44 @@ def test_each_study_adds_its_headline_columns_to_the_experiments_view(tmp_path: 
     assert experiment_links(store, "http://h:1") == [
         ("paretorch/digits", f"http://h:1/#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning")]
     headline = ("accuracy", "metric_drop", "latency_ms_p50_b32", "speedup", "size_bytes")
-    tracker.show_columns(headline)
+    tracker.show_columns(headline, leading=("speedup", "accuracy", "metric_drop"))
     other = Tracker(store)
     other.open_study("digits", "study-b1", params={}, tags={})
-    other.show_columns(("accuracy", "metric_drop", "latency_ms_p50_b1", "speedup", "size_bytes"))
+    other.show_columns(("accuracy", "metric_drop", "latency_ms_p50_b1", "speedup", "size_bytes"),
+                       leading=("speedup", "accuracy", "metric_drop"))
     view = json.loads(MlflowClient(tracking_uri=tracker.uri).get_experiment(tracker.experiment_id).tags[VIEW_TAG])
-    assert view == {"selectedColumns": [
+    leading = ["metrics.`speedup`", "metrics.`accuracy`", "metrics.`metric_drop`", "tags.`pareto`", "tags.`feasible`"]
+    assert view["selectedColumns"] == [
         "metrics.`accuracy`", "metrics.`metric_drop`", "metrics.`latency_ms_p50_b32`", "metrics.`speedup`",
-        "metrics.`size_bytes`", "tags.`feasible`", "tags.`pareto`", "metrics.`latency_ms_p50_b1`"],
-        # every trial a row of its own (sorted by a metric, the UI does not fold children under the parent)
-        "searchFilter": "tags.`paretorch.role` = 'trial'", "orderByKey": "metrics.`speedup`", "orderByAsc": False}
+        "metrics.`size_bytes`", "tags.`pareto`", "tags.`feasible`", "metrics.`latency_ms_p50_b1`"]
+    # the run name (the short recipe), then what a user reads first, then the rest
+    assert view["columnOrder"] == [RUN_NAME, CREATED, DURATION, *leading, "metrics.`latency_ms_p50_b32`",
+                                   "metrics.`size_bytes`", "metrics.`latency_ms_p50_b1`"]
+    # every trial a row of its own (sorted by a metric, the UI does not fold children under the parent)
+    assert (view["searchFilter"], view["orderByKey"], view["orderByAsc"]) == (
+        "tags.`paretorch.role` = 'trial'", "metrics.`speedup`", False)
     [(name, url)] = experiment_links(store, "http://h:1")
     assert name == "paretorch/digits"
     assert url.endswith(f"/#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning"
                         "&viewStateShareKey=paretorch-headline")
+
+
+def test_the_leading_columns_fit_a_1366_px_screen_with_mlflows_assistant_open() -> None:
+    view = json.loads(headline_view(["accuracy", "latency_ms_p50_b1"], leading=("speedup", "accuracy", "metric_drop")))
+    widths = view["columnWidths"]
+    assert list(widths) == view["columnOrder"][:8] and view["columnOrder"][3:8] == [
+        "metrics.`speedup`", "metrics.`accuracy`", "metrics.`metric_drop`", "tags.`pareto`", "tags.`feasible`"]
+    assert sum(widths.values()) <= TABLE_WIDTH_1366
+    assert {"metrics.`speedup`", "metrics.`metric_drop`"} <= set(view["selectedColumns"])
+
+
+def test_make_ui_links_each_studys_parent_run(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(store)
+    tracker.open_study("digits", "study-a", params={}, tags={})
+    assert study_links(store, "http://h:1") == [
+        ("study-a", f"http://h:1/#/experiments/{tracker.experiment_id}/runs/{tracker.parent_run_id}"
+                    "?workflowType=machine_learning")]
 
 
 def test_an_unreadable_view_is_replaced_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
