@@ -5,8 +5,9 @@ NNCF's int8 mirror of the quantize stage, the recipe's inference precision: f32,
 AMP runs the whole model in bfloat16), opened with :func:`pipeline.core.ov_session.open_ir` on the device's
 first OpenVINO device from the capability table (dynamic shapes, torch's thread count, one stream, LATENCY).
 A numeric stage OpenVINO cannot mirror (a gap the stage names for ``openvino``,
-:class:`pipeline.core.mirror.RuntimeGap`) is never measured as another model: the search rules the recipe out before it runs, and a run that gets there anyway
-(``pipeline apply``, or AMP float32 layers known only once calibrated) is infeasible with the reason.
+:class:`pipeline.core.mirror.RuntimeGap`) is never measured as another model: the search rules the recipe
+out before it runs, and a run that gets there anyway (``pipeline apply``, or AMP float32 layers known only
+once calibrated) is infeasible with the reason.
 """
 
 from __future__ import annotations
