@@ -162,6 +162,20 @@ def test_a_pareto_trial_has_coreml_and_onnx_artifacts(optimized: Study) -> None:
     assert {"pareto_table.json", "pareto.png", "pareto.html"} <= {a.path for a in client.list_artifacts(parent)}
 
 
+def test_each_pareto_trials_files_sit_in_its_study_folder_and_are_printed(optimized: Study) -> None:
+    study = optimized.study
+    for trial in study.best_trials:
+        folder = optimized.results / "studies" / study.study_name / f"trial-{trial.number:03d}"
+        assert {"recipe.json", "digits.onnx", "digits.mlpackage"} <= {p.name for p in folder.iterdir()}
+        assert f"{folder / 'digits.onnx'}" in optimized.optimize_output + optimized.resume_output
+
+
+def test_runs_are_named_by_their_short_recipe(optimized: Study) -> None:
+    names = {int(r.data.tags["paretorch.trial"]): r.info.run_name for r in optimized.runs("trial")}
+    assert names[0] == "000 baseline | eager"
+    assert all(name.startswith(f"{number:03d} ") and name.endswith(" | eager") for number, name in names.items())
+
+
 def test_shared_prune_config_hits_the_cache(optimized: Study) -> None:
     trial = next(t for t in optimized.study.trials if t.user_attrs.get("paretorch.seed") == "prune-0.3-distill")
     assert trial.state.name == "COMPLETE"
