@@ -15,6 +15,7 @@ per length. CUDA graphs stay static (``compile_cudagraphs``): they record one gr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,12 @@ from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.runtimes.compile import Compile, known_limits_infeasible
 from pipeline.core.token_inputs import is_token_input
+
+#: Whether this torch's ``torch.compile`` keeps a compiled module's graphs to itself (``isolate_recompiles``,
+#: torch 2.12+). Without it a dynamic graph of a module could serve the static ``compile`` of the same module
+#: in the process (both share the forward's code object): the runtime is not offered there (torch 2.11 raised
+#: ``TypeError: compile() got an unexpected keyword argument 'isolate_recompiles'`` on every trial).
+ISOLATES_RECOMPILES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 
 
 def sequence_dynamic(inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
@@ -44,6 +51,9 @@ class CompileDynamic(Compile):
 
     name = "compile_dynamic"
     static_shapes = False
+
+    def available(self, device: torch.device) -> bool:
+        return ISOLATES_RECOMPILES and super().available(device)
 
     def prepare(self, model: nn.Module, device: torch.device) -> Callable[..., Tensor]:
         if (why := self.cannot_run(ExportMirror(), isinstance(model, torch.jit.ScriptModule))) is not None:

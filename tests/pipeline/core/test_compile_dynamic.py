@@ -12,6 +12,7 @@ from torch._dynamo.utils import counters
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, evaluate_model
 from pipeline.core.padding import to_bucket, trim_to_longest
+from pipeline.core.runtimes import compile_dynamic
 from pipeline.core.runtimes.compile import COMPILE
 from pipeline.core.runtimes.compile_dynamic import COMPILE_DYNAMIC, sequence_dynamic
 from pipeline.core.runtimes.registry import get_runtime
@@ -143,3 +144,12 @@ def test_the_evaluator_times_the_dynamic_runtime_at_the_batchs_own_length(encode
 
 def test_the_search_config_accepts_the_runtime() -> None:
     assert "compile_dynamic" in SearchConfig(runtimes=("compile", "compile_dynamic")).runtimes
+
+
+def test_a_torch_without_isolated_recompiles_does_not_offer_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11's ``torch.compile`` has no ``isolate_recompiles``: the runtime is not offered there (it failed
+    every trial with a TypeError on the H100's torch 2.11), and is where torch has it."""
+    assert COMPILE_DYNAMIC.available(CPU) == compile_dynamic.ISOLATES_RECOMPILES
+    monkeypatch.setattr(compile_dynamic, "ISOLATES_RECOMPILES", False)
+    assert not COMPILE_DYNAMIC.available(CPU)
+    assert COMPILE.available(CPU)
