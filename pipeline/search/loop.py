@@ -41,13 +41,12 @@ from pipeline.search.objectives import (
 from pipeline.search.pareto import (
     FRONT_NOTE,
     distinct_front,
-    pareto_figure_html,
-    pareto_figure_png,
     pareto_rows,
     pareto_table,
     pareto_trials,
     table_columns,
 )
+from pipeline.search.pareto_figure import pareto_figure_html, pareto_figure_png
 from pipeline.search.proposals import Proposals
 from pipeline.search.quiet import stderr_to
 from pipeline.search.record import TrialRecord

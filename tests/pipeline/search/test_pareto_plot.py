@@ -14,11 +14,10 @@ from pipeline.search.front import BASELINE, Remeasured, with_remeasured
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE, Baseline, Objectives
 from pipeline.search.pareto import (
     latency_cell,
-    pareto_figure_html,
-    pareto_figure_png,
     table_columns,
     trial_row,
 )
+from pipeline.search.pareto_figure import pareto_figure_html, pareto_figure_png
 
 
 def _study(objectives: Objectives, trials: list[tuple[float, float, str]]) -> optuna.Study:
