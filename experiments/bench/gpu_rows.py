@@ -117,7 +117,7 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
                 print(json.dumps(rows[-1]), flush=True)
     return {"device": torch.cuda.get_device_name() if device.type == "cuda" else device.type,
             "torch": torch.__version__, "python": platform.python_version(), "load": os.getloadavg(),
-            "baseline_scores": scores["fp32"], "rows": rows}
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "baseline_scores": scores["fp32"], "rows": rows}
 
 
 def main() -> None:

@@ -12,7 +12,8 @@ COMPILE_SHAPES_PREFIX = "compile-shapes-"
 
 def render_gpu_rows(result: dict[str, Any]) -> str:
     """One table: every row paired with fp32 eager, its task metric, held-out score and achieved TFLOP/s."""
-    lines = [f"### MiniLM rows on {result['device']} (torch {result['torch']}): the one-line cast beside the stages",
+    lines = [f"### MiniLM rows on {result['device']} (torch {result['torch']}, {result.get('date', 'undated')}): "
+             "the one-line cast beside the stages",
              "",
              "Each row timed in alternating rounds with fp32 eager on the spec's fixed latency batch (padded to its "
              "longest sentence); speed-up = median of per-round ratios [95% CI]. TFLOP/s: padded work / on real "
