@@ -156,8 +156,16 @@ class QuantizeConfig(StageConfig):
         return BudgetUse("quantize.fallback_budget", self.fallback_budget, len(self.float_layers))
 
 
+#: What to do when a static (PT2E) method cannot trace the model.
+PT2E_HINT = ("PT2E quantization traces the whole model with torch.export, which cannot trace a stage that runs "
+             "outside the graph (the pack stage's packing): quantize before it, or use int8_dynamic")
+
+
 def _quantize_error(config: QuantizeConfig, what: str, exc: Exception) -> InfeasibleConfig:
-    return InfeasibleConfig(f"{config.method}: {what} failed: {type(exc).__name__}: {exc}")
+    """One line: the library's first line (torch.export's errors run to dozens), with what to do for PT2E."""
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    hint = f" ({PT2E_HINT})" if method(config.method).is_static and what == "quantization" else ""
+    return InfeasibleConfig(f"{config.method}: {what} failed: {type(exc).__name__}: {first}{hint}")
 
 
 def _select(model: nn.Module, config: QuantizeConfig, ctx: StageContext) -> LayerSelection:

@@ -248,6 +248,24 @@ def test_torchao_error_becomes_infeasible(
         apply(residual_model, QuantizeConfig(method="int8_dynamic"), _ctx(residual_spec))
 
 
+def test_a_model_torch_export_cannot_trace_is_one_line_with_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, residual_model: nn.Module, residual_spec: ModelSpec
+) -> None:
+    """PT2E traces the model with torch.export; its errors run to dozens of lines (after the pack stage:
+    a data-dependent shape). The infeasible reason is the first line and says what to do."""
+    def untraceable(*_args: object) -> None:
+        raise RuntimeError("Could not extract specialized integer from data-dependent expression u0\n\n"
+                           "Caused by: ...\nFor more information, run with TORCH_LOGS=dynamic")
+
+    monkeypatch.setattr(quantize_stage, "quantize_static_pt2e", untraceable)
+    with pytest.raises(InfeasibleConfig) as caught:
+        apply(residual_model, QuantizeConfig(method="int8_static_pt2e"), _ctx(residual_spec))
+    reason = str(caught.value)
+    assert "\n" not in reason and "TORCH_LOGS" not in reason
+    assert reason.startswith("int8_static_pt2e: quantization failed: RuntimeError: Could not extract specialized")
+    assert "quantize before it, or use int8_dynamic" in reason
+
+
 def test_int8_weight_only_shrinks_serialized_size(digits_model: nn.Module, digits_spec: ModelSpec) -> None:
     quantized = apply(digits_model, QuantizeConfig(method="int8_weight_only"), _ctx(digits_spec))
     # classifier.1 holds 131k of the 197k float weights; int8 makes it 4x smaller.
