@@ -42,6 +42,9 @@ class ModelReport:
     extra: dict[str, float] = field(default_factory=dict)
     #: Sequence specs: the lengths each latency batch was measured at, and the bucket's measured cost.
     latency_inputs: dict[int, LatencyInputs] = field(default_factory=dict)
+    #: The metric on each fixed bootstrap resample of the evaluation units (:mod:`pipeline.core.bootstrap`;
+    #: empty when the metric has none): paired with the baseline's, the interval of a trial's drop.
+    metric_resamples: tuple[float, ...] = ()
 
     def latency_p50(self, batch_size: int | None = None) -> float:
         """Median latency in ms at ``batch_size`` (default: the first measured)."""
@@ -122,6 +125,15 @@ def compute_metrics(
     bucket (see :func:`fixed_size_chunks`); the metric is unchanged. Outputs and targets stay on
     the device; the only host reads are the final values.
     """
+    outputs, targets = evaluation_outputs(fn, batches, device, batch_size, padding_mask)
+    values = [metric.compute(outputs, targets) for metric in metrics]
+    return {metric.name: float(value.item()) for metric, value in zip(metrics, values, strict=True)}
+
+
+def evaluation_outputs(fn: Callable[..., Tensor], batches: Sequence[LabelledBatch], device: torch.device,
+                       batch_size: int | None = None, padding_mask: int | None = None) -> tuple[Tensor, Tensor]:
+    """``fn``'s outputs over the evaluation batches and their targets, both concatenated on the device
+    (``batch_size``, ``padding_mask``: as :func:`compute_metrics`)."""
     chunks = (
         fixed_size_chunks(batches, batch_size, padding_mask)
         if batch_size is not None
@@ -132,10 +144,14 @@ def compute_metrics(
         for inputs, real in chunks:
             # clone: a CUDA-graph runtime reuses its output buffer on the next call
             outputs.append(fn(*move_batch(inputs, device)).float()[:real].clone())
-    all_outputs = torch.cat(outputs)
-    all_targets = torch.cat([target for _, target in batches]).to(device)
-    values = [metric.compute(all_outputs, all_targets) for metric in metrics]
-    return {metric.name: float(value.item()) for metric, value in zip(metrics, values, strict=True)}
+    return torch.cat(outputs), torch.cat([target for _, target in batches]).to(device)
+
+
+def metric_resamples(metric: Metric, outputs: Tensor, targets: Tensor) -> tuple[float, ...]:
+    """``metric`` on each bootstrap resample of the evaluation units, read back once (empty: none)."""
+    if metric.resampled is None:
+        return ()
+    return tuple(float(v) for v in metric.resampled(outputs, targets).tolist())
 
 
 def compute_metric(
@@ -243,8 +259,9 @@ def evaluate_model(
     # A compiled runtime's chunks are cut to one width (a bucket): one shape for a static-shape runtime,
     # one more length for a dynamic one (whose evaluation batches may differ in width).
     bucketed = spec.padding_mask if compiled else None
-    values = compute_metrics(fn, spec.evaluation(), (spec.metric, *spec.extra_metrics), device, metric_batch,
-                             bucketed)
+    outputs, targets = evaluation_outputs(fn, spec.evaluation(), device, metric_batch, bucketed)
+    values = {metric.name: float(metric.compute(outputs, targets).item())
+              for metric in (spec.metric, *spec.extra_metrics)}
     metric_value = values.pop(spec.metric.name)
     macs = count_macs(model, move_batch(choose_latency_inputs(spec, 1, "eager")[0], device))
     return ModelReport(
@@ -260,4 +277,5 @@ def evaluate_model(
         device=describe(device),
         extra=values,
         latency_inputs=lengths,
+        metric_resamples=metric_resamples(spec.metric, outputs, targets),
     )

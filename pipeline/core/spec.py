@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from pipeline.core.bootstrap import resampled_means
 from pipeline.core.errors import SpecError
 
 #: Positional inputs of one forward call: ``model(*batch)``.
@@ -37,6 +38,9 @@ class Metric:
     compute: Callable[[Tensor, Tensor], Tensor]
     #: The metric's possible values (lowest, highest), if bounded: a drop larger than the span is impossible.
     bounds: tuple[float, float] | None = None
+    #: ``resampled(outputs, targets)``: the metric on each of the fixed bootstrap resamples of its units,
+    #: ``(RESAMPLES,)`` on the device (:mod:`pipeline.core.bootstrap`); None: the metric has no interval.
+    resampled: Callable[[Tensor, Tensor], Tensor] | None = None
 
     def drop(self, baseline: float, value: float) -> float:
         """How much worse ``value`` is than ``baseline`` (positive = worse)."""
@@ -48,7 +52,13 @@ def accuracy(outputs: Tensor, targets: Tensor) -> Tensor:
     return (outputs.argmax(dim=-1) == targets).float().mean()
 
 
-ACCURACY = Metric("accuracy", higher_is_better=True, compute=accuracy, bounds=(0.0, 1.0))
+def resampled_accuracy(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Top-1 accuracy on each bootstrap resample of the examples."""
+    return resampled_means(outputs.argmax(dim=-1) == targets)
+
+
+ACCURACY = Metric("accuracy", higher_is_better=True, compute=accuracy, bounds=(0.0, 1.0),
+                  resampled=resampled_accuracy)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ Pair and retrieval metrics need more than one output row per score, so the evalu
 rows of such a task are its distinct texts and the targets are the row numbers
 (``0 .. rows-1``, checked); the metric holds which rows form a pair, or which are
 queries and documents. Every metric computes on the device and returns a 0-dim tensor
-(:class:`pipeline.core.spec.Metric`).
+(:class:`pipeline.core.spec.Metric`); each primary metric also computes on the fixed bootstrap
+resamples of its units (examples, pairs, queries: :mod:`pipeline.core.bootstrap`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from pipeline.core.ranking import ndcg_at_k, recall_at_k, spearman
+from pipeline.core.bootstrap import resample_indices, resampled_means
+from pipeline.core.ranking import ndcg_at_k, query_ndcg_at_k, recall_at_k, row_spearman, spearman
 from pipeline.core.spec import ACCURACY, Metric
 
 #: Name of the pairs metric (what sentence-similarity benchmarks report).
@@ -25,11 +27,12 @@ PAIRS_METRIC = "similarity_spearman"
 def top_k_accuracy(k: int) -> Metric:
     """Share of samples whose label is among the ``k`` highest logits."""
 
-    def compute(outputs: Tensor, targets: Tensor) -> Tensor:
+    def correct(outputs: Tensor, targets: Tensor) -> Tensor:
         top = outputs.topk(min(k, outputs.shape[-1]), dim=-1).indices
-        return (top == targets.unsqueeze(-1)).any(dim=-1).float().mean()
+        return (top == targets.unsqueeze(-1)).any(dim=-1)
 
-    return Metric(f"top{k}_accuracy", higher_is_better=True, compute=compute, bounds=(0.0, 1.0))
+    return Metric(f"top{k}_accuracy", higher_is_better=True, compute=lambda o, t: correct(o, t).float().mean(),
+                  bounds=(0.0, 1.0), resampled=lambda o, t: resampled_means(correct(o, t)))
 
 
 def classification_metrics(classes: int) -> tuple[Metric, ...]:
@@ -51,13 +54,21 @@ def pairs_metric(first: Sequence[int], second: Sequence[int], scores: Sequence[f
     second_index = torch.tensor(second, dtype=torch.int64)
     gold = torch.tensor(scores, dtype=torch.float32)
 
-    def compute(outputs: Tensor, targets: Tensor) -> Tensor:
+    def similarities(outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         embeddings = _rows(outputs, targets, rows, PAIRS_METRIC)
         device = embeddings.device
         cosine = (embeddings[first_index.to(device)] * embeddings[second_index.to(device)]).sum(dim=1)
-        return 100.0 * spearman(cosine, gold.to(device))
+        return cosine, gold.to(device)
 
-    return Metric(PAIRS_METRIC, higher_is_better=True, compute=compute, bounds=(-100.0, 100.0))
+    def compute(outputs: Tensor, targets: Tensor) -> Tensor:
+        return 100.0 * spearman(*similarities(outputs, targets))
+
+    def resampled(outputs: Tensor, targets: Tensor) -> Tensor:  # the pairs are the units
+        cosine, scores = similarities(outputs, targets)
+        indices = resample_indices(int(cosine.shape[0]), cosine.device)
+        return 100.0 * row_spearman(cosine[indices], scores[indices])
+
+    return Metric(PAIRS_METRIC, higher_is_better=True, compute=compute, bounds=(-100.0, 100.0), resampled=resampled)
 
 
 def retrieval_metrics(queries: int, relevance: Tensor) -> tuple[Metric, ...]:
@@ -72,9 +83,13 @@ def retrieval_metrics(queries: int, relevance: Tensor) -> tuple[Metric, ...]:
     def ndcg(outputs: Tensor, targets: Tensor) -> Tensor:
         return ndcg_at_k(*scores(outputs, targets, "ndcg_at_10"), k=10)
 
+    def resampled_ndcg(outputs: Tensor, targets: Tensor) -> Tensor:  # the queries are the units
+        return resampled_means(query_ndcg_at_k(*scores(outputs, targets, "ndcg_at_10"), k=10))
+
     def recall(k: int) -> Metric:
         name = f"recall_at_{k}"
         return Metric(name, higher_is_better=True, bounds=(0.0, 1.0),
                       compute=lambda outputs, targets: recall_at_k(*scores(outputs, targets, name), k=k))
 
-    return (Metric("ndcg_at_10", higher_is_better=True, compute=ndcg, bounds=(0.0, 1.0)), recall(10), recall(100))
+    return (Metric("ndcg_at_10", higher_is_better=True, compute=ndcg, bounds=(0.0, 1.0), resampled=resampled_ndcg),
+            recall(10), recall(100))
