@@ -21,6 +21,7 @@ from pipeline.core.secrets import mask_secrets
 from pipeline.search.compose import composed_note
 from pipeline.search.config import finished_states
 from pipeline.search.dashboard import note_study
+from pipeline.search.drop_text import uncertain_note
 from pipeline.search.duplicates import TrialBudget
 from pipeline.search.finish import finish_study, study_dir, study_note
 from pipeline.search.front import (
@@ -168,8 +169,8 @@ def _searched(search: Search, study: optuna.Study, baseline: Baseline, tracker: 
     recipes, finish_notes = finish_study(search, study, tracker, console)
     notes.extend(finish_notes)
     every = study.get_trials(deepcopy=False)
-    notes.extend(line for line in (summarize_ruled_out(study), composed_note(every), screened_note(every))
-                 if line is not None)
+    notes.extend(line for line in (summarize_ruled_out(study), composed_note(every), screened_note(every),
+                                   uncertain_note(every)) if line is not None)
     note_study(study, [t.number for t, _ in distinct_front(study)], search.objectives.describe_drop(baseline))
     # Nothing ran and nothing was missing (a child run, an export): what the last run stored stays as it is.
     changed = remaining > 0 or export_outcomes(study) != exported or (

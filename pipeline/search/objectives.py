@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
+from pipeline.core.bootstrap import drop_interval
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import ModelReport
 from pipeline.core.fidelity_floor import floor_failures
@@ -46,6 +47,7 @@ ATTR_FEASIBLE = "paretorch.feasible"  # complete and within the allowed drop (Fa
 ATTR_REASON = "paretorch.reason"  # why a trial is not a feasible result: infeasible, over the drop, failed, repeat
 ATTR_REPEAT_OF = "paretorch.repeat_of"  # the earlier trial that measured the same recipe (a pruned repeat)
 ATTR_LATENCY_UNSTABLE = "paretorch.latency_unstable"  # why a complete trial's paired latency is not trusted
+ATTR_UNCERTAIN = "paretorch.uncertain"  # the drop's bootstrap interval straddles the allowed drop
 # Study user attrs.
 ATTR_BASELINE = "paretorch.baseline"
 ATTR_EXPORTS = "paretorch.exports"  # + ".<trial number>": {export node: "ok" | reason}
@@ -66,13 +68,16 @@ class Baseline:
     latency_ms: float
     size_bytes: float
     trial: int | None = None
+    #: The metric on the fixed bootstrap resamples (:mod:`pipeline.core.bootstrap`), each trial's paired with them.
+    metric_resamples: tuple[float, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> Baseline:
-        return cls(**json.loads(text))
+        data = json.loads(text)
+        return cls(**{**data, "metric_resamples": tuple(data.get("metric_resamples", ()))})
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,8 @@ class DropVerdict:
     unstable: str | None = None
     #: ``allowed - drop``: how much more the metric may drop (negative: over the allowed drop).
     headroom: float = 0.0
+    #: The drop's 95 % bootstrap interval straddles the allowed drop: the verdict is within sampling noise.
+    uncertain: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,8 +160,8 @@ class Objectives:
     def headline_keys(self) -> tuple[str, ...]:
         """The metrics a user reads first: the task metric, its drop, the objective latency,
         the speed-up and the size (MLflow logs the others under ``detail.``)."""
-        return (self.spec.metric.name, "metric_drop", "metric_drop_relative", self.latency_key, "speedup",
-                "size_bytes")
+        return (self.spec.metric.name, "metric_drop", "metric_drop_ci_low", "metric_drop_ci_high",
+                "metric_drop_relative", self.latency_key, "speedup", "size_bytes")
 
     def values(self, report: ModelReport, latency_ms: float | None = None) -> tuple[float, ...]:
         """The objective values; ``latency_ms``: the latency objective (the paired one, see :meth:`trial_metrics`)."""
@@ -166,11 +173,21 @@ class Objectives:
         return tuple(by_name[n] for n in self.names)
 
     def baseline_from(self, report: ModelReport, trial: int | None = None) -> Baseline:
-        return Baseline(report.metric_value, report.latency_p50(self.latency_batch), float(report.size_bytes), trial)
+        return Baseline(report.metric_value, report.latency_p50(self.latency_batch), float(report.size_bytes), trial,
+                        report.metric_resamples)
 
     def drop(self, baseline: Baseline, metric_value: float) -> float:
         """How much worse than the baseline (absolute; positive = worse)."""
         return self.spec.metric.drop(baseline.metric_value, metric_value)
+
+    def drop_interval(self, baseline: Baseline, resamples: Sequence[float]) -> tuple[float, float] | None:
+        """The 95 % paired bootstrap interval of a trial's drop from its metric ``resamples`` (None: no interval)."""
+        return drop_interval(baseline.metric_resamples, resamples, self.spec.metric.higher_is_better)
+
+    def uncertain(self, baseline: Baseline, resamples: Sequence[float]) -> bool:
+        """Whether the drop's interval straddles the allowed drop: within noise of the line, either verdict."""
+        interval = self.drop_interval(baseline, resamples)
+        return interval is not None and interval[0] <= self.threshold(baseline) <= interval[1]
 
     def threshold(self, baseline: Baseline) -> float:
         """The absolute drop allowed against ``baseline`` (a :class:`ConfigError` when a relative drop
@@ -183,7 +200,14 @@ class Objectives:
         return baseline.metric_value + sign * self.threshold(baseline)
 
     def verdict(self, baseline: Baseline, metric_value: float, unstable: str | None = None,
-                extras: Mapping[str, float] | None = None) -> DropVerdict:
+                extras: Mapping[str, float] | None = None, resamples: Sequence[float] = ()) -> DropVerdict:
+        """:meth:`judge`, marked ``uncertain`` when the drop's bootstrap interval (from ``resamples``, the trial's
+        metric on the fixed resamples) straddles the allowed drop."""
+        judged = self.judge(baseline, metric_value, unstable, extras)
+        return replace(judged, uncertain=self.uncertain(baseline, resamples))
+
+    def judge(self, baseline: Baseline, metric_value: float, unstable: str | None = None,
+              extras: Mapping[str, float] | None = None) -> DropVerdict:
         """Whether ``metric_value`` is within the allowed drop: the one comparison every feasibility
         check uses (the trial's tag, the Optuna constraint, the runtime sweep). ``unstable``: why the
         trial's paired latency is not trusted (:mod:`pipeline.core.paired`); such a trial is infeasible
@@ -228,6 +252,8 @@ class Objectives:
         metrics = report.as_metrics()
         latency = report.latency_p50(self.latency_batch)
         metrics["metric_drop"] = self.drop(baseline, report.metric_value)
+        if interval := self.drop_interval(baseline, report.metric_resamples):
+            metrics["metric_drop_ci_low"], metrics["metric_drop_ci_high"] = interval
         if baseline.metric_value > 0:
             metrics["metric_drop_relative"] = metrics["metric_drop"] / baseline.metric_value
         metrics["speedup"] = baseline.latency_ms / latency if latency > 0 else 0.0

@@ -17,6 +17,7 @@ from pipeline.core.report import format_bytes
 from pipeline.core.word_table import WordTable
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.short_recipe import short_recipe
+from pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
 from pipeline.search.front_rule import RULE, FrontGroup, candidates, front_groups
 from pipeline.search.objectives import (
     ATTR_EXPORTS,
@@ -24,6 +25,7 @@ from pipeline.search.objectives import (
     ATTR_RECIPE,
     ATTR_RECIPE_LINE,
     ATTR_REMEASURED,
+    ATTR_UNCERTAIN,
     Baseline,
     Objectives,
 )
@@ -64,6 +66,9 @@ class ParetoRow:
     short: str = ""
     #: The stored export outcome (``{"export.onnx": "ok", ...}``; None: not exported yet): ``exports`` in words.
     export_status: dict[str, str] | None = None
+    #: 95% paired bootstrap interval of the metric drop (NaN: not computed), and whether it straddles the allowed drop.
+    drop_ci: tuple[float, float] = (math.nan, math.nan)
+    uncertain: bool = False
 
     @property
     def outside(self) -> bool:
@@ -102,6 +107,8 @@ def trial_row(trial: FrozenTrial, objectives: Objectives, exports: str = "") -> 
         latency_ci=latency_ci,
         speedup_ci=(float(metrics.get("speedup_ci_low", math.nan)), float(metrics.get("speedup_ci_high", math.nan))),
         short=short_recipe(recipe.stages, recipe.runtime) if recipe is not None else "",
+        drop_ci=stored_interval(metrics),
+        uncertain=bool(trial.user_attrs.get(ATTR_UNCERTAIN)),
     )
 
 
@@ -194,7 +201,7 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
                       caption="; ".join([*notes, f"allowed drop: {objectives.describe_drop(baseline)}"]))
     table.add_column("trial", justify="right")
     table.add_column(metric.replace("_", " "), justify="right")
-    table.add_column("drop", justify="right")
+    table.add_column("drop [95% CI]", justify="right")
     table.add_column(f"p50 ms b{objectives.latency_batch}", justify="right")
     table.add_column("speed-up [95% CI] ~ tied with", justify="right")
     table.add_column("re-timed", justify="right")
@@ -210,7 +217,7 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
         table.add_row(
             str(row.trial),
             f"{row.metric:.4f}",
-            f"{row.drop:+.4f}",
+            drop_text(row.drop, row.drop_ci) + (f" {UNCERTAIN}" if row.uncertain else ""),
             f"{row.latency_ms:.3f}",
             speedup_cell(row) + (f" ~ {', '.join(map(str, row.ties))}" if row.ties else ""),
             remeasured_cell(row),
@@ -227,6 +234,8 @@ def table_columns(rows: Sequence[ParetoRow], objectives: Objectives) -> dict[str
         "trial": [r.trial for r in rows],
         objectives.spec.metric.name: [round(r.metric, 4) for r in rows],
         "metric_drop": [round(r.drop, 4) for r in rows],
+        "metric_drop_95ci": [drop_text(r.drop, r.drop_ci).partition(" ")[2] for r in rows],
+        "uncertain": [r.uncertain for r in rows],
         objectives.latency_key: [round(r.latency_ms, 3) for r in rows],
         "latency_95ci": [latency_cell(replace(r, ties=())).partition(" ")[2] for r in rows],
         "tied_with": [", ".join(map(str, r.ties)) for r in rows],

@@ -37,6 +37,7 @@ from pipeline.search.objectives import (
     ATTR_SECONDS,
     ATTR_SEED,
     ATTR_TRACEBACK,
+    ATTR_UNCERTAIN,
     FLOOR_REASON,
     DropVerdict,
 )
@@ -82,6 +83,8 @@ class TrialRecord:
     over_drop: str | None = None
     #: ``latency unstable: ...``: a complete trial whose paired latency stayed too noisy to trust (off the front).
     latency_unstable: str | None = None
+    #: The metric drop's bootstrap interval straddles the allowed drop: feasible or not, within sampling noise.
+    uncertain: bool = False
     #: Text artifacts of the trial's run built in this process (e.g. AMP sensitivity CSVs).
     tables: dict[str, str] = field(default_factory=dict)
 
@@ -121,6 +124,8 @@ class TrialRecord:
             attrs[ATTR_RULED_OUT] = self.ruled_out
         if self.latency_unstable is not None:
             attrs[ATTR_LATENCY_UNSTABLE] = self.latency_unstable
+        if self.uncertain:
+            attrs[ATTR_UNCERTAIN] = True
         attrs[ATTR_FEASIBLE] = bool(self.feasible)
         reason = self.reason()
         if reason is not None:
@@ -166,6 +171,7 @@ class TrialRecord:
             feasible=attrs.get(ATTR_FEASIBLE),
             over_drop=_over_drop(attrs.get(ATTR_REASON)),
             latency_unstable=attrs.get(ATTR_LATENCY_UNSTABLE),
+            uncertain=bool(attrs.get(ATTR_UNCERTAIN, False)),
         )
 
     # ------------------------------------------------------------------ MLflow
@@ -212,6 +218,8 @@ class TrialRecord:
             tags["reason"] = reason
         if self.latency_unstable is not None:
             tags["latency_unstable"] = self.latency_unstable[:500]
+        if self.uncertain:
+            tags["uncertain"] = "true"
         if self.repeat_of is not None:
             tags["repeat_of"] = str(self.repeat_of)
         if self.error:

@@ -13,6 +13,7 @@ from rich.progress import Progress
 
 from pipeline.core.device import describe
 from pipeline.engine.short_recipe import short_recipe
+from pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
 from pipeline.search.objectives import ATTR_METRICS
 from pipeline.search.pareto import pareto_trials
 from pipeline.search.record import TrialRecord
@@ -82,7 +83,9 @@ class TrialLogger:
             values = record.metrics
             metric = self.search.spec.metric.name
             unstable = f" | {record.latency_unstable} (off the front)" if record.latency_unstable else ""
-            return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {values.get('metric_drop', 0):+.4f}) | "
+            drop = drop_text(values.get("metric_drop", 0), stored_interval(values))
+            uncertain = f" {UNCERTAIN}" if record.uncertain else ""
+            return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {drop}){uncertain} | "
                     f"{speedup_text(values)} | {self._recipe(record)} [{record.seconds.get('trial', 0.0):.1f} s, "
                     f"cache {record.cache.get('hits', 0)} hit(s)]{unstable}")
         if record.state == "PRUNED":

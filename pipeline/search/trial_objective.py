@@ -212,7 +212,8 @@ class TrialObjective:
             return TrialOutcome(draft(state=FAIL, error=traceback.format_exc()), failure=exc)
         paired_seconds = time.perf_counter() - paired_start
         report = result.report
-        verdict = search.objectives.verdict(self.baseline, report.metric_value, paired.unstable, report.extra)
+        verdict = search.objectives.verdict(self.baseline, report.metric_value, paired.unstable, report.extra,
+                                            report.metric_resamples)
         metrics = search.objectives.trial_metrics(report, self.baseline, paired)
         measured = recorded(report, metrics, search.objectives.latency_batch, describe(search.device))
         recipe = result.recipe(search.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
@@ -222,7 +223,8 @@ class TrialObjective:
             seconds={**result.seconds, **({"screening": screened.seconds} if screened else {}),
                      "paired_latency": paired_seconds, "trial": time.perf_counter() - start},
             cache={"hits": result.cache_hits, "misses": result.cache_misses}, feasible=verdict.feasible,
-            over_drop=verdict.reason, latency_unstable=verdict.unstable, tables=sensitivity_tables(result.nodes),
+            over_drop=verdict.reason, latency_unstable=verdict.unstable, uncertain=verdict.uncertain,
+            tables=sensitivity_tables(result.nodes),
         )
         values = search.objectives.values(report, metrics[search.objectives.latency_key])
         return TrialOutcome(record, values=values, verdict=verdict)
