@@ -54,7 +54,7 @@ from pipeline.search.record import TrialRecord
 from pipeline.search.rule_out import summarize as summarize_ruled_out
 from pipeline.search.screening import screened_note
 from pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
-from pipeline.search.study import Search, SearchTimes
+from pipeline.search.study import Prepared, Search, SearchTimes
 from pipeline.search.trial_log import TrialLogger
 from pipeline.search.trial_objective import TrialObjective
 from pipeline.search.workers import Callback, run_trials
@@ -117,18 +117,19 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
     if finished is not None:
         console.print(f"study {search.study_name} has {finished} of {trials} trials; nothing to run"
                       + (f" (--trials {trials} is the study's total)" if finished > trials else ""), highlight=False)
-    study, baseline, tracker = open_search(search, running=finished is None)
+    study, prepared, tracker = open_search(search, running=finished is None)
     try:
-        return _searched(search, study, baseline, tracker, trials, timeout, console, launch, wall_start)
+        return _searched(search, study, prepared, tracker, trials, timeout, console, launch, wall_start)
     except KeyboardInterrupt:  # outside a trial (a front export, the re-measure): record, then stop
         stop_recorded(study, tracker)
         raise
 
 
-def _searched(search: Search, study: optuna.Study, baseline: Baseline, tracker: Tracker | None, trials: int,
+def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: Tracker | None, trials: int,
               timeout: float | None, console: Console, launch: Launcher | None, wall_start: float) -> SearchOutcome:
+    baseline = prepared.baseline
     children = len(tracker.children) if tracker is not None else 0
-    for line in (search.self_check_line, search.stages_line, search.presets_line, search.rules.unknown_line()):
+    for line in (*prepared.lines(), search.rules.unknown_line()):
         if line:
             console.print(line, highlight=False, soft_wrap=True)
     if fidelity := fidelity_note(search.spec.metric):
@@ -282,14 +283,14 @@ def exports_line(search: Search) -> str:
             "every_trial": f"exports ({names}) with every trial"}.get(search.config.exports, "no exports")
 
 
-def open_search(search: Search, running: bool = True) -> tuple[optuna.Study, Baseline, Tracker | None]:
+def open_search(search: Search, running: bool = True) -> tuple[optuna.Study, Prepared, Tracker | None]:
     """The tracker (an unreachable server fails first), the model (checked before any study exists),
     the study with its baseline and seeds, and the MLflow parent run: each get-or-create.
     ``running=False``: no trial will run, so the parent run's status is left as it is."""
     tracker = Tracker(search.tracking_uri) if search.track else None
     search.runner  # noqa: B018
-    study = search.open_study()
-    baseline = search.ensure_baseline(study)
+    study, prepared = search.prepare()
+    baseline = prepared.baseline
     if tracker is not None:
         tracker.open_study(
             search.spec.name, search.study_name,
@@ -302,16 +303,16 @@ def open_search(search: Search, running: bool = True) -> tuple[optuna.Study, Bas
         )
         tracker.show_columns(search.objectives.headline_keys(),
                              leading=(SORT_METRIC, search.spec.metric.name, "metric_drop"))
-    return study, baseline, tracker
+    return study, prepared, tracker
 
 
 def run_worker(search: Search, trials: int, timeout: float | None = None, console: Console | None = None) -> bool:
     """One worker of a study that another process prepared (``--workers N``): run and log trials until the
     study has ``trials``; True if interrupted. The preparing process exports and logs the front."""
-    study, baseline, tracker = open_search(search)
+    study, prepared, tracker = open_search(search)
     logger = TrialLogger(search, tracker, console or Console())
     with stopping():
-        return trial_loop(search, study, baseline, TrialBudget(trials, finished_states()), timeout, logger)
+        return trial_loop(search, study, prepared.baseline, TrialBudget(trials, finished_states()), timeout, logger)
 
 
 def trial_loop(search: Search, study: optuna.Study, baseline: Baseline, budget: TrialBudget, timeout: float | None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import optuna
@@ -79,6 +79,23 @@ class SearchTimes:
         return f"{self.wall:.1f} s in all: {parts}; search, tracking and I/O {self.other:.1f} s ({share:.1f}%)"
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A study ready for its trials: its baseline, and what the console says first (None: nothing to say)."""
+
+    baseline: Baseline
+    #: The unoptimized model's self-check (:func:`pipeline.core.self_check.require_stable`).
+    self_check_line: str | None = None
+    #: What changed in a resumed study's stages (:func:`pipeline.search.study_names.stage_change`).
+    stages_line: str | None = None
+    #: The precision presets enqueued first (:mod:`pipeline.search.presets`).
+    presets_line: str | None = None
+
+    def lines(self) -> list[str]:
+        """The lines to print, in order: the self-check, the stages' changes, the presets."""
+        return [line for line in (self.self_check_line, self.stages_line, self.presets_line) if line]
+
+
 class Search:
     """One study's lifecycle: storage, lock, open or resume, runner, baseline and seeds.
 
@@ -116,13 +133,6 @@ class Search:
         self.times = SearchTimes()
         self._runner: Runner | None = None
         self._storage: optuna.storages.BaseStorage | None = None
-        self.baseline: Baseline | None = None
-        #: The self-check's one line for the console (set by :meth:`ensure_baseline`).
-        self.self_check_line: str | None = None
-        #: What changed in a resumed study's stages, for the console (set by :meth:`open_study`).
-        self.stages_line: str | None = None
-        #: The precision presets enqueued first, for the console (set by :meth:`ensure_baseline`).
-        self.presets_line: str | None = None
         #: Paired latency of the trials against the baseline (its timer and CPU clock are injectable).
         self.latency = StudyLatency(spec, device, self.objectives.latency_batch, lambda: self.runner,
                                     LATENCY_BUDGETS[config.latency_budget])
@@ -159,20 +169,29 @@ class Search:
     def study_names(self) -> list[str]:
         return [s.study_name for s in self.storage_backend().get_all_studies()]
 
+    def prepare(self) -> tuple[optuna.Study, Prepared]:
+        """Open (or create) the study for a run of its trials, with its baseline and seeds
+        (:meth:`ensure_baseline`); the study and what to say about it first."""
+        study, stages_line = self._open(create=True)
+        return study, replace(self.ensure_baseline(study), stages_line=stages_line)
+
     def open_study(self, create: bool = True) -> optuna.Study:
         """Create or load the study (``create=False``: it must exist)."""
+        return self._open(create)[0]
 
+    def _open(self, create: bool) -> tuple[optuna.Study, str | None]:
+        """The study, and what changed in its stages since its last run (None: nothing, or not a run)."""
         # ERROR: a failed or interrupted trial gets our one line, not Optuna's warning and traceback.
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         storage = self.storage_backend()
         with self.lock():  # get-or-create: workers starting together create the study once
-            study = self._open_study(storage, create)
+            study, stages_line = self._open_study(storage, create)
             fail_dead_trials(study)
         finished = len(study.get_trials(deepcopy=False, states=finished_states()))
         study.sampler = make_sampler(self.config, finished, self.worker)
-        return study
+        return study, stages_line
 
-    def _open_study(self, storage: optuna.storages.BaseStorage, create: bool) -> optuna.Study:
+    def _open_study(self, storage: optuna.storages.BaseStorage, create: bool) -> tuple[optuna.Study, str | None]:
         exists = self.study_name in self.study_names()
         if not exists and not create:
             raise PipelineError(f"no study '{self.study_name}' in {self.storage_label}")
@@ -189,14 +208,13 @@ class Search:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study.set_metric_names(self.objectives.metric_names())
             study.set_user_attr(ATTR_SEARCH, self.config.model_dump(mode="json"))
-        if create:  # a run of the study (``report`` only reads it)
-            self._record_stages(study)
-        return study
+        # a run of the study records its stages (``report`` only reads it)
+        return study, self._record_stages(study) if create else None
 
-    def _record_stages(self, study: optuna.Study) -> None:
+    def _record_stages(self, study: optuna.Study) -> str | None:
         """Record the stages this run searches (and, on the default name, the name the study answers to);
-        :attr:`stages_line` says what changed since the study's last run (a :class:`ConfigError` when its
-        trials used a stage that is not installed now)."""
+        what changed since the study's last run (a :class:`ConfigError` when its trials used a stage that is
+        not installed now)."""
         current = [f"{n.name}:{n.op}" for n in self.pipeline.stage_nodes()]
         stored = study.user_attrs.get(ATTR_STAGES)
         installed = registered_stages()
@@ -204,13 +222,14 @@ class Search:
         used = {raw.get("stage") for t in study.get_trials(deepcopy=False) if uninstalled
                 for raw in t.user_attrs.get(ATTR_CONFIGS, {}).values() if raw}
         unreadable = [s for s in stored or () if s.partition(":")[2] in uninstalled & used]
-        self.stages_line = stage_change(self.study_name, stored, current, unreadable)
+        line = stage_change(self.study_name, stored, current, unreadable)
         if stored != current:
             study.set_user_attr(ATTR_STAGES, current)
         if self._given_name is None:
             key = study_name(self.spec, self.device, self.config, self.pipeline)
             if study.user_attrs.get(ATTR_STUDY_KEY) != key:
                 study.set_user_attr(ATTR_STUDY_KEY, key)
+        return line
 
     def latency_batch_sizes(self) -> tuple[int, ...]:
         """The batch sizes a trial is timed at: the objective's alone, whatever the budget (another batch size
@@ -236,38 +255,42 @@ class Search:
         stages = [self.pipeline.stage(n.name) for n in self.pipeline.stage_nodes()]
         return RuleOut.read(self.runner.model, self.spec, self.device, stages)
 
-    def ensure_baseline(self, study: optuna.Study) -> Baseline:
+    def ensure_baseline(self, study: optuna.Study) -> Prepared:
         """The stored baseline, or measure it now, store it and enqueue the baseline, the precision presets under
-        every runtime (:mod:`pipeline.search.presets`: cheap trials first) and the seed trials."""
+        every runtime (:mod:`pipeline.search.presets`: cheap trials first) and the seed trials; with the lines of
+        the self-check and of the presets enqueued (None where there were none)."""
+        presets_line: str | None = None
         with self.lock():  # workers starting together measure and enqueue once
-            self.check_model(study)
+            self_check_line = self.check_model(study)
             stored = study.user_attrs.get(ATTR_BASELINE)
             if stored is not None:
-                self.baseline = Baseline(**stored)
+                baseline = Baseline(**stored)
             else:
                 result = self.runner.run({}, "eager", exports=False)
-                self.baseline = self.objectives.baseline_from(result.report, trial=None)
-                study.set_user_attr(ATTR_BASELINE, json.loads(self.baseline.to_json()))
-            self.objectives.threshold(self.baseline)  # a relative drop of a baseline <= 0 fails here, before any trial
+                baseline = self.objectives.baseline_from(result.report, trial=None)
+                study.set_user_attr(ATTR_BASELINE, json.loads(baseline.to_json()))
+            self.objectives.threshold(baseline)  # a relative drop of a baseline <= 0 fails here, before any trial
             if not study.trials:
                 self.enqueue(study, SeedRecipe(name="baseline"))
                 plan = preset_seeds(self.config.presets, self.runtimes, self.preset_skip)
                 enqueued = [seed for seed in plan.seeds if self.enqueue(study, seed)]
-                self.presets_line = plan.describe(enqueued)
+                presets_line = plan.describe(enqueued)
                 for seed in self.config.seeds:
                     self.enqueue(study, seed)
             for seed in self.extra_seeds:
                 self.enqueue(study, seed)
-        return self.baseline
+        return Prepared(baseline, self_check_line=self_check_line, presets_line=presets_line)
 
-    def check_model(self, study: optuna.Study) -> None:
+    def check_model(self, study: optuna.Study) -> str | None:
         """The stored self-check, or score the unoptimized model twice and re-batched now; raises if its
-        metric moves, unless :attr:`allow_nondeterministic`. Recorded on the study once it passes (or is allowed)."""
+        metric moves, unless :attr:`allow_nondeterministic`. Recorded on the study once it passes (or is allowed).
+        Its one line for the console (None: nothing to say)."""
         stored = study.user_attrs.get(ATTR_SELF_CHECK)
         check = SelfCheck(**stored) if stored is not None else self_check(self.runner.model, self.spec, self.device)
-        self.self_check_line = require_stable(check, self.spec.name, self.allow_nondeterministic)
+        line = require_stable(check, self.spec.name, self.allow_nondeterministic)
         if stored is None:
             study.set_user_attr(ATTR_SELF_CHECK, check.to_dict())
+        return line
 
     def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
         """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped

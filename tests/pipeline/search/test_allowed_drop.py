@@ -105,15 +105,14 @@ def test_an_absolute_drop_keeps_its_study_name_and_a_relative_one_gets_its_own(r
     assert study_name(residual_spec, cpu, relative, pipeline) != before
 
 
-def _prune_search(spec: ModelSpec, folder: Path, max_drop: str) -> Search:
-    """The baseline and one hard prune (it loses accuracy) on the residual MLP."""
+def _prune_search(spec: ModelSpec, folder: Path, max_drop: str) -> tuple[Search, Baseline]:
+    """The baseline and one hard prune (it loses accuracy) on the residual MLP; the search and its baseline."""
     config = SearchConfig.load(None, max_drop=max_drop, sampler="random", runtimes=("eager",),
                                latency_budget="quick", exports="none", seeds=[{"name": "prune-0.9",
                                                                                "stages": [PRUNE_HARD]}])
     database = folder / f"drop-{max_drop.rstrip('%')}-percent.db"
     search = Search(spec, torch.device("cpu"), config, storage=f"sqlite:///{database}", track=False)
-    run_search(search, trials=2)
-    return search
+    return search, run_search(search, trials=2).baseline
 
 
 def test_the_allowed_drop_moves_the_tag_the_constraint_and_the_sweep_together(
@@ -123,12 +122,11 @@ def test_the_allowed_drop_moves_the_tag_the_constraint_and_the_sweep_together(
     constraint and what the runtime sweep counts as feasible all follow the allowed drop."""
     seen = {}
     for max_drop in ("100%", "0%"):
-        search = _prune_search(residual_spec, tmp_path, max_drop)
+        search, baseline = _prune_search(residual_spec, tmp_path, max_drop)
         study = search.open_study(create=False)
         pruned = study.trials[1]
         assert pruned.user_attrs.get("paretorch.seed") == "prune-0.9"
-        record, baseline = TrialRecord.from_trial(pruned), search.baseline
-        assert baseline is not None
+        record = TrialRecord.from_trial(pruned)
         _objective, proposals = trial_parts(search, baseline)
         drop = record.metrics["metric_drop"]
         assert drop > 0, "the hard prune loses accuracy"

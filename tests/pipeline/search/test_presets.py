@@ -104,7 +104,7 @@ def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seed
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
     assert search.runtimes == ["eager", "compile", with_fake_runtime]
     study = search.open_study()
-    search.ensure_baseline(study)
+    presets_line = search.ensure_baseline(study).presets_line
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     names = [t.user_attrs[ATTR_SEED] for t in waiting]
     assert names[0] == "baseline"
@@ -115,7 +115,7 @@ def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seed
     assert not any("fp16" in n for n in names), "float16 is slower only on a CPU"
     assert not any("packed" in n for n in names), "the residual MLP has no padding mask"
     enqueued = sum(1 for n in names if n.startswith(PRESET_PREFIX))
-    assert search.presets_line is not None and search.presets_line.startswith(f"presets first ({enqueued} trial(s)")
+    assert presets_line is not None and presets_line.startswith(f"presets first ({enqueued} trial(s)")
 
     def costly(trial: optuna.trial.FrozenTrial) -> bool:
         stages = trial.user_attrs[ATTR_SEED_RECIPE]["stages"]

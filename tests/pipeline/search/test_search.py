@@ -267,7 +267,7 @@ def test_a_latency_batch_outside_the_specs_sizes_is_measured(residual_spec: Mode
     config = SearchConfig.load(None, runtimes=("eager",), latency_batch=64, exports="none", seeds=[])
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
     assert search.latency_batch_sizes() == (64,)
-    baseline = search.ensure_baseline(search.open_study())
+    baseline = search.ensure_baseline(search.open_study()).baseline
     assert baseline.latency_ms > 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -18,7 +19,8 @@ from pipeline.core.stage import Stage, StageConfig, StageContext, registered
 from pipeline.engine.graph import default_pipeline, load_pipeline
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
 from pipeline.search.config import legacy_study_name
-from pipeline.search.objectives import ATTR_SEED
+from pipeline.search.objectives import ATTR_SEED, Baseline
+from pipeline.search.study import Prepared
 from pipeline.search.study_names import ATTR_STAGES, ATTR_STUDY_KEY
 
 CPU = torch.device("cpu")
@@ -112,3 +114,9 @@ def test_a_study_named_the_old_way_resumes_under_its_name(residual_spec: ModelSp
         later = _search(residual_spec, tmp_path)
         assert legacy_study_name(residual_spec, CPU, later.config, later.pipeline) != legacy
         assert later.study_name == legacy
+
+
+def test_the_first_lines_of_a_run_come_back_in_order_and_only_those_with_something_to_say() -> None:
+    prepared = Prepared(Baseline(0.97, 1.0, 1000.0, 0), self_check_line="self-check", presets_line="presets")
+    assert prepared.lines() == ["self-check", "presets"]
+    assert replace(prepared, stages_line="stages").lines() == ["self-check", "stages", "presets"]
