@@ -24,6 +24,7 @@ of them is a rated word pair. Until issue 17 latency was timed at all 128 tokens
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from collections.abc import Sequence
@@ -161,6 +162,13 @@ NEWS_FLOOR_WHY = ("word similarity misses sentence-level loss; on 14 MiniLM vari
                   "fp32 on human-rated sentence pairs scored >= 0.847 here, every worse one <= 0.812")
 
 
+#: The recipe families the built-in task misjudges (issue 26, measured on human-rated sentence pairs).
+CAVEAT = ("minilm's built-in verdict (word similarity + news fidelity floor) cannot judge attention-head pruning "
+          "or FFN-width pruning: on human-rated sentence pairs it accepted heads -25 % (-1.5 % on sentences) and "
+          "rejected FFN width -25 % + distillation (within 0.3 %); for those, give sentence pairs: --eval-data "
+          "pairs.tsv (sentence1, sentence2, score; docs/metrics-and-task-data.md)")
+
+
 def encode_text(texts: Sequence[str]) -> Batch:
     """Texts as model inputs, padded to the longest (at most :data:`MAX_TOKENS`), as sentence-transformers does."""
     return encode_texts(_tokenizer(), texts, MAX_TOKENS)
@@ -183,5 +191,6 @@ def spec() -> ModelSpec:
         description="all-MiniLM-L6-v2 sentence embeddings (latency: pydoc sentences, each batch padded to its longest)",
     )
     scored = with_task_data(model, word_similarity.load())
-    return with_fidelity_floor(scored, encode_text(news_sentences.load()), PAIRWISE_RANK_CORRELATION,
-                               NEWS_FLOOR_METRIC, NEWS_FLOOR, NEWS_FLOOR_WHY)
+    floored = with_fidelity_floor(scored, encode_text(news_sentences.load()), PAIRWISE_RANK_CORRELATION,
+                                  NEWS_FLOOR_METRIC, NEWS_FLOOR, NEWS_FLOOR_WHY)
+    return dataclasses.replace(floored, caveat=CAVEAT)

@@ -32,12 +32,16 @@ def floor_failures(spec: ModelSpec, extras: Mapping[str, float]) -> list[str]:
 
 
 def _rows_of(metric: Metric, part: Callable[[Tensor], Tensor]) -> Metric:
-    """``metric`` computed on ``part`` of the outputs and targets."""
+    """``metric`` (and its bootstrap resamples) computed on ``part`` of the outputs and targets."""
 
     def compute(outputs: Tensor, targets: Tensor) -> Tensor:
         return metric.compute(part(outputs), part(targets))
 
-    return dataclasses.replace(metric, compute=compute)
+    def on_part(resampled: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
+        return lambda outputs, targets: resampled(part(outputs), part(targets))
+
+    return dataclasses.replace(metric, compute=compute,
+                               resampled=None if metric.resampled is None else on_part(metric.resampled))
 
 
 def with_fidelity_floor(spec: ModelSpec, inputs: Batch, fidelity: Metric, name: str, floor: float, why: str,
@@ -67,6 +71,6 @@ def with_fidelity_floor(spec: ModelSpec, inputs: Batch, fidelity: Metric, name: 
         evaluation=lambda: [*task, *rows],
         metric=_rows_of(spec.metric, task_part),
         extra_metrics=(*(_rows_of(m, task_part) for m in spec.extra_metrics),
-                       dataclasses.replace(fidelity, name=name, compute=on_floor_rows)),
+                       dataclasses.replace(fidelity, name=name, compute=on_floor_rows, resampled=None)),
         fidelity_floors=(*spec.fidelity_floors, FidelityFloor(name, floor, why)),
     )

@@ -132,6 +132,9 @@ class ModelSpec:
     #: Extra metrics that must reach a floor for a trial to count (:mod:`pipeline.core.fidelity_floor`).
     fidelity_floors: tuple[FidelityFloor, ...] = ()
     description: str = ""
+    #: What the spec's built-in metric cannot judge (e.g. recipe families it misjudges) and what to do instead;
+    #: printed at the start of a search, cleared when ``--eval-data`` replaces the metric.
+    caveat: str = ""
     #: Where the spec came from (filled in by resolution; shown in reports).
     source: str = field(default="", compare=False)
 

@@ -86,7 +86,7 @@ def against_reference(metric: Metric, reference: Callable[[], Tensor]) -> Metric
     def compute(outputs: Tensor, _targets: Tensor) -> Tensor:
         return metric.compute(outputs, reference().to(outputs.device))
 
-    return dataclasses.replace(metric, compute=compute)
+    return dataclasses.replace(metric, compute=compute, resampled=None)  # resamples read the targets
 
 
 def with_task_data(spec: ModelSpec, data: TaskData, label_names: Sequence[str] = (),
@@ -117,5 +117,6 @@ def with_task_data(spec: ModelSpec, data: TaskData, label_names: Sequence[str] =
                                        if m.name not in taken)),
         output_kind=spec.output_kind if spec.output_kind != "auto" else kind,
         fidelity_floors=(),  # the spec's floors guarded its own scoring; the user's data replaces it
+        caveat="",  # what the spec's own metric could not judge: the user's data judges it
         description=f"{spec.description}; scored on {data.task} data {data.source} ({len(data)} rows)",
     )

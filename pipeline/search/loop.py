@@ -134,6 +134,8 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
             console.print(line, highlight=False, soft_wrap=True)
     if fidelity := fidelity_note(search.spec.metric):
         console.print(fidelity, highlight=False, soft_wrap=True)
+    if search.spec.caveat:  # what the spec's built-in metric cannot judge
+        console.print(search.spec.caveat, highlight=False, soft_wrap=True)
     parent = tracker.parent_run_id if tracker is not None else None
     logger = TrialLogger(search, tracker, console)
     console.print(f"allowed drop: {search.objectives.describe_drop(baseline)}", highlight=False)

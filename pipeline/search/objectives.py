@@ -71,13 +71,15 @@ class Baseline:
     #: The metric on the fixed bootstrap resamples (:mod:`pipeline.core.bootstrap`), each trial's paired with them.
     metric_resamples: tuple[float, ...] = ()
 
+    def __post_init__(self) -> None:  # read back from JSON (the study attr) as a list
+        object.__setattr__(self, "metric_resamples", tuple(self.metric_resamples))
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> Baseline:
-        data = json.loads(text)
-        return cls(**{**data, "metric_resamples": tuple(data.get("metric_resamples", ()))})
+        return cls(**json.loads(text))
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ straddles the allowed drop, shown in the trial line, the Pareto table and the en
 from __future__ import annotations
 
 import io
+import json
 from types import SimpleNamespace
 
 import optuna
@@ -61,6 +62,7 @@ def test_the_interval_is_stored_as_metrics_and_the_baseline_keeps_its_resamples(
     judge = objectives(residual_spec)
     base = judge.baseline_from(report(0.94, BASE), trial=0)
     assert Baseline.from_json(base.to_json()) == base  # the study attr keeps the resamples
+    assert Baseline(**json.loads(base.to_json())) == base  # as the search reads the study attr back
     metrics = judge.trial_metrics(report(0.935, resamples(0.0, 0.005, 0.01, 0.015, 0.02)), base)
     # sorted drops 0 .. 0.02 in steps of 0.005: 2.5 % at position 0.1 -> 0.0005, 97.5 % at 3.9 -> 0.0195
     assert metrics["metric_drop_ci_low"] == pytest.approx(0.0005)
