@@ -20,7 +20,7 @@ from pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
 from pipeline.search.pareto import distinct_front, export_attr, pareto_trials, table_columns
 from pipeline.search.profile import profile_calls
 from pipeline.search.record import TrialRecord
-from pipeline.search.study import Search
+from pipeline.search.study_parts import StudyParts
 from pipeline.tracking.tracker import Tracker
 from pipeline.tracking.views import markdown_table
 
@@ -32,19 +32,19 @@ def study_dir(name: str) -> Path:
     return path
 
 
-def study_note(title: str, rows: list[Any], search: Search, baseline: Baseline) -> str:
+def study_note(title: str, rows: list[Any], parts: StudyParts, baseline: Baseline) -> str:
     """The parent run's Description: the Pareto table and where to look next."""
-    columns = table_columns(rows, search.objectives)
+    columns = table_columns(rows, parts.objectives)
     columns.pop("exports", None)
     return (f"**{title}**\n\n{markdown_table(columns)}\n\n"
             f"Plot: Artifacts > pareto.png (interactive: pareto.html). Every trial run is tagged `feasible`; "
             f"`reason` says why a trial is infeasible, over the allowed drop "
-            f"({search.objectives.describe_drop(baseline)}) or failed; `dominated_by` names the front trial that "
+            f"({parts.objectives.describe_drop(baseline)}) or failed; `dominated_by` names the front trial that "
             f"beats it. Headline metrics are top-level, "
             f"the rest under `detail.`.")
 
 
-def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
+def finish_study(parts: StudyParts, study: optuna.Study, tracker: Tracker | None,
                  console: Console) -> tuple[dict[int, Path], list[str]]:
     """Export the Pareto trials (unless done before), save their recipes, tag them in MLflow."""
     distinct = distinct_front(study)
@@ -57,7 +57,7 @@ def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
             tracker.set_trial_tags(number, tags.get(number, {"pareto": "false"}))
     recipes: dict[int, Path] = {}
     for trial, _repeats in distinct:
-        folder = study_dir(search.study_name) / f"trial-{trial.number:03d}"
+        folder = study_dir(parts.study_name) / f"trial-{trial.number:03d}"
         recipe_path = folder / "recipe.json"
         already = export_attr(trial.number) in study.user_attrs and recipe_path.is_file()
         if already and (tracker is None or tracker.trial_tags(trial.number).get("exported") == "true"):
@@ -69,20 +69,20 @@ def finish_study(search: Search, study: optuna.Study, tracker: Tracker | None,
         recipe = record.recipe
         files: dict[str, list[Path]] = {}
         metrics: dict[str, float] = {}
-        if search.config.exports == "pareto":
+        if parts.config.exports == "pareto":
             console.print(f"exporting Pareto trial {trial.number}: {recipe.describe()}")
-            recipe, files, metrics, status = export_trial(search, record, folder)
+            recipe, files, metrics, status = export_trial(parts, record, folder)
             study.set_user_attr(export_attr(trial.number), status)
             notes.extend(f"trial {trial.number} {k}: {v}" for k, v in status.items() if v != "ok")
         elif export_attr(trial.number) not in study.user_attrs:
             study.set_user_attr(export_attr(trial.number), {})
         recipes[trial.number] = recipe.save(recipe_path)
-        profile = profile_calls(search.latency.function(record.configs, record.runtime), search.latency.inputs(),
-                                search.device, folder / "profile")
+        profile = profile_calls(parts.latency.function(record.configs, record.runtime), parts.latency.inputs(),
+                                parts.device, folder / "profile")
         if tracker is not None:
             tracker.log_trial_files(trial.number, {"": [recipe_path], "profile": profile, **files})
             tracker.log_trial_metrics(trial.number, metrics)
-            ran = {"recipe": recipe.describe()} if search.config.exports == "pareto" else {}  # the exports that ran
+            ran = {"recipe": recipe.describe()} if parts.config.exports == "pareto" else {}  # the exports that ran
             tracker.set_trial_tags(trial.number, {"exported": "true", **ran})
     return recipes, notes
 
@@ -96,7 +96,7 @@ def front_files(recipes: dict[int, Path]) -> list[str]:
     return lines
 
 
-def export_trial(search: Search, record: TrialRecord,
+def export_trial(parts: StudyParts, record: TrialRecord,
                  folder: Path) -> tuple[Recipe, dict[str, list[Path]], dict[str, float], dict[str, str]]:
     """Run each export of a complete trial on its (cached) model and copy its files into ``folder`` (the trial's
     study folder); one failing export does not stop the others. Under an exported runtime (ONNX Runtime,
@@ -104,7 +104,7 @@ def export_trial(search: Search, record: TrialRecord,
     if record.recipe is None:
         raise ValueError(f"trial {record.number} has no recipe: only complete trials export")
     recipe, configs, runtime = record.recipe, record.configs, record.runtime
-    export_nodes = search.pipeline.export_nodes()
+    export_nodes = parts.pipeline.export_nodes()
     files: dict[str, list[Path]] = {}
     metrics: dict[str, float] = {}
     status: dict[str, str] = {}
@@ -114,7 +114,7 @@ def export_trial(search: Search, record: TrialRecord,
             continue
         only = {**configs, **{other.name: None for other in export_nodes if other.name != node.name}}
         try:
-            result = search.runner.run(only, runtime, exports=True, evaluate=False)
+            result = parts.runner.run(only, runtime, exports=True, evaluate=False)
         except InfeasibleConfig as exc:
             status[node.name] = plain(f"infeasible: {exc.reason}")
             continue
@@ -133,7 +133,7 @@ def export_trial(search: Search, record: TrialRecord,
                 if isinstance(number, int | float) and not isinstance(number, bool):
                     metrics[f"{name}.{key}"] = float(number)
     try:
-        measured = search.runner.runtime_file(configs, runtime)
+        measured = parts.runner.runtime_file(configs, runtime)
         if measured is not None and not (folder / Path(measured.path).name).exists():
             files[f"runtime.{runtime}"] = companions(deliver(measured, folder).path)
     except Exception as exc:  # the file the trial ran came from the cache; whatever broke, the exports above stand

@@ -26,7 +26,7 @@ from pipeline.core.stage import StageConfig
 from pipeline.search.objectives import ATTR_LATENCY_UNSTABLE, ATTR_METRICS
 from pipeline.search.pareto import ParetoRow
 from pipeline.search.record import TrialRecord
-from pipeline.search.study import Search
+from pipeline.search.study_parts import StudyParts
 
 #: Key of the baseline among the re-measured candidates.
 BASELINE = -1
@@ -41,17 +41,17 @@ class Remeasured:
     rounds: int
 
 
-def remeasure(search: Search, candidates: Mapping[int, tuple[Mapping[str, StageConfig | None], str]]
+def remeasure(parts: StudyParts, candidates: Mapping[int, tuple[Mapping[str, StageConfig | None], str]]
               ) -> dict[int, Remeasured]:
     """Time each candidate (key -> (per-node configs, runtime)) at the objective batch, interleaved
     (the search's round timer and settings: :meth:`StudyLatency.together`)."""
-    sides = {key: search.latency.side(configs, runtime) for key, (configs, runtime) in candidates.items()}
-    samples = search.latency.together(list(sides.values()))
+    sides = {key: parts.latency.side(configs, runtime) for key, (configs, runtime) in candidates.items()}
+    samples = parts.latency.together(list(sides.values()))
     return {key: Remeasured(statistics.median(values), median_ci(values), len(values))
             for key, values in zip(sides, samples, strict=True)}
 
 
-def front_candidates(search: Search, trials: Sequence[FrozenTrial]
+def front_candidates(parts: StudyParts, trials: Sequence[FrozenTrial]
                      ) -> dict[int, tuple[Mapping[str, StageConfig | None], str]]:
     """The baseline (all stages off, eager) and the given trials' requested configs and runtimes."""
     candidates: dict[int, tuple[Mapping[str, StageConfig | None], str]] = {BASELINE: ({}, "eager")}

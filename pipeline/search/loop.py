@@ -127,7 +127,7 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
 
 def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: Tracker | None, trials: int,
               timeout: float | None, console: Console, launch: Launcher | None, wall_start: float) -> SearchOutcome:
-    baseline = prepared.baseline
+    baseline, parts = prepared.baseline, search.parts()
     children = len(tracker.children) if tracker is not None else 0
     for line in (*prepared.lines(), search.rules.unknown_line()):
         if line:
@@ -137,7 +137,7 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     if search.spec.caveat:  # what the spec's built-in metric cannot judge
         console.print(search.spec.caveat, highlight=False, soft_wrap=True)
     parent = tracker.parent_run_id if tracker is not None else None
-    logger = TrialLogger(search, tracker, console)
+    logger = TrialLogger(parts, tracker, console)
     console.print(f"allowed drop: {search.objectives.describe_drop(baseline)}", highlight=False)
     done = catch_up(search, study, tracker, logger)
     budget = TrialBudget(trials, finished_states())
@@ -169,7 +169,7 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     if tracker is not None:
         tracker.refresh_children()  # trials that other workers logged
     exported = export_outcomes(study)
-    recipes, finish_notes = finish_study(search, study, tracker, console)
+    recipes, finish_notes = finish_study(parts, study, tracker, console)
     notes.extend(finish_notes)
     every = study.get_trials(deepcopy=False)
     notes.extend(line for line in (summarize_ruled_out(study), composed_note(every), screened_note(every),
@@ -186,7 +186,7 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     if changed or not all(str(t.number) in stored for t in front):
         with phase(f"re-measuring the front for the table: {len(front)} trial(s) and the unoptimized model, "
                    f"interleaved, {search.latency.settings.rounds} rounds"):
-            measured = remeasure(search, front_candidates(search, front))
+            measured = remeasure(parts, front_candidates(parts, front))
         rows = with_remeasured(rows, measured)
         again = remeasured_speedups(measured)
         study.set_user_attr(ATTR_REMEASURED, {str(k): v for k, v in again.items()})
@@ -209,7 +209,7 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
         if remaining > 0:  # the study's totals over all its runs; a run that ran no trial adds nothing
             tracker.add_study_seconds({"seconds_wall": search.times.wall,
                                        **{f"seconds_{k}": v for k, v in search.times.by_category.items()}})
-        tracker.set_study_note(study_note("; ".join([title, *table_notes]), rows, search, baseline))
+        tracker.set_study_note(study_note("; ".join([title, *table_notes]), rows, parts, baseline))
         for number, speedup in again.items():
             tracker.log_trial_metrics(number, {"speedup_remeasured": speedup})
         tracker.close_study("KILLED" if interrupted else "FINISHED")
@@ -312,7 +312,7 @@ def run_worker(search: Search, trials: int, timeout: float | None = None, consol
     """One worker of a study that another process prepared (``--workers N``): run and log trials until the
     study has ``trials``; True if interrupted. The preparing process exports and logs the front."""
     study, prepared, tracker = open_search(search)
-    logger = TrialLogger(search, tracker, console or Console())
+    logger = TrialLogger(search.parts(), tracker, console or Console())
     with stopping():
         return trial_loop(search, study, prepared.baseline, TrialBudget(trials, finished_states()), timeout, logger)
 
@@ -327,7 +327,7 @@ def trial_loop(search: Search, study: optuna.Study, baseline: Baseline, budget: 
 
 def trial_parts(search: Search, baseline: Baseline) -> tuple[TrialObjective, Proposals]:
     """The study's trial objective and the proposals made after each trial (the runtime sweep, compositions)."""
-    objective = TrialObjective(search, baseline)
+    objective = TrialObjective(search.parts(), baseline)
     proposals = Proposals(search.config, search.objectives, baseline, search.runtimes,
                           [n.name for n in search.pipeline.stage_nodes()], objective.exports, search.enqueue,
                           objective.measured,

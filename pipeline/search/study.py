@@ -53,6 +53,7 @@ from pipeline.search.seeding import merge_params, runtime_params, stage_params
 from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
 from pipeline.search.study_latency import StudyLatency
 from pipeline.search.study_names import ATTR_STAGES, ATTR_STUDY_KEY, find_study, stage_change
+from pipeline.search.study_parts import StudyParts
 
 #: Study user attr: the unoptimized model's self-check (pipeline.core.self_check), measured once per study.
 ATTR_SELF_CHECK = "self_check"
@@ -254,6 +255,12 @@ class Search:
         """What the unoptimized model's facts rule out (:mod:`pipeline.search.rule_out`), read once."""
         stages = [self.pipeline.stage(n.name) for n in self.pipeline.stage_nodes()]
         return RuleOut.read(self.runner.model, self.spec, self.device, stages)
+
+    def parts(self) -> StudyParts:
+        """What the study's trials, their log and the front's exports use (the runner and the rule-out facts
+        are built on first use: the model loads once)."""
+        return StudyParts(self.spec, self.device, self.config, self.pipeline, self.objectives, tuple(self.runtimes),
+                          self.study_name, self.runner, self.latency, self.rules)
 
     def ensure_baseline(self, study: optuna.Study) -> Prepared:
         """The stored baseline, or measure it now, store it and enqueue the baseline, the precision presets under

@@ -18,18 +18,18 @@ from pipeline.search.objectives import ATTR_METRICS
 from pipeline.search.pareto import pareto_trials
 from pipeline.search.record import TrialRecord
 from pipeline.search.screening import SCREENED_OUT
-from pipeline.search.study import Search
+from pipeline.search.study_parts import StudyParts
 from pipeline.tracking.tracker import Tracker
 
 
 class TrialLogger:
     """Study callback: logs each finished trial to MLflow and moves the progress bar."""
 
-    def __init__(self, search: Search, tracker: Tracker | None, console: Console) -> None:
-        self.search = search
+    def __init__(self, parts: StudyParts, tracker: Tracker | None, console: Console) -> None:
+        self.parts = parts
         self.tracker = tracker
         self.console = console
-        self.device = describe(search.device)
+        self.device = describe(parts.device)
         self.progress: Progress | None = None
         self.task: Any = None
         self.best = ""
@@ -52,10 +52,10 @@ class TrialLogger:
         configuration (not a trial: the study's summary counts them)."""
         if self.tracker is None or not record.counted:
             return
-        common = {"device": self.device, "sampler": self.search.config.sampler}
-        exports_ran = self.search.config.exports == "every_trial"
+        common = {"device": self.device, "sampler": self.parts.config.sampler}
+        exports_ran = self.parts.config.exports == "every_trial"
         self.tracker.log_trial(record.number, record.state, record.params(),
-                               record.tracking_metrics(self.search.objectives.headline_keys()),
+                               record.tracking_metrics(self.parts.objectives.headline_keys()),
                                record.tracking_tags(common, exports_ran), record.start_ms, record.texts(),
                                name=record.run_name())
 
@@ -64,7 +64,7 @@ class TrialLogger:
         if not front:
             self.best = "no feasible trial yet"
             return
-        metric = self.search.spec.metric.name
+        metric = self.parts.spec.metric.name
         fastest = max(front, key=lambda t: t.user_attrs.get(ATTR_METRICS, {}).get("speedup", 0.0))
         values = fastest.user_attrs.get(ATTR_METRICS, {})
         self.best = (f"front {len(front)} | best {values.get('speedup', 0):.2f}x at {metric} "
@@ -81,7 +81,7 @@ class TrialLogger:
             return f"trial {record.number:3d} ruled out: {record.ruled_out} (not run, not counted)"
         if record.state == "COMPLETE":
             values = record.metrics
-            metric = self.search.spec.metric.name
+            metric = self.parts.spec.metric.name
             unstable = f" | {record.latency_unstable} (off the front)" if record.latency_unstable else ""
             drop = drop_text(values.get("metric_drop", 0), stored_interval(values))
             uncertain = f" {UNCERTAIN}" if record.uncertain else ""
@@ -100,7 +100,7 @@ class TrialLogger:
         if record.recipe is None:
             return ""
         text = short_recipe(record.recipe.stages, record.recipe.runtime)
-        if self.search.config.exports == "every_trial" and (exports := record.recipe.exports()):
+        if self.parts.config.exports == "every_trial" and (exports := record.recipe.exports()):
             text += " | -> " + ", ".join(c.stage.removeprefix("export.") for c in exports)
         return text
 

@@ -49,7 +49,7 @@ from pipeline.search.seeding import stage_params
 from pipeline.search.workers import claim_config
 
 if TYPE_CHECKING:
-    from pipeline.search.study import Search
+    from pipeline.search.study_parts import StudyParts
 
 #: A record of this trial with its outcome fields still to fill (state, metrics or reason).
 Draft = Callable[..., TrialRecord]
@@ -58,18 +58,18 @@ Draft = Callable[..., TrialRecord]
 class TrialObjective:
     """Runs the trials of one study against its measured baseline (see the module docstring)."""
 
-    def __init__(self, search: Search, baseline: Baseline, interrupts: Interrupts | None = None) -> None:
-        self.search = search
+    def __init__(self, parts: StudyParts, baseline: Baseline, interrupts: Interrupts | None = None) -> None:
+        self.parts = parts
         self.baseline = baseline
         self.interrupts = interrupts or Interrupts()
-        self.exports = [n.name for n in search.pipeline.export_nodes()]
+        self.exports = [n.name for n in parts.pipeline.export_nodes()]
         self._repeats: RepeatIndex | None = None
         self._choices: dict[str, tuple[object, ...]] | None = None
         #: Costly stages at low fidelity first (pipeline.search.screening), through the study's runner, within
         #: their share of this run's time (the clock starts now).
-        clock = CostlyClock(search.config.costly_share,
-                            lambda: {name: tally.seconds for name, tally in search.runner.stage_tallies.items()})
-        self.screening = Screening(search.objectives, lambda configs, runtime: search.runner.run(
+        clock = CostlyClock(parts.config.costly_share,
+                            lambda: {name: tally.seconds for name, tally in parts.runner.stage_tallies.items()})
+        self.screening = Screening(parts.objectives, lambda configs, runtime: parts.runner.run(
             configs, runtime, exports=False).report, self.exports, clock=clock)
 
     def __call__(self, trial: optuna.Trial) -> TrialOutcome:
@@ -88,21 +88,21 @@ class TrialObjective:
 
     def choose(self, trial: optuna.Trial) -> tuple[dict[str, StageConfig | None], str]:
         """Per-node configs and the runtime: from the trial's seed, else each stage's ``suggest``."""
-        search = self.search
+        parts = self.parts
         seed = trial.user_attrs.get(ATTR_SEED_RECIPE)
         seeded = [config_from_dict(raw) for raw in seed["stages"]] if seed else None
         fixed = dict(trial.user_attrs.get(ATTR_SEED_PARAMS, {}))
         if self._choices is None:  # the study's categorical choices before this process (kept: Optuna's rule)
             self._choices = study_choices(trial.study.get_trials(deepcopy=False))
-        ctx = StageContext(spec=search.spec, device=search.device, facts=search.rules.facts,
+        ctx = StageContext(spec=parts.spec, device=parts.device, facts=parts.rules.facts,
                            study_choices=self._choices)
         configs: dict[str, StageConfig | None] = {}
         upstream: list[StageConfig] = []
-        for node in search.pipeline.stage_nodes():
-            exporting = search.pipeline.kind(node.name) == "export"
+        for node in parts.pipeline.stage_nodes():
+            exporting = parts.pipeline.kind(node.name) == "export"
             if node.config is not None:
                 config: StageConfig | None = node.config
-            elif node.name in search.config.disabled:
+            elif node.name in parts.config.disabled:
                 config = None
             elif seeded is not None and (not exporting or any(c.stage == node.op for c in seeded)):
                 config = next((c for c in seeded if c.stage == node.op), None)
@@ -113,7 +113,7 @@ class TrialObjective:
                     self._register_seed_params(trial, node.name, config, ctx, fixed)
             else:
                 ctx.upstream = tuple(upstream)
-                config = search.pipeline.stage(node.name).config_type.suggest(trial, ctx)
+                config = parts.pipeline.stage(node.name).config_type.suggest(trial, ctx)
             configs[node.name] = config
             if config is not None and not exporting:
                 upstream.append(config)
@@ -123,7 +123,7 @@ class TrialObjective:
         # A study keeps the runtime choices it began with (Optuna cannot change them): one begun before a
         # runtime joined the defaults, or on a machine with other onnxruntime providers, answers a runtime
         # not available now before it runs (rule_out).
-        runtimes = [str(r) for r in (self._choices or {}).get("runtime", self.search.runtimes)]
+        runtimes = [str(r) for r in (self._choices or {}).get("runtime", self.parts.runtimes)]
         if seed and "runtime" in fixed:  # a seed's runtime the study's choices lack runs unrecorded as a param
             return str(trial.suggest_categorical("runtime", runtimes) if fixed["runtime"] in runtimes
                        else fixed["runtime"])
@@ -136,7 +136,7 @@ class TrialObjective:
     def _register_seed_params(self, trial: optuna.Trial, node: str, config: StageConfig | None,
                               ctx: StageContext, fixed: dict[str, object]) -> None:
         """Let the stage's ``suggest`` record the params enqueued with a seed (it returns the seed's config)."""
-        stage = self.search.pipeline.stage(node)
+        stage = self.parts.pipeline.stage(node)
         params = stage_params(stage.config_type, stage.config_type.stage, config, ctx)
         if params and all(fixed.get(k, object()) == v for k, v in params.items()):
             stage.config_type.suggest(trial, ctx)
@@ -152,17 +152,17 @@ class TrialObjective:
                  draft: Draft) -> TrialOutcome | None:
         """A pruned outcome with its reason for a configuration that need not run, else None (run it)."""
         chain = model_configs(configs, self.exports)
-        if runtime not in self.search.runtimes:
+        if runtime not in self.parts.runtimes:
             return TrialOutcome(draft(state=PRUNED, ruled_out=f"runtime {runtime} is not available here (the study "
-                                      f"offered it before; now: {', '.join(self.search.runtimes)})"))
-        if (reason := self.search.rules.reason(chain) or self.search.rules.runtime_reason(chain, runtime)) is not None:
+                                      f"offered it before; now: {', '.join(self.parts.runtimes)})"))
+        if (reason := self.parts.rules.reason(chain) or self.parts.rules.runtime_reason(chain, runtime)) is not None:
             return TrialOutcome(draft(state=PRUNED, ruled_out=reason))
         original = self.repeats(trial.study).find(recipe_key(model_configs(configs, self.exports), runtime))
         if original is None:  # another worker runs (or ran) the same config: do not run it twice
             original = claim_config(trial, configs_to_json(configs), runtime)
         if original is not None:
             return TrialOutcome(draft(state=PRUNED, repeat_of=original))
-        if (reason := self.search.rules.unavailable(model_configs(configs, self.exports))) is not None:
+        if (reason := self.parts.rules.unavailable(model_configs(configs, self.exports))) is not None:
             return TrialOutcome(draft(state=PRUNED, infeasible=reason))  # a trial, ended before its chain runs
         return None
 
@@ -194,16 +194,16 @@ class TrialObjective:
         """Screen the costly stages at low fidelity (:meth:`screen`), apply the stages, evaluate, time the
         result paired with the baseline and judge it. An infeasible config is a pruned outcome, an exception
         a failed one, unless Ctrl-C came first (then it is raised)."""
-        search = self.search
+        parts = self.parts
         try:
             screened = self.screen(trial, configs, runtime)
             if screened is not None and not screened.passed:  # the screen ended the trial before its full cost
                 return TrialOutcome(draft(state=PRUNED, infeasible=screened.out_reason(),
                                           seconds={"screening": screened.seconds,
                                                    "trial": time.perf_counter() - start}))
-            result = search.runner.run(configs, runtime, exports=search.config.exports == "every_trial")
+            result = parts.runner.run(configs, runtime, exports=parts.config.exports == "every_trial")
             paired_start = time.perf_counter()
-            paired = search.latency.measure(configs, runtime, result)
+            paired = parts.latency.measure(configs, runtime, result)
         except InfeasibleConfig as exc:
             self.interrupts.check(exc)
             return TrialOutcome(draft(state=PRUNED, infeasible=exc.reason))
@@ -212,12 +212,12 @@ class TrialObjective:
             return TrialOutcome(draft(state=FAIL, error=traceback.format_exc()), failure=exc)
         paired_seconds = time.perf_counter() - paired_start
         report = result.report
-        verdict = search.objectives.verdict(self.baseline, report.metric_value, paired.unstable, report.extra,
+        verdict = parts.objectives.verdict(self.baseline, report.metric_value, paired.unstable, report.extra,
                                             report.metric_resamples)
-        metrics = search.objectives.trial_metrics(report, self.baseline, paired)
-        measured = recorded(report, metrics, search.objectives.latency_batch, describe(search.device))
-        recipe = result.recipe(search.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
-                               metadata={"study": search.study_name, "trial": trial.number, RECORDED: measured})
+        metrics = parts.objectives.trial_metrics(report, self.baseline, paired)
+        measured = recorded(report, metrics, parts.objectives.latency_batch, describe(parts.device))
+        recipe = result.recipe(parts.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
+                               metadata={"study": parts.study_name, "trial": trial.number, RECORDED: measured})
         record = draft(
             state=COMPLETE, recipe=recipe, metrics={**metrics, **budget_metrics(recipe.stages, verdict.headroom)},
             seconds={**result.seconds, **({"screening": screened.seconds} if screened else {}),
@@ -226,12 +226,12 @@ class TrialObjective:
             over_drop=verdict.reason, latency_unstable=verdict.unstable, uncertain=verdict.uncertain,
             tables=sensitivity_tables(result.nodes),
         )
-        values = search.objectives.values(report, metrics[search.objectives.latency_key])
+        values = parts.objectives.values(report, metrics[parts.objectives.latency_key])
         return TrialOutcome(record, values=values, verdict=verdict)
 
     def screen(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str) -> Screened | None:
         """The low-fidelity screen of the trial's costly stages, recorded on the trial (None: not screened)."""
-        if not self.search.config.screening:
+        if not self.parts.config.screening:
             return None
         trials = trial.study.get_trials(deepcopy=False)
         return record_screen(trial, self.screening.screen(trials, configs, runtime, self.baseline))
