@@ -149,7 +149,8 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--runtimes", default=None, help="comma list of runtimes to search (eager,compile,...)")
     group.add_argument("--latency-budget", default=None, choices=tuple(LATENCY_BUDGETS),
                        help="latency measurement effort per trial, timed alone and paired with the baseline "
-                       "(quick: 1 call per side per paired round; a search times the objective batch only; docs/latency.md)")
+                       "(quick: 1 call per side per paired round; a search times the objective batch only; "
+                       "docs/latency.md)")
     group.add_argument("--latency-batch", type=int, default=None, help="batch size of the latency objective")
     group.add_argument("--disable", default=None, help="comma list of stage nodes kept off (e.g. amp,prune)")
     group.add_argument("--exports", default=None, choices=("pareto", "every_trial", "none"),
