@@ -22,9 +22,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.core.noise import median_ci
 from pipeline.core.paired import noise_line
+from pipeline.core.progress import phase
 from pipeline.core.stage import StageConfig
-from pipeline.search.objectives import ATTR_LATENCY_UNSTABLE, ATTR_METRICS
-from pipeline.search.pareto import ParetoRow
+from pipeline.search.objectives import ATTR_LATENCY_UNSTABLE, ATTR_METRICS, ATTR_REMEASURED
+from pipeline.search.pareto import ParetoRow, distinct_front, pareto_rows
 from pipeline.search.record import TrialRecord
 from pipeline.search.study_parts import StudyParts
 
@@ -84,3 +85,34 @@ def machine_line(study: optuna.Study) -> str | None:
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     unstable = sum(1 for t in done if ATTR_LATENCY_UNSTABLE in t.user_attrs)
     return noise_line([t.user_attrs.get(ATTR_METRICS, {}) for t in done], unstable)
+
+
+@dataclass(frozen=True)
+class Retimed:
+    """The front's table rows with their re-measured speed-ups, and what the table says about the re-measure."""
+
+    rows: list[ParetoRow]
+    #: Re-measured speed-up by trial number (empty: nothing re-measured now).
+    speedups: dict[int, float]
+    #: The baseline's re-measured latency (ms); None when nothing was re-measured now.
+    baseline_ms: float | None
+    note: str
+
+
+def retime_front(parts: StudyParts, study: optuna.Study, changed: bool) -> Retimed:
+    """The front re-timed with the baseline, interleaved, when the study ``changed`` or a front trial has no stored
+    re-measure (the speed-ups are stored on the study); else the rows as the last run left them."""
+    rows = pareto_rows(study, parts.objectives)
+    front = [t for t, _ in distinct_front(study)]
+    stored = study.user_attrs.get(ATTR_REMEASURED, {})
+    if not changed and all(str(t.number) in stored for t in front):
+        return Retimed(rows, {}, None, "re-timed: when the study's trials last ran (stored; nothing ran since)")
+    rounds = parts.latency.settings.rounds
+    with phase(f"re-measuring the front for the table: {len(front)} trial(s) and the unoptimized model, "
+               f"interleaved, {rounds} rounds"):
+        measured = remeasure(parts, front_candidates(parts, front))
+    again = remeasured_speedups(measured)
+    study.set_user_attr(ATTR_REMEASURED, {str(k): v for k, v in again.items()})
+    baseline_ms = measured[BASELINE].latency_ms
+    return Retimed(with_remeasured(rows, measured), again, baseline_ms,
+                   f"re-timed: the front again with the baseline ({baseline_ms:.3f} ms), interleaved, {rounds} rounds")

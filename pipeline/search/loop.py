@@ -15,7 +15,7 @@ from rich.progress import Progress, TextColumn
 from rich.table import Table
 
 from pipeline.core.fidelity import fidelity_note
-from pipeline.core.progress import phase, progress_columns, sharing
+from pipeline.core.progress import progress_columns, sharing
 from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.secrets import mask_secrets
 from pipeline.search.compose import composed_note
@@ -24,19 +24,11 @@ from pipeline.search.dashboard import note_study
 from pipeline.search.drop_text import uncertain_note
 from pipeline.search.duplicates import TrialBudget
 from pipeline.search.finish import finish_study, study_dir, study_note
-from pipeline.search.front import (
-    BASELINE,
-    front_candidates,
-    machine_line,
-    remeasure,
-    remeasured_speedups,
-    with_remeasured,
-)
+from pipeline.search.front import Retimed, machine_line, retime_front
 from pipeline.search.interrupt import stopping
 from pipeline.search.objectives import (
     ATTR_EXPORTS,
     ATTR_RECIPE,
-    ATTR_REMEASURED,
     Baseline,
 )
 from pipeline.search.pareto import (
@@ -55,6 +47,7 @@ from pipeline.search.rule_out import summarize as summarize_ruled_out
 from pipeline.search.screening import screened_note
 from pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
 from pipeline.search.study import Prepared, Search, SearchTimes
+from pipeline.search.study_parts import StudyParts
 from pipeline.search.trial_log import TrialLogger
 from pipeline.search.trial_objective import TrialObjective
 from pipeline.search.workers import Callback, run_trials
@@ -148,22 +141,8 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
         interrupted, notes = launch()
         catch_up(search, study, tracker, logger)  # a worker that died left its trial RUNNING and unlogged
     elif remaining > 0:
-        repeats = len(done) - (trials - remaining)
-        labels = ", ".join(get_runtime(r).label(search.device) for r in search.runtimes)
-        console.print(f"study {search.study_name}: {trials - remaining} trial(s) done"
-                      + (f" (and {repeats} repeat(s), ruled-out or interrupted configuration(s), not counted)"
-                         if repeats else "")
-                      + f", running {remaining} more on {logger.device} (runtimes: {labels}); "
-                      f"{exports_line(search)}; full recipes: MLflow param and tag 'recipe', Optuna attr "
-                      f"'{ATTR_RECIPE}'", highlight=False)
-        progress = Progress(*progress_columns(TextColumn("{task.fields[best]}")), console=console, transient=True,
-                            redirect_stderr=False)  # standard error stays in the study's third-party log
-        logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, note="", best="")
-        with progress, sharing(progress):  # a stage's long phase (distillation, calibration) is a row of this bar
-            interrupted = trial_loop(search, study, baseline, budget, timeout, logger)
-        if budget.exhausted:
-            console.print(f"stopped early: the sampler proposed only repeats or ruled-out configurations "
-                          f"({budget.consecutive} in a row)")
+        console.print(running_line(search, trials, remaining, len(done), logger.device), highlight=False)
+        interrupted = _run_here(search, study, baseline, budget, remaining, timeout, console, logger)
     if interrupted:
         return interrupted_outcome(search, study, baseline, tracker, console, notes, parent)
     if tracker is not None:
@@ -178,44 +157,70 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     # Nothing ran and nothing was missing (a child run, an export): what the last run stored stays as it is.
     changed = remaining > 0 or export_outcomes(study) != exported or (
         tracker is not None and (tracker.created or len(tracker.children) != children))
-    rows = pareto_rows(study, search.objectives)
-    front = [t for t, _ in distinct_front(study)]
-    stored = study.user_attrs.get(ATTR_REMEASURED, {})
-    again: dict[int, float] = {}
-    remeasured = "re-timed: when the study's trials last ran (stored; nothing ran since)"
-    if changed or not all(str(t.number) in stored for t in front):
-        with phase(f"re-measuring the front for the table: {len(front)} trial(s) and the unoptimized model, "
-                   f"interleaved, {search.latency.settings.rounds} rounds"):
-            measured = remeasure(parts, front_candidates(parts, front))
-        rows = with_remeasured(rows, measured)
-        again = remeasured_speedups(measured)
-        study.set_user_attr(ATTR_REMEASURED, {str(k): v for k, v in again.items()})
-        remeasured = (f"re-timed: the front again with the baseline ({measured[BASELINE].latency_ms:.3f} ms), "
-                      f"interleaved, {search.latency.settings.rounds} rounds")
+    front = retime_front(parts, study, changed)
     total = budget.counted(study)
-    title = f"{search.spec.name}: Pareto front, {len(rows)} of {total} trials"
-    table_notes = [f"device: {logger.device}", FRONT_NOTE, remeasured]
-    table = pareto_table(rows, search.objectives, title, baseline, table_notes)
-    search.times.by_category = dict(search.runner.totals)
-    search.times.wall = time.perf_counter() - wall_start
+    title = f"{search.spec.name}: Pareto front, {len(front.rows)} of {total} trials"
+    table_notes = [f"device: {logger.device}", FRONT_NOTE, front.note]
+    table = pareto_table(front.rows, search.objectives, title, baseline, table_notes)
+    times = spent(parts, time.perf_counter() - wall_start)
     if tracker is not None and changed:
-        metrics = {"trials": float(total), "pareto_trials": float(len(rows)),
-                   **({"baseline_latency_ms_remeasured": measured[BASELINE].latency_ms} if again else {}),
-                   **{f"baseline_{k}": float(v) for k, v in vars(baseline).items() if isinstance(v, int | float)}}
-        tracker.log_study_summary(table_columns(rows, search.objectives),
-                                  {"pareto.png": pareto_figure_png(study, search.objectives, baseline),
-                                   "pareto.html": pareto_figure_html(study, search.objectives, baseline)},
-                                  metrics)
-        if remaining > 0:  # the study's totals over all its runs; a run that ran no trial adds nothing
-            tracker.add_study_seconds({"seconds_wall": search.times.wall,
-                                       **{f"seconds_{k}": v for k, v in search.times.by_category.items()}})
-        tracker.set_study_note(study_note("; ".join([title, *table_notes]), rows, parts, baseline))
-        for number, speedup in again.items():
-            tracker.log_trial_metrics(number, {"speedup_remeasured": speedup})
-        tracker.close_study("KILLED" if interrupted else "FINISHED")
-    return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, search.times,
+        log_study(tracker, study, parts, baseline, front, total, "; ".join([title, *table_notes]),
+                  times if remaining > 0 else None)  # the study's totals: a run that ran no trial adds nothing
+    return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, times,
                          search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
                          interrupted, notes, machine_line(study))
+
+
+def running_line(search: Search, trials: int, remaining: int, done: int, device: str) -> str:
+    """What runs now: the trials done (repeats, ruled-out and interrupted configurations not counted) and to run,
+    on which device and runtimes, and when the exports run."""
+    repeats = done - (trials - remaining)
+    labels = ", ".join(get_runtime(r).label(search.device) for r in search.runtimes)
+    return (f"study {search.study_name}: {trials - remaining} trial(s) done"
+            + (f" (and {repeats} repeat(s), ruled-out or interrupted configuration(s), not counted)" if repeats else "")
+            + f", running {remaining} more on {device} (runtimes: {labels}); {exports_line(search)}; full recipes: "
+            f"MLflow param and tag 'recipe', Optuna attr '{ATTR_RECIPE}'")
+
+
+def _run_here(search: Search, study: optuna.Study, baseline: Baseline, budget: TrialBudget, remaining: int,
+              timeout: float | None, console: Console, logger: TrialLogger) -> bool:
+    """This process runs the ``remaining`` trials under a progress bar; True if interrupted."""
+    progress = Progress(*progress_columns(TextColumn("{task.fields[best]}")), console=console, transient=True,
+                        redirect_stderr=False)  # standard error stays in the study's third-party log
+    logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, note="", best="")
+    with progress, sharing(progress):  # a stage's long phase (distillation, calibration) is a row of this bar
+        interrupted = trial_loop(search, study, baseline, budget, timeout, logger)
+    if budget.exhausted:
+        console.print(f"stopped early: the sampler proposed only repeats or ruled-out configurations "
+                      f"({budget.consecutive} in a row)")
+    return interrupted
+
+
+def spent(parts: StudyParts, wall: float = 0.0) -> SearchTimes:
+    """Where this run's time went: the runner's tallies, with the paired latency rounds as evaluation."""
+    by_category = dict(parts.runner.totals)
+    by_category["evaluation"] += parts.latency.seconds
+    return SearchTimes(wall, by_category)
+
+
+def log_study(tracker: Tracker, study: optuna.Study, parts: StudyParts, baseline: Baseline, front: Retimed,
+              total: int, note: str, times: SearchTimes | None) -> None:
+    """The study's parent run at the end: the front's table and plots, the summary metrics, this run's seconds
+    added to the study's (``times``; None: none to add), its note, the trials' re-measured speed-ups; closed."""
+    metrics = {"trials": float(total), "pareto_trials": float(len(front.rows)),
+               **({"baseline_latency_ms_remeasured": front.baseline_ms} if front.speedups else {}),
+               **{f"baseline_{k}": float(v) for k, v in vars(baseline).items() if isinstance(v, int | float)}}
+    tracker.log_study_summary(table_columns(front.rows, parts.objectives),
+                              {"pareto.png": pareto_figure_png(study, parts.objectives, baseline),
+                               "pareto.html": pareto_figure_html(study, parts.objectives, baseline)},
+                              metrics)
+    if times is not None:
+        tracker.add_study_seconds({"seconds_wall": times.wall,
+                                   **{f"seconds_{k}": v for k, v in times.by_category.items()}})
+    tracker.set_study_note(study_note(note, front.rows, parts, baseline))
+    for number, speedup in front.speedups.items():
+        tracker.log_trial_metrics(number, {"speedup_remeasured": speedup})
+    tracker.close_study("FINISHED")
 
 
 def interrupted_outcome(search: Search, study: optuna.Study, baseline: Baseline, tracker: Tracker | None,
@@ -230,9 +235,8 @@ def interrupted_outcome(search: Search, study: optuna.Study, baseline: Baseline,
                   f"when this command runs again{exports}", highlight=False)
     rows = pareto_rows(study, search.objectives)
     title = f"{search.spec.name}: Pareto front so far, {len(rows)} of {total} trials"
-    search.times.by_category = dict(search.runner.totals)
     table = pareto_table(rows, search.objectives, title, baseline, [FRONT_NOTE, "re-timed: not yet (interrupted)"])
-    return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, {}, search.times,
+    return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, {}, spent(search.parts()),
                          search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
                          True, notes, machine_line(study))
 

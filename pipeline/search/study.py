@@ -131,7 +131,6 @@ class Search:
         self.worker = worker
         self.extra_seeds = tuple(extra_seeds)
         self.allow_nondeterministic = allow_nondeterministic
-        self.times = SearchTimes()
         self._runner: Runner | None = None
         self._storage: optuna.storages.BaseStorage | None = None
         #: Paired latency of the trials against the baseline (its timer and CPU clock are injectable).

@@ -50,6 +50,8 @@ class StudyLatency:
         self.cpu_clock: CpuClock | None = process_clock if device.type == "cpu" else None
         self._baseline: Callable[..., Tensor] | None = None
         self._inputs: dict[str, Batch] = {}
+        #: Seconds spent in paired measurements (:meth:`measure`): evaluation time, in the run's time split.
+        self.seconds = 0.0
 
     def inputs(self, runtime: str = "eager") -> Batch:
         """The inputs latency is timed on for ``runtime``, on the device (chosen once per runtime)."""
@@ -85,13 +87,13 @@ class StudyLatency:
 
     def measure(self, configs: Mapping[str, StageConfig | None], runtime: str,
                 result: RunResult | None = None) -> PairedLatency:
-        """The trial timed in rounds alternating with the baseline; its seconds count as evaluation time."""
+        """The trial timed in rounds alternating with the baseline; its seconds add to :attr:`seconds`."""
         start = time.perf_counter()
         try:
             return measure_paired(self.baseline_side(), self.side(configs, runtime, result), self.timer,
                                   self.settings, cpu_clock=self.cpu_clock)
         finally:
-            self._runner().totals["evaluation"] += time.perf_counter() - start
+            self.seconds += time.perf_counter() - start
 
     def together(self, sides: Sequence[Timed]) -> list[list[float]]:
         """Several models timed in the same rounds (each warmed up once, the order reversed every other

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -16,6 +17,7 @@ from pipeline.core.stage import Stage, StageConfig, StageContext, registered
 from pipeline.engine.graph import default_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
+from pipeline.search.loop import spent
 from pipeline.search.objectives import (
     ATTR_CACHE,
     ATTR_FEASIBLE,
@@ -281,3 +283,11 @@ def test_a_seed_marked_skip_where_unavailable_is_skipped_where_the_device_cannot
     assert search.enqueue(study, SeedRecipe(name="int4-optional", stages=(int4,), skip_where_unavailable=True)) is False
     assert search.enqueue(study, SeedRecipe(name="int4-asked-for", stages=(int4,))) is True, (
         "a seed not so marked runs and its trial says why it cannot")
+
+
+def test_the_time_split_counts_the_paired_rounds_as_evaluation_without_writing_to_the_runner() -> None:
+    totals = {"evaluation": 1.0, "stages": 2.0}
+    parts = SimpleNamespace(runner=SimpleNamespace(totals=totals), latency=SimpleNamespace(seconds=0.5))
+    times = spent(parts, wall=10.0)  # type: ignore[arg-type]
+    assert times.by_category == {"evaluation": 1.5, "stages": 2.0} and times.wall == 10.0
+    assert totals == {"evaluation": 1.0, "stages": 2.0}, "the runner's tallies are its own"
