@@ -24,7 +24,7 @@ from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
-from pipeline.core.runtimes.compile import Compile, known_limits_infeasible
+from pipeline.core.runtimes.compile import Compile, allow_bucket_graphs, known_limits_infeasible
 from pipeline.core.token_inputs import is_token_input
 
 #: Whether this torch's ``torch.compile`` keeps a compiled module's graphs to itself (``isolate_recompiles``,
@@ -61,6 +61,7 @@ class CompileDynamic(Compile):
         import torch._inductor.config as inductor_config
 
         inductor_config.freezing = True
+        allow_bucket_graphs()  # the batch dim and a packed model's token buckets stay static
         # isolate_recompiles: its graphs are its own, so ``compile`` of the same module in this process never
         # runs a dynamic graph in place of its static ones (both share the forward's code object).
         compiled = torch.compile(  # type: ignore[call-overload]  # the overloads omit isolate_recompiles
