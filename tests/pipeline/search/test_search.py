@@ -65,7 +65,7 @@ def test_search_config_validation_names_the_field(tmp_path: Path) -> None:
         SearchConfig.load(tmp_path / "missing.yaml")
     shipped = SearchConfig.load()
     assert shipped.objectives == ("metric", "latency") and shipped.max_drop.to_json() == 0.01
-    assert [s.name for s in shipped.seeds] == ["prune-0.3", "prune-0.3-distill"]
+    assert [s.name for s in shipped.seeds] == ["prune-depth", "prune-0.3", "prune-0.3-distill"]
     assert [p.name for p in shipped.presets] == ["int8-static", "bf16", "fp16", "bf16-packed", "fp16-packed",
                                                  "int8-dynamic", "fp32", "fp32-packed"]
     assert shipped.costly_share == 0.25
