@@ -1,14 +1,15 @@
 """What a :class:`~pipeline.engine.runner.Runner` run produced: each node's result, the run's result (the
-objective's report, the exports, the replayable recipe) and how often each stage ran or hit the cache.
+objective's report, the exports, the replayable recipe, the function its evaluation measured) and how often
+each stage ran or hit the cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from pipeline.core.evaluate import ModelReport
 from pipeline.core.stage import ExportResult, StageConfig
@@ -34,6 +35,12 @@ class NodeResult:
     records: dict[str, Any] = field(default_factory=dict)
     #: Evaluations under a runtime of an exported file: the export config that made the file it ran.
     runtime_export: StageConfig | None = None
+    #: An evaluation that ran (not cached): the model as it was prepared for its runtime and measured (a compiled
+    #: module, an exported file's session).
+    prepared: Callable[..., Tensor] | None = field(default=None, repr=False, compare=False)
+    #: Seconds of this node's time that belong to another time category (an exported runtime's ``exports`` and
+    #: ``runtime_sessions``); the rest is the node's own.
+    side_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def ran(self) -> bool:
@@ -51,10 +58,19 @@ class RunResult:
     seconds: dict[str, float]
     cache_hits: int
     cache_misses: int
+    #: The per-node configs the run was asked for (``Runner.run``'s ``configs``).
+    configs: dict[str, StageConfig | None] = field(default_factory=dict)
 
     @property
     def objective(self) -> NodeResult:
         return self.nodes[self.pipeline.objective_node().name]
+
+    @property
+    def prepared(self) -> Callable[..., Tensor] | None:
+        """The objective's model of this run as its evaluation prepared and measured it; None when the
+        evaluation came from the cache (or did not run): prepare it again from :attr:`configs`."""
+        node = self.nodes.get(self.pipeline.objective_node().name)
+        return node.prepared if node is not None else None
 
     @property
     def report(self) -> ModelReport:

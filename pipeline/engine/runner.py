@@ -12,6 +12,12 @@ or report what an exporter checked. A runtime that runs an exported file (``onnx
 export cache (so once per stage prefix), opened once per file (:meth:`Runner.prepare`); the file's
 size is the model's size, and session creation is timed apart (``runtime_sessions``).
 
+What a run produced travels in the :class:`~pipeline.engine.run_result.RunResult` it returns, nothing is left
+on the runner for a later call to read: an evaluation that ran hands back the function it measured
+(:attr:`RunResult.prepared <pipeline.engine.run_result.RunResult.prepared>`, so a search times that very
+function again without compiling it twice), and the seconds of its side work (an exported runtime's export and
+session) come back with its node (:attr:`NodeResult.side_seconds <pipeline.engine.run_result.NodeResult.side_seconds>`).
+
 Scripted chains (:func:`run_chain`) are this runner over a chain pipeline, so a
 script and a search trial run a recipe the same way.
 """
@@ -70,13 +76,8 @@ class Runner:
         #: Per model stage, over this runner's life: runs, cache hits and seconds (e.g. distillation,
         #: paid once per distinct prefix).
         self.stage_tallies: dict[str, StageTally] = {}
-        #: The last evaluated model prepared for its runtime, by evaluation key: a search times it again,
-        #: paired with the baseline, without compiling it twice (:meth:`prepared`).
-        self._prepared: tuple[str, Callable[..., Tensor]] | None = None
         #: Open sessions of exported runtimes by export key.
         self._sessions = OpenSessions()
-        #: Seconds of the current node that belong to another category (an exported runtime's export, session).
-        self._side_seconds: dict[str, float] = {}
         #: Seconds spent per category over this runner's life, failed runs included.
         self.totals: dict[str, float] = dict.fromkeys(TIME_CATEGORIES, 0.0)
         start = time.perf_counter()
@@ -116,6 +117,7 @@ class Runner:
                 continue
             category = {"evaluate": "evaluation", "export": "exports"}.get(kind, "stages")
             start = time.perf_counter()
+            result: NodeResult | None = None
             try:
                 if kind == "source":
                     result = NodeResult(node.name, kind, self.source_key, self.model, float_model=self.model)
@@ -126,7 +128,7 @@ class Runner:
                     result = self._stage(node.name, kind, config, results[node.inputs[0]])
             finally:
                 elapsed = time.perf_counter() - start
-                side, self._side_seconds = self._side_seconds, {}
+                side = result.side_seconds if result is not None else {}
                 for side_category, side_elapsed in {category: elapsed - sum(side.values()), **side}.items():
                     seconds[side_category] += side_elapsed
                     self.totals[side_category] += side_elapsed
@@ -139,14 +141,8 @@ class Runner:
             seconds=seconds,
             cache_hits=self.cache.stats.total_hits - hits0,
             cache_misses=self.cache.stats.total_misses - misses0,
+            configs=configs,
         )
-
-    def prepared(self, result: RunResult) -> Callable[..., Tensor] | None:
-        """The objective's model of ``result`` as it was prepared for its runtime and measured, if this
-        runner's last evaluation was that one (None after a cached evaluation: prepare it again)."""
-        if self._prepared is None or self._prepared[0] != result.objective.key:
-            return None
-        return self._prepared[1]
 
     def prepare(self, configs: Mapping[str, StageConfig | None], runtime: str) -> Callable[..., Tensor]:
         """The objective's model of ``configs`` (from the cache where it is there) prepared for ``runtime``:
@@ -156,10 +152,8 @@ class Runner:
         exported = get_runtime(runtime).file
         if exported is None:
             return prepare_runtime(move_module(parent.value, self.device).eval(), runtime, self.device)
-        try:
-            return self._open_exported(exported, self._runtime_file(exported, parent, configs))
-        finally:
-            self._side_seconds = {}  # outside a run: the caller counts these seconds (as evaluation)
+        session, _ = self._open_exported(exported, self._runtime_file(exported, parent, configs))
+        return session  # outside a run: the caller counts its seconds (as evaluation)
 
     def runtime_file(self, configs: Mapping[str, StageConfig | None], runtime: str) -> ExportResult | None:
         """The file an exported runtime runs for ``configs`` (from the export cache where it is there), the one
@@ -169,11 +163,8 @@ class Runner:
             return None
         result = self.run(configs, runtime, exports=False, evaluate=False)
         parent = result.nodes[self.pipeline.objective_node().inputs[0]]
-        try:
-            artifact: ExportResult = self._runtime_file(exported, parent, configs).value
-        finally:
-            self._side_seconds = {}  # outside a run: the caller counts these seconds
-        return artifact
+        artifact: ExportResult = self._runtime_file(exported, parent, configs).value
+        return artifact  # outside a run: the caller counts its seconds
 
     def _runtime_file(self, exported: RuntimeFile, parent: NodeResult,
                       configs: Mapping[str, StageConfig | None]) -> NodeResult:
@@ -250,29 +241,31 @@ class Runner:
             settings["export"] = export_config.to_dict()
         key = node_key("evaluate", settings, (parent.key,), self.device.type)
         cached = self.cache.get(key, "evaluation")
-        hit = cached is not None
-        if cached is None:
-            if get_runtime(runtime).compiles:
-                # Fresh dynamo state: many models of one class would otherwise hit the
-                # recompile limit and silently run eager.
-                torch.compiler.reset()
-            model = move_module(parent.value, self.device).eval()
-            session: LoadedModel | None = None
-            artifact: NodeResult | None = None
-            fn: Callable[..., Tensor]
-            if exported is not None and export_config is not None:
-                artifact = self._runtime_export(exported, export_config, parent)
-                fn = session = self._open_exported(exported, artifact)
-            else:
-                fn = prepare_runtime(model, runtime, self.device)
-            self._prepared = (key, fn)
-            report = evaluate_model(model, self.spec, self.device, runtime=runtime,
-                                    settings=self.latency, batch_sizes=self.batch_sizes, fn=fn)
-            if artifact is not None and session is not None:
-                report = exported_report(report, artifact.value, session)
-            cached = CachedOutput(report, nbytes=0)
-            self.cache.put(key, cached)
-        return NodeResult(name, "evaluate", key, cached.value, cached=hit, runtime_export=export_config)
+        if cached is not None:
+            return NodeResult(name, "evaluate", key, cached.value, cached=True, runtime_export=export_config)
+        if get_runtime(runtime).compiles:
+            # Fresh dynamo state: many models of one class would otherwise hit the
+            # recompile limit and silently run eager.
+            torch.compiler.reset()
+        model = move_module(parent.value, self.device).eval()
+        side: dict[str, float] = {}  # this node's seconds of exports and runtime sessions
+        artifact: NodeResult | None = None
+        session: LoadedModel | None = None
+        fn: Callable[..., Tensor]
+        if exported is not None and export_config is not None:
+            artifact = self._runtime_export(exported, export_config, parent)
+            side["exports"] = artifact.seconds
+            session, side["runtime_sessions"] = self._open_exported(exported, artifact)
+            fn = session
+        else:
+            fn = prepare_runtime(model, runtime, self.device)
+        report = evaluate_model(model, self.spec, self.device, runtime=runtime,
+                                settings=self.latency, batch_sizes=self.batch_sizes, fn=fn)
+        if artifact is not None and session is not None:
+            report = exported_report(report, artifact.value, session)
+        self.cache.put(key, CachedOutput(report, nbytes=0))
+        return NodeResult(name, "evaluate", key, report, runtime_export=export_config, prepared=fn,
+                          side_seconds=side)
 
     def _runtime_export_config(self, exported: RuntimeFile, parent: NodeResult,
                                configs: Mapping[str, StageConfig | None]) -> StageConfig:
@@ -287,24 +280,19 @@ class Runner:
         return config_from_dict({**base.to_dict(), **exported.settings})
 
     def _runtime_export(self, exported: RuntimeFile, config: StageConfig, parent: NodeResult) -> NodeResult:
-        """The exported runtime's file, through the export cache; its seconds count as exports."""
+        """The exported runtime's file, through the export cache; its ``seconds`` (exports) are this call's."""
         start = time.perf_counter()
-        try:
-            key = node_key(exported.export_stage, config.to_dict(), (parent.key,), self.device.type)
-            return self._export(f"runtime.{exported.export_stage}", key, config, parent)
-        finally:
-            self._add_side("exports", time.perf_counter() - start)
+        key = node_key(exported.export_stage, config.to_dict(), (parent.key,), self.device.type)
+        artifact = self._export(f"runtime.{exported.export_stage}", key, config, parent)
+        artifact.seconds = time.perf_counter() - start
+        return artifact
 
-    def _open_exported(self, exported: RuntimeFile, artifact: NodeResult) -> LoadedModel:
-        """The session of an exported file, opened once (its seconds count as runtime sessions)."""
+    def _open_exported(self, exported: RuntimeFile, artifact: NodeResult) -> tuple[LoadedModel, float]:
+        """The session of an exported file, opened once, and the seconds this call spent opening it (runtime
+        sessions; 0 for a session already open)."""
         session, opened = self._sessions.get(artifact.key,
                                              lambda: exported.open_file(Path(artifact.value.path), self.device))
-        if opened:
-            self._add_side("runtime_sessions", session.creation_seconds)
-        return session
-
-    def _add_side(self, category: str, seconds: float) -> None:
-        self._side_seconds[category] = self._side_seconds.get(category, 0.0) + seconds
+        return session, session.creation_seconds if opened else 0.0
 
 
 def _export_evaluation(result: ExportResult | None) -> dict[str, Any] | None:

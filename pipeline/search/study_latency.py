@@ -6,6 +6,10 @@ trials alone with), the baseline's prepared function (prepared once), the latenc
 (chosen once, :func:`pipeline.core.padding.latency_inputs`: the same samples for every side, each runtime
 at its own length: the eager baseline at the batch's longest, a static-shape runtime in its bucket), the
 round timer and the CPU clock (tests inject fakes for both).
+
+A trial is timed from its run's own result (:meth:`StudyLatency.measure`): the function its evaluation
+prepared and measured, else one prepared again from that run's configs and runtime, never a function
+prepared for another recipe.
 """
 
 from __future__ import annotations
@@ -60,15 +64,16 @@ class StudyLatency:
             self._inputs[runtime] = move_batch(chosen, self.device)
         return self._inputs[runtime]
 
-    def function(self, configs: Mapping[str, StageConfig | None], runtime: str,
-                 result: RunResult | None = None) -> Callable[..., Tensor]:
-        """A trial's model (from the runner's cache when it is there) prepared for its runtime; the one
-        the runner measured for ``result`` when it still holds it (a compiled model is not compiled twice)."""
-        runner = self._runner()
-        fn = runner.prepared(result) if result is not None else None
-        if fn is not None:
-            return fn
-        return runner.prepare(configs, runtime)
+    def function(self, configs: Mapping[str, StageConfig | None], runtime: str) -> Callable[..., Tensor]:
+        """A trial's model (from the runner's cache when it is there) prepared for its runtime."""
+        return self._runner().prepare(configs, runtime)
+
+    def measured(self, result: RunResult) -> Callable[..., Tensor]:
+        """The objective's model of ``result``: the function its evaluation prepared and measured (a compiled
+        model is not compiled twice), else (a cached evaluation) prepared again from the run's own configs."""
+        if result.prepared is not None:
+            return result.prepared
+        return self.function(result.configs, result.runtime)
 
     def baseline(self) -> Callable[..., Tensor]:
         """The unoptimized model, eager, prepared once for the study."""
@@ -76,22 +81,22 @@ class StudyLatency:
             self._baseline = self.function({}, "eager")
         return self._baseline
 
-    def side(self, configs: Mapping[str, StageConfig | None], runtime: str,
-             result: RunResult | None = None) -> Timed:
+    def side(self, configs: Mapping[str, StageConfig | None], runtime: str) -> Timed:
         """A trial's prepared model and the inputs its runtime is timed on."""
-        return self.function(configs, runtime, result), self.inputs(runtime)
+        return self.function(configs, runtime), self.inputs(runtime)
 
     def baseline_side(self) -> Timed:
         """The unoptimized model, eager, and its inputs."""
         return self.baseline(), self.inputs("eager")
 
-    def measure(self, configs: Mapping[str, StageConfig | None], runtime: str,
-                result: RunResult | None = None) -> PairedLatency:
-        """The trial timed in rounds alternating with the baseline; its seconds add to :attr:`seconds`."""
+    def measure(self, result: RunResult) -> PairedLatency:
+        """The trial that ``result`` evaluated (:meth:`measured`) timed in rounds alternating with the baseline;
+        its seconds add to :attr:`seconds`."""
         start = time.perf_counter()
         try:
-            return measure_paired(self.baseline_side(), self.side(configs, runtime, result), self.timer,
-                                  self.settings, cpu_clock=self.cpu_clock)
+            baseline = self.baseline_side()
+            trial = self.measured(result), self.inputs(result.runtime)
+            return measure_paired(baseline, trial, self.timer, self.settings, cpu_clock=self.cpu_clock)
         finally:
             self.seconds += time.perf_counter() - start
 

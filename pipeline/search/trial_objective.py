@@ -203,7 +203,7 @@ class TrialObjective:
                                                    "trial": time.perf_counter() - start}))
             result = parts.runner.run(configs, runtime, exports=parts.config.exports == "every_trial")
             paired_start = time.perf_counter()
-            paired = parts.latency.measure(configs, runtime, result)
+            paired = parts.latency.measure(result)
         except InfeasibleConfig as exc:
             self.interrupts.check(exc)
             return TrialOutcome(draft(state=PRUNED, infeasible=exc.reason))

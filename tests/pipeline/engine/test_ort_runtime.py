@@ -83,7 +83,7 @@ def test_fp32_outputs_match_torch_and_the_session_is_opened_once(residual_spec: 
     runner = _runner(residual_spec, tmp_path)
     eager = runner.run(runtime="eager")
     result = runner.run(runtime="onnxruntime")
-    session = runner.prepared(result)
+    session = result.prepared
     assert session is not None
     inputs = residual_spec.example_inputs(8)
     with torch.no_grad():
@@ -95,10 +95,14 @@ def test_fp32_outputs_match_torch_and_the_session_is_opened_once(residual_spec: 
     assert f"{torch.get_num_threads()} intra-op thread(s)" in report.device
     assert report.extra["runtime_session_seconds"] > 0
     assert result.seconds["runtime_sessions"] > 0 and result.seconds["exports"] > 0
+    side = result.objective.side_seconds  # the evaluation's side work, returned with its node
+    assert set(side) == {"exports", "runtime_sessions"} and sum(side.values()) <= result.objective.seconds
+    assert result.seconds["runtime_sessions"] == side["runtime_sessions"]
     # paid once: the same prefix under the runtime again is a cache hit, the same open session
     assert runner.prepare({}, "onnxruntime") is session
     again = runner.run(runtime="onnxruntime")
-    assert again.objective.cached and again.seconds["runtime_sessions"] == 0
+    assert again.objective.cached and again.seconds["runtime_sessions"] == 0 and again.objective.side_seconds == {}
+    assert again.prepared is None, "a cached evaluation prepared nothing"
 
 
 def test_int8_metric_is_the_plain_session_metric_and_a_replay_gives_the_same_file(
