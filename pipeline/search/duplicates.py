@@ -67,8 +67,10 @@ def model_configs(configs: Mapping[str, StageConfig | None], export_nodes: Itera
 
 
 class TrialBudget:
-    """Study callback: stop once ``total`` trials finished, not counting repeats and ruled-out configurations
-    (and stop when the sampler proposes only those, :data:`MAX_CONSECUTIVE_REPEATS` in a row)."""
+    """The study's trial budget: ``total`` finished trials, not counting repeats and ruled-out configurations.
+    Called after each trial, it marks the budget :attr:`exhausted` once the sampler proposes only those,
+    :data:`MAX_CONSECUTIVE_REPEATS` in a row; the trial loop (:func:`pipeline.search.workers.run_trials`) starts
+    no trial once it is exhausted or :meth:`counted` reaches ``total``."""
 
     def __init__(self, total: int, states: tuple[TrialState, ...]) -> None:
         self.total = total
@@ -87,6 +89,3 @@ class TrialBudget:
         self.consecutive = self.consecutive + 1 if not_counted(trial) else 0
         if self.consecutive >= MAX_CONSECUTIVE_REPEATS:
             self.exhausted = True
-            study.stop()
-        elif self.counted(study) >= self.total:
-            study.stop()

@@ -15,7 +15,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import optuna
 from optuna.trial import FrozenTrial
 
 from pipeline.core.stage import StageConfig
@@ -253,14 +252,6 @@ class TrialOutcome:
     failure: Exception | None = None
     #: A complete trial's metric against the allowed drop (its Optuna constraint).
     verdict: DropVerdict | None = None
-
-    def optuna_result(self) -> tuple[float, ...]:
-        """The values, else raise what ends the trial in Optuna: the failure, or ``TrialPruned`` with its reason."""
-        if self.values is not None:
-            return self.values
-        if self.failure is not None:
-            raise self.failure
-        raise optuna.TrialPruned(self.record.reason() or "pruned")
 
 
 def _over_drop(reason: str | None) -> str | None:

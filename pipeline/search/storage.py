@@ -20,12 +20,16 @@ import fcntl
 import hashlib
 import os
 import socket
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import BaseHeartbeat  # what RDBStorage and Optuna's cache in front of it share
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import text
@@ -173,7 +177,7 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
     """Mark FAIL the RUNNING trials whose process died (stale heartbeat, or a dead pid on this host) and
     enqueue each one's config once more; returns their numbers. Call under the study lock."""
     failed: list[int] = []
-    if isinstance(study._storage, RDBStorage) and study._storage.get_heartbeat_interval():
+    if _heartbeats(study._storage) is not None:
         before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -186,6 +190,41 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
             retry(study, study._storage.get_trial(trial._trial_id))
             failed.append(trial.number)
     return failed
+
+
+@contextmanager
+def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Record ``trial``'s heartbeat every :data:`HEARTBEAT_S` in a thread for the ``with`` block, where the storage
+    keeps heartbeats: what ``Study.optimize`` does around its objective and ask-and-tell does not (Optuna issue
+    #3293), so that :func:`fail_dead_trials` never fails a trial that is still running."""
+    storage = _heartbeats(study._storage)
+    interval = storage.get_heartbeat_interval() if storage is not None else None
+    if storage is None or not interval:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            storage.record_heartbeat(trial._trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name=f"heartbeat of trial {trial.number}")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _heartbeats(storage: optuna.storages.BaseStorage) -> BaseHeartbeat | None:
+    """``storage`` where it keeps heartbeats (an RDB storage with an interval, also behind the cache Optuna puts in
+    front of it: a study's storage is never the ``RDBStorage`` itself), else None."""
+    if isinstance(storage, BaseHeartbeat) and storage.get_heartbeat_interval():
+        return storage
+    return None
 
 
 def retry_trial(study: optuna.Study, number: int) -> None:

@@ -1,7 +1,9 @@
 """Several workers on one study: the gated trial loop, config claims and the worker processes.
 
 * :func:`run_trials` starts trials one at a time while fewer than ``trials`` are finished or running,
-  counting and starting under the study lock, so N workers finish exactly ``trials`` trials;
+  counting and starting under the study lock, so N workers finish exactly ``trials`` trials; each trial is
+  asked for, run and told (Optuna's ask-and-tell: :func:`ask`, :func:`run_trial`, :func:`tell`), so the
+  objective's :class:`~pipeline.search.record.TrialOutcome` reaches the callbacks as a return value;
 * :func:`claim_config` marks a trial's config; a config that another trial already runs or ran
   is not run again (the later trial is pruned as "same config as trial N");
 * :func:`launch_workers` runs ``optimize`` in N processes on one study (``--workers N``), after the
@@ -12,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.search.duplicates import TrialBudget
 from pipeline.search.record import TrialOutcome, TrialRecord
-from pipeline.search.storage import ATTR_WORKER, StudyLock, fail_dead_trials, retry_trial, worker_id
+from pipeline.search.storage import ATTR_WORKER, StudyLock, fail_dead_trials, heartbeat, retry_trial, worker_id
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -65,28 +69,11 @@ def run_trials(objective: Objective, lock: StudyLock, study: optuna.Study, budge
     exhausted (only repeats proposed) or ``timeout`` passes; True if interrupted (Ctrl-C). The interrupted
     trial is marked FAIL and its config enqueued again; it does not count (:func:`~pipeline.search.storage.retried`).
 
-    Each trial's record goes from ``objective`` straight to ``callbacks`` (then the budget), once the trial
-    is finished in the study; a trial that ended without one (an error outside the objective's steps) is
-    read back from storage."""
+    Each trial is asked for (an enqueued one first), run and told through Optuna's ask-and-tell interface
+    (:func:`run_trial`), so its record goes from ``objective`` straight to ``callbacks`` (then the budget) as a
+    value, once the trial is finished in the study."""
     deadline = time.monotonic() + timeout if timeout is not None else None
-    current: list[int] = []
-    handed: list[TrialOutcome] = []  # this optimize call's one trial, as the objective returned it
-
-    def run(trial: optuna.Trial) -> tuple[float, ...]:
-        trial.set_user_attr(ATTR_WORKER, worker_id())
-        current.append(trial.number)
-        lock.release()  # the trial is RUNNING: it counts; other workers may start theirs
-        outcome = objective(trial)
-        handed.append(outcome)
-        return outcome.optuna_result()
-
-    def finished(study: optuna.Study, trial: FrozenTrial) -> None:
-        record = handed[-1].record if handed and handed[-1].record.number == trial.number \
-            else TrialRecord.from_trial(trial)
-        for callback in callbacks:
-            callback(study, trial, record)
-        budget(study, trial)
-
+    current: int | None = None  # the number of the trial this loop asked for last
     try:
         while deadline is None or time.monotonic() < deadline:
             lock.acquire()
@@ -94,15 +81,58 @@ def run_trials(objective: Objective, lock: StudyLock, study: optuna.Study, budge
                 fail_dead_trials(study)
                 if budget.exhausted or counted_trials(study, budget) >= budget.total:
                     return False
-                handed.clear()
-                study.optimize(run, n_trials=1, catch=(Exception,), callbacks=[finished])
+                trial = ask(study)
+                current = trial.number
+                trial.set_user_attr(ATTR_WORKER, worker_id())
             finally:
-                lock.release()
+                lock.release()  # the trial is RUNNING: it counts; other workers may start theirs
+            finished, record = run_trial(objective, study, trial)
+            for callback in callbacks:
+                callback(study, finished, record)
+            budget(study, finished)
     except KeyboardInterrupt:  # a second Ctrl-C is held off meanwhile (interrupt.stopping, around the search)
-        if current:
-            retry_trial(study, current[-1])
+        if current is not None:
+            retry_trial(study, current)
         return True
     return False
+
+
+def ask(study: optuna.Study) -> optuna.Trial:
+    """The study's next trial, RUNNING: an enqueued one first (its fixed params and user attributes), else a new
+    one. Call under the study lock. The heartbeat that ``Study.optimize`` keeps runs in :func:`run_trial`."""
+    with warnings.catch_warnings():  # Optuna warns that ask-and-tell sends no heartbeats: run_trial sends them
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        return study.ask()
+
+
+def run_trial(objective: Objective, study: optuna.Study, trial: optuna.Trial) -> tuple[FrozenTrial, TrialRecord]:
+    """Run ``objective`` on ``trial`` (its heartbeat recorded meanwhile) and tell the study how it ended, as
+    ``Study.optimize(catch=(Exception,))`` would: the outcome's values (COMPLETE), PRUNED or FAIL. An exception
+    outside the objective's steps fails the trial and its record is read back from storage; ``KeyboardInterrupt``
+    fails it and is raised, so no trial is left RUNNING. The finished trial and its record."""
+    try:
+        with heartbeat(study, trial):
+            outcome = objective(trial)
+    except optuna.TrialPruned:
+        finished = study.tell(trial, state=TrialState.PRUNED)
+    except Exception:  # optimize's catch=(Exception,): the trial fails, the study goes on
+        finished = study.tell(trial, state=TrialState.FAIL)
+    except KeyboardInterrupt:
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    else:
+        return tell(study, trial, outcome), outcome.record
+    return finished, TrialRecord.from_trial(finished)
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, outcome: TrialOutcome) -> FrozenTrial:
+    """Finish ``trial`` in the study as ``outcome`` ended it: its values (COMPLETE; FAIL where Optuna would reject
+    them, as ``optimize`` fails them: a NaN, not one value per objective), FAIL for a failure, else PRUNED."""
+    values = outcome.values
+    if values is not None and len(values) == len(study.directions) and not any(math.isnan(v) for v in values):
+        return study.tell(trial, values)
+    return study.tell(trial, state=TrialState.PRUNED if values is None and outcome.failure is None
+                      else TrialState.FAIL)
 
 
 def worker_argv(argv: Sequence[str], index: int) -> list[str]:
