@@ -35,9 +35,10 @@ class SeedRecipe(BaseModel):
     name: str
     runtime: str = "eager"
     stages: tuple[dict[str, Any], ...] = ()
-    #: A seed some devices cannot run (e.g. CPU-only int8) is skipped there; otherwise it is an infeasible
-    #: trial that says why (what a user's own seed should be). Dumped only when set: a field added later
-    #: leaves the names of studies whose seeds do not use it unchanged.
+    #: A seed some devices cannot run (e.g. CPU-only int8), or that the model's facts rule out (depth pruning of a
+    #: model without a removable block), is skipped there; otherwise it is an infeasible or ruled-out trial that
+    #: says why (what a user's own seed should be). Dumped only when set: a field added later leaves the names of
+    #: studies whose seeds do not use it unchanged.
     skip_where_unavailable: bool = Field(default=False, exclude_if=lambda value: not value)
 
 

@@ -302,9 +302,9 @@ class Search:
         """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped
         (its stages are not in the pipeline or are disabled, or a stage says it is not
         worth a trial on this device: :meth:`pipeline.core.stage.Stage.not_worthwhile`, or the seed is
-        :attr:`~pipeline.search.config.SeedRecipe.skip_where_unavailable` and this device cannot run it). A seed that
-        cannot change this model is enqueued: it is answered before it runs, with its reason, and not
-        counted (:mod:`pipeline.search.rule_out`), so that the user sees why."""
+        :attr:`~pipeline.search.config.SeedRecipe.skip_where_unavailable` and this device cannot run it or the model's
+        facts rule it out). Any other seed that cannot change this model is enqueued: it is answered before it runs,
+        with its reason, and not counted (:mod:`pipeline.search.rule_out`), so that the user sees why."""
         available = {n.op for n in self.pipeline.stage_nodes() if n.name not in self.config.disabled}
         if any(raw.get("stage") not in available for raw in seed.stages):
             return False
@@ -312,7 +312,8 @@ class Search:
         caps = capabilities(self.device)
         if any(stage_for(c).not_worthwhile(c, caps) for c in configs):
             return False  # the capability table says it can only be slower here
-        if seed.skip_where_unavailable and any(stage_for(c).unavailable(c, caps) for c in configs):
+        if seed.skip_where_unavailable and (any(stage_for(c).unavailable(c, caps) for c in configs)
+                                            or self.rules.reason(configs) is not None):
             return False
         payload = {"runtime": seed.runtime, "stages": [c.to_dict() for c in configs]}
         if any(t.user_attrs.get(ATTR_SEED_RECIPE) == payload for t in study.get_trials(deepcopy=False)):

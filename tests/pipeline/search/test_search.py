@@ -13,7 +13,7 @@ from torch import nn
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
 from pipeline.engine.graph import default_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
@@ -291,3 +291,17 @@ def test_the_time_split_counts_the_paired_rounds_as_evaluation_without_writing_t
     times = spent(parts, wall=10.0)  # type: ignore[arg-type]
     assert times.by_category == {"evaluation": 1.5, "stages": 2.0} and times.wall == 10.0
     assert totals == {"evaluation": 1.0, "stages": 2.0}, "the runner's tallies are its own"
+
+
+def test_a_seed_marked_skip_where_unavailable_is_skipped_where_the_model_facts_rule_it_out(
+    digits_spec: ModelSpec, tmp_path: Path
+) -> None:
+    depth = {"stage": "prune", "method": "depth", "ratio": 0.1}
+    config = SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none")
+    optional = SeedRecipe(name="depth-optional", stages=(depth,), skip_where_unavailable=True)
+    digits = Search(digits_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'd.db'}", track=False)
+    study = digits.open_study()
+    assert digits.rules.reason([config_from_dict(dict(depth))]) is not None, "digits has no removable block"
+    assert digits.enqueue(study, optional) is False
+    assert digits.enqueue(study, SeedRecipe(name="depth-asked-for", stages=(depth,))) is True, (
+        "a seed not so marked is a ruled-out trial that says why")
