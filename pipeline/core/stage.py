@@ -82,6 +82,8 @@ RequiresFn = Callable[[C, Capabilities], str | None]
 FactsFn = Callable[[nn.Module, StageContext], object]
 #: Why a config cannot change the model these facts describe, or None.
 RulesOutFn = Callable[[C, ModelFacts], str | None]
+#: Why a config cannot apply to the model its upstream stages' configs made (in pipeline order), or None.
+AfterFn = Callable[[C, Sequence[StageConfig]], str | None]
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,13 @@ class Stage(Generic[C_co]):
       model (no layer it touches, no block it removes, a TorchScript model it cannot act on);
       a search checks every stage of a trial's chain before any of them runs, and such a
       configuration is not a trial. ``suggest`` reads it through :meth:`StageContext.offered`.
+    * ``precision``: the stage lowers the precision of the matrix products (quantize, amp): two such stages
+      speed up the same work, so their gains do not multiply (the search's composition reads this).
+    * ``traceable``: ``torch.export`` can trace the model the stage returns (pack: no, its forward gathers
+      the real tokens by data-dependent indices).
+    * ``after``: ``(config, upstream configs) -> reason | None``: why ``config`` cannot apply to the model
+      the stages before it made (static PT2E int8 needs a traceable model; AMP cannot run over a PT2E
+      graph); checked with ``rules_out``, before the chain runs.
 
     Call the functions through the methods (:meth:`run`, :meth:`mirror_of`, :meth:`unavailable`,
     :meth:`not_worthwhile`, :meth:`ruled_out`): they check the config is this stage's own.
@@ -125,6 +134,9 @@ class Stage(Generic[C_co]):
     worthwhile: RequiresFn[C_co] | None = None
     facts: FactsFn | None = None
     rules_out: RulesOutFn[C_co] | None = None
+    precision: bool = False
+    traceable: bool = True
+    after: AfterFn[C_co] | None = None
 
     def __post_init__(self) -> None:
         if not self.config_type.stage:
@@ -166,6 +178,10 @@ class Stage(Generic[C_co]):
     def ruled_out(self, config: StageConfig, facts: ModelFacts) -> str | None:
         """Why ``config`` cannot change the model ``facts`` describe (None: it may)."""
         return self.rules_out(self.own(config), facts) if self.rules_out is not None else None
+
+    def cannot_follow(self, config: StageConfig, upstream: Sequence[StageConfig]) -> str | None:
+        """Why ``config`` cannot apply after the ``upstream`` configs (None: it may)."""
+        return self.after(self.own(config), upstream) if self.after is not None else None
 
     def mirror_of(self, config: StageConfig) -> ExportMirror:
         """What exports must reproduce of ``config`` (empty for float-graph stages)."""

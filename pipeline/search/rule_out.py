@@ -79,16 +79,20 @@ class RuleOut:
 
     def reason(self, configs: Iterable[StageConfig | None]) -> str | None:
         """Why the chain of ``configs`` (model stages in order; None = off) cannot change this model, naming
-        the first stage that rules itself out; None: run it. Export configs are not checked (they run later)."""
+        the first stage that rules itself out, alone or after the stages before it; None: run it. Export configs
+        are not checked (they run later)."""
+        upstream: list[StageConfig] = []
         for config in configs:
             if config is None:
                 continue
             stage = stage_for(config)
             if stage.is_export:
                 continue
-            why = stage.not_worthwhile(config, self.caps) or stage.ruled_out(config, self.facts)
+            why = (stage.not_worthwhile(config, self.caps) or stage.ruled_out(config, self.facts)
+                   or stage.cannot_follow(config, upstream))
             if why is not None:
                 return f"{stage.name}: {why}"
+            upstream.append(config)
         return None
 
     def runtime_reason(self, configs: Iterable[StageConfig | None], runtime: str) -> str | None:

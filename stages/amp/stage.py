@@ -32,6 +32,7 @@ stays float32}).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Literal, Self
 
 import torch
@@ -42,12 +43,12 @@ from pipeline.core.device import Capabilities, move_module
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.model_facts import ModelFacts
-from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext
+from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext, export_mirror
 from stages.amp.casting import REDUCED_DTYPES, dtype_name
 from stages.amp.export_gaps import runtime_gaps
 from stages.amp.switch import PrecisionSwitch
 from stages.amp.units import find_precision_units
-from stages.common.mirror_facts import ReducedPrecision
+from stages.common.mirror_facts import ReducedPrecision, WeightQuantization
 from stages.common.rankings import SENSITIVITIES
 from stages.common.sensitivity import calibrate, run_forward
 
@@ -209,6 +210,16 @@ def rules_out(config: AmpConfig, facts: ModelFacts) -> str | None:
                                  "is not supported on ScriptModules)")
 
 
+def after(config: AmpConfig, upstream: Sequence[StageConfig]) -> str | None:
+    """A statically quantized (PT2E) graph computes its integer matmuls from float32 activations: AMP's casts
+    would feed them another dtype."""
+    quant = export_mirror(upstream).of(WeightQuantization)
+    if quant is not None and quant.activations == "static":
+        return (f"AMP cannot run over the {quant.method} graph (its quantized matmuls take float32 "
+                "activations): use one of the two, or int8_dynamic with AMP")
+    return None
+
+
 def mirror(config: AmpConfig) -> ExportMirror:
     """Core ML computes in the reduced dtype with the float32 layers kept; OpenVINO in bf16 for the whole
     model; ONNX Runtime not at all (:mod:`stages.amp.export_gaps`)."""
@@ -218,4 +229,4 @@ def mirror(config: AmpConfig) -> ExportMirror:
 
 
 STAGE = Stage(AmpConfig, apply, numeric=True, mirror=mirror, requires=requires, order=40, worthwhile=worthwhile,
-              rules_out=rules_out)
+              rules_out=rules_out, precision=True, after=after)

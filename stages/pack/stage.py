@@ -130,5 +130,5 @@ def apply_pack(model: nn.Module, config: PackConfig, ctx: StageContext) -> nn.Mo
 PADDED_EXPORTS = NotMirrored("exports convert the padded model (packing is how torch runs it, not part of the "
                              "graph): the file computes every padding token, with the same outputs")
 
-STAGE = Stage(PackConfig, apply_pack, numeric=True, mirror=PADDED_EXPORTS, order=25, facts=read_facts,
+STAGE = Stage(PackConfig, apply_pack, numeric=True, mirror=PADDED_EXPORTS, order=25, facts=read_facts, traceable=False,
               rules_out=rules_out)

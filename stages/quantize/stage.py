@@ -40,6 +40,7 @@ and, when the time budget ended it, ``quantize.calibration_cut_short`` (why).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Literal, Self
 
 import torch
@@ -50,7 +51,7 @@ from pipeline.core.device import Capabilities, move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.model_facts import ModelFacts
-from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext
+from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext, stage_for
 from stages.common.mirror_facts import WeightQuantization
 from stages.common.rankings import SENSITIVITIES
 from stages.common.sensitivity import calibrate, reference_outputs, relative_output_error
@@ -312,6 +313,18 @@ def rules_out(config: QuantizeConfig, facts: ModelFacts) -> str | None:
                          config.fallback_budget)
 
 
+def after(config: QuantizeConfig, upstream: Sequence[StageConfig]) -> str | None:
+    """Static PT2E int8 exports the model with ``torch.export`` first: a stage before it whose model cannot be
+    traced (pack's data-dependent token gather) leaves nothing to quantize."""
+    if not method(config.method).is_static:
+        return None
+    untraceable = [u.stage for u in upstream if not stage_for(u).traceable]
+    if untraceable:
+        return (f"{config.method} traces the model with torch.export, which cannot trace what "
+                f"{', '.join(untraceable)} made: use int8_dynamic after it")
+    return None
+
+
 def _ruled_out(config: QuantizeConfig, ctx: StageContext) -> str | None:
     return rules_out(config, ctx.facts) if ctx.facts is not None else None
 
@@ -343,4 +356,4 @@ def mirror(config: QuantizeConfig) -> ExportMirror:
 
 
 STAGE = Stage(QuantizeConfig, apply, numeric=True, mirror=mirror, requires=requires, order=30, facts=read_facts,
-              rules_out=rules_out)
+              rules_out=rules_out, precision=True, after=after)

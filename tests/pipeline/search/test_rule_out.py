@@ -13,9 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.core.device import capabilities
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search
 from pipeline.search.config import finished_states
 from pipeline.search.duplicates import TrialBudget
@@ -249,3 +250,18 @@ def test_a_study_begun_with_fewer_runtimes_keeps_its_choices_and_its_trials_run(
     assert any(t.user_attrs.get("paretorch.runtime") == "onnxruntime" or
                (t.user_attrs.get(ATTR_SEED) or "").startswith("runtime-sweep") for t in trials), (
         "the sweep still proposes onnxruntime")
+
+
+def test_a_stage_rules_itself_out_after_what_the_stages_before_it_made() -> None:
+    """Static PT2E int8 cannot trace a packed model; AMP cannot run over a PT2E graph: both are known before
+    the chain runs (the search's compositions crossed them and paid a trial each), the other orders are not."""
+    rules = RuleOut(ModelFacts(scripted=False, stages={}, unknown={}), capabilities(torch.device("cpu")))
+    pack = config_from_dict({"stage": "pack"})
+    static = config_from_dict({"stage": "quantize", "method": "int8_static_pt2e"})
+    dynamic = config_from_dict({"stage": "quantize", "method": "int8_dynamic"})
+    bf16 = config_from_dict({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []})
+    assert "cannot trace what pack made" in (rules.reason([pack, static]) or "")
+    assert "AMP cannot run over the int8_static_pt2e graph" in (rules.reason([static, bf16]) or "")
+    assert rules.reason([pack, None, static]) == rules.reason([pack, static]), "an off stage in between changes nothing"
+    for fine in ([static], [pack, dynamic, bf16], [dynamic, bf16], [pack, bf16]):
+        assert rules.reason(fine) is None, fine
