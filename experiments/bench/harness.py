@@ -11,6 +11,12 @@ For one model spec on one device this measures, under identical latency settings
 * the baseline once more at the end, to show how far the machine drifted
   (a discarded warm-up pass precedes the first row).
 
+Each row's speed-up is paired, as the search measures its trials (:class:`pipeline.search.study_latency.
+StudyLatency`): the row's model, as the runner measured it, timed in rounds alternating with fp32 eager in this
+process at the objective batch (the order reversed every other round); the median of the per-round ratios with
+its 95% interval (``speedup``, ``speedup_ci``). A drifting machine slows both sides of a round alike; the
+absolute p50s (each row timed alone) are kept beside it.
+
 Raw numbers go to ``experiments/bench/results/<model>-<device>.json``; every JSON
 there is rendered into ``BENCHMARKS.md``. Run::
 
@@ -30,10 +36,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from rich.console import Console
+from torch import Tensor
 
 from experiments.bench.paths import MARKDOWN, RESULTS_DIR
 from experiments.bench.render import DEFAULT_MAX_DROP, render_markdown, render_table
@@ -41,7 +48,8 @@ from experiments.bench.settings import BENCH_LATENCY
 from experiments.bench.timeline import best_so_far, time_split
 from pipeline.core.device import capabilities, describe, move_module, resolve_device
 from pipeline.core.errors import ConfigError
-from pipeline.core.evaluate import ModelReport, compute_metrics
+from pipeline.core.evaluate import ModelReport, task_metric
+from pipeline.core.paired import PairedLatency
 from pipeline.core.paths import results_dir
 from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
 from pipeline.core.spec import ModelSpec
@@ -53,6 +61,7 @@ from pipeline.engine.runner import Runner
 from pipeline.search import Search, SearchConfig, run_search
 from pipeline.search.allowed_drop import AllowedDrop
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
+from pipeline.search.study_latency import StudyLatency
 from pipeline.sources.resolve import resolve_spec
 from stages.amp.stage import AmpConfig
 from stages.distill.stage import DistillConfig
@@ -83,6 +92,12 @@ class Row:
     note: str = ""
     #: The report's extra metrics (fidelity to the unoptimized model where the metric is a task's).
     extra: dict[str, float] = field(default_factory=dict)
+    #: Paired with fp32 eager at the objective batch: the median of per-round ratios and its 95% interval
+    #: (None: the row failed, or a result written before rows were paired).
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    #: Why the paired speed-up is not trusted (its interval stayed wide); None when stable.
+    speedup_unstable: str | None = None
 
 
 def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any], str]]:
@@ -112,14 +127,24 @@ def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any],
 
 
 #: Makes a fresh callable of a measured recipe under its runtime (a compiled one compiles anew).
-Prepare = Callable[[], Callable[..., torch.Tensor]]
+Prepare = Callable[[], Callable[..., Tensor]]
+
+
+class Measured(NamedTuple):
+    """One recipe measured by :func:`measure_recipe`."""
+
+    report: ModelReport
+    #: The stages' own cost (distillation and calibration seconds, apart from latency); "" when none.
+    note: str
+    #: How to run the measured model again (an exported runtime reopens the file it measured).
+    prepare: Prepare
+    #: The function the runner prepared and measured (a compiled model already compiled): what the row pairs.
+    fn: Callable[..., Tensor]
 
 
 def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], runtime: str,
-                   batch_sizes: tuple[int, ...]) -> tuple[ModelReport, str, Prepare]:
-    """Apply ``configs`` (a fresh chain) and measure under the bench latency settings; also
-    returns a note on the stages' own cost (distillation and calibration seconds, apart from latency)
-    and how to run the measured model again (an exported runtime reopens the file it measured)."""
+                   batch_sizes: tuple[int, ...]) -> Measured:
+    """Apply ``configs`` (a fresh chain) and measure under the bench latency settings."""
 
     runner = Runner(recipe_pipeline(configs), spec, device, latency=BENCH_LATENCY, batch_sizes=batch_sizes)
     result = runner.run(runtime=runtime, exports=False)
@@ -129,11 +154,24 @@ def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], ru
     if "quantize.float_layers" in records:
         costs.append(f"{len(records['quantize.float_layers'])} layer(s) kept float")
     model = result.nodes[result.pipeline.objective_node().inputs[0]].value
-    return result.report, ("stage cost: " + ", ".join(costs)) if costs else "", lambda: prepared(runner, model,
-                                                                                                runtime, device)
+
+    def again() -> Callable[..., Tensor]:
+        return prepared(runner, model, runtime, device)
+
+    fn = result.prepared if result.prepared is not None else again()
+    return Measured(result.report, ("stage cost: " + ", ".join(costs)) if costs else "", again, fn)
 
 
-def prepared(runner: Runner, model: torch.nn.Module, runtime: str, device: torch.device) -> Callable[..., torch.Tensor]:
+def paired_timing(spec: ModelSpec, device: torch.device, batch: int,
+                  batch_sizes: tuple[int, ...]) -> StudyLatency:
+    """How the rows are paired with fp32 eager at the objective ``batch``: the search's own paired timing
+    (:meth:`StudyLatency.pair`: the same inputs per runtime, alternating order, retries of a wide interval)
+    under the bench latency settings; the baseline is prepared once, from a runner of its own."""
+    runner = Runner(recipe_pipeline([]), spec, device, latency=BENCH_LATENCY, batch_sizes=batch_sizes)
+    return StudyLatency(spec, device, batch, lambda: runner, BENCH_LATENCY)
+
+
+def prepared(runner: Runner, model: torch.nn.Module, runtime: str, device: torch.device) -> Callable[..., Tensor]:
     """``model`` (the recipe ``runner`` measured) ready for ``runtime`` once more."""
     if get_runtime(runtime).file is not None:
         return runner.prepare({}, runtime)
@@ -143,14 +181,24 @@ def prepared(runner: Runner, model: torch.nn.Module, runtime: str, device: torch
 
 
 def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, baseline: float | None,
-                    spec: ModelSpec, note: str = "") -> Row:
+                    spec: ModelSpec, note: str = "", paired: PairedLatency | None = None) -> Row:
     drop = 0.0 if baseline is None else spec.metric.drop(baseline, report.metric_value)
     return Row(
         name=name, kind=kind, recipe=recipe, metric=report.metric_value, drop=drop,
         latency_ms_p50={str(b): s.p50_ms for b, s in report.latency.items()},
         latency_ms_p90={str(b): s.p90_ms for b, s in report.latency.items()},
         size_bytes=report.size_bytes, compile_seconds=report.compile_seconds, note=note, extra=dict(report.extra),
+        speedup=paired.speedup if paired else None, speedup_ci=paired.ci if paired else None,
+        speedup_unstable=paired.unstable if paired else None,
     )
+
+
+def measure_row(spec: ModelSpec, device: torch.device, configs: list[Any], runtime: str,
+                batch_sizes: tuple[int, ...], timing: StudyLatency) -> tuple[Measured, PairedLatency]:
+    """A row's recipe measured alone (:func:`measure_recipe`), then the very function measured paired with
+    fp32 eager (``timing``: :func:`paired_timing`)."""
+    measured = measure_recipe(spec, device, configs, runtime, batch_sizes)
+    return measured, timing.pair(measured.fn, runtime)
 
 
 def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: int, max_drop: AllowedDrop,
@@ -201,14 +249,10 @@ def held_out_check(spec: ModelSpec, device: torch.device, path: Path, best: Prep
     labelled data the search never saw (``--held-out``), with the same metric and allowed drop."""
     data = load_task_data(str(path))
     held = with_task_data(spec, data)
-
-    def score(fn: Callable[..., torch.Tensor], runtime: str) -> float:
-        # As evaluate_model: a compiled runtime runs at the largest measured batch size.
-        chunk = max(batch_sizes) if get_runtime(runtime).compiles else None
-        return compute_metrics(fn, held.evaluation(), (held.metric,), device, chunk)[held.metric.name]
-
-    baseline = score(prepare_runtime(move_module(spec.build(), device).eval(), "eager", device), "eager")
-    value = score(best(), runtime)
+    # Scored as evaluate_model scores: a compiled runtime in chunks of the largest batch size, one length bucket.
+    baseline = task_metric(prepare_runtime(move_module(spec.build(), device).eval(), "eager", device), held, device,
+                           "eager", batch_sizes)
+    value = task_metric(best(), held, device, runtime, batch_sizes)
     drop = held.metric.drop(baseline, value)
     return {"data": path.name, "rows": len(data),
             "metric": held.metric.name, "runtime": runtime, "baseline": baseline, "best": value, "drop": drop,
@@ -235,20 +279,22 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
     # ramping up): one discarded pass of the baseline, so the baseline row is not it.
     print(f"[bench] {spec.name}: warm-up (fp32 eager, discarded)", file=sys.stderr, flush=True)
     measure_recipe(spec, device, [], "eager", batch_sizes)  # discarded
+    timing = paired_timing(spec, device, batch, batch_sizes)
     recipes = single_technique_recipes(device)
     for name, configs, runtime in recipes if singles else recipes[:1]:  # the first is the baseline
         print(f"[bench] {spec.name}: {name}", file=sys.stderr, flush=True)
         try:
-            report, cost, _ = measure_recipe(spec, device, configs, runtime, batch_sizes)
+            # The baseline row too: fp32 eager paired with its own copy (1.0 within the interval on a quiet machine).
+            measured, paired = measure_row(spec, device, configs, runtime, batch_sizes, timing)
         except Exception as exc:  # a row that cannot run is reported as such, not hidden
             rows.append(Row(name, "single", describe_chain(configs, runtime), float("nan"), float("nan"),
                             {}, {}, 0, 0.0, note=f"failed: {type(exc).__name__}: {exc}"[:300]))
             continue
         kind = "baseline" if baseline_metric is None else "single"
-        rows.append(row_from_report(name, kind, describe_chain(configs, runtime), report, baseline_metric, spec,
-                                    note=cost))
+        rows.append(row_from_report(name, kind, describe_chain(configs, runtime), measured.report, baseline_metric,
+                                    spec, note=measured.note, paired=paired))
         if baseline_metric is None:
-            baseline_metric = report.metric_value
+            baseline_metric = measured.report.metric_value
     search_info: dict[str, Any] = {}
     held_out_info: dict[str, Any] = {}
     if trials > 0:
@@ -257,14 +303,14 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
         print(f"[bench] {spec.name}: search, {trials} trials, objective latency at batch {batch}",
               file=sys.stderr, flush=True)
         configs, runtime, search_info = run_search_best(spec, device, trials, batch, max_drop, work)
-        report, _, prepare_best = measure_recipe(spec, device, configs, runtime, batch_sizes)
+        best, paired = measure_row(spec, device, configs, runtime, batch_sizes, timing)
         rows.append(row_from_report(f"search best ({trials} trials)", "search", describe_chain(configs, runtime),
-                                    report, baseline_metric, spec))
+                                    best.report, baseline_metric, spec, paired=paired))
         if held_out is not None:
             print(f"[bench] {spec.name}: held-out check on {held_out}", file=sys.stderr, flush=True)
-            held_out_info = held_out_check(spec, device, held_out, prepare_best, runtime, batch_sizes, max_drop)
-    # The baseline again, last: how much the machine drifted over the run.
-    recheck, _, _ = measure_recipe(spec, device, [], "eager", batch_sizes)
+            held_out_info = held_out_check(spec, device, held_out, best.prepare, runtime, batch_sizes, max_drop)
+    # The baseline again, last: how much the machine drifted over the run (the paired speed-ups do not use it).
+    recheck = measure_recipe(spec, device, [], "eager", batch_sizes).report
     return {
         "model": spec.name, "metric": spec.metric.name, "device": describe(device), "device_kind": device.type,
         "objective_batch": batch, "max_drop": max_drop.to_json(), "latency_settings": asdict(BENCH_LATENCY),

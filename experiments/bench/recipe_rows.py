@@ -27,7 +27,7 @@ from torch import Tensor
 from experiments.bench.peers_runner import time_rounds
 from experiments.models import minilm
 from pipeline.core.device import move_module, resolve_device
-from pipeline.core.evaluate import compute_metrics
+from pipeline.core.evaluate import task_metric
 from pipeline.core.noise import median_ci
 from pipeline.core.padding import to_bucket
 from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
@@ -80,8 +80,11 @@ def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings
     assert mask is not None
     baseline_fn = prepare_runtime(move_module(spec.build(), device).eval(), "eager", device)
     held_spec = with_task_data(spec, load_task_data(str(held_out))) if held_out is not None else None
-    baseline_metric = _task_metric(baseline_fn, spec, device, "eager", settings["batch"])
-    baseline_held = _task_metric(baseline_fn, held_spec, device, "eager", settings["batch"]) if held_spec else None
+    # Scored as evaluate_model scores (pipeline.core.evaluate.task_metric): a compiled runtime in chunks of the
+    # rows' batch, in one length bucket.
+    chunk = (settings["batch"],)
+    baseline_metric = task_metric(baseline_fn, spec, device, "eager", chunk)
+    baseline_held = task_metric(baseline_fn, held_spec, device, "eager", chunk) if held_spec else None
     rows: list[dict[str, Any]] = []
     for path in paths:
         recipe = Recipe.load(path)
@@ -91,8 +94,8 @@ def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings
         common = {"kind": "paretorch", "name": f"paretorch: {short_recipe(recipe.model_stages(), recipe.runtime)}",
                   "recipe_file": str(path), "how": f"python -m pipeline apply --recipe {path.name}",
                   "prepare_seconds": time.perf_counter() - started}
-        metric = _task_metric(fn, spec, device, recipe.runtime, settings["batch"])
-        held = _task_metric(fn, held_spec, device, recipe.runtime, settings["batch"]) if held_spec else None
+        metric = task_metric(fn, spec, device, recipe.runtime, chunk)
+        held = task_metric(fn, held_spec, device, recipe.runtime, chunk) if held_spec else None
         for name, inputs in sets.items():
             own = [move_batch(b, device) for b in token_batches(inputs["sentences"], settings["batch"],
                                                                 inputs["repeat"])]
@@ -115,12 +118,3 @@ def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings
                 "precision": None,
             })
     return rows
-
-
-def _task_metric(fn: Callable[..., Tensor], spec: ModelSpec, device: torch.device, runtime: str, batch: int) -> float:
-    """The spec's task metric on ``fn``'s outputs; a compiled runtime runs fixed-size chunks in one length
-    bucket, as :func:`pipeline.core.evaluate.evaluate_model` scores it."""
-    compiled = get_runtime(runtime).compiles
-    values = compute_metrics(fn, spec.evaluation(), (spec.metric,), device, batch if compiled else None,
-                             spec.padding_mask if compiled else None)
-    return values[spec.metric.name]

@@ -55,6 +55,26 @@ def _fmt_ratio(base: float | None, value: float | None) -> str:
     return f"{base / value:.2f}x"
 
 
+def row_speedup(row: dict[str, Any], base_ms: float | None, batch: str) -> float | None:
+    """A row's speed-up over fp32 eager: paired (``speedup``, the harness's rows since they are paired), else
+    the baseline row's p50 over the row's (older result files); None where the row has neither."""
+    if row.get("speedup") is not None:
+        return float(row["speedup"])
+    ms = row["latency_ms_p50"].get(batch)
+    return base_ms / ms if base_ms and ms and ms == ms else None
+
+
+def speedup_cell(row: dict[str, Any], base_ms: float | None, batch: str) -> str:
+    """The speed-up column: a paired speed-up with its 95% interval, else the ratio of p50s (older files)."""
+    if row.get("speedup") is None:
+        return _fmt_ratio(base_ms, row["latency_ms_p50"].get(batch))
+    text = f"{row['speedup']:.2f}x"
+    if row.get("speedup_ci"):
+        low, high = row["speedup_ci"]
+        text += f" [{low:.2f}, {high:.2f}]"
+    return text + (" (unstable)" if row.get("speedup_unstable") else "")
+
+
 def render_table(result: dict[str, Any]) -> str:
     batch = str(result["objective_batch"])
     rows = result["rows"]
@@ -62,9 +82,11 @@ def render_table(result: dict[str, Any]) -> str:
     base_ms = base["latency_ms_p50"].get(batch) if base else None
     allowed = AllowedDrop.parse(result["max_drop"])
     limit = allowed.threshold(base["metric"]) if base else math.nan
+    # Paired rows (speed-up and 95% interval measured in alternating rounds with fp32 eager) or older ones.
+    paired = any(r.get("speedup") is not None for r in rows)
     singles = [r for r in rows if r["kind"] == "single" and r["drop"] == r["drop"]
-               and r["drop"] <= limit and r["latency_ms_p50"].get(batch)]
-    best_single = min(singles, key=lambda r: r["latency_ms_p50"][batch]) if singles else None
+               and r["drop"] <= limit and row_speedup(r, base_ms, batch) is not None]
+    best_single = max(singles, key=lambda r: row_speedup(r, base_ms, batch) or 0.0) if singles else None
     # One fidelity metric next to the task metric, where the rows have one (older result files do not).
     fidelity = next((name for name in FIDELITY_COLUMNS if any(name in r.get("extra", {}) for r in rows)), None)
     lines = [
@@ -75,11 +97,15 @@ def render_table(result: dict[str, Any]) -> str:
         f"torch {result['torch']}, measured {result['date']}; latency = median of >= "
         f"{result['latency_settings']['min_runs']} runs and >= {result['latency_settings']['min_seconds']} s "
         "after warm-up; compile time excluded."
+        + (f" Speed-up: each row timed in {result['latency_settings'].get('rounds', 'the')} rounds alternating with "
+           f"fp32 eager in the same process at batch {batch} (the order reversed every other round), the median of "
+           "the per-round ratios [95% CI]; the p50 columns time each row alone." if paired else "")
         + (f" The search's runtimes: {', '.join(runtimes)}." if (runtimes := (result.get("search") or {})
                                                                  .get("runtimes")) else ""),
         "",
         f"| recipe | {result['metric']} | drop |" + (f" {fidelity} |" if fidelity else "")
-        + f" p50 ms b{batch} | speed-up vs fp32 | other batches (p50 ms) | size | note |",
+        + f" p50 ms b{batch} | speed-up vs fp32{' (paired) [95% CI]' if paired else ''} | other batches (p50 ms) "
+        "| size | note |",
         "| --- | --- | --- |" + (" --- |" if fidelity else "") + " --- | --- | --- | --- | --- |",
     ]
     for r in rows:
@@ -88,23 +114,26 @@ def render_table(result: dict[str, Any]) -> str:
         note = r["note"]
         if r["kind"] == "search" and best_single:
             same = next((s["name"] for s in rows if s["kind"] == "single" and s["recipe"] == r["recipe"]), None)
+            mine, theirs = row_speedup(r, base_ms, batch), row_speedup(best_single, base_ms, batch)
             note = (note + "; " if note else "") + (
                 f"the same recipe as the '{same}' row: the search found nothing faster, and the ratio between "
                 "the two rows is measurement spread" if same else
-                f"{_fmt_ratio(best_single['latency_ms_p50'][batch], ms)} vs best single ({best_single['name']})")
+                f"{_fmt_ratio(mine, theirs)} vs best single ({best_single['name']})")
         size = f"{r['size_bytes'] / 1024:.0f} KiB" if r["size_bytes"] else "-"
         metric = f"{r['metric']:.4f}" if r["metric"] == r["metric"] else "-"
         drop = f"{r['drop']:+.4f}" if r["drop"] == r["drop"] else "-"
         if fidelity:
             value = r.get("extra", {}).get(fidelity)
             drop += f" | {value:.4f}" if value is not None and value == value else " | -"
-        lines.append(f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | "
-                     f"{ms:.3f} | {_fmt_ratio(base_ms, ms)} | {others} | {size} | {note} |" if ms else
-                     f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | - | - | {others} | {size} | {note} |")
+        lines.append(f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | {f'{ms:.3f}' if ms else '-'} | "
+                     f"{speedup_cell(r, base_ms, batch) if ms or r.get('speedup') is not None else '-'} | {others} | "
+                     f"{size} | {note} |")
     recheck = result.get("baseline_recheck_ms_p50", {}).get(batch)
     if recheck and base_ms:
         lines += ["", f"Drift: fp32 eager measured again after the search: {recheck:.3f} ms at batch {batch} "
-                  f"(first: {base_ms:.3f} ms); speed-ups use the first."]
+                  f"(first: {base_ms:.3f} ms); "
+                  + ("the speed-ups are paired (each row with fp32 eager in the same rounds), so drift between "
+                     "rows does not enter them." if paired else "speed-ups use the first.")]
     if result.get("note"):
         lines += ["", f"Note: {result['note']}"]
     if result.get("held_out"):

@@ -130,6 +130,24 @@ def compute_metrics(
     return {metric.name: float(value.item()) for metric, value in zip(metrics, values, strict=True)}
 
 
+def scoring_chunks(spec: ModelSpec, runtime: str, batch_sizes: Sequence[int]) -> tuple[int | None, int | None]:
+    """How :func:`evaluate_model` feeds the evaluation to ``runtime`` (``batch_size`` and ``padding_mask`` of
+    :func:`compute_metrics`): a compiled runtime in fixed-size chunks of the largest of ``batch_sizes`` (the
+    measured latency batch sizes: no extra compilation), cut to one width (a bucket: one shape for a
+    static-shape runtime, one more length for a dynamic one); any other runtime per evaluation batch."""
+    if not get_runtime(runtime).compiles:
+        return None, None
+    return max(batch_sizes), spec.padding_mask
+
+
+def task_metric(fn: Callable[..., Tensor], spec: ModelSpec, device: torch.device, runtime: str,
+                batch_sizes: Sequence[int]) -> float:
+    """The spec's task metric on ``fn`` (a model prepared for ``runtime``) as :func:`evaluate_model` scores it
+    (:func:`scoring_chunks`): the benchmarks' held-out checks and replayed recipes."""
+    chunk, mask = scoring_chunks(spec, runtime, batch_sizes)
+    return compute_metrics(fn, spec.evaluation(), (spec.metric,), device, chunk, mask)[spec.metric.name]
+
+
 def evaluation_outputs(fn: Callable[..., Tensor], batches: Sequence[LabelledBatch], device: torch.device,
                        batch_size: int | None = None, padding_mask: int | None = None) -> tuple[Tensor, Tensor]:
     """``fn``'s outputs over the evaluation batches and their targets, both concatenated on the device
@@ -254,11 +272,8 @@ def evaluate_model(
                 batch_lengths = dataclasses.replace(batch_lengths, trimmed_p50_ms=own.p50_ms)
             lengths[batch_size] = batch_lengths
     peak = peak_memory_bytes(device)
-    # A compiled runtime evaluates at the largest measured batch size: no extra compilation.
-    metric_batch = max(latency) if compiled else None
-    # A compiled runtime's chunks are cut to one width (a bucket): one shape for a static-shape runtime,
-    # one more length for a dynamic one (whose evaluation batches may differ in width).
-    bucketed = spec.padding_mask if compiled else None
+    # A compiled runtime evaluates at the largest measured batch size, in one length bucket.
+    metric_batch, bucketed = scoring_chunks(spec, runtime, tuple(latency))
     outputs, targets = evaluation_outputs(fn, spec.evaluation(), device, metric_batch, bucketed)
     values = {metric.name: float(metric.compute(outputs, targets).item())
               for metric in (spec.metric, *spec.extra_metrics)}

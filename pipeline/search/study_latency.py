@@ -94,11 +94,16 @@ class StudyLatency:
         its seconds add to :attr:`seconds`."""
         start = time.perf_counter()
         try:
-            baseline = self.baseline_side()
-            trial = self.measured(result), self.inputs(result.runtime)
-            return measure_paired(baseline, trial, self.timer, self.settings, cpu_clock=self.cpu_clock)
+            return self.pair(self.measured(result), result.runtime)
         finally:
             self.seconds += time.perf_counter() - start
+
+    def pair(self, fn: Callable[..., Tensor], runtime: str) -> PairedLatency:
+        """``fn`` (a model already prepared for ``runtime``) timed in rounds alternating with the baseline, on
+        the inputs ``runtime`` is timed on (the bench's rows: the runner's own measured function)."""
+        baseline = self.baseline_side()
+        return measure_paired(baseline, (fn, self.inputs(runtime)), self.timer, self.settings,
+                              cpu_clock=self.cpu_clock)
 
     def together(self, sides: Sequence[Timed]) -> list[list[float]]:
         """Several models timed in the same rounds (each warmed up once, the order reversed every other

@@ -25,7 +25,13 @@ def test_token_batches_pad_each_batch_to_its_own_longest_row() -> None:
 def test_a_recipe_file_gives_one_row_per_sentence_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The unoptimized model as a recipe (eager, no stage) against itself: a row per set, named by its short
     recipe, timed on each batch at its own length, with the task metric of its own outputs."""
-    monkeypatch.setattr(recipe_rows, "_task_metric", lambda fn, spec, device, runtime, batch: 42.0)
+    chunks: set[tuple[int, ...]] = set()
+
+    def task_metric(fn: object, spec: object, device: object, runtime: str, batch_sizes: tuple[int, ...]) -> float:
+        chunks.add(batch_sizes)
+        return 42.0
+
+    monkeypatch.setattr(recipe_rows, "task_metric", task_metric)
     path = tmp_path / "recipe.json"
     path.write_text(json.dumps({"format": "paretorch-recipe/1", "model": "minilm", "runtime": "eager",
                                 "stages": []}))
@@ -40,6 +46,7 @@ def test_a_recipe_file_gives_one_row_per_sentence_set(tmp_path: Path, monkeypatc
         assert row["batches"] == 2 and row["timed_widths"] == sorted(set(row["longest"]))
         assert row["metric"] == row["baseline_metric"] == 42.0 and row["held_out"] is None
     assert "paretorch: baseline | eager" in peers.describe_row(rows[0])
+    assert chunks == {(2,)}, "scored (a compiled runtime) in chunks of the rows' batch"
 
 
 def test_a_missing_recipe_file_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.evaluate import LatencySettings, compute_metrics, evaluate_model, fixed_size_chunks
+from pipeline.core.evaluate import LatencySettings, compute_metrics, evaluate_model, fixed_size_chunks, task_metric
 from pipeline.core.padding import (
     BUCKETS,
     bucket_length,
@@ -169,3 +169,24 @@ def test_evaluation_chunks_in_one_bucket_give_the_same_metric(encoder: nn.Module
     full = compute_metrics(encoder, spec.evaluation(), (spec.metric,), CPU, 3)
     bucketed = compute_metrics(encoder, spec.evaluation(), (spec.metric,), CPU, 3, padding_mask=1)
     assert full == pytest.approx(bucketed, abs=1e-6)
+
+
+def test_task_metric_scores_a_compiled_runtime_as_evaluate_model(encoder: nn.Module,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmarks' scoring (held-out checks, replayed recipes): a compiled runtime in chunks of the largest
+    latency batch size cut to one bucket, exactly the chunks evaluate_model scores; any other per batch."""
+    spec = sequence_spec(encoder, LENGTHS)
+    shapes: list[tuple[int, ...]] = []
+
+    def recording(*inputs: Tensor) -> Tensor:
+        shapes.append(tuple(inputs[1].shape))
+        return encoder(*inputs)
+
+    plain = task_metric(recording, spec, CPU, "eager", (1, 3))
+    assert set(shapes) == {(4, WIDTH)}, "the evaluation batches as they are"
+    shapes.clear()
+    monkeypatch.setattr(Eager, "compiles", True)
+    chunked = task_metric(recording, spec, CPU, "eager", (1, 3))
+    assert set(shapes) == {(3, bucket_length(max(LENGTHS)))}
+    assert chunked == evaluate_model(encoder, spec, CPU, settings=QUICK, batch_sizes=(1, 3)).metric_value
+    assert chunked == pytest.approx(plain, abs=1e-5)
