@@ -60,14 +60,17 @@ def test_a_row_pairs_the_function_its_runner_measured_with_the_baseline(digits_s
 
 
 def test_the_bench_pairs_the_baseline_with_itself_and_renders_the_paired_figure(fast: None) -> None:
-    """No search, no single rows: the baseline row alone, paired with a copy of fp32 eager, covers 1.0."""
+    """No search, no single rows: the baseline row alone, paired with a copy of fp32 eager, is about 1.0x."""
     result = harness.bench("digits", "cpu", trials=0, batch=8, max_drop=AllowedDrop("absolute", 0.01),
                            singles=False)
     result = json.loads(json.dumps(result))  # as BENCHMARKS.md reads it back
     (row,) = result["rows"]
     low, high = row["speedup_ci"]
     assert row["kind"] == "baseline"  # (on a busy core the interval may stay wider than 20%: unstable, still 1.0)
-    assert low <= 1.0 <= high, f"fp32 eager against itself: {row['speedup']:.3f}x [{low:.3f}, {high:.3f}]"
+    # A 95 % interval misses its true value one time in twenty: the check is a wide band around 1.0, not the
+    # interval's coverage (a bias of the pairing, e.g. one side always first, moves the ratio far more).
+    assert 0.8 <= row["speedup"] <= 1.25 and low <= row["speedup"] <= high, (
+        f"fp32 eager against itself: {row['speedup']:.3f}x [{low:.3f}, {high:.3f}]")
     assert result["latency_settings"]["rounds"] == FAST.rounds
     table = render_table(result)
     assert f"| {row['speedup']:.2f}x [{low:.2f}, {high:.2f}] |" in table
