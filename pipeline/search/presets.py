@@ -55,6 +55,11 @@ class PresetPlan:
         return line
 
 
+def is_preset(seed: str | None) -> bool:
+    """Whether a trial's seed name is a preset's (:func:`preset_name`)."""
+    return seed is not None and seed.startswith(PRESET_PREFIX)
+
+
 def preset_name(preset: str, runtime: str) -> str:
     """The seed name of ``preset`` under ``runtime``."""
     return f"{PRESET_PREFIX}{preset}@{runtime}"

@@ -23,6 +23,7 @@ from pipeline.core.stage import StageConfig, config_from_dict
 from pipeline.search.compose import composed_count, compositions, measured
 from pipeline.search.config import SearchConfig, SeedRecipe
 from pipeline.search.objectives import Baseline, Objectives
+from pipeline.search.presets import is_preset
 from pipeline.search.record import COMPLETE, TrialRecord
 from pipeline.search.sweep import RuntimeSweepIndex
 
@@ -54,7 +55,7 @@ class Proposals:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
         index = self.sweep_index(study)
-        index.add(record, self.feasible_latency(record))
+        index.add(record, self.feasible_latency(record), is_preset(record.seed))
         for proposal in index.proposals(self.runtimes, self.config.sweep_top, self.runnable):
             self.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
                                            runtime=proposal.runtime, stages=proposal.stages))
@@ -86,7 +87,7 @@ class Proposals:
             self._sweep = RuntimeSweepIndex()
             for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
                 record = TrialRecord.from_trial(done)
-                self._sweep.add(record, self.feasible_latency(record))
+                self._sweep.add(record, self.feasible_latency(record), is_preset(record.seed))
         return self._sweep
 
     def feasible_latency(self, record: TrialRecord) -> float | None:

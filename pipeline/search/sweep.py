@@ -5,7 +5,9 @@ After each trial the sweep proposes the ``top`` fastest feasible stage lists (ea
 runtime so far) under every runtime it has not run under yet: the runtime barely interacts with the
 stages, yet a sampler needs many trials to pair good stages with a good runtime (with MiniLM on an
 H200, a 20-trial TPE search never tried bf16 AMP under CUDA graphs while it swept only the single
-fastest stage list).
+fastest stage list). A preset's stage list is not swept: the preset names the runtimes where it can pay (the
+CPU MiniLM search spent 6 of 30 trials sweeping presets into runtimes they had left out, e.g. static int8 under
+eager at 0.86x).
 """
 
 from __future__ import annotations
@@ -47,14 +49,17 @@ class RuntimeSweepIndex:
     runtimes: dict[str, set[str]] = field(default_factory=dict)
     best: dict[str, SweptStages] = field(default_factory=dict)
     seen: set[int] = field(default_factory=set)
+    #: Stage lists whose runtimes were chosen already (a preset names the runtimes where it can pay): not swept.
+    chosen: set[str] = field(default_factory=set)
 
     @property
     def fastest(self) -> float:
         """The fastest feasible latency so far (inf before any)."""
         return min((b.latency for b in self.best.values()), default=float("inf"))
 
-    def add(self, record: TrialRecord, latency: float | None) -> float | None:
-        """Index ``record`` (once); ``latency``: its objective latency if it is feasible, else None.
+    def add(self, record: TrialRecord, latency: float | None, runtimes_chosen: bool = False) -> float | None:
+        """Index ``record`` (once); ``latency``: its objective latency if it is feasible, else None;
+        ``runtimes_chosen``: its stage list's runtimes were chosen (a preset's), never swept.
         Returns ``latency`` for the caller's convenience."""
         if record.number in self.seen:
             return latency
@@ -62,6 +67,8 @@ class RuntimeSweepIndex:
         key = record.stages_key
         if key is None or record.recipe is None:
             return latency
+        if runtimes_chosen:
+            self.chosen.add(key)
         self.runtimes.setdefault(key, set()).add(record.runtime)
         current = self.best.get(key)
         if latency is not None and (current is None or (latency, record.number) < (current.latency, current.number)):
@@ -76,14 +83,15 @@ class RuntimeSweepIndex:
 
     def proposals(self, runtimes: Sequence[str], top: int, runnable: Runnable | None = None) -> list[SweepProposal]:
         """For each of ``runtimes``, the ``top`` fastest feasible stage lists it can run (``runnable``;
-        None: all) that have not run under it, fastest stage list first (nothing when there is one
-        runtime)."""
+        None: all), but not those whose runtimes were chosen, that have not run under it, fastest stage list
+        first (nothing when there is one runtime)."""
         if len(runtimes) < 2:
             return []
         ranked = self.top(len(self.best))
         chosen: dict[tuple[str, str], SweepProposal] = {}
         for runtime in runtimes:
-            runs = ((key, best) for key, best in ranked if runnable is None or runnable(best.stages, runtime))
+            runs = ((key, best) for key, best in ranked
+                    if key not in self.chosen and (runnable is None or runnable(best.stages, runtime)))
             for key, best in islice(runs, top):  # stops asking ``runnable`` once it has the top few
                 if runtime not in self.runtimes.get(key, set()):
                     chosen[(key, runtime)] = SweepProposal(best.number, best.stages, runtime)

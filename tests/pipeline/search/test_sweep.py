@@ -66,3 +66,16 @@ def test_a_runtime_sweeps_the_fastest_stage_lists_it_can_run() -> None:
 
     swept = [(p.number, p.runtime) for p in index.proposals(["eager", "onnxruntime"], 2, runnable)]
     assert swept == [(2, "onnxruntime"), (3, "onnxruntime")]
+
+
+def test_a_preset_stage_list_is_not_swept_and_leaves_its_place_to_the_next() -> None:
+    """A preset names the runtimes where it can pay (static int8 not under eager): the sweep leaves its stage
+    list alone, and the next fastest stage lists take its place in the top few."""
+    index = RuntimeSweepIndex()
+    index.add(record(0, [BF16], "compile"), 1.0, runtimes_chosen=True)
+    index.add(record(1, [INT8]), 3.0)
+    index.add(record(2, [FP16]), 4.0)
+    assert proposed(index, 1) == [(1, "compile"), (1, "compile_cudagraphs")]
+    assert index.fastest == 1.0, "a preset still counts as the fastest so far"
+    index.add(record(3, [BF16], "eager"), 2.0)  # the same stages from another trial: still the preset's choice
+    assert all(p.stages != (BF16.to_dict(),) for p in index.proposals(RUNTIMES, 10))
