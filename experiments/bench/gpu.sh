@@ -4,6 +4,13 @@
 # model directory, loaded as fp32) in .carry/minilm, the MiniLM word-similarity data (wordsim353.tsv,
 # simlex999.txt from the gensim wheel) in .carry/word-similarity; HELD_OUT=FILE (a pairs TSV) adds --held-out;
 # BENCH_ARGS adds options (e.g. --no-singles: the baseline row and the search only).
+# The word-similarity folder also needs lee_background.cor (the MiniLM fidelity floor's news sentences).
+# The wheels the GPU image lacks (optuna, optuna-dashboard, bottle, mlflow-skinny, mlflow-tracing, databricks-sdk,
+# sqlalchemy, greenlet, alembic, mako, colorlog, pydantic, pydantic-core, annotated-types, typing-inspection,
+# torchao, torch-pruning, plotly, opentelemetry-*, gitpython, gitdb, smmap, fastapi, starlette, uvicorn,
+# cachetools, importlib-metadata, python-dotenv, sqlparse: about 34 MB for Python 3.12) and .carry (about 47 MB)
+# do not fit one 64 MiB call: send .whl first (`start` installs it into /tmp/site once), then, within the
+# machine's 30 s warm window, .carry with the `queue` call.
 #   [TRIALS=30 BATCH=1 MAX_DROP=0.01 HELD_OUT=FILE BENCH_ARGS=...] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
 #   gpu.sh queue "MODEL:BATCH ... rows:1,256"   start them one after another in one background job (clean timings);
 #                          rows:B1,B2 runs experiments.bench.gpu_rows (the one-line rows) at those batch sizes
