@@ -9,8 +9,9 @@
 # sqlalchemy, greenlet, alembic, mako, colorlog, pydantic, pydantic-core, annotated-types, typing-inspection,
 # torchao, torch-pruning, plotly, opentelemetry-*, gitpython, gitdb, smmap, fastapi, starlette, uvicorn,
 # cachetools, importlib-metadata, python-dotenv, sqlparse: about 34 MB for Python 3.12) and .carry (about 47 MB)
-# do not fit one 64 MiB call: send .whl first (`start` installs it into /tmp/site once), then, within the
-# machine's 30 s warm window, .carry with the `queue` call.
+# do not fit one 64 MiB call: send .whl first and install it (python3 -m pip install -q --no-index --no-deps
+# --target /tmp/site .whl/*.whl && touch /tmp/site/.installed), then, within the machine's 30 s warm window,
+# send .carry with the `queue` call (`start` skips the install once /tmp/site/.installed exists).
 #   [TRIALS=30 BATCH=1 MAX_DROP=0.01 HELD_OUT=FILE BENCH_ARGS=...] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
 #   gpu.sh queue "MODEL:BATCH ... rows:1,256"   start them one after another in one background job (clean timings);
 #                          rows:B1,B2 runs experiments.bench.gpu_rows (the one-line rows) at those batch sizes
