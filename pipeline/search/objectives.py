@@ -43,6 +43,8 @@ ATTR_SECONDS = "paretorch.seconds"
 ATTR_CACHE = "paretorch.cache"
 ATTR_INFEASIBLE = "paretorch.infeasible"
 ATTR_TRACEBACK = "paretorch.traceback"
+#: How much of a failed trial's traceback its user attribute keeps (the end).
+TRACEBACK_CHARS = 20_000
 ATTR_FEASIBLE = "paretorch.feasible"  # complete and within the allowed drop (False otherwise)
 ATTR_REASON = "paretorch.reason"  # why a trial is not a feasible result: infeasible, over the drop, failed, repeat
 ATTR_REPEAT_OF = "paretorch.repeat_of"  # the earlier trial that measured the same recipe (a pruned repeat)

@@ -38,6 +38,7 @@ from pipeline.search.objectives import (
     ATTR_TRACEBACK,
     ATTR_UNCERTAIN,
     FLOOR_REASON,
+    TRACEBACK_CHARS,
     DropVerdict,
 )
 from pipeline.search.rule_out import ATTR_RULED_OUT
@@ -116,7 +117,7 @@ class TrialRecord:
         if self.infeasible is not None:
             attrs[ATTR_INFEASIBLE] = self.infeasible
         if self.error is not None:
-            attrs[ATTR_TRACEBACK] = self.error[-20000:]
+            attrs[ATTR_TRACEBACK] = self.error[-TRACEBACK_CHARS:]
         if self.repeat_of is not None:
             attrs[ATTR_REPEAT_OF] = self.repeat_of
         if self.ruled_out is not None:

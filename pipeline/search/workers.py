@@ -18,6 +18,7 @@ import math
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.search.duplicates import TrialBudget
+from pipeline.search.objectives import ATTR_TRACEBACK, TRACEBACK_CHARS
 from pipeline.search.record import TrialOutcome, TrialRecord
 from pipeline.search.storage import ATTR_WORKER, StudyLock, fail_dead_trials, heartbeat, retry_trial, worker_id
 
@@ -115,7 +117,8 @@ def run_trial(objective: Objective, study: optuna.Study, trial: optuna.Trial) ->
             outcome = objective(trial)
     except optuna.TrialPruned:
         finished = study.tell(trial, state=TrialState.PRUNED)
-    except Exception:  # optimize's catch=(Exception,): the trial fails, the study goes on
+    except Exception:  # optimize's catch=(Exception,): the trial fails with its traceback, the study goes on
+        trial.set_user_attr(ATTR_TRACEBACK, traceback.format_exc()[-TRACEBACK_CHARS:])
         finished = study.tell(trial, state=TrialState.FAIL)
     except KeyboardInterrupt:
         study.tell(trial, state=TrialState.FAIL)

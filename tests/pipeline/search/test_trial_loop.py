@@ -107,6 +107,7 @@ def test_every_ending_is_told_and_an_error_outside_the_steps_does_not_stop_the_s
     records = {trial.number: record for trial, record in seen.calls}
     assert records[1] is objective.returned[1].record
     assert records[3].state == FAIL and 3 not in objective.returned, "read back from storage"
+    assert "ValueError: outside the objective's steps" in (records[3].error or ""), "its traceback kept, not swallowed"
     assert records[4].state == PRUNED
 
 
