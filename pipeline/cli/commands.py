@@ -230,6 +230,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         console.print(f"note: {note}")
     if outcome.machine:
         console.print(outcome.machine, highlight=False, soft_wrap=True)
+    if outcome.found:
+        console.print(outcome.found, highlight=False, soft_wrap=True)
     if (started := getattr(args, "started", None)) is not None:
         outcome.times.wall = time.perf_counter() - started  # the whole command, from its start
     console.print(f"time: {outcome.times.describe()}")

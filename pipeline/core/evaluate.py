@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,9 +246,12 @@ def evaluate_model(
     settings: LatencySettings = LatencySettings(),
     batch_sizes: Sequence[int] | None = None,
     fn: Callable[..., Tensor] | None = None,
+    measured: Mapping[int, LatencyStats] | None = None,
 ) -> ModelReport:
     """Measure ``model`` (not modified; moved to ``device``) under ``runtime``; ``fn``: the model
-    already prepared for ``runtime`` (on ``device``), else prepared here."""
+    already prepared for ``runtime`` (on ``device``), else prepared here. ``measured``: latency already
+    measured per batch size (a search's trial, timed beside the baseline: one number per fact), not timed
+    again; the bucket's own cost is then not measured either."""
     model = move_module(model, device).eval()
     fn = prepare_runtime(model, runtime, device) if fn is None else fn
     compiled = get_runtime(runtime).compiles
@@ -259,12 +262,13 @@ def evaluate_model(
     for batch_size in batch_sizes or spec.latency_batch_sizes:
         # A sequence spec's batch is cut to its longest sample, or to a length bucket (static shapes).
         cpu_inputs, batch_lengths = choose_latency_inputs(spec, batch_size, runtime)
-        stats = measure_latency(fn, move_batch(cpu_inputs, device), device, settings)
+        given = (measured or {}).get(batch_size)
+        stats = measure_latency(fn, move_batch(cpu_inputs, device), device, settings) if given is None else given
         latency[batch_size] = stats
         if compiled:
             compile_ms += max(0.0, stats.first_call_ms - stats.p50_ms)
         if batch_lengths is not None and spec.padding_mask is not None:
-            if batch_lengths.measured_length != batch_lengths.length:
+            if batch_lengths.measured_length != batch_lengths.length and given is None:
                 # What the bucket costs, measured: the same batch at its own length.
                 own = measure_latency(fn, move_batch(trim_to_longest(cpu_inputs, spec.padding_mask), device),
                                       device, settings)

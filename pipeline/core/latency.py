@@ -114,15 +114,30 @@ def measure_latency(
 ) -> LatencyStats:
     """Latency of ``fn(*inputs)`` timed alone: the first call (timed apart: a compiled runtime compiles
     there), ``warmup_runs`` calls, then timed runs until both ``min_runs`` and ``min_seconds``."""
-    batch_size = int(inputs[0].shape[0]) if inputs and inputs[0].dim() > 0 else 1
+    first_call_ms = time_first_call(fn, inputs, device)
+    warm_up(fn, inputs, device, settings.warmup_runs)
+    times = time_calls(fn, inputs, device, settings.min_runs, settings.min_seconds, settings.max_runs)
+    return latency_stats(times, batch_size_of(inputs), first_call_ms)
+
+
+def batch_size_of(inputs: Batch) -> int:
+    """The batch size of ``inputs`` (its first tensor's first dimension; 1 for a scalar)."""
+    return int(inputs[0].shape[0]) if inputs and inputs[0].dim() > 0 else 1
+
+
+def time_first_call(fn: Callable[..., Tensor], inputs: Batch, device: torch.device) -> float:
+    """Milliseconds of one call, timed apart (a compiled runtime compiles there)."""
     with torch.no_grad():
         first = Stopwatch(device)
         first.start()
         fn(*inputs)
         first.stop()
-        first_call_ms = first.elapsed_ms()
-    warm_up(fn, inputs, device, settings.warmup_runs)
-    times = sorted(time_calls(fn, inputs, device, settings.min_runs, settings.min_seconds, settings.max_runs))
+    return first.elapsed_ms()
+
+
+def latency_stats(samples: list[float] | tuple[float, ...], batch_size: int, first_call_ms: float) -> LatencyStats:
+    """The statistics of timed calls (ms): median with its 95 % interval, p90, mean, spread."""
+    times = sorted(samples)
     ci = median_ci(times)
     return LatencyStats(
         batch_size=batch_size,

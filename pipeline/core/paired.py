@@ -16,8 +16,10 @@ rounds for any number of functions (the front's re-measure), so each one's mean 
 
 Contention is checked per measurement: the interval's width, the 1-minute load average against the
 cores this process may use, and on the CPU the process's CPU time against the wall time of its
-rounds. A measurement whose interval is wider than :data:`MAX_CI_WIDTH` of its ratio is taken again
-(up to :data:`RETRIES` more times); one that stays wide is *unstable*, with the reason why.
+rounds. A measurement whose interval is wider than :data:`MAX_CI_WIDTH` of its ratio goes on for more rounds
+(up to :data:`RETRIES` more blocks), its interval always over all its rounds together; one that stays wide is
+*unstable*, with the reason why. In a search a measurement stops as soon as its answer is known
+(:class:`StopRule`: sequential stopping against the baseline and the front, and a cost cap).
 
 The clock is injectable: a :class:`RoundTimer` warms the sides up and times one round, so tests run on
 fake timings.
@@ -155,9 +157,15 @@ class PairedLatency:
     ci: tuple[float, float]
     rounds: int
     machine: MachineLoad
+    #: Blocks of ``settings.rounds`` rounds it took (more than 1: measured longer, its interval was wide).
     attempts: int = 1
-    #: Why the measurement is not trusted (``speed-up 95% CI ... after 3 measurements``); None when stable.
+    #: Why the measurement is not trusted (``speed-up 95% CI ... over 30 rounds``); None when stable.
     unstable: str | None = None
+    #: Why it stopped: ``settled`` (the interval narrow after the rounds), ``decided`` (its interval cleared every
+    #: reference, :class:`StopRule`), ``cost cap``, ``round limit``.
+    stopped: str = "settled"
+    #: The trial's time in each round (ms): its own latency distribution, timed beside the baseline.
+    trial_samples: tuple[float, ...] = ()
 
     @property
     def ci_width(self) -> float:
@@ -173,6 +181,7 @@ class PairedLatency:
                    "machine_cores": float(self.machine.cores)}
         if self.machine.cpu_share is not None:
             metrics["machine_cpu_share"] = self.machine.cpu_share
+        metrics["latency_stopped_early"] = float(self.stopped in ("decided", "cost cap"))
         return metrics
 
 
@@ -181,33 +190,112 @@ def paired_once(baseline: Timed, trial: Timed, timer: RoundTimer, rounds: int,
     """One paired measurement of ``rounds`` rounds (the baseline first in even rounds, the trial in odd ones)."""
     before = cpu_clock() if cpu_clock is not None else None
     base, mine = time_rounds((baseline, trial), timer, rounds)
-    share = None
-    if before is not None and cpu_clock is not None:
-        wall, cpu = (after - start for after, start in zip(cpu_clock(), before, strict=True))
-        share = cpu / wall if wall > 0 else None
-    ratios = [b / t if t > 0 else 0.0 for b, t in zip(base, mine, strict=True)]
-    return PairedLatency(statistics.median(base), statistics.median(mine), statistics.median(ratios),
-                         median_ci(ratios), rounds, MachineLoad(load_average(), usable_cores(), share))
+    return _paired(base, mine, before, cpu_clock)
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a search's paired measurement may stop before its full rounds (sequential stopping).
+
+    ``references`` are the speed-ups the search decides against: 1.0 (the baseline) and the current front's.
+    After :attr:`first_look` rounds, and after every round from then on, the measurement stops once its
+    interval at :attr:`confidence` (wider than the 95 % one: the repeated looks are paid for; with few rounds
+    it is the full range of the ratios, e.g. 6 rounds hold the median with 96.9 %) clears every reference by
+    more than :attr:`min_effect`: the trial is faster or slower than each with confidence, and more rounds
+    cannot change a decision. A tie with a reference runs every round. :attr:`max_cost` caps what one trial's
+    rounds cost, as a multiple of the baseline timed against itself for the study's rounds (the cost of a
+    side's round: its calls, at least the round's seconds): a model many times slower than the baseline is
+    decided in a few of its calls, not in hundreds."""
+
+    references: tuple[float, ...] = (1.0,)
+    min_effect: float = 0.03
+    first_look: int = 6
+    confidence: float = 0.99
+    max_cost: float = 3.0
+
+    def decided(self, interval: tuple[float, float]) -> bool:
+        """Whether ``interval`` clears every reference (above or below it) by more than the minimum effect."""
+        low, high = interval
+        return all(low > ref * (1.0 + self.min_effect) or high * (1.0 + self.min_effect) < ref
+                   for ref in self.references)
+
+
+def _round_cost(ms: float, settings: LatencySettings) -> float:
+    """What one side's round costs in ms: its calls, and at least the round's seconds."""
+    return max(ms * settings.round_runs, 1000.0 * settings.round_seconds)
 
 
 def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: LatencySettings,
                    max_width: float = MAX_CI_WIDTH, retries: int = RETRIES,
-                   cpu_clock: CpuClock | None = process_clock) -> PairedLatency:
-    """The trial's paired speed-up over ``settings.rounds`` rounds, each side warmed up once first; measured
-    again (up to ``retries`` more times) while its interval is wider than ``max_width`` of the ratio. Keeps
-    the narrowest attempt; ``unstable`` says why when even that one is too wide."""
+                   cpu_clock: CpuClock | None = process_clock, stop: StopRule | None = None) -> PairedLatency:
+    """The trial's paired speed-up, each side warmed up once, then timed in rounds (the baseline first in even
+    rounds, the trial in odd ones).
+
+    It runs ``settings.rounds`` rounds; while the 95 % interval of all its rounds together is wider than
+    ``max_width`` of the ratio, it goes on, up to ``retries`` more blocks of rounds (a busy machine is measured
+    longer, never judged on its narrowest block); ``unstable`` says why when even all of them are too wide.
+    ``stop`` (the search): it may stop earlier, once the answer is known (:class:`StopRule`), and its rounds
+    never cost more than ``stop.max_cost`` baseline measurements; :attr:`PairedLatency.stopped` says why."""
     timer.warm_up((baseline, trial))
-    best: PairedLatency | None = None
-    for attempt in range(1, retries + 2):
-        measured = paired_once(baseline, trial, timer, settings.rounds, cpu_clock)
-        if best is None or measured.ci_width < best.ci_width:
-            best = measured
-        if best.ci_width <= max_width:
-            return replace(best, attempts=attempt)
-    assert best is not None
-    why = (f"speed-up 95% CI [{best.ci[0]:.2f}, {best.ci[1]:.2f}] is {best.ci_width:.0%} of {best.speedup:.2f}x "
-           f"(more than {max_width:.0%}) in each of {retries + 1} measurements; {best.machine.describe()}")
-    return replace(best, attempts=retries + 1, unstable=why)
+    before = cpu_clock() if cpu_clock is not None else None
+    base: list[float] = []
+    mine: list[float] = []
+    limit = settings.rounds * (retries + 1)
+    budget = None
+    cost = 0.0
+    stopped = "round limit"
+    with torch.no_grad():
+        while len(base) < limit:
+            for _ in range(2):  # rounds in pairs: each side first in half of them
+                order = round_order(2, len(base))
+                times = dict(zip(order, timer([(baseline, trial)[i] for i in order]), strict=True))
+                base.append(times[0])
+                mine.append(times[1])
+                cost += _round_cost(times[0], settings) + _round_cost(times[1], settings)
+            ratios = _ratios(base, mine)
+            if stop is not None:
+                if budget is None:
+                    budget = stop.max_cost * 2 * settings.rounds * _round_cost(statistics.median(base), settings)
+                if len(ratios) >= stop.first_look and stop.decided(median_ci(ratios, stop.confidence)):
+                    stopped = "decided"
+                    break
+                if cost >= budget:
+                    stopped = "cost cap"
+                    break
+            if len(ratios) >= settings.rounds and _width(ratios) <= max_width:
+                stopped = "settled"
+                break
+    measured = _paired(base, mine, before, cpu_clock)
+    attempts = -(-len(base) // settings.rounds)
+    measured = replace(measured, attempts=attempts, stopped=stopped)
+    if stopped in ("decided", "settled") or measured.ci_width <= max_width:
+        return measured
+    why = (f"speed-up 95% CI [{measured.ci[0]:.2f}, {measured.ci[1]:.2f}] is {measured.ci_width:.0%} of "
+           f"{measured.speedup:.2f}x (more than {max_width:.0%}) over {len(base)} rounds ({stopped}); "
+           f"{measured.machine.describe()}")
+    return replace(measured, unstable=why)
+
+
+def _ratios(base: Sequence[float], mine: Sequence[float]) -> list[float]:
+    return [b / t if t > 0 else 0.0 for b, t in zip(base, mine, strict=True)]
+
+
+def _width(ratios: Sequence[float]) -> float:
+    low, high = median_ci(ratios)
+    middle = statistics.median(ratios)
+    return (high - low) / middle if middle > 0 else float("inf")
+
+
+def _paired(base: Sequence[float], mine: Sequence[float], before: tuple[float, float] | None,
+            cpu_clock: CpuClock | None) -> PairedLatency:
+    share = None
+    if before is not None and cpu_clock is not None:
+        wall, cpu = (after - start for after, start in zip(cpu_clock(), before, strict=True))
+        share = cpu / wall if wall > 0 else None
+    ratios = _ratios(base, mine)
+    return PairedLatency(statistics.median(base), statistics.median(mine), statistics.median(ratios),
+                         median_ci(ratios), len(base), MachineLoad(load_average(), usable_cores(), share),
+                         trial_samples=tuple(mine))
 
 
 # --------------------------------------------------------------------------- a study's machine

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from pipeline.core.device import move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, evaluate_model
+from pipeline.core.latency import LatencyStats
 from pipeline.core.padding import LATENCY_INPUTS
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtimes.base import LoadedModel, RuntimeFile
@@ -93,9 +94,13 @@ class Runner:
         runtime: str = "eager",
         exports: bool = True,
         evaluate: bool = True,
+        prepared: Callable[..., Tensor] | None = None,
+        measured: Mapping[int, LatencyStats] | None = None,
     ) -> RunResult:
         """Run every node (``exports=False``: skip exports and what reads them;
-        ``evaluate=False``: skip the evaluations of torch models).
+        ``evaluate=False``: skip the evaluations of torch models). ``prepared``: the objective's model of these
+        configs already prepared for ``runtime`` (:meth:`prepare`; not prepared or compiled again), and
+        ``measured``: its latency per batch size already measured (not timed again).
 
         ``configs`` gives a config (or ``None`` = off) per stage node; a node
         missing from it uses its fixed config, or is off.
@@ -122,7 +127,9 @@ class Runner:
                 if kind == "source":
                     result = NodeResult(node.name, kind, self.source_key, self.model, float_model=self.model)
                 elif kind == "evaluate":
-                    result = self._evaluate(node.name, results[node.inputs[0]], runtime, configs)
+                    objective = node.name == self.pipeline.objective_node().name
+                    result = self._evaluate(node.name, results[node.inputs[0]], runtime, configs,
+                                            prepared if objective else None, measured if objective else None)
                 else:
                     config = configs.get(node.name, node.config)
                     result = self._stage(node.name, kind, config, results[node.inputs[0]])
@@ -147,13 +154,18 @@ class Runner:
     def prepare(self, configs: Mapping[str, StageConfig | None], runtime: str) -> Callable[..., Tensor]:
         """The objective's model of ``configs`` (from the cache where it is there) prepared for ``runtime``:
         a torch runtime wraps the module; an exported runtime opens (or reuses) its file's session."""
+        return self.prepared_run(configs, runtime)[0]
+
+    def prepared_run(self, configs: Mapping[str, StageConfig | None],
+                     runtime: str) -> tuple[Callable[..., Tensor], RunResult]:
+        """:meth:`prepare`, with the run of the stages that made the model (its seconds and cache hits)."""
         result = self.run(configs, runtime, exports=False, evaluate=False)
         parent = result.nodes[self.pipeline.objective_node().inputs[0]]
         exported = get_runtime(runtime).file
         if exported is None:
-            return prepare_runtime(move_module(parent.value, self.device).eval(), runtime, self.device)
+            return prepare_runtime(move_module(parent.value, self.device).eval(), runtime, self.device), result
         session, _ = self._open_exported(exported, self._runtime_file(exported, parent, configs))
-        return session  # outside a run: the caller counts its seconds (as evaluation)
+        return session, result  # outside a run: the caller counts its seconds (as evaluation)
 
     def runtime_file(self, configs: Mapping[str, StageConfig | None], runtime: str) -> ExportResult | None:
         """The file an exported runtime runs for ``configs`` (from the export cache where it is there), the one
@@ -229,8 +241,9 @@ class Runner:
         return NodeResult(name, "export", key, cached.value, config, resolved, hit,
                           chain=(*parent.chain, resolved), records=cached.records)
 
-    def _evaluate(self, name: str, parent: NodeResult, runtime: str,
-                  configs: Mapping[str, StageConfig | None]) -> NodeResult:
+    def _evaluate(self, name: str, parent: NodeResult, runtime: str, configs: Mapping[str, StageConfig | None],
+                  prepared: Callable[..., Tensor] | None = None,
+                  measured: Mapping[int, LatencyStats] | None = None) -> NodeResult:
         if parent.kind == "export":
             return NodeResult(name, "evaluate", parent.key, _export_evaluation(parent.value))
         settings: dict[str, Any] = {"runtime": runtime, "latency": asdict(self.latency),
@@ -243,7 +256,7 @@ class Runner:
         cached = self.cache.get(key, "evaluation")
         if cached is not None:
             return NodeResult(name, "evaluate", key, cached.value, cached=True, runtime_export=export_config)
-        if get_runtime(runtime).compiles:
+        if get_runtime(runtime).compiles and prepared is None:
             # Fresh dynamo state: many models of one class would otherwise hit the
             # recompile limit and silently run eager.
             torch.compiler.reset()
@@ -257,10 +270,12 @@ class Runner:
             side["exports"] = artifact.seconds
             session, side["runtime_sessions"] = self._open_exported(exported, artifact)
             fn = session
+        elif prepared is not None:
+            fn = prepared
         else:
             fn = prepare_runtime(model, runtime, self.device)
         report = evaluate_model(model, self.spec, self.device, runtime=runtime,
-                                settings=self.latency, batch_sizes=self.batch_sizes, fn=fn)
+                                settings=self.latency, batch_sizes=self.batch_sizes, fn=fn, measured=measured)
         if artifact is not None and session is not None:
             report = exported_report(report, artifact.value, session)
         self.cache.put(key, CachedOutput(report, nbytes=0))

@@ -217,9 +217,10 @@ def _disjoint_sets(candidates: Sequence[Winner]) -> list[tuple[Winner, ...]]:
 
 def compositions(trials: Sequence[Measured], runtimes: Sequence[str], order: Sequence[str], allowed_drop: float,
                  known: Callable[[Sequence[StageConfig], str], bool], limit: int, per_axis: int = 2,
-                 runtime_count: int = 2, numeric: Callable[[StageConfig], bool] = is_numeric) -> list[Composition]:
+                 runtime_count: int = 2, numeric: Callable[[StageConfig], bool] = is_numeric,
+                 worth: Callable[[Composition], bool] | None = None) -> list[Composition]:
     """At most ``limit`` compositions of measured winners that ``known`` does not skip (measured or queued
-    already, or a runtime that cannot run them), best
+    already, or a runtime that cannot run them) or ``worth`` rejects (a measured dead end), best
     estimated first: likely within ``allowed_drop`` (the components' drops added), then the product of
     the gains, then the runtime's rank. ``order``: the stage nodes in pipeline order. Deterministic."""
     if limit <= 0:
@@ -237,7 +238,7 @@ def compositions(trials: Sequence[Measured], runtimes: Sequence[str], order: Seq
     for option in options:
         if len(chosen) >= limit:
             break
-        if not known(option.configs, option.runtime):
+        if not known(option.configs, option.runtime) and (worth is None or worth(option)):
             chosen.append(option)
     return chosen
 

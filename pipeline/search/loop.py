@@ -48,6 +48,7 @@ from pipeline.search.screening import screened_note
 from pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
 from pipeline.search.study import Prepared, Search, SearchTimes
 from pipeline.search.study_parts import StudyParts
+from pipeline.search.time_to_result import ResultPoint, best_so_far, found_line, trials_seconds
 from pipeline.search.trial_log import TrialLogger
 from pipeline.search.trial_objective import TrialObjective
 from pipeline.search.workers import Callback, run_trials
@@ -77,6 +78,10 @@ class SearchOutcome:
     notes: list[str] = field(default_factory=list)
     #: How noisy the machine was during the study (:func:`pipeline.search.front.machine_line`).
     machine: str | None = None
+    #: The best feasible speed-up against the study's wall time (:mod:`pipeline.search.time_to_result`).
+    results: list[ResultPoint] = field(default_factory=list)
+    #: When the best was found, in one line (None: an interrupted run).
+    found: str | None = None
 
 
 #: The per-study file that receives third-party warnings and progress bars (see :mod:`pipeline.search.quiet`).
@@ -163,12 +168,15 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     table_notes = [f"device: {logger.device}", FRONT_NOTE, front.note]
     table = pareto_table(front.rows, search.objectives, title, baseline, table_notes)
     times = spent(parts, time.perf_counter() - wall_start)
+    results = best_so_far(every)
     if tracker is not None and changed:
         log_study(tracker, study, parts, baseline, front, total, "; ".join([title, *table_notes]),
                   times if remaining > 0 else None)  # the study's totals: a run that ran no trial adds nothing
+        tracker.log_study_curve("time_to_result_speedup", [(p.seconds, p.speedup) for p in results])
     return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, times,
                          search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
-                         interrupted, notes, machine_line(study))
+                         interrupted, notes, machine_line(study), results,
+                         found_line(results, trials_seconds(every)))
 
 
 def running_line(search: Search, trials: int, remaining: int, done: int, device: str) -> str:

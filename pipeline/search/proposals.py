@@ -20,12 +20,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.core.stage import StageConfig, config_from_dict
-from pipeline.search.compose import composed_count, compositions, measured
+from pipeline.search.compose import Composition, composed_count, compositions, measured
 from pipeline.search.config import SearchConfig, SeedRecipe
+from pipeline.search.dead_ends import RuntimeGains
 from pipeline.search.objectives import Baseline, Objectives
 from pipeline.search.presets import is_preset
 from pipeline.search.record import COMPLETE, TrialRecord
-from pipeline.search.sweep import RuntimeSweepIndex
+from pipeline.search.sweep import RuntimeSweepIndex, SweptStages
 
 #: Enqueues a seed on the study (:meth:`pipeline.search.study.Search.enqueue`); False if skipped.
 Enqueue = Callable[[optuna.Study, SeedRecipe], bool]
@@ -52,11 +53,13 @@ class Proposals:
         self.known = known
         self.runs: Runs = runs or (lambda configs, runtime: True)
         self._sweep: RuntimeSweepIndex | None = None
+        self._gains: RuntimeGains | None = None
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
         index = self.sweep_index(study)
         index.add(record, self.feasible_latency(record), is_preset(record.seed))
-        for proposal in index.proposals(self.runtimes, self.config.sweep_top, self.runnable):
+        self.gains(study).add(record, self.feasible_latency(record) is not None)
+        for proposal in index.proposals(self.runtimes, self.config.sweep_top, self.runnable, self.sweep_worth):
             self.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
                                            runtime=proposal.runtime, stages=proposal.stages))
         self.compose(study)
@@ -77,9 +80,33 @@ class Proposals:
                    if (m := measured(r, self.feasible_latency(r) is not None, self.export_nodes))]
         options = compositions(winners, self.runtimes, self.nodes, self.objectives.threshold(self.baseline),
                                limit=room, known=lambda configs, runtime: (self.known(study, configs, runtime)
-                                                                           or not self.runs(configs, runtime)))
+                                                                           or not self.runs(configs, runtime)),
+                               worth=self.composition_worth)
         return sum(self.enqueue(study, SeedRecipe(name=c.name, runtime=c.runtime,
                                                   stages=tuple(x.to_dict() for x in c.configs))) for c in options)
+
+    def gains(self, study: optuna.Study) -> RuntimeGains:
+        """What the measured trials say about each runtime (:mod:`pipeline.search.dead_ends`), built from the
+        study's trials with a paired speed-up on first use, then kept up to date."""
+        if self._gains is None:
+            self._gains = RuntimeGains()
+            for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+                record = TrialRecord.from_trial(done)
+                self._gains.add(record, self.feasible_latency(record) is not None)
+        return self._gains
+
+    def sweep_worth(self, best: SweptStages, runtime: str) -> bool:
+        """Whether the sweep may propose ``best``'s stage list under ``runtime``: not a measured dead end."""
+        if self._gains is None or best.latency <= 0:
+            return True
+        speedup = self.baseline.latency_ms / best.latency
+        return not self._gains.dead_end(self._gains.estimate(speedup, best.runtime, runtime))
+
+    def composition_worth(self, option: Composition) -> bool:
+        """Whether a composition can still win under its runtime: not a measured dead end."""
+        if self._gains is None:
+            return True
+        return not self._gains.dead_end(self._gains.plain_estimate(option.estimated_gain, option.runtime))
 
     def sweep_index(self, study: optuna.Study) -> RuntimeSweepIndex:
         """The sweep's index, built from the study's complete trials on first use, then kept up to date."""

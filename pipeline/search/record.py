@@ -41,11 +41,16 @@ from pipeline.search.objectives import (
     TRACEBACK_CHARS,
     DropVerdict,
 )
+from pipeline.search.probe import BEHIND_FRONT
 from pipeline.search.rule_out import ATTR_RULED_OUT
 from pipeline.search.screening import SCREENED_OUT
 from pipeline.tracking.views import namespace_metrics
 
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
+#: What decided a trial (its line says it): the latency probe alone (not scored), a subset of the evaluation
+#: data, or the full evaluation.
+PROBE_FIDELITY, FULL_FIDELITY = "latency probe", "full evaluation"
+ATTR_FIDELITY = "paretorch.fidelity"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
 
@@ -87,6 +92,8 @@ class TrialRecord:
     uncertain: bool = False
     #: Text artifacts of the trial's run built in this process (e.g. AMP sensitivity CSVs).
     tables: dict[str, str] = field(default_factory=dict)
+    #: What decided it: :data:`PROBE_FIDELITY`, a subset (``subset 256 of 1797 rows``) or :data:`FULL_FIDELITY`.
+    fidelity: str | None = None
 
     def __post_init__(self) -> None:
         # Reasons and tracebacks quote third-party messages (a compiler's coloured error): stored and printed plain.
@@ -126,6 +133,8 @@ class TrialRecord:
             attrs[ATTR_LATENCY_UNSTABLE] = self.latency_unstable
         if self.uncertain:
             attrs[ATTR_UNCERTAIN] = True
+        if self.fidelity is not None:
+            attrs[ATTR_FIDELITY] = self.fidelity
         attrs[ATTR_FEASIBLE] = bool(self.feasible)
         reason = self.reason()
         if reason is not None:
@@ -139,7 +148,8 @@ class TrialRecord:
         if self.ruled_out is not None:
             return f"ruled out: {self.ruled_out}"
         if self.infeasible is not None:  # a screened-out trial is not infeasible: its screen said it cannot win
-            return self.infeasible if self.infeasible.startswith(SCREENED_OUT) else f"infeasible: {self.infeasible}"
+            stopped = self.infeasible.startswith((SCREENED_OUT, BEHIND_FRONT))
+            return self.infeasible if stopped else f"infeasible: {self.infeasible}"
         if self.state == FAIL:
             return f"failed: {failure_line(self.error or '?')[:300]}"
         if self.over_drop is not None:
@@ -172,6 +182,7 @@ class TrialRecord:
             over_drop=_over_drop(attrs.get(ATTR_REASON)),
             latency_unstable=attrs.get(ATTR_LATENCY_UNSTABLE),
             uncertain=bool(attrs.get(ATTR_UNCERTAIN, False)),
+            fidelity=attrs.get(ATTR_FIDELITY),
         )
 
     # ------------------------------------------------------------------ MLflow
@@ -220,6 +231,8 @@ class TrialRecord:
             tags["latency_unstable"] = self.latency_unstable[:500]
         if self.uncertain:
             tags["uncertain"] = "true"
+        if self.fidelity is not None:
+            tags["decided_by"] = self.fidelity
         if self.repeat_of is not None:
             tags["repeat_of"] = str(self.repeat_of)
         if self.error:

@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from pipeline.core.latency import LatencySettings
+from pipeline.core.latency import LatencySettings, LatencyStats, batch_size_of, latency_stats, time_first_call
 from pipeline.core.padding import latency_inputs
 from pipeline.core.paired import (
     CpuClock,
     DeviceTimer,
     PairedLatency,
     RoundTimer,
+    StopRule,
     Timed,
     measure_paired,
     process_clock,
@@ -36,6 +38,14 @@ from pipeline.core.spec import Batch, ModelSpec, move_batch
 from pipeline.core.stage import StageConfig
 from pipeline.engine.run_result import RunResult
 from pipeline.engine.runner import Runner
+
+
+@dataclass(frozen=True)
+class TrialTiming:
+    """A trial's paired measurement and its own latency statistics from the same rounds (one number per fact)."""
+
+    paired: PairedLatency
+    stats: LatencyStats
 
 
 class StudyLatency:
@@ -98,12 +108,33 @@ class StudyLatency:
         finally:
             self.seconds += time.perf_counter() - start
 
-    def pair(self, fn: Callable[..., Tensor], runtime: str) -> PairedLatency:
+    def pair(self, fn: Callable[..., Tensor], runtime: str, stop: StopRule | None = None) -> PairedLatency:
         """``fn`` (a model already prepared for ``runtime``) timed in rounds alternating with the baseline, on
-        the inputs ``runtime`` is timed on (the bench's rows: the runner's own measured function)."""
+        the inputs ``runtime`` is timed on (the bench's rows: the runner's own measured function); ``stop``: it may
+        stop once its answer is known (:class:`~pipeline.core.paired.StopRule`)."""
         baseline = self.baseline_side()
         return measure_paired(baseline, (fn, self.inputs(runtime)), self.timer, self.settings,
-                              cpu_clock=self.cpu_clock)
+                              cpu_clock=self.cpu_clock, stop=stop)
+
+    def probe(self, fn: Callable[..., Tensor], runtime: str, stop: StopRule) -> TrialTiming:
+        """A trial's latency before its evaluation (:mod:`pipeline.search.probe`): its first call timed apart (a
+        compiled runtime compiles there), then paired with the baseline under ``stop``. Its seconds add to
+        :attr:`seconds`."""
+        start = time.perf_counter()
+        try:
+            inputs = self.inputs(runtime)
+            first_call_ms = self.first_call(fn, inputs)
+            paired = self.pair(fn, runtime, stop)
+        finally:
+            self.seconds += time.perf_counter() - start
+        samples = paired.trial_samples or (paired.trial_ms,)
+        return TrialTiming(paired, latency_stats(samples, batch_size_of(inputs), first_call_ms))
+
+    def first_call(self, fn: Callable[..., Tensor], inputs: Batch) -> float:
+        """The first call's milliseconds (tests replace the clock: 0 with a fake timer)."""
+        if not isinstance(self.timer, DeviceTimer):
+            return 0.0
+        return time_first_call(fn, inputs, self.device)
 
     def together(self, sides: Sequence[Timed]) -> list[list[float]]:
         """Several models timed in the same rounds (each warmed up once, the order reversed every other

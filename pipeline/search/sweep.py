@@ -30,6 +30,8 @@ class SweptStages:
     latency: float
     number: int
     stages: tuple[dict[str, Any], ...]
+    #: The runtime it ran under.
+    runtime: str = "eager"
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class RuntimeSweepIndex:
         current = self.best.get(key)
         if latency is not None and (current is None or (latency, record.number) < (current.latency, current.number)):
             stages = tuple(c.to_dict() for c in record.recipe.model_stages())
-            self.best[key] = SweptStages(latency, record.number, stages)
+            self.best[key] = SweptStages(latency, record.number, stages, record.runtime)
         return latency
 
     def top(self, count: int) -> list[tuple[str, SweptStages]]:
@@ -81,17 +83,20 @@ class RuntimeSweepIndex:
         ranked = sorted(self.best.items(), key=lambda item: (item[1].latency, item[1].number))
         return ranked[:count]
 
-    def proposals(self, runtimes: Sequence[str], top: int, runnable: Runnable | None = None) -> list[SweepProposal]:
+    def proposals(self, runtimes: Sequence[str], top: int, runnable: Runnable | None = None,
+                  worth: Callable[[SweptStages, str], bool] | None = None) -> list[SweepProposal]:
         """For each of ``runtimes``, the ``top`` fastest feasible stage lists it can run (``runnable``;
-        None: all), but not those whose runtimes were chosen, that have not run under it, fastest stage list
-        first (nothing when there is one runtime)."""
+        None: all) and that can still win under it (``worth``: not a measured dead end,
+        :mod:`pipeline.search.dead_ends`), but not those whose runtimes were chosen, that have not run under it,
+        fastest stage list first (nothing when there is one runtime)."""
         if len(runtimes) < 2:
             return []
         ranked = self.top(len(self.best))
         chosen: dict[tuple[str, str], SweepProposal] = {}
         for runtime in runtimes:
             runs = ((key, best) for key, best in ranked
-                    if key not in self.chosen and (runnable is None or runnable(best.stages, runtime)))
+                    if key not in self.chosen and (runnable is None or runnable(best.stages, runtime))
+                    and (worth is None or worth(best, runtime)))
             for key, best in islice(runs, top):  # stops asking ``runnable`` once it has the top few
                 if runtime not in self.runtimes.get(key, set()):
                     chosen[(key, runtime)] = SweepProposal(best.number, best.stages, runtime)

@@ -16,6 +16,7 @@ from pipeline.engine.short_recipe import short_recipe
 from pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
 from pipeline.search.objectives import ATTR_METRICS
 from pipeline.search.pareto import pareto_trials
+from pipeline.search.probe import BEHIND_FRONT
 from pipeline.search.record import TrialRecord
 from pipeline.search.screening import SCREENED_OUT
 from pipeline.search.study_parts import StudyParts
@@ -87,12 +88,29 @@ class TrialLogger:
             uncertain = f" {UNCERTAIN}" if record.uncertain else ""
             return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {drop}){uncertain} | "
                     f"{speedup_text(values)} | {self._recipe(record)} [{record.seconds.get('trial', 0.0):.1f} s, "
-                    f"cache {record.cache.get('hits', 0)} hit(s)]{unstable}")
+                    f"{self._decided(record)}cache {record.cache.get('hits', 0)} hit(s)]{unstable}")
         if record.state == "PRUNED":
             if (record.infeasible or "").startswith(SCREENED_OUT):  # stopped at low fidelity, the full cost unpaid
                 return f"{head} {record.infeasible}"
+            if (record.infeasible or "").startswith(BEHIND_FRONT):  # timed, far behind: not scored
+                return (f"{head} {self._recipe_of(record)}: {record.infeasible} "
+                        f"[{record.seconds.get('trial', 0.0):.1f} s]")
             return f"{head} infeasible: {record.infeasible or '?'}"
         return f"{head} {(record.error or '?').strip().splitlines()[-1][:200]}"
+
+    @staticmethod
+    def _decided(record: TrialRecord) -> str:
+        """``full evaluation, latency decided in 6 rounds, ``: what decided the trial (empty for older records)."""
+        if record.fidelity is None:
+            return ""
+        rounds = int(record.metrics.get("latency_rounds", 0))
+        early = " (stopped early)" if record.metrics.get("latency_stopped_early") else ""
+        return f"{record.fidelity}, latency {rounds} rounds{early}, "
+
+    @staticmethod
+    def _recipe_of(record: TrialRecord) -> str:
+        """The short recipe a trial asked for (one that never completed has no resolved recipe)."""
+        return short_recipe(list(record.configs.values()), record.runtime)
 
     def _recipe(self, record: TrialRecord) -> str:
         """The recipe that ran, short (:mod:`pipeline.engine.short_recipe`; the full one: MLflow and the recipe

@@ -41,7 +41,8 @@ from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
 from pipeline.search.insight import sensitivity_tables
 from pipeline.search.interrupt import Interrupts
 from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_PARAMS, ATTR_SEED_RECIPE, CONSTRAINT_NAME, Baseline
-from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialOutcome, TrialRecord
+from pipeline.search.probe import behind_front, front_references
+from pipeline.search.record import COMPLETE, FAIL, FULL_FIDELITY, PROBE_FIDELITY, PRUNED, TrialOutcome, TrialRecord
 from pipeline.search.recorded import RECORDED, recorded
 from pipeline.search.rule_out import study_choices
 from pipeline.search.screening import CostlyClock, Screened, Screening, record_screen
@@ -191,9 +192,10 @@ class TrialObjective:
 
     def run(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str, draft: Draft,
             start: float) -> TrialOutcome:
-        """Screen the costly stages at low fidelity (:meth:`screen`), apply the stages, evaluate, time the
-        result paired with the baseline and judge it. An infeasible config is a pruned outcome, an exception
-        a failed one, unless Ctrl-C came first (then it is raised)."""
+        """Screen the costly stages at low fidelity (:meth:`screen`), apply the stages, time the model paired with
+        the baseline (the probe, :mod:`pipeline.search.probe`: one far behind the front ends here, unscored), then
+        evaluate it (its latency is the probe's, not timed again) and judge it. An infeasible config is a pruned
+        outcome, an exception a failed one, unless Ctrl-C came first (then it is raised)."""
         parts = self.parts
         try:
             screened = self.screen(trial, configs, runtime)
@@ -201,16 +203,25 @@ class TrialObjective:
                 return TrialOutcome(draft(state=PRUNED, infeasible=screened.out_reason(),
                                           seconds={"screening": screened.seconds,
                                                    "trial": time.perf_counter() - start}))
-            result = parts.runner.run(configs, runtime, exports=parts.config.exports == "every_trial")
+            fn, staged = parts.runner.prepared_run(configs, runtime)
             paired_start = time.perf_counter()
-            paired = parts.latency.measure(result)
+            front = front_references(trial.study)
+            timing = parts.latency.probe(fn, runtime, front.stop_rule())
+            paired = timing.paired
+            paired_seconds = time.perf_counter() - paired_start
+            if (behind := behind_front(paired, front)) is not None:  # the probe decided it: not scored
+                seconds = {**staged.seconds, **({"screening": screened.seconds} if screened else {}),
+                           "paired_latency": paired_seconds, "trial": time.perf_counter() - start}
+                return TrialOutcome(draft(state=PRUNED, infeasible=behind, metrics=paired.metrics(), seconds=seconds,
+                                          fidelity=PROBE_FIDELITY))
+            result = parts.runner.run(configs, runtime, exports=parts.config.exports == "every_trial",
+                                      prepared=fn, measured={parts.objectives.latency_batch: timing.stats})
         except InfeasibleConfig as exc:
             self.interrupts.check(exc)
             return TrialOutcome(draft(state=PRUNED, infeasible=exc.reason))
         except Exception as exc:
             self.interrupts.check(exc)
             return TrialOutcome(draft(state=FAIL, error=traceback.format_exc()), failure=exc)
-        paired_seconds = time.perf_counter() - paired_start
         report = result.report
         verdict = parts.objectives.verdict(self.baseline, report.metric_value, paired.unstable, report.extra,
                                             report.metric_resamples)
@@ -218,13 +229,14 @@ class TrialObjective:
         measured = recorded(report, metrics, parts.objectives.latency_batch, describe(parts.device))
         recipe = result.recipe(parts.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
                                metadata={"study": parts.study_name, "trial": trial.number, RECORDED: measured})
+        run_seconds = {k: v + staged.seconds.get(k, 0.0) for k, v in result.seconds.items()}
         record = draft(
             state=COMPLETE, recipe=recipe, metrics={**metrics, **budget_metrics(recipe.stages, verdict.headroom)},
-            seconds={**result.seconds, **({"screening": screened.seconds} if screened else {}),
+            seconds={**run_seconds, **({"screening": screened.seconds} if screened else {}),
                      "paired_latency": paired_seconds, "trial": time.perf_counter() - start},
-            cache={"hits": result.cache_hits, "misses": result.cache_misses}, feasible=verdict.feasible,
-            over_drop=verdict.reason, latency_unstable=verdict.unstable, uncertain=verdict.uncertain,
-            tables=sensitivity_tables(result.nodes),
+            cache={"hits": result.cache_hits + staged.cache_hits, "misses": result.cache_misses + staged.cache_misses},
+            feasible=verdict.feasible, over_drop=verdict.reason, latency_unstable=verdict.unstable,
+            uncertain=verdict.uncertain, tables=sensitivity_tables(result.nodes), fidelity=FULL_FIDELITY,
         )
         values = parts.objectives.values(report, metrics[parts.objectives.latency_key])
         return TrialOutcome(record, values=values, verdict=verdict)

@@ -333,6 +333,21 @@ class Tracker:
             self._client.log_figure(self.parent_run_id, figure, artifact_file, save_kwargs=save_kwargs)
         self._log(self.parent_run_id, metrics=metrics)
 
+    def log_study_curve(self, key: str, points: Sequence[tuple[float, float]]) -> None:
+        """A curve on the parent run: one value of ``key`` per point, its step the point's seconds (MLflow plots
+        a metric's history against its step). Written whole: a resumed study's curve replaces nothing, it adds
+        the points its history lacks."""
+        from mlflow.entities import Metric
+
+        if not points:
+            return
+        logged = {m.step for m in self._client.get_metric_history(self.parent_run_id, clean_key(key))}
+        now = int(time.time() * 1000)
+        metrics = [Metric(clean_key(key), float(value), now, round(seconds))
+                   for seconds, value in points if round(seconds) not in logged]
+        if metrics:
+            self._client.log_batch(self.parent_run_id, metrics=metrics)
+
     def add_study_seconds(self, seconds: Mapping[str, float]) -> None:
         """Add one run's seconds (``seconds_wall``, ``seconds_<category>``) to the parent run's totals over all the
         runs of the study: a resumed study adds its run, each run is the next step of the metrics' history, and a

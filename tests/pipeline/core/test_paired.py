@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from pipeline.core.latency import LATENCY_BUDGETS, LatencySettings
-from pipeline.core.paired import DeviceTimer, Timed, free_cores, measure_paired, noise_line, round_order, time_rounds
+from pipeline.core.paired import (
+    DeviceTimer,
+    StopRule,
+    Timed,
+    free_cores,
+    measure_paired,
+    noise_line,
+    round_order,
+    time_rounds,
+)
 from pipeline.core.spec import Batch
 
 INPUTS: Batch = (torch.zeros(1, 4),)
@@ -78,8 +87,9 @@ def test_a_wide_interval_is_measured_again_then_called_unstable() -> None:
     timer = fake_timer(lambda fn, i: 1.0 if fn is baseline else next(wild))
     paired = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None)
     assert paired.attempts == 3 and paired.unstable is not None
-    assert paired.unstable.startswith("speed-up 95% CI [0.40, 8.33] is ")
-    assert "in each of 3 measurements" in paired.unstable and "core(s)" in paired.unstable
+    assert paired.unstable.startswith("speed-up 95% CI [0.67, 5.00] is ")
+    assert "over 30 rounds (round limit)" in paired.unstable and "core(s)" in paired.unstable
+    assert paired.rounds == 3 * ROUNDS, "the interval is over every round, never the narrowest block's"
     assert paired.machine.cpu_share is None
 
 
@@ -175,3 +185,56 @@ def test_the_noise_line_sums_up_the_study() -> None:
         "machine: load 3.1 on 2 core(s) during the study; median paired-ratio CI width 4% over 3 trial(s); "
         "2 trial(s) re-measured, 1 kept off the front (latency unstable)")
     assert noise_line([{"accuracy": 0.9}], unstable=0) is None
+
+
+# --------------------------------------------------------------------------- sequential stopping (the search)
+
+
+def test_a_ten_times_slower_trial_stops_at_the_first_look() -> None:
+    timer = fake_timer(lambda fn, i: 1.0 if fn is baseline else 10.0 * (1.0 + 0.01 * (i % 3)))
+    stop = StopRule(references=(1.0, 2.5))
+    paired = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None, stop=stop)
+    assert paired.rounds == stop.first_look and paired.stopped == "decided" and paired.unstable is None
+    assert paired.speedup == pytest.approx(0.1, rel=0.03) and paired.ci[1] < 1.0
+    assert paired.metrics()["latency_stopped_early"] == 1.0
+
+
+def test_a_tie_with_a_reference_runs_every_round() -> None:
+    # 2.0x, against a front trial at 2.0x: neither faster; the measurement must not stop early
+    timer = fake_timer(lambda fn, i: 1.0 if fn is baseline else 0.5 * (1.0 + 0.02 * (i % 2)))
+    paired = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None,
+                            stop=StopRule(references=(1.0, 2.0)))
+    assert paired.rounds == ROUNDS and paired.stopped == "settled"
+    assert paired.metrics()["latency_stopped_early"] == 0.0
+
+
+def test_a_clear_winner_stops_early_without_a_front() -> None:
+    timer = fake_timer(lambda fn, i: 1.0 if fn is baseline else 0.25)
+    paired = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None, stop=StopRule())
+    assert paired.rounds == 6 and paired.speedup == pytest.approx(4.0)
+
+
+def test_no_trial_costs_more_than_a_fixed_multiple_of_the_baseline() -> None:
+    # 100x slower and wildly noisy (never decided): the cost cap ends it within max_cost baseline measurements
+    wild = itertools.cycle([50.0, 150.0, 80.0, 120.0])
+    timer = fake_timer(lambda fn, i: 1.0 if fn is baseline else next(wild))
+    stop = StopRule(references=(1.0,), first_look=1000, max_cost=3.0)
+    paired = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None, stop=stop)
+    assert paired.stopped == "cost cap" and paired.rounds < 3 * ROUNDS
+
+    def cost(ms: float) -> float:
+        return max(ms * SETTINGS.round_runs, 1000 * SETTINGS.round_seconds)
+
+    spent = sum(cost(1.0) + cost(t) for t in paired.trial_samples)
+    cap = stop.max_cost * 2 * ROUNDS * cost(1.0)
+    last_pair = 2 * (cost(1.0) + cost(150.0))
+    assert cap <= spent <= cap + last_pair, "it stops at the first pair of rounds past the cap"
+
+
+def test_the_decision_interval_is_wider_than_the_reported_one() -> None:
+    """Repeated looks are paid for: the early decision reads a 99 % interval (the full range at 6 rounds)."""
+    ratios = iter([3.0, 3.1, 2.9, 3.05, 2.95, 1.2] * 10)
+    timer = fake_timer(lambda fn, i: 1.0 if fn is baseline else 1.0 / next(ratios))
+    paired = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None,
+                            stop=StopRule(references=(1.0, 2.0)))
+    assert paired.stopped != "decided" or paired.rounds > 6, "1.2x in the first six rounds straddles the 2.0x front"

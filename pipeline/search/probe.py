@@ -1,0 +1,60 @@
+"""The latency probe: a trial is timed beside the baseline *before* its evaluation, and one far behind the front
+stops there, its metric never scored.
+
+A trial's paired measurement (:mod:`pipeline.core.paired`) runs right after its stages, with a
+:class:`~pipeline.core.paired.StopRule` whose references are the baseline (1.0) and the speed-ups of the current
+front (:func:`front_references`): it stops as soon as its interval clears each of them. When it is then slower,
+with confidence, than the front trial with the best metric (:func:`behind_front`), no metric can put it on the
+front: it would need a metric above the best one measured, which the unoptimized model already holds or a trial
+beat without losing speed. Such a trial ends as pruned with its measured speed-up and the reason (a 0.07x recipe
+is decided in its first rounds, not after a full evaluation and a full timing). Every other trial goes on to its
+evaluation, and its paired measurement is its latency: it is not timed again (one number per fact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+
+from pipeline.core.paired import PairedLatency, StopRule
+from pipeline.search.front_rule import MIN_EFFECT, candidates, front_groups
+
+#: How a trial stopped by the probe starts its reason (a pruned trial: it was measured, and is behind the front).
+BEHIND_FRONT = "stopped by the latency probe"
+
+
+@dataclass(frozen=True)
+class FrontReferences:
+    """What a trial's probe decides against: the front's speed-ups and its best-scoring trial."""
+
+    #: Speed-ups the measurement must tell the trial from: 1.0 (the baseline) and each front trial's.
+    speedups: tuple[float, ...] = (1.0,)
+    #: The front trial with the best metric (the fastest among equals): (trial number, speed-up); None before any.
+    top: tuple[int, float] | None = None
+
+    def stop_rule(self) -> StopRule:
+        return StopRule(references=self.speedups, min_effect=MIN_EFFECT)
+
+
+def front_references(study: optuna.Study) -> FrontReferences:
+    """The current front's speed-ups (and 1.0) and its best-scoring trial, read from the study."""
+    leads = [group.lead for group in front_groups(candidates(study))]
+    speedups = sorted({1.0, *(lead.speedup for lead in leads if lead.speedup > 0)})
+    if not leads:
+        return FrontReferences(tuple(speedups))
+    best = max(leads, key=lambda c: (c.metric, c.speedup))
+    return FrontReferences(tuple(speedups), (best.trial.number, best.speedup))
+
+
+def behind_front(paired: PairedLatency, front: FrontReferences, min_effect: float = MIN_EFFECT) -> str | None:
+    """Why the probe ends the trial (None: it goes on): its measurement decided it slower than the best-scoring
+    front trial by more than the minimum effect."""
+    if front.top is None or paired.unstable is not None or paired.stopped not in ("decided", "cost cap"):
+        return None
+    number, speedup = front.top
+    if paired.ci[1] * (1.0 + min_effect) >= speedup:
+        return None
+    return (f"{BEHIND_FRONT}: {paired.speedup:.2f}x [{paired.ci[0]:.2f}, {paired.ci[1]:.2f}] paired after "
+            f"{paired.rounds} rounds ({paired.stopped}), slower than trial {number} ({speedup:.2f}x), the front's "
+            "best metric: no metric puts it on the front, so it was not scored")

@@ -1,0 +1,81 @@
+"""Time to result: the best feasible speed-up a study had found against the wall time it had run.
+
+:func:`best_so_far` reads a study's trials (``datetime_start`` / ``datetime_complete``, the feasibility verdict,
+the paired speed-up): one point per feasible trial that raised the best. The study's last console lines say when
+its best was found (:func:`found_line`), its MLflow parent run keeps the curve as the metric
+``time_to_result_speedup`` (step = seconds), and the bench writes it as ``time_to_result`` (``[seconds, best]``
+pairs). Seconds count from the study's first trial's start: a resumed study's pause between runs counts too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from optuna.trial import FrozenTrial, TrialState
+
+from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS
+
+
+@dataclass(frozen=True)
+class ResultPoint:
+    """A feasible trial that raised the best speed-up: when it completed (seconds since the start), its speed-up."""
+
+    seconds: float
+    speedup: float
+    trial: int
+
+
+def study_start(trials: Sequence[FrozenTrial]) -> datetime | None:
+    """When the study's first trial started (None: no trial started)."""
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    return min(starts) if starts else None
+
+
+def best_so_far(trials: Sequence[FrozenTrial], started: datetime | None = None) -> list[ResultPoint]:
+    """One point per complete, feasible, timing-trusted trial that raised the best paired speed-up, in completion
+    order; seconds since ``started`` (default: the study's first trial's start)."""
+    started = started or study_start(trials)
+    done = sorted((t for t in trials if t.state == TrialState.COMPLETE and t.datetime_complete is not None
+                   and t.user_attrs.get(ATTR_FEASIBLE) and not t.user_attrs.get(ATTR_LATENCY_UNSTABLE)
+                   and "speedup" in t.user_attrs.get(ATTR_METRICS, {})),
+                  key=lambda t: (t.datetime_complete, t.number))
+    points: list[ResultPoint] = []
+    for trial in done:
+        speedup = float(trial.user_attrs[ATTR_METRICS]["speedup"])
+        if points and speedup <= points[-1].speedup:
+            continue
+        assert trial.datetime_complete is not None and started is not None
+        points.append(ResultPoint(max(0.0, (trial.datetime_complete - started).total_seconds()), speedup,
+                                  trial.number))
+    return points
+
+
+def time_to_result(points: Sequence[ResultPoint]) -> list[list[float]]:
+    """The curve as ``[seconds, best speed-up]`` pairs (both rising)."""
+    return [[round(p.seconds, 1), round(p.speedup, 4)] for p in points]
+
+
+def time_to_reach(points: Sequence[ResultPoint], speedup: float) -> float | None:
+    """Seconds until the study first had a feasible trial at or above ``speedup`` (None: never)."""
+    return next((p.seconds for p in points if p.speedup >= speedup), None)
+
+
+def found_line(points: Sequence[ResultPoint], total_seconds: float) -> str:
+    """``best 5.52x found after 45 s (trial 8) of 120 s; 90 % of it (4.97x) after 30 s``."""
+    if not points:
+        return f"time to result: no feasible trial in {total_seconds:.0f} s"
+    best = points[-1]
+    text = f"time to result: best {best.speedup:.2f}x found after {best.seconds:.0f} s (trial {best.trial})"
+    near = next(p for p in points if p.speedup >= 0.9 * best.speedup)
+    if near is not best:
+        text += f"; {near.speedup:.2f}x (90 % of it) after {near.seconds:.0f} s (trial {near.trial})"
+    return text + f"; the study's trials ran {total_seconds:.0f} s"
+
+
+def trials_seconds(trials: Sequence[FrozenTrial], started: datetime | None = None) -> float:
+    """Seconds from ``started`` (default: the first trial's start) to the last trial's completion."""
+    started = started or study_start(trials)
+    ends = [t.datetime_complete for t in trials if t.datetime_complete is not None]
+    return max(0.0, (max(ends) - started).total_seconds()) if ends and started else 0.0
