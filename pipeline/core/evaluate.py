@@ -247,11 +247,14 @@ def evaluate_model(
     batch_sizes: Sequence[int] | None = None,
     fn: Callable[..., Tensor] | None = None,
     measured: Mapping[int, LatencyStats] | None = None,
+    outputs: tuple[Tensor, Tensor] | None = None,
 ) -> ModelReport:
     """Measure ``model`` (not modified; moved to ``device``) under ``runtime``; ``fn``: the model
     already prepared for ``runtime`` (on ``device``), else prepared here. ``measured``: latency already
     measured per batch size (a search's trial, timed beside the baseline: one number per fact), not timed
-    again; the bucket's own cost is then not measured either."""
+    again; the bucket's own cost is then not measured either. ``outputs``: the model's evaluation outputs and
+    targets already computed the way this evaluation would (eager, the evaluation's own batching: the
+    unoptimized model's, :func:`pipeline.core.self_check.reference_outputs`), not computed again."""
     model = move_module(model, device).eval()
     fn = prepare_runtime(model, runtime, device) if fn is None else fn
     compiled = get_runtime(runtime).compiles
@@ -278,7 +281,9 @@ def evaluate_model(
     peak = peak_memory_bytes(device)
     # A compiled runtime evaluates at the largest measured batch size, in one length bucket.
     metric_batch, bucketed = scoring_chunks(spec, runtime, tuple(latency))
-    outputs, targets = evaluation_outputs(fn, spec.evaluation(), device, metric_batch, bucketed)
+    if outputs is None or metric_batch is not None:
+        outputs = evaluation_outputs(fn, spec.evaluation(), device, metric_batch, bucketed)
+    outputs, targets = outputs
     values = {metric.name: float(metric.compute(outputs, targets).item())
               for metric in (spec.metric, *spec.extra_metrics)}
     metric_value = values.pop(spec.metric.name)

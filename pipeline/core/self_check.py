@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from pipeline.core.device import move_module
 from pipeline.core.errors import SpecError
-from pipeline.core.evaluate import compute_metrics
+from pipeline.core.evaluate import compute_metrics, evaluation_outputs
 from pipeline.core.spec import ModelSpec
 
 #: The CLI flag that lets a run go on with an unstable baseline.
@@ -72,9 +72,19 @@ class SelfCheck:
                 "metric differences below that are noise")
 
 
-def self_check(model: nn.Module, spec: ModelSpec, device: torch.device) -> SelfCheck:
+def reference_outputs(model: nn.Module, spec: ModelSpec, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``model``'s outputs (eager, eval mode) and the targets over ``spec.evaluation()`` at its own batching: what
+    :func:`self_check` and the baseline's evaluation (:func:`pipeline.core.evaluate.evaluate_model`) both read."""
+    return evaluation_outputs(move_module(model, device).eval(), spec.evaluation(), device)
+
+
+def self_check(model: nn.Module, spec: ModelSpec, device: torch.device,
+               reference: tuple[Tensor, Tensor] | None = None) -> SelfCheck:
     """Score ``model`` (moved to ``device``, eval mode, eager) with ``spec.metric`` three times on
-    ``spec.evaluation()``: twice at its batching, once re-cut at another batch size."""
+    ``spec.evaluation()``: twice at its batching, once re-cut at another batch size. ``reference``: the model's
+    outputs and targets at the evaluation's own batching, computed once per study (the baseline's evaluation
+    reads the same): the first pass is read from them, and the re-batched pass is the second scoring (a model
+    that keeps state between calls moves there too), so the model runs over the data once here, not three times."""
     start = time.perf_counter()
     model = move_module(model, device).eval()
     batches = spec.evaluation()
@@ -82,7 +92,12 @@ def self_check(model: nn.Module, spec: ModelSpec, device: torch.device) -> SelfC
     rebatch_size = batch_size // 2 if batch_size > 1 else 2
     samples = sum(int(target.shape[0]) for _, target in batches)
     passes: list[tuple[float, Tensor]] = []
-    for size in (None, None, rebatch_size):
+    sizes: tuple[int | None, ...] = (None, None, rebatch_size)
+    if reference is not None:
+        outputs, targets = reference
+        passes.append((float(spec.metric.compute(outputs, targets).item()), outputs.float()[:samples]))
+        sizes = (rebatch_size,)
+    for size in sizes:
         outputs: list[Tensor] = []
 
         def recording(*inputs: Tensor, store: list[Tensor] = outputs) -> Tensor:
@@ -92,20 +107,20 @@ def self_check(model: nn.Module, spec: ModelSpec, device: torch.device) -> SelfC
 
         value = compute_metrics(recording, batches, (spec.metric,), device, size, spec.padding_mask)[spec.metric.name]
         passes.append((value, torch.cat(outputs)[:samples]))
-    (first, reference), *others = passes
-    changes = [_largest_change(reference, later) for _, later in others]
+    (first, first_outputs), *others = passes
+    changes = [_largest_change(first_outputs, later) for _, later in others]
     tolerance = (CPU_METRIC_TOLERANCE if device.type == "cpu" else ACCELERATOR_METRIC_TOLERANCE) * max(1.0, abs(first))
     moved = ""
-    for (value, later), change, how in zip(others, changes, ("when scored twice",
-                                                             f"at batch {rebatch_size} instead of {batch_size}"),
-                                           strict=True):
+    rebatched = f"at batch {rebatch_size} instead of {batch_size}"
+    hows = ("when scored twice", rebatched) if reference is None else (f"when scored again {rebatched}",)
+    for (value, later), change, how in zip(others, changes, hows, strict=True):
         if abs(value - first) > tolerance:
             moved = f"its {spec.metric.name} moved from {first:.6g} to {value:.6g} {how}"
-        elif device.type == "cpu" and not _close(reference, later):
+        elif device.type == "cpu" and not _close(first_outputs, later):
             moved = f"its outputs moved by up to {change:.3g} {how} ({spec.metric.name} {first:.6g} -> {value:.6g})"
         if moved:
             break
-    return SelfCheck(spec.metric.name, first, passes[1][0], passes[2][0], batch_size, rebatch_size,
+    return SelfCheck(spec.metric.name, first, passes[1][0], passes[-1][0], batch_size, rebatch_size,
                      max(changes), moved, time.perf_counter() - start)
 
 

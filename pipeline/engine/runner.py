@@ -96,11 +96,13 @@ class Runner:
         evaluate: bool = True,
         prepared: Callable[..., Tensor] | None = None,
         measured: Mapping[int, LatencyStats] | None = None,
+        outputs: tuple[Tensor, Tensor] | None = None,
     ) -> RunResult:
         """Run every node (``exports=False``: skip exports and what reads them;
         ``evaluate=False``: skip the evaluations of torch models). ``prepared``: the objective's model of these
         configs already prepared for ``runtime`` (:meth:`prepare`; not prepared or compiled again), and
-        ``measured``: its latency per batch size already measured (not timed again).
+        ``measured``: its latency per batch size already measured (not timed again); ``outputs``: its evaluation
+        outputs and targets, already computed (the unoptimized model's, shared with the self-check).
 
         ``configs`` gives a config (or ``None`` = off) per stage node; a node
         missing from it uses its fixed config, or is off.
@@ -129,7 +131,7 @@ class Runner:
                 elif kind == "evaluate":
                     objective = node.name == self.pipeline.objective_node().name
                     result = self._evaluate(node.name, results[node.inputs[0]], runtime, configs,
-                                            prepared if objective else None, measured if objective else None)
+                                            *((prepared, measured, outputs) if objective else ()))
                 else:
                     config = configs.get(node.name, node.config)
                     result = self._stage(node.name, kind, config, results[node.inputs[0]])
@@ -243,7 +245,8 @@ class Runner:
 
     def _evaluate(self, name: str, parent: NodeResult, runtime: str, configs: Mapping[str, StageConfig | None],
                   prepared: Callable[..., Tensor] | None = None,
-                  measured: Mapping[int, LatencyStats] | None = None) -> NodeResult:
+                  measured: Mapping[int, LatencyStats] | None = None,
+                  outputs: tuple[Tensor, Tensor] | None = None) -> NodeResult:
         if parent.kind == "export":
             return NodeResult(name, "evaluate", parent.key, _export_evaluation(parent.value))
         settings: dict[str, Any] = {"runtime": runtime, "latency": asdict(self.latency),
@@ -275,7 +278,8 @@ class Runner:
         else:
             fn = prepare_runtime(model, runtime, self.device)
         report = evaluate_model(model, self.spec, self.device, runtime=runtime,
-                                settings=self.latency, batch_sizes=self.batch_sizes, fn=fn, measured=measured)
+                                settings=self.latency, batch_sizes=self.batch_sizes, fn=fn, measured=measured,
+                                outputs=outputs)
         if artifact is not None and session is not None:
             report = exported_report(report, artifact.value, session)
         self.cache.put(key, CachedOutput(report, nbytes=0))

@@ -343,6 +343,7 @@ def trial_parts(search: Search, baseline: Baseline) -> tuple[TrialObjective, Pro
     proposals = Proposals(search.config, search.objectives, baseline, search.runtimes,
                           [n.name for n in search.pipeline.stage_nodes()], objective.exports, search.enqueue,
                           objective.measured,
-                          runs=lambda configs, runtime: (search.rules.reason(configs) or
-                                                         search.rules.runtime_reason(configs, runtime)) is None)
+                          runs=lambda configs, runtime: (
+                              search.rules.reason(configs) or search.rules.runtime_reason(configs, runtime)
+                              or search.probe_reason(tuple(c.to_dict() for c in configs), runtime)) is None)
     return objective, proposals

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.core.machine_probe import MachineProbe, stage_precision
 from pipeline.search.config import Preset, SeedRecipe
 
 #: Seed names of preset trials start with this: ``preset-<preset>@<runtime>``.
@@ -65,12 +66,23 @@ def preset_name(preset: str, runtime: str) -> str:
     return f"{PRESET_PREFIX}{preset}@{runtime}"
 
 
-def preset_seeds(presets: Sequence[Preset], runtimes: Sequence[str], skip: SkipReason) -> PresetPlan:
+def preset_rank(preset: Preset, runtimes: Sequence[str], probe: MachineProbe | None) -> int:
+    """Where the machine probe puts a preset: int8 that pays under one of its runtimes first (0), then the others
+    (1), int8 that pays under none of them last (2); without a probe, the config's order (all 1)."""
+    if probe is None or stage_precision(preset.stages) != "int8":
+        return 1
+    mine = runtimes if preset.runtimes is None else [r for r in preset.runtimes if r in runtimes]
+    return 0 if any(probe.pays(r, "int8") for r in mine) else 2
+
+
+def preset_seeds(presets: Sequence[Preset], runtimes: Sequence[str], skip: SkipReason,
+                 probe: MachineProbe | None = None) -> PresetPlan:
     """Each preset under its runtimes among the study's ``runtimes`` (preset-major; a preset's own order, else
-    the study's with :data:`REFERENCE_RUNTIME` last), minus the pairs ``skip`` gives a reason for."""
+    the study's with :data:`REFERENCE_RUNTIME` last), minus the pairs ``skip`` gives a reason for; the presets
+    ordered by the machine ``probe`` (:func:`preset_rank`: int8 first where it pays), else as configured."""
     plan = PresetPlan()
     ordered = sorted(runtimes, key=lambda runtime: runtime == REFERENCE_RUNTIME)  # stable: the rest keep their order
-    for preset in presets:
+    for preset in sorted(presets, key=lambda p: preset_rank(p, runtimes, probe)):
         mine = ordered if preset.runtimes is None else [r for r in preset.runtimes if r in runtimes]
         for runtime in mine:
             name = preset_name(preset.name, runtime)

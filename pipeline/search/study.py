@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cache, cached_property
 
 import optuna
 import torch
+from torch import Tensor, nn
 
 from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.latency import LATENCY_BUDGETS
+from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtimes.registry import available_runtimes
 from pipeline.core.secrets import mask_secrets
-from pipeline.core.self_check import SelfCheck, require_stable, self_check
+from pipeline.core.self_check import SelfCheck, reference_outputs, require_stable, self_check
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import StageConfig, StageContext, config_from_dict, registered_stages, stage_for
 from pipeline.engine.cache import NodeCache
@@ -57,6 +59,8 @@ from pipeline.search.study_parts import StudyParts
 
 #: Study user attr: the unoptimized model's self-check (pipeline.core.self_check), measured once per study.
 ATTR_SELF_CHECK = "self_check"
+#: Study user attr: what pays on this machine (pipeline.core.machine_probe), measured once per study.
+ATTR_MACHINE_PROBE = "machine_probe"
 
 
 @dataclass
@@ -91,10 +95,19 @@ class Prepared:
     stages_line: str | None = None
     #: The precision presets enqueued first (:mod:`pipeline.search.presets`).
     presets_line: str | None = None
+    #: What pays on this machine (:mod:`pipeline.core.machine_probe`).
+    probe_line: str | None = None
 
     def lines(self) -> list[str]:
-        """The lines to print, in order: the self-check, the stages' changes, the presets."""
-        return [line for line in (self.self_check_line, self.stages_line, self.presets_line) if line]
+        """The lines to print, in order: the self-check, the stages' changes, the machine probe, the presets."""
+        return [line for line in (self.self_check_line, self.stages_line, self.probe_line, self.presets_line)
+                if line]
+
+
+def lazy_reference(model: nn.Module, spec: ModelSpec, device: torch.device) -> Callable[[], tuple[Tensor, Tensor]]:
+    """The unoptimized model's evaluation outputs, computed on the first call and kept: the self-check and the
+    baseline's evaluation read them, so a study runs the unoptimized model over its data once for both."""
+    return cache(lambda: reference_outputs(model, spec, device))
 
 
 class Search:
@@ -130,6 +143,8 @@ class Search:
         self.track = track
         self.worker = worker
         self.extra_seeds = tuple(extra_seeds)
+        #: What pays on this machine, read or measured when the study is prepared (:meth:`probe_machine`).
+        self.machine: MachineProbe | None = None
         self.allow_nondeterministic = allow_nondeterministic
         self._runner: Runner | None = None
         self._storage: optuna.storages.BaseStorage | None = None
@@ -267,32 +282,48 @@ class Search:
         the self-check and of the presets enqueued (None where there were none)."""
         presets_line: str | None = None
         with self.lock():  # workers starting together measure and enqueue once
-            self_check_line = self.check_model(study)
+            reference = lazy_reference(self.runner.model, self.spec, self.device)
+            self_check_line = self.check_model(study, reference)
             stored = study.user_attrs.get(ATTR_BASELINE)
             if stored is not None:
                 baseline = Baseline(**stored)
             else:
-                result = self.runner.run({}, "eager", exports=False)
+                result = self.runner.run({}, "eager", exports=False, outputs=reference())
                 baseline = self.objectives.baseline_from(result.report, trial=None)
                 study.set_user_attr(ATTR_BASELINE, json.loads(baseline.to_json()))
             self.objectives.threshold(baseline)  # a relative drop of a baseline <= 0 fails here, before any trial
+            self.machine = self.probe_machine(study)
             if not study.trials:
                 self.enqueue(study, SeedRecipe(name="baseline"))
-                plan = preset_seeds(self.config.presets, self.runtimes, self.preset_skip)
+                plan = preset_seeds(self.config.presets, self.runtimes, self.preset_skip, self.machine)
                 enqueued = [seed for seed in plan.seeds if self.enqueue(study, seed)]
                 presets_line = plan.describe(enqueued)
                 for seed in self.config.seeds:
                     self.enqueue(study, seed)
             for seed in self.extra_seeds:
                 self.enqueue(study, seed)
-        return Prepared(baseline, self_check_line=self_check_line, presets_line=presets_line)
+        return Prepared(baseline, self_check_line=self_check_line, presets_line=presets_line,
+                        probe_line=self.machine.describe())
 
-    def check_model(self, study: optuna.Study) -> str | None:
-        """The stored self-check, or score the unoptimized model twice and re-batched now; raises if its
-        metric moves, unless :attr:`allow_nondeterministic`. Recorded on the study once it passes (or is allowed).
-        Its one line for the console (None: nothing to say)."""
+    def probe_machine(self, study: optuna.Study) -> MachineProbe:
+        """What pays on this machine (:mod:`pipeline.core.machine_probe`): stored on the study once measured, so a
+        resumed study orders and prunes by the same numbers."""
+        stored = study.user_attrs.get(ATTR_MACHINE_PROBE)
+        if stored is not None:
+            return MachineProbe(**stored)
+        probe = probe_machine(self.device)
+        study.set_user_attr(ATTR_MACHINE_PROBE, probe.to_dict())
+        return probe
+
+    def check_model(self, study: optuna.Study,
+                    reference: Callable[[], tuple[Tensor, Tensor]] | None = None) -> str | None:
+        """The stored self-check, or score the unoptimized model again, re-batched, now (the first scoring read from
+        ``reference``, the outputs the baseline's evaluation reads too); raises if its metric moves, unless
+        :attr:`allow_nondeterministic`. Recorded on the study once it passes (or is allowed). Its one line for the
+        console (None: nothing to say)."""
         stored = study.user_attrs.get(ATTR_SELF_CHECK)
-        check = SelfCheck(**stored) if stored is not None else self_check(self.runner.model, self.spec, self.device)
+        check = SelfCheck(**stored) if stored is not None else self_check(
+            self.runner.model, self.spec, self.device, reference() if reference is not None else None)
         line = require_stable(check, self.spec.name, self.allow_nondeterministic)
         if stored is None:
             study.set_user_attr(ATTR_SELF_CHECK, check.to_dict())
@@ -323,6 +354,10 @@ class Search:
                                                 ATTR_SEED_PARAMS: params})
         return True
 
+    def probe_reason(self, stages: tuple[Mapping[str, object], ...], runtime: str) -> str | None:
+        """Why the machine probe says a stage list does not pay under ``runtime`` here (None: it may)."""
+        return probe_reason(self.machine, stages, runtime) if self.machine is not None else None
+
     def preset_skip(self, stages: tuple[dict[str, object], ...], runtime: str) -> str | None:
         """Why a preset's ``stages`` cannot be a trial under ``runtime`` here (None: they can): a stage not in
         the pipeline (or disabled), or the chain ruled out before it would run (slower only on this device,
@@ -332,7 +367,7 @@ class Search:
         if missing:
             return f"not in this pipeline: {', '.join(missing)}"
         configs = [config_from_dict(dict(raw)) for raw in stages]
-        return (self.rules.reason(configs) or self.rules.unavailable(configs)
+        return (self.probe_reason(stages, runtime) or self.rules.reason(configs) or self.rules.unavailable(configs)
                 or self.rules.runtime_reason(configs, runtime))
 
     def seed_params(self, configs: list[StageConfig], runtime: str) -> dict[str, object]:

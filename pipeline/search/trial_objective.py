@@ -37,10 +37,18 @@ from pipeline.core.stage import StageConfig, StageContext, config_from_dict
 from pipeline.engine.recipe import configs_to_json
 from pipeline.search.budgets import budget_metrics
 from pipeline.search.dashboard import note_infeasible, set_constraints
+from pipeline.search.dead_ends import RuntimeGains
 from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
 from pipeline.search.insight import sensitivity_tables
 from pipeline.search.interrupt import Interrupts
-from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_PARAMS, ATTR_SEED_RECIPE, CONSTRAINT_NAME, Baseline
+from pipeline.search.objectives import (
+    ATTR_FEASIBLE,
+    ATTR_SEED,
+    ATTR_SEED_PARAMS,
+    ATTR_SEED_RECIPE,
+    CONSTRAINT_NAME,
+    Baseline,
+)
 from pipeline.search.probe import behind_front, front_references
 from pipeline.search.record import COMPLETE, FAIL, FULL_FIDELITY, PROBE_FIDELITY, PRUNED, TrialOutcome, TrialRecord
 from pipeline.search.recorded import RECORDED, recorded
@@ -209,7 +217,8 @@ class TrialObjective:
             timing = parts.latency.probe(fn, runtime, front.stop_rule())
             paired = timing.paired
             paired_seconds = time.perf_counter() - paired_start
-            if (behind := behind_front(paired, front)) is not None:  # the probe decided it: not scored
+            plain = self.gains(trial.study).plain.get(runtime)
+            if (behind := behind_front(paired, front, runtime, plain)) is not None:  # decided by the probe: not scored
                 seconds = {**staged.seconds, **({"screening": screened.seconds} if screened else {}),
                            "paired_latency": paired_seconds, "trial": time.perf_counter() - start}
                 return TrialOutcome(draft(state=PRUNED, infeasible=behind, metrics=paired.metrics(), seconds=seconds,
@@ -240,6 +249,13 @@ class TrialObjective:
         )
         values = parts.objectives.values(report, metrics[parts.objectives.latency_key])
         return TrialOutcome(record, values=values, verdict=verdict)
+
+    def gains(self, study: optuna.Study) -> RuntimeGains:
+        """What the study's measured trials say about each runtime (:mod:`pipeline.search.dead_ends`)."""
+        gains = RuntimeGains()
+        for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            gains.add(TrialRecord.from_trial(done), bool(done.user_attrs.get(ATTR_FEASIBLE)))
+        return gains
 
     def screen(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str) -> Screened | None:
         """The low-fidelity screen of the trial's costly stages, recorded on the trial (None: not screened)."""
