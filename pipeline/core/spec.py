@@ -41,6 +41,9 @@ class Metric:
     #: ``resampled(outputs, targets)``: the metric on each of the fixed bootstrap resamples of its units,
     #: ``(RESAMPLES,)`` on the device (:mod:`pipeline.core.bootstrap`); None: the metric has no interval.
     resampled: Callable[[Tensor, Tensor], Tensor] | None = None
+    #: Each evaluation row is a unit of its own (accuracy: one example): the metric of any subset of the rows
+    #: estimates the metric of all of them, so a trial may be judged on a subset first (pipeline.search.subset).
+    rowwise: bool = False
 
     def drop(self, baseline: float, value: float) -> float:
         """How much worse ``value`` is than ``baseline`` (positive = worse)."""
@@ -58,7 +61,7 @@ def resampled_accuracy(outputs: Tensor, targets: Tensor) -> Tensor:
 
 
 ACCURACY = Metric("accuracy", higher_is_better=True, compute=accuracy, bounds=(0.0, 1.0),
-                  resampled=resampled_accuracy)
+                  resampled=resampled_accuracy, rowwise=True)
 
 
 @dataclass(frozen=True)

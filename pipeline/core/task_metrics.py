@@ -32,7 +32,7 @@ def top_k_accuracy(k: int) -> Metric:
         return (top == targets.unsqueeze(-1)).any(dim=-1)
 
     return Metric(f"top{k}_accuracy", higher_is_better=True, compute=lambda o, t: correct(o, t).float().mean(),
-                  bounds=(0.0, 1.0), resampled=lambda o, t: resampled_means(correct(o, t)))
+                  bounds=(0.0, 1.0), resampled=lambda o, t: resampled_means(correct(o, t)), rowwise=True)
 
 
 def classification_metrics(classes: int) -> tuple[Metric, ...]:

@@ -55,6 +55,7 @@ from pipeline.search.recorded import RECORDED, recorded
 from pipeline.search.rule_out import study_choices
 from pipeline.search.screening import CostlyClock, Screened, Screening, record_screen
 from pipeline.search.seeding import stage_params
+from pipeline.search.subset import SubsetJudge, subset_plan
 from pipeline.search.workers import claim_config
 
 if TYPE_CHECKING:
@@ -78,6 +79,10 @@ class TrialObjective:
         #: their share of this run's time (the clock starts now).
         clock = CostlyClock(parts.config.costly_share,
                             lambda: {name: tally.seconds for name, tally in parts.runner.stage_tallies.items()})
+        plan = subset_plan(parts.spec)
+        #: Scores a trial on a subset of the evaluation first (pipeline.search.subset); None: always in full.
+        self.subset = None if plan is None else SubsetJudge(parts.spec, parts.device, plan,
+                                                             lambda *inputs: parts.latency.baseline()(*inputs))
         self.screening = Screening(parts.objectives, lambda configs, runtime: parts.runner.run(
             configs, runtime, exports=False).report, self.exports, clock=clock)
 
@@ -223,6 +228,15 @@ class TrialObjective:
                            "paired_latency": paired_seconds, "trial": time.perf_counter() - start}
                 return TrialOutcome(draft(state=PRUNED, infeasible=behind, metrics=paired.metrics(), seconds=seconds,
                                           fidelity=PROBE_FIDELITY))
+            if self.subset is not None:  # scored on a subset first: one clearly over the allowed drop ends here
+                judged = self.subset.judge(fn, runtime, parts.objectives.latency_batch,
+                                           parts.objectives.threshold(self.baseline))
+                if judged.over is not None:
+                    seconds = {**staged.seconds, "paired_latency": paired_seconds,
+                               "trial": time.perf_counter() - start}
+                    return TrialOutcome(draft(state=PRUNED, infeasible=judged.over, seconds=seconds,
+                                              metrics={**paired.metrics(), "metric_drop_subset": judged.drop},
+                                              fidelity=judged.fidelity))
             result = parts.runner.run(configs, runtime, exports=parts.config.exports == "every_trial",
                                       prepared=fn, measured={parts.objectives.latency_batch: timing.stats})
         except InfeasibleConfig as exc:

@@ -1,0 +1,249 @@
+"""A search that spends its time finding, not measuring (issue 32), on a fake clock:
+
+* the latency probe: a 14x slower trial is decided in its first rounds and never scored;
+* multi-fidelity: a fast trial with a wrecked metric is decided on a subset and never scored in full, while the
+  front trial always is;
+* the machine probe orders and prunes the presets with injected throughputs;
+* dead ends are not proposed again; ``time_to_result`` is written and rises.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
+
+import optuna
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+from torch import Tensor, nn
+
+from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason, stage_precision
+from pipeline.core.paired import MachineLoad, PairedLatency, Timed
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from pipeline.search import Search, SearchConfig, run_search
+from pipeline.search.config import Preset
+from pipeline.search.dead_ends import RuntimeGains
+from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_INFEASIBLE, ATTR_METRICS
+from pipeline.search.presets import preset_seeds
+from pipeline.search.probe import BEHIND_FRONT, FrontReferences, behind_front
+from pipeline.search.record import ATTR_FIDELITY, FULL_FIDELITY, PROBE_FIDELITY, TrialRecord
+from pipeline.search.subset import OVER_ON_SUBSET
+from pipeline.search.time_to_result import best_so_far, found_line, time_to_reach, time_to_result
+from pipeline.tracking.tracker import experiment_name
+
+#: True latency (ms) per label: the baseline 1.0, a 4x trial, a 14x slower one, a fast one with a wrecked metric.
+TRUE_MS = {None: 1.0, "fast": 0.25, "slow": 14.0, "scrambled": 0.5}
+
+
+class ScrambleConfig(StageConfig):
+    """Rolls the class logits by one: fast (for the fake clock) and wrong."""
+
+    stage = "toy.scramble"
+
+    @classmethod
+    def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> ScrambleConfig | None:
+        return None
+
+
+class Scrambled(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.paretorch_label = "scrambled"
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(x).roll(1, dims=-1)
+
+
+def apply_scramble(model: nn.Module, config: ScrambleConfig, ctx: StageContext) -> nn.Module:
+    return Scrambled(model)
+
+
+class LabelTimer:
+    def warm_up(self, sides: Sequence[Timed]) -> None:
+        pass
+
+    def __call__(self, sides: Sequence[Timed]) -> list[float]:
+        return [TRUE_MS[getattr(fn, "paretorch_label", None)] for fn, _ in sides]
+
+
+def many_rows(spec: ModelSpec) -> ModelSpec:
+    """The spec with its evaluation tiled to 1,280 rows in batches of 128 (room for a 25 % subset)."""
+    (inputs,), labels = spec.evaluation()[0]
+    big_x, big_y = inputs.repeat(20, 1), labels.repeat(20)
+    batches = [((big_x[i:i + 128],), big_y[i:i + 128]) for i in range(0, 1280, 128)]
+    return ModelSpec(name="residual_rows", build=spec.build, example_inputs=spec.example_inputs,
+                     calibration=spec.calibration, evaluation=lambda: batches, metric=spec.metric,
+                     latency_batch_sizes=spec.latency_batch_sizes)
+
+
+@pytest.fixture(scope="module")
+def quick_search(residual_spec: ModelSpec, tag_stage: Stage,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Search]:
+    folder = tmp_path_factory.mktemp("seconds")
+    pipeline_file = folder / "scrambled.yaml"
+    pipeline_file.write_text("nodes:\n  - {op: model}\n  - {op: toy.tag}\n  - {op: toy.scramble}\n"
+                             "  - {name: evaluate, op: evaluate}\n")
+    seeds = [{"name": "fast", "stages": [{"stage": "toy.tag", "label": "fast"}]},
+             {"name": "slow", "stages": [{"stage": "toy.tag", "label": "slow"}]},
+             {"name": "scrambled", "stages": [{"stage": "toy.scramble"}]}]
+    config = SearchConfig.load(None, pipeline=str(pipeline_file), sampler="random", runtimes=("eager",),
+                               latency_budget="quick", exports="none", seeds=seeds, presets=())
+    with registered(tag_stage), registered(Stage(ScrambleConfig, apply_scramble)):
+        search = Search(many_rows(residual_spec), torch.device("cpu"), config,
+                        storage=f"sqlite:///{folder / 'optuna.db'}", tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+        search.latency.timer = LabelTimer()
+        search.latency.cpu_clock = None
+        output = io.StringIO()
+        search.outcome = run_search(search, trials=4, console=Console(file=output, width=400))  # type: ignore[attr-defined]
+        search.output = output.getvalue()  # type: ignore[attr-defined]
+        yield search
+
+
+def by_seed(search: Search) -> dict[str, optuna.trial.FrozenTrial]:
+    return {t.user_attrs.get("paretorch.seed"): t for t in search.outcome.study.trials}  # type: ignore[attr-defined]
+
+
+def test_a_far_slower_trial_is_decided_by_the_probe_and_never_scored(quick_search: Search) -> None:
+    slow = by_seed(quick_search)["slow"]
+    assert slow.state == optuna.trial.TrialState.PRUNED
+    assert slow.user_attrs[ATTR_INFEASIBLE].startswith(BEHIND_FRONT)
+    assert slow.user_attrs[ATTR_FIDELITY] == PROBE_FIDELITY
+    metrics = slow.user_attrs[ATTR_METRICS]
+    assert metrics["latency_rounds"] == 6 and metrics["speedup"] == pytest.approx(1 / 14)
+    assert "accuracy" not in metrics, "its metric was never computed"
+    assert "stopped by the latency probe" in quick_search.output  # type: ignore[attr-defined]
+
+
+def test_a_trial_over_the_drop_on_the_subset_is_never_scored_in_full(quick_search: Search) -> None:
+    trials = by_seed(quick_search)
+    scrambled = trials["scrambled"]
+    assert scrambled.state == optuna.trial.TrialState.PRUNED
+    assert scrambled.user_attrs[ATTR_INFEASIBLE].startswith(OVER_ON_SUBSET)
+    assert scrambled.user_attrs[ATTR_FIDELITY] == "subset 384 of 1280 rows"
+    assert "accuracy" not in scrambled.user_attrs[ATTR_METRICS] and scrambled.values is None
+    fast = trials["fast"]
+    assert fast.user_attrs[ATTR_FIDELITY] == FULL_FIDELITY and fast.user_attrs[ATTR_FEASIBLE]
+    front = [t.number for t in quick_search.outcome.pareto]  # type: ignore[attr-defined]
+    assert front == [fast.number], "the front trial was scored in full"
+
+
+def test_its_latency_is_its_probe_one_number_per_fact(quick_search: Search) -> None:
+    metrics = by_seed(quick_search)["fast"].user_attrs[ATTR_METRICS]
+    assert metrics["speedup"] == pytest.approx(4.0)
+    assert metrics["latency_ms_p50_b1"] == pytest.approx(metrics["latency_ms_paired"]) == pytest.approx(0.25)
+
+
+def test_time_to_result_is_written_and_rises(quick_search: Search) -> None:
+    outcome = quick_search.outcome  # type: ignore[attr-defined]
+    curve = time_to_result(outcome.results)
+    assert curve and all(a[0] <= b[0] and a[1] < b[1] for a, b in itertools.pairwise(curve))
+    assert curve[-1][1] == pytest.approx(4.0, rel=1e-3)
+    assert outcome.found.startswith("time to result: best 4.00x found after ")
+    client = MlflowClient(quick_search.tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name(quick_search.spec.name))
+    parent = client.get_run(outcome.parent_run_id)
+    assert parent.info.experiment_id == experiment.experiment_id
+    history = client.get_metric_history(outcome.parent_run_id, "time_to_result_speedup")
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx([p[1] for p in curve], rel=1e-3)
+
+
+# --------------------------------------------------------------------------- the pieces, alone
+
+
+def paired(speedup: float, ci: tuple[float, float], stopped: str = "decided") -> PairedLatency:
+    return PairedLatency(1.0, 1.0 / speedup, speedup, ci, 6, MachineLoad(0.0, 1), stopped=stopped)
+
+
+def test_the_probe_stops_only_a_trial_behind_the_front_and_its_own_runtime() -> None:
+    front = FrontReferences((1.0, 4.0), top=(3, 4.0))
+    assert behind_front(paired(0.07, (0.06, 0.08)), front, "eager") is not None
+    assert behind_front(paired(1.35, (1.3, 1.4)), front, "eager") is None, "pruning that pays under eager: scored"
+    assert behind_front(paired(2.0, (1.9, 2.1)), front, "onnxruntime", plain=3.5) is not None
+    assert behind_front(paired(0.07, (0.06, 0.08), stopped="settled"), front, "eager") is None, "not decided"
+    assert behind_front(paired(0.07, (0.06, 0.08)), FrontReferences(), "eager") is None, "no front yet"
+
+
+def record(number: int, runtime: str, speedup: float, stages: dict[str, StageConfig | None]) -> TrialRecord:
+    return TrialRecord(number=number, state="PRUNED", runtime=runtime, configs=stages, metrics={"speedup": speedup})
+
+
+def test_a_runtime_far_behind_is_a_dead_end_unless_the_estimate_can_win() -> None:
+    gains = RuntimeGains()
+    gains.add(record(1, "onnxruntime", 4.2, {}), feasible=True)
+    gains.add(record(2, "compile", 0.7, {}), feasible=True)
+    gains.add(record(3, "onnxruntime", 5.5, {"scramble": ScrambleConfig()}), feasible=True)
+    assert gains.fastest == 5.5
+    estimate = gains.estimate(5.5, "onnxruntime", "compile")
+    assert estimate == pytest.approx(5.5 * 0.7 / 4.2) and gains.dead_end(estimate)
+    assert not gains.dead_end(gains.estimate(5.5, "compile", "onnxruntime")), "the fast runtime stays"
+    assert not gains.dead_end(gains.estimate(5.5, "onnxruntime", "openvino")), "no measurement: no estimate"
+    assert gains.dead_end(gains.plain_estimate(1.2, "compile")) and not gains.dead_end(
+        gains.plain_estimate(1.2, "onnxruntime"))
+
+
+PRESETS = (Preset(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []},)),
+           Preset(name="int8-static", stages=({"stage": "quantize", "method": "int8_static_pt2e"},),
+                  runtimes=("openvino", "onnxruntime")),
+           Preset(name="fp32", stages=()))
+
+
+def plan(probe: MachineProbe) -> list[str]:
+    seeds = preset_seeds(PRESETS, ["eager", "onnxruntime", "openvino"],
+                         lambda stages, runtime: probe_reason(probe, stages, runtime), probe)
+    return [s.name.removeprefix("preset-") for s in seeds.seeds]
+
+
+def test_the_machine_probe_orders_and_prunes_the_presets() -> None:
+    avx512 = probe_machine(torch.device("cpu"), engines={
+        "torch": lambda: {"bf16": 3.0, "int8": 2.8}, "onnxruntime": lambda: {"int8": 1.9},
+        "openvino": lambda: {"bf16": 1.15, "int8": 1.15}})
+    assert plan(avx512)[:2] == ["int8-static@openvino", "int8-static@onnxruntime"], "int8 first where it pays"
+    assert "bf16@eager" in plan(avx512) and "bf16@openvino" in plan(avx512)
+    avx2 = probe_machine(torch.device("cpu"), engines={
+        "torch": lambda: {"bf16": 0.05, "int8": 1.0}, "onnxruntime": lambda: {"int8": 0.9},
+        "openvino": lambda: {"bf16": 0.0, "int8": 1.15}})
+    names = plan(avx2)
+    assert "bf16@eager" not in names and "bf16@openvino" not in names, "bf16 does not pay there: no such trial"
+    assert "bf16@onnxruntime" in names, "not measured under that engine: not judged (the rules judge it)"
+    assert names[0] == "int8-static@openvino", "int8 pays under OpenVINO only: still first"
+    no_int8 = probe_machine(torch.device("cpu"), engines={"torch": lambda: {"bf16": 2.0, "int8": 0.9},
+                                                          "onnxruntime": lambda: {"int8": 0.8},
+                                                          "openvino": lambda: {"bf16": 1.15, "int8": 0.0}})
+    assert plan(no_int8)[-2:] == ["int8-static@openvino", "int8-static@onnxruntime"], "int8 that pays nowhere: last"
+    assert "torch bf16 2.00x" in no_int8.describe()
+
+
+def test_stage_precision_reads_the_lowest_precision() -> None:
+    assert stage_precision(({"stage": "amp", "dtype": "bfloat16"},)) == "bf16"
+    assert stage_precision(({"stage": "prune"}, {"stage": "quantize", "method": "int8_dynamic"})) == "int8"
+    assert stage_precision(({"stage": "quantize", "method": "int4_weight_only"},)) == "other"
+    assert stage_precision(()) == "fp32"
+
+
+class FakeTrial:
+    def __init__(self, number: int, seconds: float, speedup: float, feasible: bool = True) -> None:
+        start = datetime(2026, 11, 28, 12, 0, 0)
+        self.number = number
+        self.state = optuna.trial.TrialState.COMPLETE
+        self.datetime_start = start + timedelta(seconds=seconds - 1)
+        self.datetime_complete = start + timedelta(seconds=seconds)
+        self.user_attrs = {ATTR_FEASIBLE: feasible, ATTR_METRICS: {"speedup": speedup}}
+
+
+def test_time_to_result_keeps_the_rises_of_feasible_trials() -> None:
+    trials = [FakeTrial(0, 1, 1.0), FakeTrial(1, 5, 3.0), FakeTrial(2, 9, 9.0, feasible=False),
+              FakeTrial(3, 12, 2.5), FakeTrial(4, 20, 4.0)]
+    points = best_so_far(trials)  # type: ignore[arg-type]
+    assert time_to_result(points) == [[1.0, 1.0], [5.0, 3.0], [20.0, 4.0]]
+    assert time_to_reach(points, 3.0) == 5.0 and time_to_reach(points, 5.0) is None
+    assert found_line(points, 21.0) == ("time to result: best 4.00x found after 20 s (trial 4); "
+                                        "the study's trials ran 21 s")
+    near = best_so_far([*trials, FakeTrial(5, 30, 4.3)])  # type: ignore[list-item]
+    assert found_line(near, 31.0) == ("time to result: best 4.30x found after 30 s (trial 5); 4.00x (90 % of it) "
+                                      "after 20 s (trial 4); the study's trials ran 31 s")
