@@ -61,7 +61,10 @@ from pipeline.engine.runner import Runner
 from pipeline.search import Search, SearchConfig, run_search
 from pipeline.search.allowed_drop import AllowedDrop
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
+from pipeline.search.study import ATTR_MACHINE_PROBE
 from pipeline.search.study_latency import StudyLatency
+from pipeline.search.time_to_result import best_so_far as study_best_so_far
+from pipeline.search.time_to_result import time_to_result
 from pipeline.sources.resolve import resolve_spec
 from stages.amp.stage import AmpConfig
 from stages.distill.stage import DistillConfig
@@ -233,6 +236,10 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
                            if name in COSTLY_STAGES},
             "timeline": best_so_far(outcome.study.trials, search.objectives.names.index("latency"),
                                     outcome.baseline.latency_ms, started_at),
+            # [seconds since the bench started the search, best feasible speed-up]: the product's own curve
+            "time_to_result": time_to_result(study_best_so_far(outcome.study.trials, started_at)),
+            "machine_probe": outcome.study.user_attrs.get(ATTR_MACHINE_PROBE),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "time_split": time_split(outcome.times.wall, outcome.times.by_category,
                                      {name: tally.seconds for name, tally in search.runner.stage_tallies.items()})}
     return list(recipe.model_stages()), recipe.runtime, info

@@ -51,6 +51,9 @@ CpuClock = Callable[[], tuple[float, float]]
 MAX_CI_WIDTH = 0.20
 #: How many more times an unstable measurement is taken before the trial is kept off the front.
 RETRIES = 2
+#: What the machine line says when the load kept feasible trials off the front.
+UNSTABLE_ADVICE = (": their metric is within the drop, their timing never settled on this busy machine; re-run "
+                   "later (the study resumes and re-times its front) or pass --latency-budget thorough")
 #: On the CPU, a process that got less CPU time than this share of the wall time was waiting for a core.
 BUSY_CPU_SHARE = 0.8
 
@@ -315,4 +318,4 @@ def noise_line(trials: Sequence[Mapping[str, float]], unstable: int) -> str | No
     share = f", the process ran {statistics.median(shares):.0%} of the wall time" if shares else ""
     return (f"machine: load {load:.1f} on {cores} core(s) during the study{share}; median paired-ratio CI width "
             f"{width:.0f}% over {len(paired)} trial(s); {again} trial(s) re-measured, {unstable} kept off the front "
-            f"(latency unstable)")
+            f"(latency unstable)" + (UNSTABLE_ADVICE if unstable else ""))

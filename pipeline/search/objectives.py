@@ -214,10 +214,11 @@ class Objectives:
               extras: Mapping[str, float] | None = None) -> DropVerdict:
         """Whether ``metric_value`` is within the allowed drop: the one comparison every feasibility
         check uses (the trial's tag, the Optuna constraint, the runtime sweep). ``unstable``: why the
-        trial's paired latency is not trusted (:mod:`pipeline.core.paired`); such a trial is infeasible
-        too, its constraint positive, so ``study.best_trials`` leaves it out. ``extras``: the trial's
+        trial's paired latency is not trusted (:mod:`pipeline.core.paired`). ``extras``: the trial's
         extra metrics, checked against the spec's fidelity floors (:mod:`pipeline.core.fidelity_floor`);
-        a trial below one is infeasible with the floor as its reason, its constraint positive."""
+        a trial below one is infeasible with the floor as its reason, its constraint positive. A trial within the
+        drop whose latency is unstable is *feasible* (its metric is fine; the verdict's ``unstable`` says why it is
+        kept off the front) while its Optuna constraint is positive, so ``study.best_trials`` leaves it out."""
         drop = self.drop(baseline, metric_value)
         allowed = self.threshold(baseline)
         constraint = drop - allowed
@@ -229,8 +230,8 @@ class Objectives:
         if constraint <= 0 and unstable is None:
             return DropVerdict(True, constraint, None, headroom=-constraint)
         unstable = f"latency unstable: {unstable}" if unstable is not None else None
-        if constraint <= 0:
-            return DropVerdict(False, max(constraint, 0.0) + UNSTABLE_CONSTRAINT, None, unstable, -constraint)
+        if constraint <= 0:  # feasible; its timing keeps it off the front (its Optuna constraint says so, not its tag)
+            return DropVerdict(True, max(constraint, 0.0) + UNSTABLE_CONSTRAINT, None, unstable, -constraint)
         detail = "" if self.allowed_drop.kind == "absolute" else (
             f" ({self.allowed_drop.given()} of the baseline {baseline.metric_value:.4g})")
         return DropVerdict(False, constraint, f"drop {drop:.4f} > allowed {allowed:.4g}{detail}", unstable,

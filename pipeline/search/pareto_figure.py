@@ -12,11 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from optuna.trial import TrialState
 
-from pipeline.search.objectives import Baseline, Objectives
+from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, Baseline, Objectives
 from pipeline.search.pareto import distinct_front, trial_row
 
 if TYPE_CHECKING:
     import optuna
+
+
+#: The legend of trials within the allowed drop that the front left out for their timing.
+UNSTABLE_LABEL = "within the drop, timing unstable (off the front)"
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class _Point:
     feasible: bool
     pareto: bool
     recipe: str
+    #: Within the allowed drop, but kept off the front because its timing never settled (a busy machine).
+    unstable: bool = False
 
 
 def _points(study: optuna.Study, objectives: Objectives) -> list[_Point]:
@@ -34,8 +40,11 @@ def _points(study: optuna.Study, objectives: Objectives) -> list[_Point]:
     points = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         row = trial_row(trial, objectives)
-        feasible = all(v <= 0 for v in trial.constraints.values())
-        points.append(_Point(trial.number, row.latency_ms, row.metric, feasible, trial.number in front, row.recipe))
+        unstable = bool(trial.user_attrs.get(ATTR_LATENCY_UNSTABLE))
+        # within the allowed drop (the trial's verdict); an unstable trial's constraint is positive for Optuna only
+        feasible = bool(trial.user_attrs.get(ATTR_FEASIBLE, all(v <= 0 for v in trial.constraints.values())))
+        points.append(_Point(trial.number, row.latency_ms, row.metric, feasible, trial.number in front, row.recipe,
+                             unstable and feasible))
     return points
 
 
@@ -68,6 +77,8 @@ class _Frame:
     ylim: tuple[float, float]
     log_x: bool
     others: list[_Point]
+    #: Within the drop, kept off the front for its timing.
+    unstable: list[_Point]
     inside: list[_Point]
     outside: list[_Point]
     edge: list[tuple[float, float]]
@@ -89,7 +100,8 @@ def _frame(points: Sequence[_Point], objectives: Objectives, baseline: Baseline 
     inside = [p for p in over if xlim[0] <= p.latency_ms <= xlim[1] and ylim[0] <= p.metric <= ylim[1]]
     outside = [p for p in over if p not in inside]
     edge = [(min(max(p.latency_ms, xlim[0]), xlim[1]), min(max(p.metric, ylim[0]), ylim[1])) for p in outside]
-    return _Frame(xlim, ylim, log_x, [p for p in feasible if not p.pareto], inside, outside, edge,
+    return _Frame(xlim, ylim, log_x, [p for p in feasible if not p.pareto and not p.unstable],
+                  [p for p in feasible if p.unstable], inside, outside, edge,
                   sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms), threshold)
 
 
@@ -119,6 +131,9 @@ def pareto_figure_png(study: optuna.Study, objectives: Objectives, baseline: Bas
         axes.set_xscale("log")
     axes.scatter([p.latency_ms for p in frame.others], [p.metric for p in frame.others], marker="o", c="0.6",
                  label="feasible")
+    if frame.unstable:
+        axes.scatter([p.latency_ms for p in frame.unstable], [p.metric for p in frame.unstable], marker="D",
+                     facecolors="none", edgecolors="tab:orange", label=UNSTABLE_LABEL)
     axes.scatter([p.latency_ms for p in frame.inside], [p.metric for p in frame.inside], marker="x", c="0.6",
                  label="over the allowed drop")
     if frame.outside:
@@ -156,6 +171,8 @@ def pareto_figure_html(study: optuna.Study, objectives: Objectives, baseline: Ba
     figure = go.Figure()
     groups = (
         ("feasible", frame.others, [(p.latency_ms, p.metric) for p in frame.others], "circle", "gray"),
+        (UNSTABLE_LABEL, frame.unstable, [(p.latency_ms, p.metric) for p in frame.unstable], "diamond-open",
+         "orange"),
         ("over the allowed drop", frame.inside, [(p.latency_ms, p.metric) for p in frame.inside], "x", "lightgray"),
         (f"over the allowed drop, off the chart ({len(frame.outside)})", frame.outside, frame.edge,
          "triangle-down-open", "gray"),

@@ -124,4 +124,4 @@ class Proposals:
         if record.state != COMPLETE or value is None or math.isnan(latency):
             return None
         verdict = self.objectives.verdict(self.baseline, value, record.latency_unstable, record.metrics)
-        return float(latency) if verdict.feasible else None
+        return float(latency) if verdict.feasible and verdict.unstable is None else None

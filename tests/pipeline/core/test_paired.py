@@ -11,6 +11,7 @@ import torch
 
 from pipeline.core.latency import LATENCY_BUDGETS, LatencySettings
 from pipeline.core.paired import (
+    UNSTABLE_ADVICE,
     DeviceTimer,
     StopRule,
     Timed,
@@ -183,7 +184,7 @@ def test_the_noise_line_sums_up_the_study() -> None:
               {"accuracy": 0.9}]  # a trial from before paired latency: not counted
     assert noise_line(trials, unstable=1) == (
         "machine: load 3.1 on 2 core(s) during the study; median paired-ratio CI width 4% over 3 trial(s); "
-        "2 trial(s) re-measured, 1 kept off the front (latency unstable)")
+        "2 trial(s) re-measured, 1 kept off the front (latency unstable)" + UNSTABLE_ADVICE)
     assert noise_line([{"accuracy": 0.9}], unstable=0) is None
 
 
