@@ -245,6 +245,33 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     return list(recipe.model_stages()), recipe.runtime, info
 
 
+#: The variables that make a wider CPU run as an AVX2-only one, and what each reaches.
+ISA_CAPS = {"ATEN_CPU_CAPABILITY": "torch's aten kernels (and the matmuls torch.compile calls)",
+            "ONEDNN_MAX_CPU_ISA": "oneDNN (torch's, and PT2E int8 through it)"}
+
+
+def isa_info() -> dict[str, Any]:
+    """This CPU's instruction-set flags and any emulated cap (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``): a
+    row measured under a cap says which runtimes the cap does not reach (ONNX Runtime's MLAS and the OpenVINO CPU
+    plugin dispatch on the real CPU)."""
+    flags = set()
+    if Path("/proc/cpuinfo").is_file():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+    caps = {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
+    info: dict[str, Any] = {"flags": [f for f in wanted if f in flags], "torch_capability":
+                            torch.backends.cpu.get_cpu_capability(), "caps": caps, "emulated": None}
+    if caps:
+        info["emulated"] = str(caps.get("ATEN_CPU_CAPABILITY", caps.get("ONEDNN_MAX_CPU_ISA"))).lower()
+        info["reaches"] = [ISA_CAPS[name] for name in caps]
+        info["not_reached"] = ["ONNX Runtime (MLAS dispatches on the real CPU)",
+                               "OpenVINO's CPU plugin (dispatches on the real CPU)"]
+    return info
+
+
 def best_recipe_name(model: str, device: str) -> str:
     """The file name of a bench search's best recipe, under ``<results>/bench/``."""
     return f"best-{model}-{device}.json"
@@ -320,6 +347,7 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
     recheck = measure_recipe(spec, device, [], "eager", batch_sizes).report
     return {
         "model": spec.name, "metric": spec.metric.name, "device": describe(device), "device_kind": device.type,
+        "isa": isa_info(),
         "objective_batch": batch, "max_drop": max_drop.to_json(), "latency_settings": asdict(BENCH_LATENCY),
         "torch": torch.__version__, "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "search": search_info,
@@ -361,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         result = bench(args.model, args.device, args.trials, batch, max_drop, args.held_out, args.singles)
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = "" if batch == default_batch else f"-b{batch}"  # e.g. the GPU throughput objective, batch 256
+        if (emulated := result.get("isa", {}).get("emulated")) is not None:
+            suffix += f"-{emulated}-emulated"  # an AVX2 row on a wider CPU
         if max_drop != DEFAULT_MAX_DROP:  # -drop0.03, -drop1pct
             suffix += f"-drop{max_drop.percent:g}pct" if max_drop.kind == "relative" else f"-drop{max_drop.amount:g}"
         path = args.out / f"{result['model']}-{result['device_kind']}{suffix}.json"

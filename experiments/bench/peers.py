@@ -306,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--recipe", type=Path, action="append", default=[], metavar="RECIPE",
                         help="a paretorch recipe file (e.g. the search's best) timed the same way (repeatable)")
+    parser.add_argument("--search-result", type=Path, default=None, metavar="JSON",
+                        help="the bench's search result of the same run (experiments/bench/results/minilm-cpu*.json): "
+                        "when its search first had a feasible trial at or above the fastest peer's speed-up "
+                        "(time_to_peer_seconds, written there and here)")
     args = parser.parse_args(argv)
     if args.model != "minilm":
         parser.exit(2, f"error: the peers are sentence-transformers backends: only --model minilm has them, "
@@ -332,12 +336,32 @@ def main(argv: list[str] | None = None) -> int:
               "uptime_before": before,
               "uptime_after": _uptime(), "seconds": time.perf_counter() - started,
               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), **measured}
+    if args.search_result is not None and args.search_result.is_file():
+        result["time_to_peer"] = attach_time_to_peer(args.search_result, result["rows"])
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{PEERS_PREFIX}{args.model}-cpu.json"
     path.write_text(json.dumps(result, indent=2))
     print(render(result))
     print(f"written: {path}")
     return 0
+
+
+def attach_time_to_peer(search_file: Path, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest peer (latency sample rows) against the search's ``time_to_result`` curve: when the search first
+    had a feasible trial at or above its speed-up; written into the search result as ``time_to_peer_seconds``."""
+    peers = [r for r in rows if r.get("kind") == "peer" and r.get("inputs") == "latency sample" and r.get("speedup")]
+    if not peers:
+        return {}
+    fastest = max(peers, key=lambda r: float(r["speedup"]))
+    result = json.loads(search_file.read_text())
+    search = result.get("search", {})
+    curve = search.get("time_to_result", [])
+    reached = next((float(seconds) for seconds, best in curve if float(best) >= float(fastest["speedup"])), None)
+    search["time_to_peer_seconds"] = reached
+    search["fastest_peer"] = {"name": fastest["name"], "speedup": float(fastest["speedup"])}
+    search_file.write_text(json.dumps(result, indent=2))
+    return {"peer": fastest["name"], "speedup": float(fastest["speedup"]), "search_seconds": search.get(
+        "search_seconds"), "time_to_peer_seconds": reached}
 
 
 if __name__ == "__main__":

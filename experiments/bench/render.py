@@ -142,10 +142,21 @@ def render_table(result: dict[str, Any]) -> str:
                   f"best recipe @ {h['runtime']}): baseline {h['baseline']:.2f}, search best {h['best']:.2f}, drop "
                   f"{h['drop']:+.2f} ({100 * h['relative_drop']:+.2f} %): "
                   + ("within" if h["within_allowed"] else "**outside**") + " the allowed drop."]
+    if (isa := result.get("isa")) and isa.get("emulated"):
+        lines += ["", f"**Emulated {isa['emulated'].upper()} row** on a CPU with {', '.join(isa['flags'])}: "
+                  f"{', '.join(f'{k}={v}' for k, v in isa['caps'].items())} caps {'; '.join(isa['reaches'])}; not "
+                  f"reached: {'; '.join(isa['not_reached'])}."]
     if result.get("search"):
         s = result["search"]
         lines += ["", f"Search: {s['trials']} trials in {s['search_seconds']:.0f} s; best trial #{s['best_trial']} "
                   f"({search_latency(s)}); cache: {s['cache']}."]
+        if s.get("time_to_peer_seconds") is not None or s.get("fastest_peer"):
+            peer = s.get("fastest_peer", {})
+            reached = s.get("time_to_peer_seconds")
+            lines += ["", f"Time to the fastest peer ({peer.get('name', '?')}, {peer.get('speedup', 0):.2f}x, "
+                      "same run): "
+                      + (f"{reached:.0f} s of the search's {s['search_seconds']:.0f} s." if reached is not None
+                         else f"not reached in the search's {s['search_seconds']:.0f} s.")]
         if s.get("stage_work"):
             work = "; ".join(f"{name}: {text}" for name, text in s["stage_work"].items())
             lines += ["", f"Stage work in the search (paid once per distinct prefix, cache hits reuse it): {work}."]
