@@ -8,7 +8,6 @@ import io
 import itertools
 from collections.abc import Iterator, Sequence
 
-import optuna
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -17,7 +16,7 @@ from rich.console import Console
 from pipeline.core.paired import UNSTABLE_ADVICE, Timed
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, registered
-from pipeline.search import Search, SearchConfig, run_search
+from pipeline.search import Search, SearchConfig
 from pipeline.search.objectives import (
     ATTR_FEASIBLE,
     ATTR_LATENCY_UNSTABLE,
@@ -28,6 +27,7 @@ from pipeline.search.objectives import (
 )
 from pipeline.search.pareto import pareto_rows, pareto_trials, table_columns
 from pipeline.tracking.tracker import TRIAL_TAG, experiment_name
+from tests.pipeline.search.conftest import run_on_fake_clock, trials_by_seed
 
 #: True latency (ms) per label; "busy" is timed while another job runs (everything 10x slower).
 TRUE_MS = {None: 1.0, "busy": 0.5, "quiet": 0.8}
@@ -59,19 +59,10 @@ def paired_search(residual_spec: ModelSpec, tag_stage: Stage,
     config = SearchConfig.load(None, pipeline=str(pipeline_file), sampler="random", runtimes=("eager",),
                                latency_budget="quick", exports="none", seeds=seeds)
     with registered(tag_stage):
-        search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{folder / 'optuna.db'}",
-                        tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
-        search.latency.timer = FakeTimer()
-        search.latency.cpu_clock = None
-        output = io.StringIO()
-        search.outcome = run_search(search, trials=4, console=Console(file=output, width=400))  # type: ignore[attr-defined]
-        search.output = output.getvalue()  # type: ignore[attr-defined]
-        yield search
+        yield run_on_fake_clock(residual_spec, config, folder, FakeTimer(), trials=4)
 
 
-def by_seed(search: Search) -> dict[str, optuna.trial.FrozenTrial]:
-    study = search.outcome.study  # type: ignore[attr-defined]
-    return {t.user_attrs.get("paretorch.seed"): t for t in study.trials}
+by_seed = trials_by_seed
 
 
 def test_the_front_is_chosen_from_paired_ratios(paired_search: Search) -> None:

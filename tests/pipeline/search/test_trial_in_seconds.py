@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import io
 import itertools
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
@@ -18,14 +17,13 @@ import optuna
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from rich.console import Console
 from torch import Tensor, nn
 
 from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason, stage_precision
 from pipeline.core.paired import MachineLoad, PairedLatency, Timed
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, StageConfig, StageContext, registered
-from pipeline.search import Search, SearchConfig, run_search
+from pipeline.search import Search, SearchConfig
 from pipeline.search.config import Preset
 from pipeline.search.dead_ends import RuntimeGains
 from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_INFEASIBLE, ATTR_METRICS
@@ -35,6 +33,7 @@ from pipeline.search.record import ATTR_FIDELITY, FULL_FIDELITY, PROBE_FIDELITY,
 from pipeline.search.subset import OVER_ON_SUBSET
 from pipeline.search.time_to_result import best_so_far, found_line, time_to_reach, time_to_result
 from pipeline.tracking.tracker import experiment_name
+from tests.pipeline.search.conftest import run_on_fake_clock, trials_by_seed
 
 #: True latency (ms) per label: the baseline 1.0, a 4x trial, a 14x slower one, a fast one with a wrecked metric.
 TRUE_MS = {None: 1.0, "fast": 0.25, "slow": 14.0, "scrambled": 0.5}
@@ -95,18 +94,10 @@ def quick_search(residual_spec: ModelSpec, tag_stage: Stage,
     config = SearchConfig.load(None, pipeline=str(pipeline_file), sampler="random", runtimes=("eager",),
                                latency_budget="quick", exports="none", seeds=seeds, presets=())
     with registered(tag_stage), registered(Stage(ScrambleConfig, apply_scramble)):
-        search = Search(many_rows(residual_spec), torch.device("cpu"), config,
-                        storage=f"sqlite:///{folder / 'optuna.db'}", tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
-        search.latency.timer = LabelTimer()
-        search.latency.cpu_clock = None
-        output = io.StringIO()
-        search.outcome = run_search(search, trials=4, console=Console(file=output, width=400))  # type: ignore[attr-defined]
-        search.output = output.getvalue()  # type: ignore[attr-defined]
-        yield search
+        yield run_on_fake_clock(many_rows(residual_spec), config, folder, LabelTimer(), trials=4)
 
 
-def by_seed(search: Search) -> dict[str, optuna.trial.FrozenTrial]:
-    return {t.user_attrs.get("paretorch.seed"): t for t in search.outcome.study.trials}  # type: ignore[attr-defined]
+by_seed = trials_by_seed
 
 
 def test_a_far_slower_trial_is_decided_by_the_probe_and_never_scored(quick_search: Search) -> None:
