@@ -109,7 +109,8 @@ class Distiller:
     def __init__(self, student: nn.Module, teacher: nn.Module, data: TrainingData, kind: OutputKind,
                  weights: LossWeights, device: torch.device, autocast_dtype: torch.dtype | None,
                  layer_map: tuple[tuple[str, str], ...] = (),
-                 task_loss: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
+                 task_loss: Callable[[Tensor, Tensor], Tensor] | None = None,
+                 teacher_outputs: TeacherOutputs | None = None) -> None:
         self.student, self.teacher, self.data, self.kind = student, teacher, data, kind
         self.weights, self.device, self.autocast_dtype = weights, device, autocast_dtype
         self.layer_map = layer_map
@@ -117,7 +118,10 @@ class Distiller:
         self.student_layers = check_layer_names(student, [s for s, _ in layer_map], "student")
         self.teacher_layers = check_layer_names(teacher, [t for _, t in layer_map], "teacher")
         self.teacher.eval().requires_grad_(False)
-        self.teacher_outputs = TeacherOutputs(data.samples, enabled=not layer_map)
+        #: The teacher's outputs per sample: ``teacher_outputs`` where given (kept across distillations by the same
+        #: teacher on the same data, :func:`stages.distill.stage.shared_teacher_outputs`), unless layers are matched.
+        self.teacher_outputs = (teacher_outputs if teacher_outputs is not None and not layer_map
+                                else TeacherOutputs(data.samples, enabled=not layer_map))
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self.autocast_dtype is None:

@@ -12,6 +12,8 @@ The stage is structural for exports: its new weights are in the float graph they
 from __future__ import annotations
 
 import copy
+import hashlib
+import weakref
 from typing import TYPE_CHECKING, Self
 
 import torch
@@ -24,8 +26,8 @@ from pipeline.core.fidelity import infer_output_kind
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.spec import OutputKind
 from pipeline.core.stage import Stage, StageConfig, StageContext
-from pipeline.core.training_data import distillation_data
-from stages.distill.loop import Distiller, Optimization, Schedule
+from pipeline.core.training_data import TrainingData, distillation_data
+from stages.distill.loop import Distiller, Optimization, Schedule, TeacherOutputs
 from stages.distill.losses import LossWeights
 
 if TYPE_CHECKING:
@@ -144,6 +146,25 @@ def output_kind(ctx: StageContext, teacher: nn.Module) -> OutputKind:
     return infer_output_kind(output)
 
 
+#: The teacher's outputs per training sample, kept for the life of the process: every distillation of a search has
+#: the unoptimized model as its teacher and the spec's training data, so a trial after the first runs the teacher
+#: over no sample it already saw. Keyed weakly by the teacher's source module, then by what the outputs depend on
+#: (the data's content digest, the output kind, the device, the autocast dtype).
+_TEACHER_OUTPUTS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[str, ...], TeacherOutputs]] = (
+    weakref.WeakKeyDictionary())
+
+
+def shared_teacher_outputs(teacher: nn.Module, data: TrainingData, kind: str, device: torch.device,
+                           dtype: torch.dtype | None) -> TeacherOutputs:
+    """The process's store of ``teacher``'s outputs on ``data`` (created empty the first time)."""
+    digest = hashlib.sha256()
+    for tensor in data.inputs:
+        digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    key = (digest.hexdigest(), str(kind), device.type, str(dtype))
+    return _TEACHER_OUTPUTS.setdefault(teacher, {}).setdefault(key, TeacherOutputs(data.samples, enabled=True))
+
+
 def apply_distill(model: nn.Module, config: DistillConfig, ctx: StageContext) -> nn.Module:
     """Distill the teacher (``ctx.source_model``; without one, the input model itself) into
     ``model`` (the registry's copy) on ``ctx.device``; returns it in eval mode.
@@ -163,14 +184,17 @@ def apply_distill(model: nn.Module, config: DistillConfig, ctx: StageContext) ->
     student = move_module(model, ctx.device).eval()
     kind = output_kind(ctx, teacher)
     dtype = autocast_dtype(ctx.capabilities)
+    shared = shared_teacher_outputs(teacher_source, data, kind, ctx.device, dtype)
+    passes_before = shared.passes
     distiller = Distiller(student, teacher, data, kind, config.loss_weights(), ctx.device, dtype,
-                          layer_map=config.layer_map, task_loss=ctx.spec.loss)
+                          layer_map=config.layer_map, task_loss=ctx.spec.loss, teacher_outputs=shared)
     outcome = distiller.run(config.optimization())
     ctx.record("distill.seconds", outcome.seconds)
     ctx.record("distill.loss_before", outcome.loss_before)
     ctx.record("distill.loss_after", outcome.loss_after)
     ctx.record("distill.steps", outcome.steps)
-    ctx.record("distill.teacher_passes", distiller.teacher_outputs.passes)
+    ctx.record("distill.teacher_passes", distiller.teacher_outputs.passes - (
+        passes_before if distiller.teacher_outputs is shared else 0))
     if outcome.cut_short:
         budget = f"time budget of {config.max_seconds:g} s"
         ctx.record("distill.cut_short", f"{budget}: {outcome.steps} of {config.steps} steps")

@@ -126,3 +126,18 @@ def test_distillation_trains_in_fp32_where_autocast_training_is_not_faster(spec:
     ctx = StageContext(spec, CPU, source_model=MaskedMean())
     apply_stage(MaskedMean(), DistillConfig(steps=2, batch_size=16), ctx)
     assert ctx.records["distill.autocast"] == "float32"
+
+
+def test_a_second_distillation_by_the_same_teacher_reuses_its_outputs(spec: ModelSpec) -> None:
+    """A search distils many students from one teacher (the unoptimized model) on the same data: the teacher's
+    outputs are kept for the process, so a later trial runs the teacher over no sample it already saw."""
+    teacher = MaskedMean()
+    first = StageContext(spec, CPU, source_model=teacher)
+    apply_stage(MaskedMean(), DistillConfig(steps=12, batch_size=16), first)
+    second = StageContext(spec, CPU, source_model=teacher)
+    apply_stage(MaskedMean(), DistillConfig(steps=12, batch_size=16), second)
+    assert first.records["distill.teacher_passes"] >= 6
+    assert second.records["distill.teacher_passes"] < first.records["distill.teacher_passes"]
+    other = StageContext(spec, CPU, source_model=MaskedMean())  # another teacher: its own outputs
+    apply_stage(MaskedMean(), DistillConfig(steps=12, batch_size=16), other)
+    assert other.records["distill.teacher_passes"] >= 6
