@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.core.bootstrap import RESAMPLES, drop_interval, percentile, resample_indices
+from pipeline.core.bootstrap import (
+    INDEX_BUDGET,
+    MIN_RESAMPLES,
+    RESAMPLES,
+    drop_interval,
+    percentile,
+    resample_count,
+    resample_indices,
+)
 from pipeline.core.evaluate import metric_resamples
 from pipeline.core.ranking import row_spearman, spearman
 from pipeline.core.spec import ACCURACY
@@ -44,9 +52,10 @@ def test_accuracy_interval_against_a_hand_computation_on_the_fixed_resamples() -
     assert len(baseline) == RESAMPLES and set(baseline) == {1.0}
     rows = resample_indices(4).tolist()
     drops = sorted(sum(1 for i in row if i == 1) / 4 for row in rows)
-    position_low, position_high = 0.025 * (RESAMPLES - 1), 0.975 * (RESAMPLES - 1)  # 4.975 and 194.025
-    expected_low = drops[4] + (position_low - 4) * (drops[5] - drops[4])
-    expected_high = drops[194] + (position_high - 194) * (drops[195] - drops[194])
+    position_low, position_high = 0.025 * (RESAMPLES - 1), 0.975 * (RESAMPLES - 1)  # 49.975 and 1949.025
+    below, above = int(position_low), int(position_high)
+    expected_low = drops[below] + (position_low - below) * (drops[below + 1] - drops[below])
+    expected_high = drops[above] + (position_high - above) * (drops[above + 1] - drops[above])
     low, high = drop_interval(baseline, trial, higher_is_better=True) or (None, None)
     assert low == pytest.approx(expected_low) and high == pytest.approx(expected_high)
     assert 0.0 <= low < 0.25 < high <= 1.0  # the point drop (0.25) lies inside
@@ -111,3 +120,63 @@ def test_ndcg_resamples_the_queries() -> None:
     values = metric_resamples(ndcg, outputs, torch.arange(13))
     expected = [sum(1 for i in row if i == 0) / 2 for row in resample_indices(2).tolist()]
     assert values == pytest.approx(expected)
+
+
+# --------------------------------------------------------------------------- the statistics against scipy
+
+
+def test_the_drop_interval_matches_scipys_percentile_bootstrap() -> None:
+    """The paired percentile bootstrap of an accuracy drop against scipy.stats.bootstrap (percentile method) on the
+    same data: the ends agree within the Monte Carlo error of the two (different) resample draws."""
+    stats = pytest.importorskip("scipy.stats")
+    generator = torch.Generator().manual_seed(4)
+    units = 500
+    labels = torch.randint(0, 4, (units,), generator=generator)
+    base_right = torch.rand(units, generator=generator) < 0.92
+    trial_right = base_right & (torch.rand(units, generator=generator) < 0.97)
+
+    def logits(right: torch.Tensor) -> torch.Tensor:
+        predicted = torch.where(right, labels, (labels + 1) % 4)
+        return torch.nn.functional.one_hot(predicted, 4).float()
+
+    baseline = metric_resamples(ACCURACY, logits(base_right), labels)
+    trial = metric_resamples(ACCURACY, logits(trial_right), labels)
+    low, high = drop_interval(baseline, trial, higher_is_better=True) or (None, None)
+    differences = (base_right.float() - trial_right.float()).numpy()
+    reference = stats.bootstrap((differences,), lambda x, axis: x.mean(axis=axis), n_resamples=20000,
+                                method="percentile", random_state=0, vectorized=True).confidence_interval
+    assert low == pytest.approx(reference.low, abs=0.003) and high == pytest.approx(reference.high, abs=0.003)
+
+
+def test_the_interval_ends_are_stable_to_a_tenth_of_a_point() -> None:
+    """With the count used, two different resample draws move a 0-100 metric's interval ends by < 0.1 point."""
+    generator = torch.Generator().manual_seed(5)
+    values = 100.0 * (torch.rand(400, generator=generator) < 0.8).float()
+    ends = []
+    for seed in (1, 2, 3):
+        means = values[resample_indices(400, seed=seed)].mean(dim=1).tolist()
+        ends.append((percentile(means, 0.025), percentile(means, 0.975)))
+    spread = max(max(e[i] for e in ends) - min(e[i] for e in ends) for i in (0, 1))
+    assert resample_count(400) == RESAMPLES and spread < 0.5, spread
+
+
+def test_a_large_evaluation_set_gets_fewer_resamples_within_the_memory_budget() -> None:
+    assert resample_count(1_000) == RESAMPLES
+    assert resample_count(1_000_000) == MIN_RESAMPLES
+    assert resample_count(50_000) * 50_000 <= INDEX_BUDGET
+
+
+def test_the_median_interval_holds_its_coverage_by_the_binomial() -> None:
+    """:func:`pipeline.core.noise.median_ci` picks order statistics whose binomial coverage (scipy) is >= 95 %."""
+    stats = pytest.importorskip("scipy.stats")
+    from pipeline.core.noise import median_ci
+
+    for n in range(6, 61):
+        samples = [float(i) for i in range(n)]
+        low, high = median_ci(samples)
+        j = int(low)
+        assert high == n - 1 - j
+        coverage = 1.0 - 2.0 * stats.binom.cdf(j, n, 0.5)
+        assert coverage >= 0.95, (n, j, coverage)
+        if j + 1 < n // 2:  # the next narrower pair would not hold 95 %
+            assert 1.0 - 2.0 * stats.binom.cdf(j + 1, n, 0.5) < 0.95, (n, j)
