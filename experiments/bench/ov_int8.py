@@ -21,8 +21,8 @@ AVX2 emulation on an AVX-512 CPU (label the rows: the script records the variabl
 ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN: torch's and the one inside OpenVINO's CPU plugin) before the process
 starts. OpenVINO's CPU plugin has no release-build ISA cap of its own (``OV_CPU_MAX_ISA`` exists only in
 debug-caps builds): its capability list and its default precision still come from CPUID (bf16 here, which then
-fails to compile under the oneDNN cap), so under the emulation the rows that leave the precision to OpenVINO
-are run with ``f32``, what it picks on a real AVX2 CPU.
+fails to compile under the oneDNN cap), so under the emulation every row runs with ``f32``: what OpenVINO picks,
+and what our export records, on a real AVX2 CPU.
 """
 
 from __future__ import annotations
@@ -42,14 +42,13 @@ import openvino
 import torch
 from torch import Tensor
 
-from experiments.bench.paths import RESULTS_DIR
 from experiments.bench.peers import cpu_description
 from experiments.models import minilm
 from pipeline.core.latency import LATENCY_BUDGETS
-from pipeline.core.ov_session import open_ir
+from pipeline.core.ov_session import InferencePrecision, open_ir
 from pipeline.core.padding import latency_inputs
 from pipeline.core.paired import DeviceTimer, measure_paired, process_clock
-from pipeline.core.stage import StageContext, apply_stage
+from pipeline.core.stage import ExportResult, StageContext, apply_stage
 from stages.export.openvino import OpenVINOExportConfig
 from stages.export.openvino_nncf import count_int8, matmul_precision
 from stages.quantize.stage import QuantizeConfig
@@ -98,6 +97,8 @@ def export_ours(out: Path) -> Path:
     ctx = StageContext(spec, CPU, output_dir=out, upstream=(QuantizeConfig(method="int8_static_pt2e"),),
                        float_model=model)
     result = apply_stage(model, OpenVINOExportConfig(measure_latency=False), ctx)
+    if not isinstance(result, ExportResult):
+        raise TypeError(f"export.openvino gave a {type(result).__name__}, not its export result")
     print(f"ours: {result.validation}", flush=True)
     return Path(result.path) / f"{spec.name}.xml"
 
@@ -133,9 +134,11 @@ def rows(ours: Path, peer: Path | None, threads: int, budget: str) -> list[dict[
     inputs = latency_inputs(spec, 32, "openvino")[0]
     settings = LATENCY_BUDGETS[budget]
     timer = DeviceTimer(CPU, settings)
-    default_precision = "f32" if os.environ.get("ONEDNN_MAX_CPU_ISA") else None
+    # Under the emulation OpenVINO still picks bf16 (from CPUID), which does not compile under the oneDNN cap: f32 is
+    # what it picks, and what our export records, on a real AVX2 CPU.
+    default_precision: InferencePrecision | None = "f32" if os.environ.get("ONEDNN_MAX_CPU_ISA") else None
     candidates: list[tuple[str, Path, Callable[[], Any]]] = [
-        ("ours, ov_session", ours, lambda: open_ir(ours, CPU, threads))]
+        ("ours, ov_session", ours, lambda: open_ir(ours, CPU, threads, default_precision))]
     candidates.append(("ours, peer's compile", ours, lambda: PlainIr(ours, threads, default_precision)))
     if peer is not None:
         candidates.append(("peer, peer's compile", peer, lambda: PlainIr(peer, threads, default_precision)))
@@ -170,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("runs/bench/ov-int8"), help="where our IR is exported")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget", choices=sorted(LATENCY_BUDGETS), default="normal")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--out", type=Path, default=Path("runs/bench"),
+                        help="where the JSON goes (not the rendered results folder: no BENCHMARKS.md section reads it)")
     args = parser.parse_args(argv)
     if args.peer_ir is not None and not args.peer_ir.is_file():
         parser.error(f"--peer-ir {args.peer_ir} is no file: make it with python -m experiments.bench.peers")
