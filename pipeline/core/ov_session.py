@@ -6,8 +6,9 @@ check run an IR alike: the device's first OpenVINO device from the capability ta
 inference threads as torch uses (``INFERENCE_NUM_THREADS = torch.get_num_threads()``), one stream,
 the LATENCY hint, threads not pinned to cores (the torch model timed in the same rounds keeps its CPU),
 and the inference precision the export recorded (``f32`` or ``bf16``; OpenVINO's own default is bf16
-on CPUs with AMX, so it is always set). Torch tensors go in through numpy and come back as float32
-tensors (copies, never views of OpenVINO's output buffers) on the caller's device.
+on CPUs with AVX512-BF16 or AMX and f32 on AVX2-only ones, so it is always set; the export asks
+:func:`default_precision` where the recipe leaves it to OpenVINO). Torch tensors go in through numpy and
+come back as float32 tensors (copies, never views of OpenVINO's output buffers) on the caller's device.
 """
 
 from __future__ import annotations
@@ -102,6 +103,18 @@ def ov_settings(device: torch.device, precision: InferencePrecision, threads: in
         raise InfeasibleConfig(f"openvino has no device for {device.type} in this install "
                                "(the capability table lists none): use a torch runtime here")
     return OvSettings(devices[0], precision, threads if threads is not None else torch.get_num_threads())
+
+
+def default_precision(device: torch.device) -> InferencePrecision:
+    """The inference precision OpenVINO picks by itself on ``device``'s first OpenVINO device (what a plain
+    ``compile_model`` gets, e.g. sentence-transformers' OpenVINO backend): ``bf16`` where its plugin chooses
+    bf16, else ``f32`` (its f16 on ARM CPUs is no precision the export records)."""
+    import openvino
+
+    settings = ov_settings(device, "f32")
+    chosen = openvino.Core().get_property(settings.device, "INFERENCE_PRECISION_HINT")
+    name = chosen.to_string() if hasattr(chosen, "to_string") else str(chosen)
+    return "bf16" if name in ("bf16", "bfloat16") else "f32"
 
 
 def _message(exc: BaseException) -> str:

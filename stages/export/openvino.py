@@ -19,8 +19,9 @@ class OpenVINOExportConfig(ExportConfig):
     * ``quantize``: ``mirror`` the recipe's int8 methods (static int8 -> ``nncf.quantize`` calibrated on the
       spec's calibration data; int8 weight-only -> ``nncf.compress_weights``), or ``none``.
     * ``inference_precision``: OpenVINO's ``INFERENCE_PRECISION_HINT``: ``f32``, ``bf16``, or ``auto``
-      (bf16 when the recipe's AMP runs the whole model in bfloat16, else f32); the resolved config records
-      the one used.
+      (bf16 when the recipe's AMP runs the whole model in bfloat16; for static int8 without AMP, the one
+      OpenVINO picks by itself on this CPU, bf16 with AVX512-BF16 or AMX and f32 elsewhere, as
+      sentence-transformers' OpenVINO + NNCF int8 runs; else f32); the resolved config records the one used.
     * ``model_type``: NNCF's model type for static int8: ``transformer`` (its transformer scheme, with
       SmoothQuant), ``default``, or ``auto`` (transformer when the model takes token inputs); resolved.
     * ``unmirrored``: what a numeric stage OpenVINO cannot reproduce does: a ``note`` in the validation

@@ -24,7 +24,7 @@ from torch import nn
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
 from pipeline.core.mirror import ExportMirror
-from pipeline.core.ov_session import InferencePrecision, OvModel, open_ir, record_settings
+from pipeline.core.ov_session import InferencePrecision, OvModel, default_precision, open_ir, record_settings
 from pipeline.core.padding import cut_to, longest, trim_to_longest
 from pipeline.core.runtimes.openvino import OPENVINO
 from pipeline.core.spec import Batch, ModelSpec
@@ -74,17 +74,26 @@ class OvPlan:
     notes: tuple[str, ...]
 
 
-def ov_plan(config: OpenVINOExportConfig, upstream: ExportMirror, token_model: bool) -> OvPlan:
-    """Decide the NNCF step and the precision from ``config`` and the recipe; with
+def ov_plan(config: OpenVINOExportConfig, upstream: ExportMirror, token_model: bool,
+            device_default: InferencePrecision = "f32") -> OvPlan:
+    """Decide the NNCF step and the precision from ``config`` and the recipe (``device_default``: the precision
+    OpenVINO picks by itself on the device, :func:`~pipeline.core.ov_session.default_precision`); with
     ``config.unmirrored == "infeasible"`` a numeric stage OpenVINO cannot reproduce raises
     :class:`InfeasibleConfig`."""
     exported = upstream if config.quantize == "mirror" else upstream.without(WeightQuantization)
     reasons = exported.unmirrored(OPENVINO.name)
     amp, quant = upstream.of(ReducedPrecision), upstream.of(WeightQuantization)
     whole_model_bf16 = amp is not None and amp.dtype in ("bfloat16", "auto") and not amp.fp32_layers
+    static_int8 = config.quantize == "mirror" and quant is not None and quant.bits == 8 \
+        and quant.activations == "static"
+    notes: list[str] = []
     precision: InferencePrecision
     if config.inference_precision == "auto":
-        precision = "bf16" if whole_model_bf16 else "f32"
+        precision = "bf16" if whole_model_bf16 else device_default if static_int8 and amp is None else "f32"
+        if static_int8 and amp is None and precision == "bf16":
+            notes.append("the float ops around the int8 MatMuls run in bf16: OpenVINO's own inference precision "
+                         "on this CPU, as sentence-transformers' OpenVINO + NNCF int8 runs (the torch recipe "
+                         "keeps them in float32)")
     else:
         precision = config.inference_precision
         if amp is not None and precision == "f32":
@@ -92,7 +101,7 @@ def ov_plan(config: OpenVINOExportConfig, upstream: ExportMirror, token_model: b
     if reasons and config.unmirrored == "infeasible":
         raise InfeasibleConfig(f"OpenVINO cannot run this recipe as trained: {'; '.join(reasons)} "
                                "(run it with a torch runtime, or change the recipe)")
-    notes = [f"not mirrored: {why}" for why in reasons]
+    notes += [f"not mirrored: {why}" for why in reasons]
     model_type: NNCFModelType = ("transformer" if token_model else "default") if config.model_type == "auto" \
         else config.model_type
     mode: OvQuantMode | None = None
@@ -114,7 +123,7 @@ def export_openvino(model: nn.Module, config: OpenVINOExportConfig, ctx: StageCo
     upstream = export_mirror(ctx.upstream)
     float_model = float_graph_on_cpu(model, ctx)
     traced, other = check_inputs(ctx.spec)
-    plan = ov_plan(config, upstream, any(is_token_input(t) for t in traced))
+    plan = ov_plan(config, upstream, any(is_token_input(t) for t in traced), default_precision(CPU))
     ctx.resolve(type(config).model_validate({**config.model_dump(), "inference_precision": plan.precision,
                                              "model_type": plan.model_type}))
     references = [run_reference(float_model, inputs) for inputs in (traced, other)]
@@ -185,10 +194,13 @@ def _quantize(graph: openvino.Model, plan: OvPlan, upstream: ExportMirror, ctx: 
         notes.append(f"int8 not applied: no op of the IR passes the quantize filter ({len(selection.ignored)} float)")
         return graph
     if plan.mode == "static":
-        quantized = quantize_static(graph, list(selection.ignored), ctx.spec.calibration(), plan.model_type)
+        calibration = ctx.spec.calibration()
+        quantized = quantize_static(graph, list(selection.ignored), calibration, plan.model_type,
+                                    ctx.spec.padding_mask)
+        samples = sum(int(batch[0].shape[0]) for batch in calibration)
         how = (f"{quant.method} mirrored: NNCF static int8 (preset MIXED: asymmetric activations, "
-               f"symmetric per-channel weights; model type {plan.model_type}), calibrated on the spec's "
-               "calibration data")
+               f"symmetric per-channel weights; model type {plan.model_type}; overflow fix off), calibrated on "
+               f"the spec's {samples} calibration samples, one per NNCF item")
     else:
         quantized = compress_weights(graph, list(selection.ignored), quant.symmetric)
         mapping = "symmetric" if quant.symmetric else "asymmetric"

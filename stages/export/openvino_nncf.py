@@ -1,9 +1,12 @@
 """NNCF, the OpenVINO mirror of the quantize stage, and the layers it touches.
 
 The recipe's quantize method decides the NNCF call (which ones OpenVINO mirrors: :mod:`stages.quantize.export_gaps`):
-static int8 (PT2E, calibrated) -> ``nncf.quantize`` calibrated on the spec's calibration batches, preset
-MIXED (asymmetric activations, symmetric per-channel weights: the x86 PT2E recipe's uint8 affine
-activations and int8 symmetric weights), with NNCF's transformer model type for token models; int8
+static int8 (PT2E, calibrated) -> ``nncf.quantize`` calibrated on the spec's calibration data one sample per
+NNCF item (token samples cut to their own length: no padding token's activation widens a range), every
+sample used, preset MIXED (asymmetric activations, symmetric per-channel weights: the x86 PT2E recipe's
+uint8 affine activations and int8 symmetric weights), NNCF's overflow fix off (the PT2E recipe's full 8-bit
+weights), with NNCF's transformer model type for token models: the parameters sentence-transformers'
+OpenVINO backend (optimum-intel's ``OVQuantizationConfig``) quantizes with; int8
 weight-only -> ``nncf.compress_weights`` (INT8, per output channel) with the CPU plugin's dynamic
 activation quantization off. The layers are the ones the torch side quantized: the quantize stage's layer
 filter (:class:`~stages.export.layer_filter.LayerFilter`) read on each weighted op of the IR, every other
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.spec import Batch
+from pipeline.core.token_inputs import is_token_input
 from stages.export.checks import converter_failure
 from stages.export.layer_filter import LayerFilter, module_weight_key
 
@@ -136,22 +140,40 @@ def nncf_quiet() -> contextlib.AbstractContextManager[object]:
     return contextlib.redirect_stdout(io.StringIO())
 
 
+def calibration_samples(calibration: Sequence[Batch], padding_mask: int | None) -> list[Batch]:
+    """The calibration batches as single samples (NNCF's statistics are per item: a batch of 32 would be one
+    sample of its ranges), each cut to its own length (right padding, the mask's real tokens) when the spec has a
+    ``padding_mask`` input."""
+    samples: list[Batch] = []
+    for batch in calibration:
+        for row in range(int(batch[0].shape[0])):
+            sample = tuple(t[row : row + 1] for t in batch)
+            if padding_mask is not None:
+                length = max(1, int(sample[padding_mask].ne(0).sum()))
+                sample = tuple(t[:, :length] if is_token_input(t) else t for t in sample)
+            samples.append(sample)
+    return samples
+
+
 def quantize_static(model: openvino.Model, ignored: Sequence[str], calibration: Sequence[Batch],
-                    model_type: NNCFModelType) -> openvino.Model:
+                    model_type: NNCFModelType, padding_mask: int | None = None) -> openvino.Model:
     """``nncf.quantize`` of ``model`` (a copy is quantized: NNCF changes the model it is given) on the
-    spec's calibration batches, every item of them used, ``ignored`` op names left float."""
+    spec's calibration data, one sample per item (:func:`calibration_samples`), every one used, overflow fix
+    off, ``ignored`` op names left float."""
     import nncf
 
-    if not calibration:
+    samples = calibration_samples(calibration, padding_mask)
+    if not samples:
         raise InfeasibleConfig("static int8 in OpenVINO needs calibration batches: the spec has none")
-    dataset = nncf.Dataset(list(calibration), lambda batch: tuple(t.detach().cpu().numpy() for t in batch))
+    dataset = nncf.Dataset(samples, lambda batch: tuple(t.detach().cpu().numpy() for t in batch))
     try:
         with nncf_quiet():
             return nncf.quantize(
                 model.clone(), dataset, preset=nncf.QuantizationPreset.MIXED,
                 model_type=nncf.ModelType.TRANSFORMER if model_type == "transformer" else None,
-                subset_size=len(calibration), target_device=nncf.TargetDevice.CPU,
+                subset_size=len(samples), target_device=nncf.TargetDevice.CPU,
                 ignored_scope=nncf.IgnoredScope(names=list(ignored), validate=False),
+                advanced_parameters=nncf.AdvancedQuantizationParameters(overflow_fix=nncf.OverflowFix.DISABLE),
             )
     except InfeasibleConfig:
         raise
@@ -171,6 +193,54 @@ def compress_weights(model: openvino.Model, ignored: Sequence[str], symmetric: b
                                          ignored_scope=nncf.IgnoredScope(names=list(ignored), validate=False))
     except Exception as exc:  # NNCF raises many types
         raise converter_failure("NNCF int8 weight compression", exc) from exc
+
+
+#: Ops a MatMul input passes through on its way from a FakeQuantize or an int8 constant (reshapes, the weight's
+#: decompression: Convert, Subtract of the zero point, Multiply by the scale).
+QUANT_PATH_OPS = frozenset({"Convert", "Reshape", "Transpose", "Subtract", "Multiply"})
+
+
+def _int8_source(node: openvino.Node, depth: int = 4) -> str | None:
+    """``activation`` when ``node`` is (or is fed, through :data:`QUANT_PATH_OPS`, by) a FakeQuantize, ``weight``
+    when by an int8 / uint8 constant, else None."""
+    op_type = node.get_type_name()
+    if op_type == "FakeQuantize":
+        return "activation"
+    if op_type == "Constant":
+        return "weight" if node.get_element_type().get_type_name() in ("i8", "u8") else None
+    if op_type not in QUANT_PATH_OPS or depth == 0:
+        return None
+    found = {_int8_source(node.input_value(i).get_node(), depth - 1) for i in range(node.get_input_size())}
+    return "activation" if "activation" in found else "weight" if "weight" in found else None
+
+
+@dataclass(frozen=True)
+class MatMulPrecision:
+    """The MatMuls of an IR by what reaches them int8: ``int8`` (an int8 weight and a quantized activation),
+    ``weight_only`` (an int8 weight, a float activation), ``float`` (no int8 weight: the attention's
+    activation-by-activation MatMuls and any layer NNCF left float); friendly names of the last two."""
+
+    int8: int
+    weight_only: tuple[str, ...]
+    float: tuple[str, ...]
+
+
+def matmul_precision(model: openvino.Model) -> MatMulPrecision:
+    """Which MatMuls of ``model`` NNCF's static int8 reaches (``ScaledDotProductAttention`` ops are no MatMul)."""
+    int8 = 0
+    weight_only: list[str] = []
+    floats: list[str] = []
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "MatMul":
+            continue
+        sources = {_int8_source(node.input_value(i).get_node()) for i in range(2)}
+        if sources == {"activation", "weight"}:
+            int8 += 1
+        elif "weight" in sources:
+            weight_only.append(node.get_friendly_name())
+        else:
+            floats.append(node.get_friendly_name())
+    return MatMulPrecision(int8, tuple(weight_only), tuple(floats))
 
 
 def count_int8(model: openvino.Model) -> tuple[int, int]:

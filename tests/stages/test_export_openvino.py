@@ -15,7 +15,7 @@ from pipeline.core import device as device_module
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.evaluate import compute_metric
 from pipeline.core.mirror import ExportMirror
-from pipeline.core.ov_session import open_ir, recorded_settings
+from pipeline.core.ov_session import default_precision, open_ir, recorded_settings
 from pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
 from pipeline.core.runtimes.openvino import OPENVINO
 from pipeline.core.runtimes.registry import RUNTIMES, available_runtimes
@@ -27,6 +27,7 @@ from pipeline.search.rule_out import ATTR_RULED_OUT
 from stages.amp.stage import AmpConfig
 from stages.common.mirror_facts import WeightQuantization
 from stages.export.openvino import OpenVINOExportConfig
+from stages.export.openvino_nncf import calibration_samples, matmul_precision, weighted_ops
 from stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
@@ -149,7 +150,8 @@ def test_a_trial_under_openvino_replays_to_the_same_ir_and_metric(digits_spec: M
 
     quantize = config_from_dict({"stage": "quantize", "method": "int8_static_pt2e"})
     result = runner((quantize,), tmp_path / "search").run(runtime="openvino")
-    assert "openvino CPU, f32 inference precision" in result.report.device
+    assert f"openvino CPU, {default_precision(CPU)} inference precision" in result.report.device, \
+        "static int8 runs at OpenVINO's own precision for the CPU"
     recipe = Recipe.from_json(result.recipe(digits_spec.name).to_json())
     assert recipe.runtime == "openvino" and [c.stage for c in recipe.exports()] == ["export.openvino"]
     replay = runner(recipe.stages, tmp_path / "replay").run({}, recipe.runtime)
@@ -157,3 +159,53 @@ def test_a_trial_under_openvino_replays_to_the_same_ir_and_metric(digits_spec: M
     first = next((tmp_path / "search" / "exports").glob("*/digits.openvino/digits.bin"))
     again = Path(replay.exports["export.openvino"].path) / "digits.bin"
     assert first.read_bytes() == again.read_bytes()
+
+
+def tiny_bert_spec() -> tuple[ModelSpec, nn.Module]:
+    """A 4-layer BERT (random weights, nothing downloaded) pooled to an embedding; 8 right-padded samples."""
+    from transformers import BertConfig, BertModel
+
+    from pipeline.core.spec import ACCURACY
+    from pipeline.sources.huggingface import PooledEmbedding
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=32)
+    model = PooledEmbedding(BertModel(config), pooling="mean", normalize=True).eval()
+    lengths = torch.tensor([16, 12, 9, 3, 16, 5, 7, 11])
+    mask = (torch.arange(16)[None, :] < lengths[:, None]).long()
+    ids = torch.randint(1, 100, (8, 16), generator=torch.Generator().manual_seed(0)) * mask
+    inputs = (ids, mask)
+    spec = ModelSpec(name="tiny_bert", build=lambda: model, example_inputs=lambda rows: tuple(t[:rows] for t in inputs),
+                     calibration=lambda: [inputs], evaluation=lambda: [(inputs, torch.zeros(8, dtype=torch.long))],
+                     metric=ACCURACY, latency_batch_sizes=(1,), padding_mask=1)
+    return spec, model
+
+
+def test_nncf_calibrates_on_each_sample_at_its_own_length() -> None:
+    spec, _ = tiny_bert_spec()
+    samples = calibration_samples(spec.calibration(), spec.padding_mask)
+    assert [tuple(s[0].shape) for s in samples] == [(1, n) for n in (16, 12, 9, 3, 16, 5, 7, 11)]
+    assert all(bool(s[1].all()) for s in samples), "no padding token is left in a calibration sample"
+    assert [tuple(s[0].shape) for s in calibration_samples(spec.calibration(), None)] == [(1, 16)] * 8
+
+
+def test_static_int8_quantizes_every_encoder_matmul_with_the_peers_nncf_settings(tmp_path: Path) -> None:
+    """The IR sentence-transformers' OpenVINO + NNCF int8 makes (optimum-intel's OVQuantizationConfig): every
+    linear layer int8 (activation FakeQuantize + int8 weight), transformer model type, preset MIXED, one NNCF
+    sample per calibration sentence, overflow fix off, OpenVINO's own inference precision."""
+    spec, model = tiny_bert_spec()
+    result, ctx = _export(model, spec, tmp_path, (QuantizeConfig(method="int8_static_pt2e"),))
+    ir = openvino.Core().read_model(str(result.path / "tiny_bert.xml"))
+    matmuls = matmul_precision(ir)
+    assert matmuls.int8 == 4 * 6, "Q, K, V, attention output, intermediate and output dense of each layer"
+    assert matmuls.weight_only == ()
+    assert not [op.name for op in weighted_ops(ir) if op.op_type == "MatMul"], "no MatMul keeps a float weight"
+
+    def nncf(key: str) -> str:
+        return str(ir.get_rt_info(["nncf", "quantization", key]).astype(str))
+
+    assert (nncf("model_type"), nncf("preset"), nncf("subset_size")) == ("transformer", "mixed", "8")
+    assert "'overflow_fix': 'disable'" in nncf("advanced_parameters")
+    assert recorded_settings(ir)["inference_precision"] == default_precision(CPU)
+    assert ctx.resolved_config.inference_precision == default_precision(CPU)
