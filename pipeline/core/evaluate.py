@@ -238,34 +238,32 @@ def count_macs(model: nn.Module, inputs: Batch) -> int | None:
 # --------------------------------------------------------------------------- whole model
 
 
-def evaluate_model(
-    model: nn.Module,
-    spec: ModelSpec,
-    device: torch.device,
-    runtime: str = "eager",
-    settings: LatencySettings = LatencySettings(),
-    batch_sizes: Sequence[int] | None = None,
-    fn: Callable[..., Tensor] | None = None,
-    measured: Mapping[int, LatencyStats] | None = None,
-    outputs: tuple[Tensor, Tensor] | None = None,
-) -> ModelReport:
-    """Measure ``model`` (not modified; moved to ``device``) under ``runtime``; ``fn``: the model
-    already prepared for ``runtime`` (on ``device``), else prepared here. ``measured``: latency already
-    measured per batch size (a search's trial, timed beside the baseline: one number per fact), not timed
-    again; the bucket's own cost is then not measured either. ``outputs``: the model's evaluation outputs and
-    targets already computed the way this evaluation would (eager, the evaluation's own batching: the
-    unoptimized model's, :func:`pipeline.core.self_check.reference_outputs`), not computed again."""
-    model = move_module(model, device).eval()
-    fn = prepare_runtime(model, runtime, device) if fn is None else fn
+@dataclass(frozen=True)
+class Known:
+    """What a caller already has for an evaluation, not measured again: the model prepared for its runtime
+    (``fn``), its latency per batch size (``latency``: a search trial's paired rounds, one number per fact; the
+    bucket's own cost is then not measured either), its evaluation outputs and targets (``outputs``: computed the
+    way an eager evaluation would, at the evaluation's own batching: the unoptimized model's,
+    :func:`pipeline.core.self_check.reference_outputs`)."""
+
+    fn: Callable[..., Tensor] | None = None
+    latency: Mapping[int, LatencyStats] = field(default_factory=dict)
+    outputs: tuple[Tensor, Tensor] | None = None
+
+
+def _latencies(fn: Callable[..., Tensor], spec: ModelSpec, device: torch.device, runtime: str,
+               settings: LatencySettings, batch_sizes: Sequence[int],
+               known: Known) -> tuple[dict[int, LatencyStats], dict[int, LatencyInputs], float]:
+    """Latency per batch size (measured unless ``known``), the sequence lengths each was timed at, and the
+    milliseconds a compiled runtime spent compiling."""
     compiled = get_runtime(runtime).compiles
     compile_ms = 0.0
     latency: dict[int, LatencyStats] = {}
     lengths: dict[int, LatencyInputs] = {}
-    reset_peak_memory(device)
-    for batch_size in batch_sizes or spec.latency_batch_sizes:
+    for batch_size in batch_sizes:
         # A sequence spec's batch is cut to its longest sample, or to a length bucket (static shapes).
         cpu_inputs, batch_lengths = choose_latency_inputs(spec, batch_size, runtime)
-        given = (measured or {}).get(batch_size)
+        given = known.latency.get(batch_size)
         stats = measure_latency(fn, move_batch(cpu_inputs, device), device, settings) if given is None else given
         latency[batch_size] = stats
         if compiled:
@@ -278,12 +276,31 @@ def evaluate_model(
                 compile_ms += max(0.0, own.first_call_ms - own.p50_ms)
                 batch_lengths = dataclasses.replace(batch_lengths, trimmed_p50_ms=own.p50_ms)
             lengths[batch_size] = batch_lengths
+    return latency, lengths, compile_ms
+
+
+def evaluate_model(
+    model: nn.Module,
+    spec: ModelSpec,
+    device: torch.device,
+    runtime: str = "eager",
+    settings: LatencySettings = LatencySettings(),
+    batch_sizes: Sequence[int] | None = None,
+    fn: Callable[..., Tensor] | None = None,
+    known: Known = Known(),
+) -> ModelReport:
+    """Measure ``model`` (not modified; moved to ``device``) under ``runtime``; ``fn``: the model
+    already prepared for ``runtime`` (on ``device``), else prepared here; ``known``: what is not measured again."""
+    model = move_module(model, device).eval()
+    fn = fn or known.fn or prepare_runtime(model, runtime, device)
+    reset_peak_memory(device)
+    latency, lengths, compile_ms = _latencies(fn, spec, device, runtime, settings,
+                                              batch_sizes or spec.latency_batch_sizes, known)
     peak = peak_memory_bytes(device)
     # A compiled runtime evaluates at the largest measured batch size, in one length bucket.
     metric_batch, bucketed = scoring_chunks(spec, runtime, tuple(latency))
-    if outputs is None or metric_batch is not None:
-        outputs = evaluation_outputs(fn, spec.evaluation(), device, metric_batch, bucketed)
-    outputs, targets = outputs
+    computed = known.outputs if known.outputs is not None and metric_batch is None else None
+    outputs, targets = computed or evaluation_outputs(fn, spec.evaluation(), device, metric_batch, bucketed)
     values = {metric.name: float(metric.compute(outputs, targets).item())
               for metric in (spec.metric, *spec.extra_metrics)}
     metric_value = values.pop(spec.metric.name)

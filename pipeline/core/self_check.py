@@ -94,8 +94,8 @@ def self_check(model: nn.Module, spec: ModelSpec, device: torch.device,
     passes: list[tuple[float, Tensor]] = []
     sizes: tuple[int | None, ...] = (None, None, rebatch_size)
     if reference is not None:
-        outputs, targets = reference
-        passes.append((float(spec.metric.compute(outputs, targets).item()), outputs.float()[:samples]))
+        known_outputs, known_targets = reference
+        passes.append((float(spec.metric.compute(known_outputs, known_targets).item()), known_outputs.float()[:samples]))
         sizes = (rebatch_size,)
     for size in sizes:
         outputs: list[Tensor] = []

@@ -36,8 +36,7 @@ from torch import Tensor, nn
 
 from pipeline.core.device import move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.evaluate import LatencySettings, evaluate_model
-from pipeline.core.latency import LatencyStats
+from pipeline.core.evaluate import Known, LatencySettings, evaluate_model
 from pipeline.core.padding import LATENCY_INPUTS
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtimes.base import LoadedModel, RuntimeFile
@@ -94,24 +93,17 @@ class Runner:
         runtime: str = "eager",
         exports: bool = True,
         evaluate: bool = True,
-        prepared: Callable[..., Tensor] | None = None,
-        measured: Mapping[int, LatencyStats] | None = None,
-        outputs: tuple[Tensor, Tensor] | None = None,
+        known: Known | None = None,
     ) -> RunResult:
         """Run every node (``exports=False``: skip exports and what reads them;
-        ``evaluate=False``: skip the evaluations of torch models). ``prepared``: the objective's model of these
-        configs already prepared for ``runtime`` (:meth:`prepare`; not prepared or compiled again), and
-        ``measured``: its latency per batch size already measured (not timed again); ``outputs``: its evaluation
-        outputs and targets, already computed (the unoptimized model's, shared with the self-check).
+        ``evaluate=False``: skip the evaluations of torch models). ``known``: what the objective's evaluation
+        already has (:class:`~pipeline.core.evaluate.Known`: the model prepared by :meth:`prepare`, not compiled
+        again; its latency; its outputs), not measured again.
 
         ``configs`` gives a config (or ``None`` = off) per stage node; a node
         missing from it uses its fixed config, or is off.
         """
-        configs = dict(configs or {})
-        unknown = [name for name in configs if name not in self.pipeline or not self.pipeline.node(name).is_stage]
-        if unknown:
-            raise ConfigError(f"no stage node named {', '.join(unknown)} in pipeline '{self.pipeline.name}' "
-                              f"(stage nodes: {', '.join(n.name for n in self.pipeline.stage_nodes())})")
+        configs = self._checked(configs)
         skipped = set() if exports else self.pipeline.downstream_of_exports()
         hits0, misses0 = self.cache.stats.total_hits, self.cache.stats.total_misses
         seconds = dict.fromkeys(TIME_CATEGORIES, 0.0)
@@ -131,7 +123,7 @@ class Runner:
                 elif kind == "evaluate":
                     objective = node.name == self.pipeline.objective_node().name
                     result = self._evaluate(node.name, results[node.inputs[0]], runtime, configs,
-                                            *((prepared, measured, outputs) if objective else ()))
+                                            known if objective else None)
                 else:
                     config = configs.get(node.name, node.config)
                     result = self._stage(node.name, kind, config, results[node.inputs[0]])
@@ -152,6 +144,15 @@ class Runner:
             cache_misses=self.cache.stats.total_misses - misses0,
             configs=configs,
         )
+
+    def _checked(self, configs: Mapping[str, StageConfig | None] | None) -> dict[str, StageConfig | None]:
+        """``configs`` as a dict, each naming a stage node of the pipeline (else a :class:`ConfigError`)."""
+        configs = dict(configs or {})
+        unknown = [name for name in configs if name not in self.pipeline or not self.pipeline.node(name).is_stage]
+        if unknown:
+            raise ConfigError(f"no stage node named {', '.join(unknown)} in pipeline '{self.pipeline.name}' "
+                              f"(stage nodes: {', '.join(n.name for n in self.pipeline.stage_nodes())})")
+        return configs
 
     def prepare(self, configs: Mapping[str, StageConfig | None], runtime: str) -> Callable[..., Tensor]:
         """The objective's model of ``configs`` (from the cache where it is there) prepared for ``runtime``:
@@ -244,9 +245,7 @@ class Runner:
                           chain=(*parent.chain, resolved), records=cached.records)
 
     def _evaluate(self, name: str, parent: NodeResult, runtime: str, configs: Mapping[str, StageConfig | None],
-                  prepared: Callable[..., Tensor] | None = None,
-                  measured: Mapping[int, LatencyStats] | None = None,
-                  outputs: tuple[Tensor, Tensor] | None = None) -> NodeResult:
+                  known: Known | None = None) -> NodeResult:
         if parent.kind == "export":
             return NodeResult(name, "evaluate", parent.key, _export_evaluation(parent.value))
         settings: dict[str, Any] = {"runtime": runtime, "latency": asdict(self.latency),
@@ -259,7 +258,8 @@ class Runner:
         cached = self.cache.get(key, "evaluation")
         if cached is not None:
             return NodeResult(name, "evaluate", key, cached.value, cached=True, runtime_export=export_config)
-        if get_runtime(runtime).compiles and prepared is None:
+        known = known or Known()
+        if get_runtime(runtime).compiles and known.fn is None:
             # Fresh dynamo state: many models of one class would otherwise hit the
             # recompile limit and silently run eager.
             torch.compiler.reset()
@@ -273,13 +273,12 @@ class Runner:
             side["exports"] = artifact.seconds
             session, side["runtime_sessions"] = self._open_exported(exported, artifact)
             fn = session
-        elif prepared is not None:
-            fn = prepared
+        elif known.fn is not None:
+            fn = known.fn
         else:
             fn = prepare_runtime(model, runtime, self.device)
         report = evaluate_model(model, self.spec, self.device, runtime=runtime,
-                                settings=self.latency, batch_sizes=self.batch_sizes, fn=fn, measured=measured,
-                                outputs=outputs)
+                                settings=self.latency, batch_sizes=self.batch_sizes, fn=fn, known=known)
         if artifact is not None and session is not None:
             report = exported_report(report, artifact.value, session)
         self.cache.put(key, CachedOutput(report, nbytes=0))

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.evaluate import Known
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason
 from pipeline.core.paths import cache_dir, results_dir
@@ -288,7 +289,7 @@ class Search:
             if stored is not None:
                 baseline = Baseline(**stored)
             else:
-                result = self.runner.run({}, "eager", exports=False, outputs=reference())
+                result = self.runner.run({}, "eager", exports=False, known=Known(outputs=reference()))
                 baseline = self.objectives.baseline_from(result.report, trial=None)
                 study.set_user_attr(ATTR_BASELINE, json.loads(baseline.to_json()))
             self.objectives.threshold(baseline)  # a relative drop of a baseline <= 0 fails here, before any trial

@@ -33,6 +33,7 @@ from optuna.trial import TrialState
 
 from pipeline.core.device import describe
 from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.evaluate import Known
 from pipeline.core.stage import StageConfig, StageContext, config_from_dict
 from pipeline.engine.recipe import configs_to_json
 from pipeline.search.budgets import budget_metrics
@@ -238,7 +239,7 @@ class TrialObjective:
                                               metrics={**paired.metrics(), "metric_drop_subset": judged.drop},
                                               fidelity=judged.fidelity))
             result = parts.runner.run(configs, runtime, exports=parts.config.exports == "every_trial",
-                                      prepared=fn, measured={parts.objectives.latency_batch: timing.stats})
+                                      known=Known(fn, {parts.objectives.latency_batch: timing.stats}))
         except InfeasibleConfig as exc:
             self.interrupts.check(exc)
             return TrialOutcome(draft(state=PRUNED, infeasible=exc.reason))
