@@ -95,7 +95,8 @@ def self_check(model: nn.Module, spec: ModelSpec, device: torch.device,
     sizes: tuple[int | None, ...] = (None, None, rebatch_size)
     if reference is not None:
         known_outputs, known_targets = reference
-        passes.append((float(spec.metric.compute(known_outputs, known_targets).item()), known_outputs.float()[:samples]))
+        first_value = float(spec.metric.compute(known_outputs, known_targets).item())
+        passes.append((first_value, known_outputs.float()[:samples]))
         sizes = (rebatch_size,)
     for size in sizes:
         outputs: list[Tensor] = []
