@@ -22,10 +22,9 @@ from torch import Tensor, nn
 from pipeline.core.device import move_module
 from pipeline.core.errors import SpecError
 from pipeline.core.evaluate import compute_metrics
+from pipeline.core.names import ALLOW_FLAG
 from pipeline.core.spec import ModelSpec
 
-#: The CLI flag that lets a run go on with an unstable baseline.
-ALLOW_FLAG = "--allow-nondeterministic"
 #: On the CPU, float32 outputs of the passes must agree within these (same kernels, any batch size).
 CPU_RTOL, CPU_ATOL = 1e-4, 1e-5
 #: The metric may move by this times max(1, |metric|): on the CPU (ties), on accelerators (nondeterministic kernels).

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from pipeline.core.names import WORKER_FLAG
 from pipeline.search.duplicates import TrialBudget
 from pipeline.search.objectives import ATTR_TRACEBACK, TRACEBACK_CHARS
 from pipeline.search.record import TrialOutcome, TrialRecord
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 
 #: User attribute: a digest of the trial's per-node configs and runtime.
 ATTR_CONFIG_KEY = "paretorch.config_key"
-#: Hidden option that makes ``optimize`` one worker of a study that its parent process prepared.
-WORKER_FLAG = "--worker-index"
 
 #: Runs one trial and hands back its outcome (:class:`pipeline.search.trial_objective.TrialObjective`).
 Objective = Callable[[optuna.Trial], TrialOutcome]
