@@ -241,8 +241,9 @@ class Runner:
             settings["export"] = export_config.to_dict()
         key = node_key("evaluate", settings, (parent.key,), self.device.type)
         cached = self.cache.get(key, "evaluation")
-        if cached is not None:
-            return NodeResult(name, "evaluate", key, cached.value, cached=True, runtime_export=export_config)
+        if cached is not None:  # the export the runtime ran, as its stage resolved it (an ``auto`` decided)
+            return NodeResult(name, "evaluate", key, cached.value, cached=True,
+                              runtime_export=cached.resolved_config or export_config)
         if get_runtime(runtime).compiles:
             # Fresh dynamo state: many models of one class would otherwise hit the
             # recompile limit and silently run eager.
@@ -263,7 +264,8 @@ class Runner:
                                 settings=self.latency, batch_sizes=self.batch_sizes, fn=fn)
         if artifact is not None and session is not None:
             report = exported_report(report, artifact.value, session)
-        self.cache.put(key, CachedOutput(report, nbytes=0))
+            export_config = artifact.resolved or export_config
+        self.cache.put(key, CachedOutput(report, resolved_config=export_config, nbytes=0))
         return NodeResult(name, "evaluate", key, report, runtime_export=export_config, prepared=fn,
                           side_seconds=side)
 
