@@ -36,6 +36,7 @@ from sqlalchemy import text
 from pipeline.core.errors import PipelineError
 from pipeline.core.locks import file_lock
 from pipeline.core.paths import sqlite_file
+from pipeline.core.processes import process_exists
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.writable import check_writable_dir
 from pipeline.sources.archive import one_line
@@ -173,13 +174,7 @@ def _dead_here(trial: FrozenTrial) -> bool:
     host, _, pid = str(trial.user_attrs.get(ATTR_WORKER, "")).rpartition(":")
     if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
         return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return not process_exists(int(pid))
 
 
 def fail_dead_trials(study: optuna.Study) -> list[int]:
