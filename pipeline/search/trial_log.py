@@ -88,11 +88,12 @@ class TrialLogger:
             return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {drop}){uncertain} | "
                     f"{speedup_text(values)} | {self._recipe(record)} [{record.seconds.get('trial', 0.0):.1f} s, "
                     f"cache {record.cache.get('hits', 0)} hit(s)]{unstable}")
+        asked = short_recipe(list(record.configs.values()), record.runtime)  # what it tried: the recipe it named
         if record.state == "PRUNED":
             if (record.infeasible or "").startswith(SCREENED_OUT):  # stopped at low fidelity, the full cost unpaid
-                return f"{head} {record.infeasible}"
-            return f"{head} infeasible: {record.infeasible or '?'}"
-        return f"{head} {(record.error or '?').strip().splitlines()[-1][:200]}"
+                return f"{head} {asked} | {record.infeasible}"
+            return f"{head} {asked} | infeasible: {record.infeasible or '?'}"
+        return f"{head} {asked} | {(record.error or '?').strip().splitlines()[-1][:200]}"
 
     def _recipe(self, record: TrialRecord) -> str:
         """The recipe that ran, short (:mod:`pipeline.engine.short_recipe`; the full one: MLflow and the recipe
