@@ -28,6 +28,7 @@ from pipeline.core.device import resolve_device
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.paired import free_cores, load_average, usable_cores
 from pipeline.core.paths import cache_dir, results_dir
+from pipeline.core.progress import say
 from pipeline.core.report import evaluation_table, format_bytes, print_table
 from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.secrets import mask_secrets
@@ -59,8 +60,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     get_runtime(args.runtime)  # an unknown name is one error line, before the model loads
     spec = spec_from_args(args)
     model = load_model(spec)
-    line = require_stable(self_check(model, spec, device), spec.name, args.allow_nondeterministic, "evaluate")
-    print(line, file=sys.stderr if args.json else sys.stdout)
+    out = sys.stderr if args.json else sys.stdout  # --json: standard output holds the JSON alone
+    line = require_stable(self_check(model, spec, device, out), spec.name, args.allow_nondeterministic, "evaluate")
+    say(Console(file=out), line)
     # Every runtime runs through the runner, as in a search (a file runtime exports and opens its file).
     report = Runner(recipe_pipeline([]), spec, device, model=model).run({}, args.runtime, exports=False).report
     if args.json:
@@ -149,14 +151,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     for note in outcome.notes:
         console.print(f"note: {note}")
     if outcome.machine:
-        console.print(outcome.machine, highlight=False, soft_wrap=True)
+        say(console, outcome.machine)
     if (started := getattr(args, "started", None)) is not None:
         outcome.times.wall = time.perf_counter() - started  # the whole command, from its start
     console.print(f"time: {outcome.times.describe()}")
     console.print(f"cache: {outcome.cache}")
     console.print(f"study {outcome.study_name} in {search.storage_label}")
     for line in front_files(outcome.recipes):
-        console.print(line, highlight=False, soft_wrap=True)
+        say(console, line)
     if outcome.tracking_uri:
         local = outcome.tracking_uri.startswith("sqlite:")
         console.print(f"MLflow: {mask_secrets(outcome.tracking_uri)}" + (" (make ui)" if local else ""))
@@ -189,7 +191,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     console.print(pareto_table(rows, search.objectives, f"{spec.name}: Pareto front of {search.study_name} ({counts})",
                                baseline, [FRONT_NOTE, "re-timed: the front timed again when the study ended"]))
     if machine := machine_line(study):
-        console.print(machine, highlight=False, soft_wrap=True)
+        say(console, machine)
     return 0
 
 
@@ -205,7 +207,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     console = make_console()
     log = output / THIRD_PARTY_LOG  # as optimize does: the console keeps paretorch's own lines
     if not args.json:
-        console.print(f"third-party warnings and progress bars: {log}", highlight=False, soft_wrap=True)
+        say(console, f"third-party warnings and progress bars: {log}")
     with stderr_to(log):
         runner = Runner(recipe_pipeline(recipe.stages), spec, device, cache=NodeCache(export_dir=cache_dir("exports")),
                         latency=LATENCY_BUDGETS[args.latency_budget])

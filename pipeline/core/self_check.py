@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +23,7 @@ from pipeline.core.device import move_module
 from pipeline.core.errors import SpecError
 from pipeline.core.evaluate import compute_metrics
 from pipeline.core.names import ALLOW_FLAG
+from pipeline.core.progress import phase
 from pipeline.core.spec import ModelSpec
 
 #: On the CPU, float32 outputs of the passes must agree within these (same kernels, any batch size).
@@ -71,9 +72,10 @@ class SelfCheck:
                 "metric differences below that are noise")
 
 
-def self_check(model: nn.Module, spec: ModelSpec, device: torch.device) -> SelfCheck:
+def self_check(model: nn.Module, spec: ModelSpec, device: torch.device, stream: TextIO | None = None) -> SelfCheck:
     """Score ``model`` (moved to ``device``, eval mode, eager) with ``spec.metric`` three times on
-    ``spec.evaluation()``: twice at its batching, once re-cut at another batch size."""
+    ``spec.evaluation()``: twice at its batching, once re-cut at another batch size. ``stream``: where its
+    progress lines go (default: standard output; ``evaluate --json`` keeps them off the JSON)."""
     start = time.perf_counter()
     model = move_module(model, device).eval()
     batches = spec.evaluation()
@@ -81,16 +83,20 @@ def self_check(model: nn.Module, spec: ModelSpec, device: torch.device) -> SelfC
     rebatch_size = batch_size // 2 if batch_size > 1 else 2
     samples = sum(int(target.shape[0]) for _, target in batches)
     passes: list[tuple[float, Tensor]] = []
-    for size in (None, None, rebatch_size):
-        outputs: list[Tensor] = []
+    # A long step says so when it starts (a large model's three passes take minutes on a loaded CPU).
+    with phase(f"self-check: scoring {spec.name} twice and at batch {rebatch_size} ({samples} samples each)",
+               total=3, stream=stream) as shown:
+        for size in (None, None, rebatch_size):
+            outputs: list[Tensor] = []
 
-        def recording(*inputs: Tensor, store: list[Tensor] = outputs) -> Tensor:
-            output = model(*inputs)
-            store.append(output.detach().float().clone())
-            return output
+            def recording(*inputs: Tensor, store: list[Tensor] = outputs) -> Tensor:
+                output = model(*inputs)
+                store.append(output.detach().float().clone())
+                return output
 
-        value = compute_metrics(recording, batches, (spec.metric,), device, size, spec.padding_mask)[spec.metric.name]
-        passes.append((value, torch.cat(outputs)[:samples]))
+            metrics = compute_metrics(recording, batches, (spec.metric,), device, size, spec.padding_mask)
+            passes.append((metrics[spec.metric.name], torch.cat(outputs)[:samples]))
+            shown.advance()
     (first, reference), *others = passes
     changes = [_largest_change(reference, later) for _, later in others]
     tolerance = (CPU_METRIC_TOLERANCE if device.type == "cpu" else ACCELERATOR_METRIC_TOLERANCE) * max(1.0, abs(first))
