@@ -22,7 +22,7 @@ TORCH_PIN   := $(shell grep -E '^torch==' constraints.txt)
 export PARETORCH_RESULTS_DIR := $(abspath $(RESULTS))
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup evaluate optimize report ui dashboard screenshots bench test lint clean help
+.PHONY: setup evaluate optimize report ui dashboard screenshots bench test test-shuffled lint clean help
 
 help:
 	@echo "make optimize MODEL=digits   search prune/distill/quantize/AMP/export trade-offs, log to MLflow, print the Pareto table"
@@ -32,7 +32,8 @@ help:
 	@echo "make dashboard               optuna-dashboard over the studies (http://127.0.0.1:$(DASHBOARD_PORT))"
 	@echo "make screenshots             headless-Chromium PNGs of both UIs over the results (needs chromium)"
 	@echo "make bench                   baseline vs single techniques vs search; BENCHMARKS.md"
-	@echo "make test                    the test suite"
+	@echo "make test                    the test suite (prints its 15 slowest tests)"
+	@echo "make test-shuffled SEED=N    the test suite in a seeded random order (order dependence fails)"
 	@echo "make lint                    ruff + import-linter layer contracts + mypy"
 	@echo "make clean                   remove results and caches (keeps .venv)"
 
@@ -94,8 +95,14 @@ bench: $(STAMP)
 	$(PY) -m experiments.bench.search_quality --model digits --device cpu --trials 100 --compare 30 --seeds 0 1
 	$(PY) -m experiments.bench --render-only
 
+# The suite, with its 15 slowest tests at the end; test-shuffled: the same suite in a seeded random order
+# (modules and the tests in each; SEED=N repeats an order), which fails where a test depends on another's leftovers.
+SEED ?= 20261128
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
+
+test-shuffled: $(STAMP)
+	$(PY) -m pytest -q --durations=15 --shuffle $(SEED) tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline stages experiments tests

@@ -9,8 +9,11 @@ a user's ``pip install`` would, so that the run proves a plugin cannot turn the 
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import importlib
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -20,6 +23,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo
+import torch._dynamo.config
+import torch._inductor.config
 from torch import Tensor, nn
 
 from pipeline.core.device import CPU_BF16_ENV_VAR, capabilities
@@ -27,6 +33,11 @@ from pipeline.core.paths import RESULTS_ENV_VAR
 from pipeline.core.spec import ACCURACY, ModelSpec
 from pipeline.core.stage import load_entry_points, registered_stages
 
+#: Process-wide compiler settings that runtimes change (``freezing``, the recompile limit): restored after each test.
+#: Imported here (about 1 s), so that every test starts from their defaults, whichever test imported them first.
+COMPILER_CONFIGS = (torch._dynamo.config, torch._inductor.config)
+#: The seed of Python's and torch's global generators at the start of every test.
+TEST_SEED = 0
 TOY_PLUGIN_SOURCE = Path(__file__).parent / "stages" / "toy_plugin"
 TOY_STAGE = "toy.scale_bias"
 TEST_WEIGHTS_ENV_VAR = "PARETORCH_TEST_WEIGHTS"
@@ -48,6 +59,28 @@ def install_toy_plugin(folder: Path) -> Path:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--toy-plugin", action="store_true",
                      help="install tests/stages/toy_plugin (a third-party stage with an order) for the whole run")
+    parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
+                     help="run the test modules, and the tests in each, in an order shuffled with SEED (make "
+                     "test-shuffled): an order dependence fails, and the same SEED repeats the order")
+
+
+def shuffled(items: list[pytest.Item], seed: int) -> list[pytest.Item]:
+    """``items`` with their modules in a seeded random order, and the tests of each module shuffled too (a
+    module's tests stay together, so its module-scoped fixtures are built once)."""
+    generator = random.Random(seed)
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(str(item.path), []).append(item)
+    order = list(modules.values())
+    generator.shuffle(order)
+    for tests in order:
+        generator.shuffle(tests)
+    return [item for tests in order for item in tests]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if (seed := config.getoption("--shuffle")) is not None:
+        items[:] = shuffled(items, seed)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -70,8 +103,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
-    return f"toy plugin installed: {TOY_STAGE} ({_TOY_SITE[0]})" if _TOY_SITE else None
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [f"toy plugin installed: {TOY_STAGE} ({_TOY_SITE[0]})"] if _TOY_SITE else []
+    if (seed := config.getoption("--shuffle")) is not None:
+        lines.append(f"shuffled order: --shuffle {seed} (the same seed repeats it)")
+    return lines
 
 
 @pytest.fixture(scope="session")
@@ -141,6 +177,31 @@ def results_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ[RESULTS_ENV_VAR] = old
 
 
+@pytest.fixture(autouse=True)
+def same_global_state() -> Iterator[None]:
+    """Every test starts from the same process-wide state, whatever ran before it (the suite passes in any order):
+
+    * the environment (``main([... "--results-dir", X])`` points every later test at X);
+    * torch's thread count (``optimize`` without ``--threads`` picks one from the machine's load);
+    * Python's and torch's global random generators, seeded;
+    * dynamo's compiled code and the dynamo and inductor settings (``freezing``, the recompile limit)."""
+    environ = dict(os.environ)
+    threads = torch.get_num_threads()
+    configs = [config.get_config_copy() for config in COMPILER_CONFIGS]
+    random.seed(TEST_SEED)
+    torch.manual_seed(TEST_SEED)
+    yield
+    for key in set(os.environ) - set(environ):
+        del os.environ[key]
+    os.environ.update(environ)
+    torch.set_num_threads(threads)
+    torch._dynamo.reset()
+    for config, saved in zip(COMPILER_CONFIGS, configs, strict=True):
+        changed = {key: value for key, value in saved.items() if getattr(config, key) != value}
+        if changed:
+            config.load_config(changed)
+
+
 @pytest.fixture(scope="session")
 def digits_spec(results_dir: Path) -> ModelSpec:
     from experiments.models.digits import spec
@@ -149,11 +210,55 @@ def digits_spec(results_dir: Path) -> ModelSpec:
 
 
 @pytest.fixture(scope="session")
-def digits_model(digits_spec: ModelSpec) -> nn.Module:
-    """The trained digits CNN (trained once per session, then cached). Do not mutate."""
+def pristine_digits_model(digits_spec: ModelSpec) -> nn.Module:
+    """The trained digits CNN, trained once per session (then cached): never handed to a test."""
     from pipeline.core.spec import load_model
 
     return load_model(digits_spec)
+
+
+@pytest.fixture(scope="session")
+def pristine_digits_fingerprint(pristine_digits_model: nn.Module) -> tuple[object, ...]:
+    return model_fingerprint(pristine_digits_model)
+
+
+@pytest.fixture(scope="module")
+def digits_model(pristine_digits_model: nn.Module) -> nn.Module:
+    """The trained digits CNN: one copy per test module, so that no module sees what another did. Do not mutate
+    it: a test (or a module fixture) that does fails (:func:`digits_model_unchanged`)."""
+    return copy.deepcopy(pristine_digits_model)
+
+
+def model_fingerprint(model: nn.Module) -> tuple[object, ...]:
+    """What a stage could change in place: the module tree, train/eval flags, hooks, and every tensor's bytes."""
+    modules = tuple((name, type(m).__name__, m.training, len(m._forward_hooks), len(m._forward_pre_hooks))
+                    for name, m in model.named_modules())
+    tensors = []
+    for name, tensor in model.state_dict().items():
+        digest = hashlib.sha1(usedforsecurity=False)
+        try:
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        except (RuntimeError, TypeError):  # a quantized or subclassed tensor: its type and shape tell the change
+            digest.update(repr(type(tensor)).encode())
+        tensors.append((name, str(tensor.dtype), tuple(tensor.shape), tensor.requires_grad, digest.hexdigest()))
+    return modules, tuple(tensors)
+
+
+@pytest.fixture(autouse=True)
+def digits_model_unchanged(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that uses ``digits_model`` leaves it as trained (its module's next tests share it)."""
+    if "digits_model" not in request.fixturenames:
+        yield
+        return
+    model = request.getfixturevalue("digits_model")
+    pristine = request.getfixturevalue("pristine_digits_model")
+    expected = request.getfixturevalue("pristine_digits_fingerprint")
+    yield
+    if model_fingerprint(model) != expected:
+        model.__dict__.clear()  # restored in place, for the module's next tests
+        model.__dict__.update(copy.deepcopy(pristine).__dict__)
+        pytest.fail(f"{request.node.nodeid} (or a fixture it uses) changed the shared digits_model in place: "
+                    "copy.deepcopy it first")
 
 
 class ResidualMLP(nn.Module):

@@ -1,5 +1,6 @@
-"""The ``optimize``, ``report`` and ``apply`` subcommands of ``python -m pipeline``.
+"""What the commands of ``python -m pipeline`` do, once :mod:`pipeline.cli.parser` has checked their options.
 
+* ``evaluate``: measure the unoptimized model;
 * ``optimize``: run (or resume) the study, log it to MLflow, print the Pareto table;
 * ``report``: print the Pareto table of a study again, from its storage alone;
 * ``apply --recipe FILE``: replay one recipe (same stages, same exports) through
@@ -12,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,16 +21,19 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from pipeline.cli.args import add_model_args, spec_from_args
+from pipeline.cli.args import spec_from_args
+from pipeline.cli.parser import split_list
 from pipeline.cli.store_urls import validate_storage_url, validate_tracking_uri
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.paired import free_cores, load_average, usable_cores
 from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.report import evaluation_table, format_bytes
+from pipeline.core.progress import say
+from pipeline.core.report import evaluation_table, format_bytes, print_table
+from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.secrets import mask_secrets
-from pipeline.core.self_check import ALLOW_FLAG
-from pipeline.core.spec import ModelSpec
+from pipeline.core.self_check import require_stable, self_check
+from pipeline.core.spec import ModelSpec, load_model
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.deliver import deliver
 from pipeline.engine.graph import recipe_pipeline
@@ -44,76 +49,32 @@ from pipeline.search.objectives import ATTR_BASELINE, Baseline
 from pipeline.search.pareto import FRONT_NOTE, pareto_rows, pareto_table
 from pipeline.search.quiet import stderr_to
 from pipeline.search.recorded import RECORDED, recorded_cells
-from pipeline.search.workers import WORKER_FLAG, launch_workers
+from pipeline.search.workers import launch_workers
 
-Command = Any
-
-
-def register_search_commands(sub: argparse._SubParsersAction[Any], commands: dict[str, Command]) -> None:
-    """Add ``optimize``, ``report`` and ``apply`` to the CLI's subparsers."""
-    optimize = sub.add_parser(
-        "optimize",
-        help="search prune/distill/quantize/AMP/runtime trade-offs, log trials to MLflow, print the Pareto table",
-        description="Search accuracy/latency trade-offs over composed stages with Optuna; every trial is logged to "
-        "MLflow; the Pareto trials are exported (Core ML, ONNX) at the end. Re-running the same command resumes the "
-        "study; --trials is the study's total.")
-    add_model_args(optimize)
-    add_search_args(optimize)
-    optimize.add_argument("--trials", type=int, default=20, help="total finished trials of the study (default 20)")
-    optimize.add_argument("--timeout", type=float, default=None, help="stop starting trials after this many seconds")
-    optimize.add_argument("--enqueue", action="append", default=[], metavar="RECIPE",
-                          help="run this recipe file as a trial first (repeatable; skipped if already run)")
-    optimize.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
-    optimize.add_argument("--workers", type=int, default=1,
-                          help="run the study in this many processes on this machine (default 1); more machines: "
-                          "run optimize on each with one --storage postgresql://... and --tracking-uri http://...")
-    optimize.add_argument(WORKER_FLAG, type=int, default=None, help=argparse.SUPPRESS)
-    add_threads_arg(optimize)
-    commands["optimize"] = cmd_optimize
-
-    report = sub.add_parser("report", help="print a study's Pareto table again, from its storage",
-                            description="Print the Pareto table of the study that the same optimize options name "
-                            "(or --study-name), read back from the Optuna storage.")
-    add_model_args(report)
-    add_search_args(report)
-    report.add_argument("--json", action="store_true", help="print the Pareto rows as JSON")
-    add_threads_arg(report)  # accepted (and unused) so that make's ARGS work for optimize and report alike
-    commands["report"] = cmd_report
-
-    apply = sub.add_parser("apply", help="replay one recipe: same stages, same exports, measured",
-                           description="Replay a recipe file (from a study's Pareto trials) on the model: apply its "
-                           "stages, measure the result, write its exports. For scripts and CI jobs.")
-    add_model_args(apply)
-    apply.add_argument("--recipe", required=True,
-                       help="a recipe JSON file (runs/studies/<study>/trial-NNN/recipe.json)")
-    apply.add_argument("--output", default=None, help="where the exports and apply.json go "
-                       "(default: <results>/apply/<recipe name>)")
-    apply.add_argument("--no-export", action="store_true", help="apply and measure only; skip the exports")
-    apply.add_argument("--latency-budget", default="normal", choices=tuple(LATENCY_BUDGETS))
-    apply.add_argument("--json", action="store_true", help="print the measurements and exports as JSON")
-    add_threads_arg(apply)
-    commands["apply"] = cmd_apply
+Command = Callable[[argparse.Namespace], int]
 
 
-def add_nondeterministic_arg(parser: argparse._ActionsContainer) -> None:
-    """``--allow-nondeterministic`` (optimize, report and evaluate): see :mod:`pipeline.core.self_check`."""
-    parser.add_argument(ALLOW_FLAG, action="store_true",
-                        help="go on when the unoptimized model scores differently twice or at another batch size "
-                        "(a model that keeps state between calls or is nondeterministic); the run says by how much")
-
-
-def add_threads_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for torch (default: torch's choice). On a loaded machine, 1 thread "
-                        "gives steadier latencies than several threads waiting on each other")
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
+    device = resolve_device(args.device)
+    get_runtime(args.runtime)  # an unknown name is one error line, before the model loads
+    spec = spec_from_args(args)
+    model = load_model(spec)
+    out = sys.stderr if args.json else sys.stdout  # --json: standard output holds the JSON alone
+    line = require_stable(self_check(model, spec, device, out), spec.name, args.allow_nondeterministic, "evaluate")
+    say(Console(file=out), line)
+    # Every runtime runs through the runner, as in a search (a file runtime exports and opens its file).
+    report = Runner(recipe_pipeline([]), spec, device, model=model).run({}, args.runtime, exports=False).report
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_table(evaluation_table(f"{spec.name}: unoptimized model", report))
+    return 0
 
 
 def set_threads(threads: int | None) -> None:
     if threads is None:
         return
-    if threads < 1:
-        raise ConfigError(f"--threads={threads}: must be >= 1")
-
     torch.set_num_threads(threads)
 
 
@@ -132,56 +93,21 @@ def threads_line(threads: int | None, device: torch.device, workers: int = 1) ->
             f"--threads N to choose)")
 
 
-def add_search_args(parser: argparse.ArgumentParser) -> None:
-    """Options that name a study (shared by ``optimize`` and ``report``); unset ones come from the search config."""
-    group = parser.add_argument_group("search (defaults from pipeline/defaults/search.yaml)")
-    group.add_argument("--search-config", default=None, metavar="YAML", help="a search config file")
-    add_nondeterministic_arg(group)
-    group.add_argument("--pipeline", default=None,
-                       help="default, a name in pipeline/defaults/pipelines/ or a YAML path")
-    group.add_argument("--max-drop", default=None, metavar="DROP",
-                       help="allowed metric drop vs the unoptimized model: absolute (0.01) or a percentage of "
-                       "the baseline metric (1%%) (default 0.01)")
-    group.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))
-    group.add_argument("--seed", type=int, default=None, help="sampler seed")
-    group.add_argument("--objectives", default=None, help="comma list of metric,latency,size (default metric,latency)")
-    group.add_argument("--minimize-size", action="store_true", help="add the serialized size as a third objective")
-    group.add_argument("--runtimes", default=None, help="comma list of runtimes to search (eager,compile,...)")
-    group.add_argument("--latency-budget", default=None, choices=tuple(LATENCY_BUDGETS),
-                       help="latency measurement effort per trial, timed alone and paired with the baseline "
-                       "(quick: 1 call per side per paired round; a search times the objective batch only; "
-                       "docs/latency.md)")
-    group.add_argument("--latency-batch", type=int, default=None, help="batch size of the latency objective")
-    group.add_argument("--disable", default=None, help="comma list of stage nodes kept off (e.g. amp,prune)")
-    group.add_argument("--exports", default=None, choices=("pareto", "every_trial", "none"),
-                       help="when exports run (default: for the Pareto trials, after the search)")
-    group.add_argument("--cache-mb", type=int, default=None, help="memory bound of the model cache (MiB)")
-    group.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///<results>/optuna.db)")
-    group.add_argument("--study-name", default=None, help="use this study name instead of the derived one")
-    group.add_argument("--tracking-uri", default=None,
-                       help="MLflow tracking URI (default sqlite:///<results>/mlflow.db; "
-                       "http://host:port for a server)")
-
-
 def make_console() -> Any:
     """A rich console; wide when writing to a file or pipe (make, CI logs) so tables do not fold."""
 
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
-def _split(text: str | None) -> tuple[str, ...] | None:
-    return tuple(p.strip() for p in text.split(",") if p.strip()) if text else None
-
-
 def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True, name: str | None = None) -> Search:
     """The :class:`Search` that the CLI options describe (``name``: this study, not the one they name)."""
-    objectives = _split(args.objectives)
+    objectives = split_list(args.objectives)
     if args.minimize_size:
         objectives = tuple(dict.fromkeys((*(objectives or ("metric", "latency")), "size")))
     config = SearchConfig.load(
         args.search_config, pipeline=args.pipeline, max_drop=args.max_drop, sampler=args.sampler, seed=args.seed,
-        objectives=objectives, runtimes=_split(args.runtimes), latency_budget=args.latency_budget,
-        latency_batch=args.latency_batch, disabled=_split(args.disable), exports=args.exports,
+        objectives=objectives, runtimes=split_list(args.runtimes), latency_budget=args.latency_budget,
+        latency_batch=args.latency_batch, disabled=split_list(args.disable), exports=args.exports,
         cache_mb=args.cache_mb,
     )
     if args.storage:
@@ -205,10 +131,6 @@ def enqueued(paths: list[str]) -> list[SeedRecipe]:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    if args.trials < 1:
-        raise ConfigError(f"--trials={args.trials}: must be >= 1 (the study's total number of trials)")
-    if args.workers < 1:
-        raise ConfigError(f"--workers={args.workers}: must be >= 1")
     set_threads(args.threads)
     spec = spec_from_args(args)
     search = build_search(args, spec, track=not args.no_tracking)
@@ -229,16 +151,16 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     for note in outcome.notes:
         console.print(f"note: {note}")
     if outcome.machine:
-        console.print(outcome.machine, highlight=False, soft_wrap=True)
+        say(console, outcome.machine)
     if outcome.found:
-        console.print(outcome.found, highlight=False, soft_wrap=True)
+        say(console, outcome.found)
     if (started := getattr(args, "started", None)) is not None:
         outcome.times.wall = time.perf_counter() - started  # the whole command, from its start
     console.print(f"time: {outcome.times.describe()}")
     console.print(f"cache: {outcome.cache}")
     console.print(f"study {outcome.study_name} in {search.storage_label}")
     for line in front_files(outcome.recipes):
-        console.print(line, highlight=False, soft_wrap=True)
+        say(console, line)
     if outcome.tracking_uri:
         local = outcome.tracking_uri.startswith("sqlite:")
         console.print(f"MLflow: {mask_secrets(outcome.tracking_uri)}" + (" (make ui)" if local else ""))
@@ -271,7 +193,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     console.print(pareto_table(rows, search.objectives, f"{spec.name}: Pareto front of {search.study_name} ({counts})",
                                baseline, [FRONT_NOTE, "re-timed: the front timed again when the study ended"]))
     if machine := machine_line(study):
-        console.print(machine, highlight=False, soft_wrap=True)
+        say(console, machine)
     return 0
 
 
@@ -287,7 +209,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     console = make_console()
     log = output / THIRD_PARTY_LOG  # as optimize does: the console keeps paretorch's own lines
     if not args.json:
-        console.print(f"third-party warnings and progress bars: {log}", highlight=False, soft_wrap=True)
+        say(console, f"third-party warnings and progress bars: {log}")
     with stderr_to(log):
         runner = Runner(recipe_pipeline(recipe.stages), spec, device, cache=NodeCache(export_dir=cache_dir("exports")),
                         latency=LATENCY_BUDGETS[args.latency_budget])
@@ -315,3 +237,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         console.print(f"{name}: {info['path']} ({format_bytes(info['size_bytes'])}; {info['validation']})")
     console.print(f"written: {output / 'apply.json'}")
     return 0
+
+
+#: Every command, by the name the parser gives it.
+COMMANDS: dict[str, Command] = {"evaluate": cmd_evaluate, "optimize": cmd_optimize, "report": cmd_report,
+                                "apply": cmd_apply}

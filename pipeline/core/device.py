@@ -22,11 +22,9 @@ from pathlib import Path
 import torch
 
 from pipeline.core.errors import DeviceError, InfeasibleConfig
+from pipeline.core.names import AUTO_ORDER, device_name
 from pipeline.core.paths import results_dir
 
-DEVICE_CHOICES = ("auto", "mps", "cuda", "cpu")
-#: Order in which ``auto`` picks a device.
-AUTO_ORDER = ("mps", "cuda", "cpu")
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -138,9 +136,7 @@ def available_kinds() -> list[str]:
 
 def resolve_device(name: str = "auto") -> torch.device:
     """``auto|mps|cuda|cpu`` -> a torch.device; an absent device is a :class:`DeviceError`."""
-    name = name.strip().lower()
-    if name not in DEVICE_CHOICES:
-        raise DeviceError(f"unknown device '{name}': choose one of {', '.join(DEVICE_CHOICES)}")
+    name = device_name(name)
     present = available_kinds()
     if name == "auto":
         name = next(kind for kind in AUTO_ORDER if kind in present)

@@ -1,20 +1,15 @@
-"""An exclusive file lock between processes of one machine (creating a store's schema, a study, a run)."""
+"""An exclusive file lock between processes of one machine (creating a store's schema, a study, a run):
+:class:`filelock.FileLock` (an ``flock`` on POSIX, ``LockFileEx`` on Windows)."""
 
 from __future__ import annotations
 
-import fcntl
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
+from filelock import FileLock
 
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the ``with`` block."""
+
+def file_lock(path: Path) -> FileLock:
+    """An exclusive lock on ``path`` (created if missing, its folder too): ``with file_lock(p): ...``, or
+    ``acquire()`` and ``release()`` where the two happen apart (a study's lock)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return FileLock(path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -156,7 +156,9 @@ def open_ir(path: Path, device: torch.device, threads: int | None = None,
         compiled = core.compile_model(model, settings.device, settings.config())
     except Exception as exc:  # compile errors are RuntimeError with OpenVINO's text
         raise InfeasibleConfig(f"openvino cannot compile {xml.name} on {settings.device}: {_message(exc)}") from exc
-    return OvModel(compiled, settings, device, time.perf_counter() - start)
+    # The precision the compiled model reports it runs in (f32, bf16): what every report states.
+    ran = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    return OvModel(compiled, replace(settings, precision=ran), device, time.perf_counter() - start)
 
 
 class OvModel:

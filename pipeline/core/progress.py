@@ -62,8 +62,10 @@ def sharing(progress: Progress) -> Iterator[Progress]:
         _live = previous
 
 
-def _say(console: Console, text: str) -> None:
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
+def say(console: Console, text: str) -> None:
+    """Print one line of prose as written: a terminal wraps it between words (never inside one, at 80 columns
+    too), a log file or pipe keeps it whole (one line, to grep)."""
+    console.print(text, markup=False, highlight=False, soft_wrap=not console.is_terminal)
 
 
 @contextlib.contextmanager
@@ -98,7 +100,7 @@ def phase(name: str, total: int | None = None, stream: TextIO | None = None,
         _live = previous
         progress.remove_task(task)
         if time.perf_counter() - start >= after:
-            _say(console, end_line())
+            say(console, end_line())
 
 
 class _LogLines:
@@ -114,7 +116,7 @@ class _LogLines:
     def _start_line(self) -> None:
         with self._lock:
             if not self._over:
-                _say(self.console, self.start)
+                say(self.console, self.start)
                 self._said = True
 
     def __enter__(self) -> _LogLines:
@@ -133,4 +135,4 @@ class _LogLines:
             self._over = True
             said = self._said
         if said:
-            _say(self.console, self.end())
+            say(self.console, self.end())

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch import Tensor, nn
@@ -22,10 +22,10 @@ from torch import Tensor, nn
 from pipeline.core.device import move_module
 from pipeline.core.errors import SpecError
 from pipeline.core.evaluate import compute_metrics, evaluation_outputs
+from pipeline.core.names import ALLOW_FLAG
+from pipeline.core.progress import phase
 from pipeline.core.spec import ModelSpec
 
-#: The CLI flag that lets a run go on with an unstable baseline.
-ALLOW_FLAG = "--allow-nondeterministic"
 #: On the CPU, float32 outputs of the passes must agree within these (same kernels, any batch size).
 CPU_RTOL, CPU_ATOL = 1e-4, 1e-5
 #: The metric may move by this times max(1, |metric|): on the CPU (ties), on accelerators (nondeterministic kernels).
@@ -78,13 +78,15 @@ def reference_outputs(model: nn.Module, spec: ModelSpec, device: torch.device) -
     return evaluation_outputs(move_module(model, device).eval(), spec.evaluation(), device)
 
 
-def self_check(model: nn.Module, spec: ModelSpec, device: torch.device,
+def self_check(model: nn.Module, spec: ModelSpec, device: torch.device, stream: TextIO | None = None,
                reference: tuple[Tensor, Tensor] | None = None) -> SelfCheck:
     """Score ``model`` (moved to ``device``, eval mode, eager) with ``spec.metric`` three times on
-    ``spec.evaluation()``: twice at its batching, once re-cut at another batch size. ``reference``: the model's
-    outputs and targets at the evaluation's own batching, computed once per study (the baseline's evaluation
-    reads the same): the first pass is read from them, and the re-batched pass is the second scoring (a model
-    that keeps state between calls moves there too), so the model runs over the data once here, not three times."""
+    ``spec.evaluation()``: twice at its batching, once re-cut at another batch size. ``stream``: where its
+    progress lines go (default: standard output; ``evaluate --json`` keeps them off the JSON). ``reference``: the
+    model's outputs and targets at the evaluation's own batching, computed once per study (the baseline's
+    evaluation reads the same): the first pass is read from them, and the re-batched pass is the second scoring (a
+    model that keeps state between calls moves there too), so the model runs over the data once here, not three
+    times."""
     start = time.perf_counter()
     model = move_module(model, device).eval()
     batches = spec.evaluation()
@@ -98,16 +100,21 @@ def self_check(model: nn.Module, spec: ModelSpec, device: torch.device,
         first_value = float(spec.metric.compute(known_outputs, known_targets).item())
         passes.append((first_value, known_outputs.float()[:samples]))
         sizes = (rebatch_size,)
-    for size in sizes:
-        outputs: list[Tensor] = []
+    # A long step says so when it starts (a large model's passes take minutes on a loaded CPU).
+    with phase(f"self-check: scoring {spec.name} "
+               + ("again" if reference is not None else "twice and") + f" at batch {rebatch_size} "
+               f"({samples} samples each)", total=len(sizes), stream=stream) as shown:
+        for size in sizes:
+            outputs: list[Tensor] = []
 
-        def recording(*inputs: Tensor, store: list[Tensor] = outputs) -> Tensor:
-            output = model(*inputs)
-            store.append(output.detach().float().clone())
-            return output
+            def recording(*inputs: Tensor, store: list[Tensor] = outputs) -> Tensor:
+                output = model(*inputs)
+                store.append(output.detach().float().clone())
+                return output
 
-        value = compute_metrics(recording, batches, (spec.metric,), device, size, spec.padding_mask)[spec.metric.name]
-        passes.append((value, torch.cat(outputs)[:samples]))
+            metrics = compute_metrics(recording, batches, (spec.metric,), device, size, spec.padding_mask)
+            passes.append((metrics[spec.metric.name], torch.cat(outputs)[:samples]))
+            shown.advance()
     (first, first_outputs), *others = passes
     changes = [_largest_change(first_outputs, later) for _, later in others]
     tolerance = (CPU_METRIC_TOLERANCE if device.type == "cpu" else ACCELERATOR_METRIC_TOLERANCE) * max(1.0, abs(first))

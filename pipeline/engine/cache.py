@@ -5,7 +5,9 @@ type, library versions): two trials with the same prune config and different
 quantization share the pruned model. Models and evaluation reports live in
 memory (models under a byte bound, least recently used evicted first); exports
 live on disk under ``<results>/cache/exports/<key>/``, written to a staging
-directory and renamed into place, so a half-written export is never a hit.
+directory and renamed into place, so a half-written export is never a hit. The staging
+directories of a process that was killed (or interrupted mid-export) are removed when a
+cache is next opened on the folder (:meth:`NodeCache.remove_stale_staging`).
 
 Infeasible results are never cached (the runner only stores what succeeded).
 A failed cache write raises :class:`CacheWriteError`: it is an error, not a log line.
@@ -28,12 +30,15 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.processes import process_exists
 from pipeline.core.stage import ExportResult, StageConfig, config_from_dict
 
 #: Libraries whose versions change what a node produces.
 KEYED_LIBRARIES = ("torch", "torchao", "torch-pruning", "coremltools", "onnx", "onnxruntime", "onnxscript")
 DEFAULT_MEMORY_BYTES = 2 * 1024**3
 MANIFEST = "manifest.json"
+#: ``.<key>.staging-<pid>``: where a process writes an export before it is renamed into the cache.
+STAGING_MARK = ".staging-"
 
 
 class CacheWriteError(PipelineError):
@@ -136,6 +141,7 @@ class NodeCache:
         self.stats = CacheStats()
         self._memory: OrderedDict[str, CachedOutput] = OrderedDict()
         self._used = 0
+        self.removed_staging = self.remove_stale_staging()
 
     # ------------------------------------------------------------------ memory (models, reports)
 
@@ -192,9 +198,26 @@ class NodeCache:
                             resolved_config=config_from_dict(resolved) if resolved else None,
                             records=data.get("records", {}))
 
+    def remove_stale_staging(self) -> list[Path]:
+        """Remove the staging directories whose process is gone (killed, or interrupted mid-export); the
+        removed ones. Those of live processes (other workers exporting now) stay."""
+        if self.export_dir is None or not self.export_dir.is_dir():
+            return []
+        removed = []
+        for path in sorted(self.export_dir.glob(f".*{STAGING_MARK}*")):
+            pid = path.name.rpartition(STAGING_MARK)[2]
+            if pid.isdigit() and not process_exists(int(pid)):
+                shutil.rmtree(path)
+                removed.append(path)
+        return removed
+
+    def discard_staging(self, staging: Path) -> None:
+        """Remove ``staging`` after an export that did not finish (it failed, or was interrupted)."""
+        shutil.rmtree(staging, ignore_errors=True)  # the export's own error is the one raised
+
     def staging_dir(self, key: str) -> Path:
         """A fresh, empty directory where an export stage writes before :meth:`commit_export`."""
-        path = self._require_export_dir() / f".{key}.staging-{os.getpid()}"
+        path = self._require_export_dir() / f".{key}{STAGING_MARK}{os.getpid()}"
         try:
             if path.exists():
                 shutil.rmtree(path)

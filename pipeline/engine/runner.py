@@ -233,13 +233,17 @@ class Runner:
         hit = cached is not None
         if cached is None:
             staging = self.cache.staging_dir(key)
-            ctx = self._context(parent, staging, with_float_model=True)
-            result = _apply_node(name, config, parent, ctx)
-            if not isinstance(result, ExportResult):
-                raise TypeError(f"export stage '{config.stage}' returned a {type(result).__name__}, "
-                                "not an ExportResult")
-            entry = CachedOutput(result, ctx.resolved_config, dict(ctx.records))
-            cached = self.cache.commit_export(key, staging, entry)
+            try:
+                ctx = self._context(parent, staging, with_float_model=True)
+                result = _apply_node(name, config, parent, ctx)
+                if not isinstance(result, ExportResult):
+                    raise TypeError(f"export stage '{config.stage}' returned a {type(result).__name__}, "
+                                    "not an ExportResult")
+                entry = CachedOutput(result, ctx.resolved_config, dict(ctx.records))
+                cached = self.cache.commit_export(key, staging, entry)
+            except BaseException:  # infeasible, failed or Ctrl-C: no half-written folder stays behind
+                self.cache.discard_staging(staging)
+                raise
         resolved = cached.resolved_config or config
         return NodeResult(name, "export", key, cached.value, config, resolved, hit,
                           chain=(*parent.chain, resolved), records=cached.records)
@@ -256,8 +260,9 @@ class Runner:
             settings["export"] = export_config.to_dict()
         key = node_key("evaluate", settings, (parent.key,), self.device.type)
         cached = self.cache.get(key, "evaluation")
-        if cached is not None:
-            return NodeResult(name, "evaluate", key, cached.value, cached=True, runtime_export=export_config)
+        if cached is not None:  # the export the runtime ran, as its stage resolved it (an ``auto`` decided)
+            return NodeResult(name, "evaluate", key, cached.value, cached=True,
+                              runtime_export=cached.resolved_config or export_config)
         known = known or Known()
         if get_runtime(runtime).compiles and known.fn is None:
             # Fresh dynamo state: many models of one class would otherwise hit the
@@ -281,7 +286,8 @@ class Runner:
                                 settings=self.latency, batch_sizes=self.batch_sizes, fn=fn, known=known)
         if artifact is not None and session is not None:
             report = exported_report(report, artifact.value, session)
-        self.cache.put(key, CachedOutput(report, nbytes=0))
+            export_config = artifact.resolved or export_config
+        self.cache.put(key, CachedOutput(report, resolved_config=export_config, nbytes=0))
         return NodeResult(name, "evaluate", key, report, runtime_export=export_config, prepared=fn,
                           side_seconds=side)
 

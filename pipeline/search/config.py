@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.latency import LATENCY_BUDGETS
+from pipeline.core.names import unknown_runtimes
 from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
 from pipeline.core.runtimes.registry import RUNTIMES
 from pipeline.core.stage import format_validation_error
@@ -45,9 +46,8 @@ class SeedRecipe(BaseModel):
 def known_runtime_names(names: tuple[str, ...]) -> tuple[str, ...]:
     """``names`` unchanged when every one is a registered runtime (a device may lack some: they are dropped
     later, by the capability table); an unknown name is a typo, a ValueError naming the registered ones."""
-    unknown = [name for name in names if name not in RUNTIMES]
-    if unknown:
-        raise ValueError(f"unknown runtime(s) {', '.join(unknown)}: choose from {', '.join(RUNTIMES)}")
+    if (problem := unknown_runtimes(names)) is not None:
+        raise ValueError(problem)
     return names
 
 

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.paths import results_dir
+from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.stage import StageConfig
 from pipeline.core.text import plain
 from pipeline.engine.deliver import companions, deliver, delivered
@@ -96,6 +97,15 @@ def front_files(recipes: dict[int, Path]) -> list[str]:
     return lines
 
 
+def runtime_export(recipe: Recipe) -> StageConfig | None:
+    """The export config that made the file ``recipe``'s runtime ran (OpenVINO's IR, ONNX Runtime's model), as
+    the trial resolved it; None for a torch runtime."""
+    exported = get_runtime(recipe.runtime).file
+    if exported is None:
+        return None
+    return next((c for c in recipe.exports() if c.stage == exported.export_stage), None)
+
+
 def export_trial(parts: StudyParts, record: TrialRecord,
                  folder: Path) -> tuple[Recipe, dict[str, list[Path]], dict[str, float], dict[str, str]]:
     """Run each export of a complete trial on its (cached) model and copy its files into ``folder`` (the trial's
@@ -136,6 +146,12 @@ def export_trial(parts: StudyParts, record: TrialRecord,
         measured = parts.runner.runtime_file(configs, runtime)
         if measured is not None and not (folder / Path(measured.path).name).exists():
             files[f"runtime.{runtime}"] = companions(deliver(measured, folder).path)
+        if measured is not None:  # shipped: the exports column and the recipe name it (apply writes it too)
+            ran = runtime_export(recipe)
+            if ran is not None:
+                status.setdefault(ran.stage, "ok")
+                if all(c.stage != ran.stage for c in resolved):
+                    resolved.append(ran)
     except Exception as exc:  # the file the trial ran came from the cache; whatever broke, the exports above stand
         status[f"runtime.{runtime}"] = plain(f"failed: {type(exc).__name__}: {exc}")
         traceback.print_exc()

@@ -15,7 +15,7 @@ from rich.progress import Progress, TextColumn
 from rich.table import Table
 
 from pipeline.core.fidelity import fidelity_note
-from pipeline.core.progress import progress_columns, sharing
+from pipeline.core.progress import progress_columns, say, sharing
 from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.secrets import mask_secrets
 from pipeline.search.compose import composed_note
@@ -103,7 +103,7 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
     missing (a child run, an export)."""
     console = console or Console()
     log = study_dir(search.study_name) / THIRD_PARTY_LOG
-    console.print(f"third-party warnings and progress bars: {log}", highlight=False, soft_wrap=True)
+    say(console, f"third-party warnings and progress bars: {log}")
     with stderr_to(log), stopping():
         return _run_search(search, trials, timeout, console, launch, started)
 
@@ -129,11 +129,11 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     children = len(tracker.children) if tracker is not None else 0
     for line in (*prepared.lines(), search.rules.unknown_line()):
         if line:
-            console.print(line, highlight=False, soft_wrap=True)
+            say(console, line)
     if fidelity := fidelity_note(search.spec.metric):
-        console.print(fidelity, highlight=False, soft_wrap=True)
+        say(console, fidelity)
     if search.spec.caveat:  # what the spec's built-in metric cannot judge
-        console.print(search.spec.caveat, highlight=False, soft_wrap=True)
+        say(console, search.spec.caveat)
     parent = tracker.parent_run_id if tracker is not None else None
     logger = TrialLogger(parts, tracker, console)
     console.print(f"allowed drop: {search.objectives.describe_drop(baseline)}", highlight=False)

@@ -51,6 +51,8 @@ COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
 #: data, or the full evaluation.
 PROBE_FIDELITY, FULL_FIDELITY = "latency probe", "full evaluation"
 ATTR_FIDELITY = "paretorch.fidelity"
+#: The MLflow param beside a resolved one that keeps what the trial asked for (``export.onnx.fusions.requested``).
+REQUESTED_SUFFIX = ".requested"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
 
@@ -189,12 +191,16 @@ class TrialRecord:
 
     def params(self) -> dict[str, str]:
         """Flat params: the resolved recipe where the trial completed (e.g. the calibrated AMP
-        dtype and float32 layers), the requested configs otherwise; stages that were off say so."""
-        params = flatten_node_configs(self.configs, self.runtime)
+        dtype and float32 layers, the ONNX fusions applied, OpenVINO's inference precision), the
+        requested configs otherwise; stages that were off say so. A setting that resolved to something
+        else than was asked (``auto``) keeps the request beside it, as ``<param>.requested``."""
+        requested = flatten_node_configs(self.configs, self.runtime)
         if self.recipe is None:
-            return params
-        resolved = {k: v for k, v in params.items() if v == OFF}
+            return requested
+        resolved = {k: v for k, v in requested.items() if v == OFF}
         resolved.update(self.recipe.flat_params())
+        resolved.update({f"{k}{REQUESTED_SUFFIX}": v for k, v in requested.items()
+                         if k in resolved and resolved[k] != v})
         return resolved
 
     def tracking_metrics(self, headline: Collection[str] | None = None) -> dict[str, float]:

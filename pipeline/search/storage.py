@@ -16,7 +16,6 @@ trials are finished or running?" until their next trial is RUNNING, so a study n
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import socket
@@ -25,11 +24,11 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import optuna
+from filelock import FileLock
 from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages._heartbeat import BaseHeartbeat  # what RDBStorage and Optuna's cache in front of it share
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import text
@@ -37,6 +36,7 @@ from sqlalchemy import text
 from pipeline.core.errors import PipelineError
 from pipeline.core.locks import file_lock
 from pipeline.core.paths import sqlite_file
+from pipeline.core.processes import process_exists
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.writable import check_writable_dir
 from pipeline.sources.archive import one_line
@@ -48,6 +48,17 @@ GRACE_S = 15
 #: User attribute: ``host:pid`` of the process that runs the trial.
 ATTR_WORKER = "paretorch.worker"
 SQLITE_TIMEOUT_S = 60
+
+
+@runtime_checkable
+class Heartbeats(Protocol):
+    """The heartbeat methods of :class:`optuna.storages.RDBStorage` (its documented ``record_heartbeat`` and
+    ``get_heartbeat_interval``), also on the cache Optuna puts in front of it: a study's storage is never the
+    ``RDBStorage`` itself."""
+
+    def record_heartbeat(self, trial_id: int) -> None: ...
+
+    def get_heartbeat_interval(self) -> int | None: ...
 
 
 def local_path(url: str) -> Path | None:
@@ -99,7 +110,7 @@ class StudyLock:
         self.url = url
         self.storage = storage
         self.study_name = study_name
-        self._handle: Any = None
+        self._file: FileLock | bool | None = None
         self._connection: Any = None
 
     def _key(self) -> int:
@@ -111,30 +122,29 @@ class StudyLock:
             return
         path = local_path(self.url)
         if path is not None:
-            handle = path.with_name(f"{path.name}.{self.study_name}.lock").open("a")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            self._handle = handle
+            lock = file_lock(path.with_name(f"{path.name}.{self.study_name}.lock"))
+            lock.acquire()
+            self._file = lock
         elif isinstance(self.storage, RDBStorage) and self.storage.engine.dialect.name == "postgresql":
             connection = self.storage.engine.connect()
             connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": self._key()})
             connection.commit()
             self._connection = connection
         else:
-            self._handle = False  # no shared lock for this storage: workers may overshoot by one trial each
+            self._file = False  # no shared lock for this storage: workers may overshoot by one trial each
 
     @property
     def held(self) -> bool:
-        return self._handle is not None or self._connection is not None
+        return self._file is not None or self._connection is not None
 
     def release(self) -> None:
-        if self._handle:
-            fcntl.flock(self._handle, fcntl.LOCK_UN)
-            self._handle.close()
+        if isinstance(self._file, FileLock):
+            self._file.release()
         if self._connection is not None:
             self._connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": self._key()})
             self._connection.commit()
             self._connection.close()
-        self._handle = None
+        self._file = None
         self._connection = None
 
     def __enter__(self) -> StudyLock:
@@ -164,13 +174,7 @@ def _dead_here(trial: FrozenTrial) -> bool:
     host, _, pid = str(trial.user_attrs.get(ATTR_WORKER, "")).rpartition(":")
     if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
         return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return not process_exists(int(pid))
 
 
 def fail_dead_trials(study: optuna.Study) -> list[int]:
@@ -219,10 +223,9 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
         thread.join()
 
 
-def _heartbeats(storage: optuna.storages.BaseStorage) -> BaseHeartbeat | None:
-    """``storage`` where it keeps heartbeats (an RDB storage with an interval, also behind the cache Optuna puts in
-    front of it: a study's storage is never the ``RDBStorage`` itself), else None."""
-    if isinstance(storage, BaseHeartbeat) and storage.get_heartbeat_interval():
+def _heartbeats(storage: optuna.storages.BaseStorage) -> Heartbeats | None:
+    """``storage`` where it keeps heartbeats (an RDB storage opened with ``heartbeat_interval``), else None."""
+    if isinstance(storage, Heartbeats) and storage.get_heartbeat_interval():
         return storage
     return None
 

@@ -324,7 +324,7 @@ class Search:
         console (None: nothing to say)."""
         stored = study.user_attrs.get(ATTR_SELF_CHECK)
         check = SelfCheck(**stored) if stored is not None else self_check(
-            self.runner.model, self.spec, self.device, reference() if reference is not None else None)
+            self.runner.model, self.spec, self.device, reference=reference() if reference is not None else None)
         line = require_stable(check, self.spec.name, self.allow_nondeterministic)
         if stored is None:
             study.set_user_attr(ATTR_SELF_CHECK, check.to_dict())

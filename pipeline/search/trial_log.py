@@ -89,14 +89,14 @@ class TrialLogger:
             return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {drop}){uncertain} | "
                     f"{speedup_text(values)} | {self._recipe(record)} [{record.seconds.get('trial', 0.0):.1f} s, "
                     f"{self._decided(record)}cache {record.cache.get('hits', 0)} hit(s)]{unstable}")
+        asked = short_recipe(list(record.configs.values()), record.runtime)  # what it tried: the recipe it named
         if record.state == "PRUNED":
             if (record.infeasible or "").startswith(SCREENED_OUT):  # stopped at low fidelity, the full cost unpaid
-                return f"{head} {record.infeasible}"
+                return f"{head} {asked} | {record.infeasible}"
             if (record.infeasible or "").startswith(BEHIND_FRONT):  # timed, far behind: not scored
-                return (f"{head} {self._recipe_of(record)}: {record.infeasible} "
-                        f"[{record.seconds.get('trial', 0.0):.1f} s]")
-            return f"{head} infeasible: {record.infeasible or '?'}"
-        return f"{head} {(record.error or '?').strip().splitlines()[-1][:200]}"
+                return f"{head} {asked} | {record.infeasible} [{record.seconds.get('trial', 0.0):.1f} s]"
+            return f"{head} {asked} | infeasible: {record.infeasible or '?'}"
+        return f"{head} {asked} | {(record.error or '?').strip().splitlines()[-1][:200]}"
 
     @staticmethod
     def _decided(record: TrialRecord) -> str:
@@ -106,11 +106,6 @@ class TrialLogger:
         rounds = int(record.metrics.get("latency_rounds", 0))
         early = " (stopped early)" if record.metrics.get("latency_stopped_early") else ""
         return f"{record.fidelity}, latency {rounds} rounds{early}, "
-
-    @staticmethod
-    def _recipe_of(record: TrialRecord) -> str:
-        """The short recipe a trial asked for (one that never completed has no resolved recipe)."""
-        return short_recipe(list(record.configs.values()), record.runtime)
 
     def _recipe(self, record: TrialRecord) -> str:
         """The recipe that ran, short (:mod:`pipeline.engine.short_recipe`; the full one: MLflow and the recipe

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from pipeline.core.names import WORKER_FLAG
 from pipeline.search.duplicates import TrialBudget
 from pipeline.search.objectives import ATTR_TRACEBACK, TRACEBACK_CHARS
 from pipeline.search.record import TrialOutcome, TrialRecord
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 
 #: User attribute: a digest of the trial's per-node configs and runtime.
 ATTR_CONFIG_KEY = "paretorch.config_key"
-#: Hidden option that makes ``optimize`` one worker of a study that its parent process prepared.
-WORKER_FLAG = "--worker-index"
 
 #: Runs one trial and hands back its outcome (:class:`pipeline.search.trial_objective.TrialObjective`).
 Objective = Callable[[optuna.Trial], TrialOutcome]
@@ -100,11 +99,30 @@ def run_trials(objective: Objective, lock: StudyLock, study: optuna.Study, budge
 
 
 def ask(study: optuna.Study) -> optuna.Trial:
-    """The study's next trial, RUNNING: an enqueued one first (its fixed params and user attributes), else a new
-    one. Call under the study lock. The heartbeat that ``Study.optimize`` keeps runs in :func:`run_trial`."""
+    """The study's next trial, RUNNING: an interrupted or killed trial's retry first (:func:`retry_first`), then an
+    enqueued one (its fixed params and user attributes), else a new one. Call under the study lock. The heartbeat
+    that ``Study.optimize`` keeps runs in :func:`run_trial`."""
+    if (retry := retry_first(study)) is not None:
+        return retry
     with warnings.catch_warnings():  # Optuna warns that ask-and-tell sends no heartbeats: run_trial sends them
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
         return study.ask()
+
+
+def retry_first(study: optuna.Study) -> optuna.Trial | None:
+    """The oldest waiting retry of an interrupted or killed trial (Optuna's retry callback marks it with a
+    ``retry_history``), taken RUNNING, as ``Study.ask`` takes a waiting trial; None when there is none. Optuna's
+    queue runs waiting trials by number, and the retry was enqueued after the seeds and presets still waiting:
+    taken here, the configuration the user interrupted runs first on the next invocation, as promised."""
+    for waiting in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if not waiting.system_attrs.get("retry_history"):
+            continue
+        try:
+            if study._storage.set_trial_state_values(waiting._trial_id, state=TrialState.RUNNING):
+                return optuna.Trial(study, waiting._trial_id)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker ran it meanwhile
+            continue
+    return None
 
 
 def run_trial(objective: Objective, study: optuna.Study, trial: optuna.Trial) -> tuple[FrozenTrial, TrialRecord]:

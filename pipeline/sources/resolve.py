@@ -29,28 +29,15 @@ from typing import Any
 from torch import nn
 
 from pipeline.core.errors import SpecError
+from pipeline.core.names import builtin_names, model_entry_points, unknown_model
 from pipeline.core.spec import ModelSpec
 from pipeline.core.task_data import load_task_data
 from pipeline.core.task_spec import with_task_data
 from pipeline.sources import SourceOptions, resolve_source
 
-#: Entry-point group through which packages declare model specs by name
-#: (``[project.entry-points."paretorch.models"] name = "module:attr"``, a ModelSpec or a function returning one).
-MODEL_ENTRY_POINT_GROUP = "paretorch.models"
-
 #: Resolvers for other model sources (TorchScript, .pt2, hf:...): each takes the
 #: reference and the source options and returns a spec, or None if it is not theirs.
 SOURCE_RESOLVERS: list[Callable[[str, SourceOptions], ModelSpec | None]] = [resolve_source]
-
-
-def model_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    """The registered model names (the ``paretorch.models`` entry points), by name."""
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=MODEL_ENTRY_POINT_GROUP)}
-
-
-def builtin_names() -> list[str]:
-    """Names of the registered model specs (``MODEL=digits``), sorted."""
-    return sorted(model_entry_points())
 
 
 def resolve_spec(ref: str, options: SourceOptions | None = None) -> ModelSpec:
@@ -100,10 +87,7 @@ def _resolve(ref: str, options: SourceOptions) -> ModelSpec:
         raise SpecError(
             f"model '{ref}' names a file but no attribute: use '{ref}:<attr>' (a ModelSpec or a function returning one)"
         )
-    raise SpecError(
-        f"unknown model '{ref}': built-ins are {', '.join(builtin_names())}; "
-        "or pass path/to/file.py:attr or package.module:attr"
-    )
+    raise unknown_model(ref)
 
 
 def _import_file(path_text: str) -> ModuleType:

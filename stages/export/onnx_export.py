@@ -65,7 +65,9 @@ def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -
     with atomic_artifact(output_dir, name) as staged:
         float_path = staged.with_name("float.onnx")
         graph = _export_float_graph(float_model, inputs, config, float_path)
-        if _wants_fusions(config, inputs):
+        fusions = _wants_fusions(config, inputs)
+        ctx.resolve(config.model_copy(update={"fusions": "bert" if fusions else "none"}))  # what ran, not "auto"
+        if fusions:
             graph, fusion_note = transformer_fusions(float_path)
             _drop_initializer_value_info(graph)
             notes.append(fusion_note)

@@ -219,7 +219,7 @@ def apply(model: nn.Module, config: QuantizeConfig, ctx: StageContext) -> nn.Mod
     except Exception as exc:  # torchao / torch.export raise many types for unsupported models
         raise _quantize_error(config, "quantization", exc) from exc
     if not layers:
-        raise InfeasibleConfig(f"{config.method}: the quantizer left every layer in float ({selection.selected})")
+        raise InfeasibleConfig(f"{config.method}: every layer stays float: {_why_all_float(selection, config)}")
     try:
         with torch.no_grad():
             model(*ctx.example_inputs())
@@ -241,6 +241,18 @@ def _known_layers(layers: tuple[str, ...], selection: LayerSelection) -> dict[st
         known = ", ".join([*selection.selected, *selection.skipped][:12])
         raise ConfigError(f"quantize: float_layers names no quantizable layer: {', '.join(unknown)} (layers: {known})")
     return dict.fromkeys(layers, float("nan"))
+
+
+def _why_all_float(selection: LayerSelection, config: QuantizeConfig) -> str:
+    """Why a config quantized nothing: the layers its fallback budget or ``float_layers`` kept float, or the
+    quantizer's own choice."""
+    for field, what in (("fallback_budget", f"the fallback budget {config.fallback_budget:g}"),
+                        ("float_layers", "float_layers")):
+        kept = [name for name, why in selection.skipped.items() if why == f"kept float ({field})"]
+        if kept and not selection.selected:
+            more = " (a larger budget quantizes some)" if field == "fallback_budget" else ""
+            return f"{what} kept all {len(kept)} selected layer(s) float{more}"
+    return f"the quantizer converted none of the {len(selection.selected)} selected layer(s)"
 
 
 def _keep_float(selection: LayerSelection, float_layers: dict[str, float], why: str) -> LayerSelection:

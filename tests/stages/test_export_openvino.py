@@ -93,6 +93,8 @@ def test_the_float_ir_matches_torch_and_a_plain_openvino_load_gives_the_measured
         expected = digits_model(*inputs)
     measured = open_ir(result.path, CPU)
     assert torch.allclose(measured(*inputs), expected, atol=1e-4)
+    ran = measured.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    assert measured.settings.precision == ran == "f32", "reports state the precision the compiled model runs in"
     core = openvino.Core()
     recorded = recorded_settings(core.read_model(str(xml)))
     compiled = core.compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": recorded["inference_precision"]})

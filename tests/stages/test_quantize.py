@@ -18,6 +18,7 @@ from pipeline.core.evaluate import compute_metric, serialized_size_bytes
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import StageContext, apply, config_from_dict
 from stages.quantize import stage as quantize_stage
+from stages.quantize.layers import LayerSelection
 from stages.quantize.methods import METHODS, methods_on
 from stages.quantize.stage import QuantizeConfig
 
@@ -296,3 +297,18 @@ def test_suggest_with_fixed_trials(digits_spec: ModelSpec) -> None:
     trial = FixedTrial({"quantize.method": "int8_dynamic", "quantize.mapping": "symmetric", "quantize.fallback": False})
     assert QuantizeConfig.suggest(trial, ctx) == QuantizeConfig(method="int8_dynamic")
     assert trial.distributions["quantize.method"].choices == ("none", *CPU_METHODS)
+
+
+def test_a_config_that_quantizes_nothing_says_why() -> None:
+    """Not "left every layer in float ([])": the budget that kept the layers float, and how many."""
+    layers = [f"blocks.{i}.fc" for i in range(45)]
+    config = QuantizeConfig(method="int8_dynamic", fallback_budget=0.015)
+    kept = quantize_stage._keep_float(LayerSelection(selected=layers, skipped={}), dict.fromkeys(layers, 1.0),
+                                      "fallback_budget")
+    assert quantize_stage._why_all_float(kept, config) == (
+        "the fallback budget 0.015 kept all 45 selected layer(s) float (a larger budget quantizes some)")
+    pinned = quantize_stage._keep_float(LayerSelection(selected=layers[:2], skipped={}), dict.fromkeys(layers, 0.0),
+                                        "float_layers")
+    assert quantize_stage._why_all_float(pinned, config) == "float_layers kept all 2 selected layer(s) float"
+    untouched = LayerSelection(selected=layers[:3], skipped={})
+    assert quantize_stage._why_all_float(untouched, config) == "the quantizer converted none of the 3 selected layer(s)"

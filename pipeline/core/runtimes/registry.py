@@ -7,7 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import ConfigError, InfeasibleConfig
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.names import unknown_runtime
 from pipeline.core.runtimes.base import Runtime
 from pipeline.core.runtimes.compile import COMPILE
 from pipeline.core.runtimes.compile_cudagraphs import COMPILE_CUDAGRAPHS
@@ -36,14 +37,7 @@ def get_runtime(name: str) -> Runtime:
     try:
         return RUNTIMES[name]
     except KeyError:
-        raise ConfigError(f"unknown runtime '{name}': choose one of {', '.join(RUNTIMES)}") from None
-
-
-def check_runtime_names(names: list[str] | tuple[str, ...]) -> None:
-    """Raise one :class:`ConfigError` naming every unknown runtime in ``names``."""
-    unknown = [name for name in names if name not in RUNTIMES]
-    if unknown:
-        raise ConfigError(f"unknown runtime(s) {', '.join(unknown)}: choose from {', '.join(RUNTIMES)}")
+        raise unknown_runtime(name) from None
 
 
 def available_runtimes(device: torch.device) -> list[str]:

@@ -103,6 +103,10 @@ def test_fp32_outputs_match_torch_and_the_session_is_opened_once(residual_spec: 
     again = runner.run(runtime="onnxruntime")
     assert again.objective.cached and again.seconds["runtime_sessions"] == 0 and again.objective.side_seconds == {}
     assert again.prepared is None, "a cached evaluation prepared nothing"
+    # the recipe names the export as it ran: fusions "auto" resolved (no token inputs: none), cached or not
+    for run in (result, again):
+        (export,) = run.recipe(residual_spec.name).exports()
+        assert export.to_dict()["fusions"] == "none"
 
 
 def test_int8_metric_is_the_plain_session_metric_and_a_replay_gives_the_same_file(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +78,8 @@ def apply_save(model: nn.Module, config: SaveConfig, ctx: StageContext) -> Expor
     SEEN["float_model"] = ctx.float_model
     path = ctx.require_output_dir() / "model.pt"
     torch.save(ctx.float_model.state_dict(), path)
+    if config.note == "interrupt":  # Ctrl-C after the file is half done
+        raise KeyboardInterrupt
     return ExportResult(format="torch", path=path, size_bytes=path.stat().st_size, validation="saved",
                         metrics={"tensors": float(len(model.state_dict()))})
 
@@ -196,6 +201,29 @@ def test_failed_cache_write_is_an_error(residual_spec: ModelSpec, tmp_path: Path
                     cache=NodeCache(export_dir=blocker), latency=FAST, work_dir=tmp_path / "work")
     with pytest.raises(CacheWriteError, match="cannot create the export staging directory"):
         runner.run({"export": SaveConfig()})
+
+
+def test_an_interrupted_export_leaves_no_staging_folder(runner: Runner) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        runner.run({"export": SaveConfig(note="interrupt")})
+    assert runner.cache.export_dir is not None
+    assert list(runner.cache.export_dir.iterdir()) == [], "nothing half-written stays in the export cache"
+
+
+def test_a_killed_process_staging_folder_goes_when_the_cache_opens_again(tmp_path: Path) -> None:
+    """kill -9 runs no cleanup: the next process that opens the cache removes the folders of dead processes,
+    not those of live ones (another worker exporting now)."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True, timeout=60)
+    exports = tmp_path / "exports"
+    killed = exports / f".abc.staging-{int(dead.stdout)}"
+    alive = exports / f".def.staging-{os.getpid()}"
+    committed = exports / "abc"
+    for folder in (killed, alive, committed):
+        (folder / "part").mkdir(parents=True)
+    cache = NodeCache(export_dir=exports)
+    assert cache.removed_staging == [killed]
+    assert not killed.exists() and alive.exists() and committed.exists()
 
 
 def test_memory_bound_evicts_least_recently_used(residual_spec: ModelSpec, tmp_path: Path) -> None:

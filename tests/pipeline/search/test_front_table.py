@@ -11,8 +11,13 @@ from rich.table import Table
 
 from pipeline.core.spec import ModelSpec
 from pipeline.core.task_metrics import ACCURACY
+from pipeline.engine.recipe import Recipe
+from pipeline.search.finish import runtime_export
 from pipeline.search.objectives import Baseline, Objectives
-from pipeline.search.pareto import FRONT_NOTE, ParetoRow, pareto_table
+from pipeline.search.pareto import FRONT_NOTE, ParetoRow, exports_cell, pareto_table
+from stages.export.onnx import ONNXExportConfig
+from stages.export.openvino import OpenVINOExportConfig
+from stages.quantize.stage import QuantizeConfig
 
 #: The widest cells a study shows: a long metric name, ties, a re-measure outside its interval, repeats, a failed
 #: export, amp and quantize with layers kept float under the longest runtime name.
@@ -58,3 +63,13 @@ def test_the_table_reads_at_terminal_widths_without_cutting_a_word(residual_spec
     baseline = next(line for line in lines if "baseline" in line.split())
     assert baseline.split()[:5] == ["0", "0.9889", "+0.0000", "1.050", "1.00x"], "the baseline's row comes first"
     assert "full recipe" not in text, "the console shows the short recipe; the full one is in the recipe file"
+
+
+def test_the_file_a_runtime_ran_is_named_by_the_recipe_and_the_exports_cell() -> None:
+    """An OpenVINO-runtime trial ships its IR: the saved recipe names the export that made it (so ``apply
+    --output`` writes it too) and the exports column lists it beside the exports that ran at the end."""
+    ov = OpenVINOExportConfig(inference_precision="f32", model_type="default")
+    recipe = Recipe(stages=(QuantizeConfig(method="int8_dynamic"), ONNXExportConfig(), ov), runtime="openvino")
+    assert runtime_export(recipe) == ov
+    assert runtime_export(Recipe(stages=(ONNXExportConfig(),), runtime="eager")) is None
+    assert exports_cell({"export.coreml": "ok", "export.onnx": "ok", ov.stage: "ok"}) == "coreml, onnx, openvino"

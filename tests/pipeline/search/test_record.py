@@ -33,6 +33,17 @@ def test_params_are_the_resolved_recipe_and_off_stages_say_so() -> None:
     assert params["prune"] == "off" and params["runtime"] == "compile"
 
 
+def test_a_resolved_auto_keeps_the_request_beside_it() -> None:
+    """What ran (bf16, the fusions applied) is the param; what was asked (auto) sits beside it, once."""
+    params = _complete_record().params()
+    assert params["amp.dtype.requested"] == "auto" and params["amp.fp32_layers.requested"] == "null"  # calibrated
+    assert "amp.error_budget.requested" not in params and "runtime.requested" not in params
+    record = TrialRecord(number=1, state=COMPLETE, runtime="onnxruntime", configs={"export.onnx": ONNXExportConfig()},
+                         recipe=Recipe(stages=(ONNXExportConfig(fusions="none"),), runtime="onnxruntime"))
+    assert record.params()["export.onnx.fusions"] == "none"
+    assert record.params()["export.onnx.fusions.requested"] == "auto"
+
+
 def test_an_infeasible_trial_logs_what_it_asked_for() -> None:
     record = TrialRecord(number=3, state=PRUNED, runtime="eager", configs={"prune": PruneConfig(ratio=0.5)},
                          infeasible="prune: forward failed")

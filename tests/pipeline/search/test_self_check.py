@@ -7,6 +7,7 @@ the first pass identical to the reference, so only a second pass shows the state
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ import torch
 from rich.console import Console
 
 from pipeline.cli.main import EXIT_USER_ERROR, main
+from pipeline.core import progress
 from pipeline.core.errors import SpecError
 from pipeline.core.fidelity import MEAN_ABS_ERROR, OUTPUT_R2, R2_FLOOR, default_fidelity_metrics, output_r2
+from pipeline.core.progress import say
 from pipeline.core.self_check import require_stable, self_check
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.search import Search, SearchConfig, run_search
@@ -159,3 +162,26 @@ def test_cli_stops_with_one_error_line(spec_file: Path, tmp_path: Path, capsys: 
     assert "to evaluate anyway" in capsys.readouterr().err
     assert main(["evaluate", *common, "--allow-nondeterministic"]) == 0
     assert "warning: the baseline is unstable" in capsys.readouterr().out
+
+
+def test_the_self_check_says_when_it_starts(residual_spec: ModelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long step prints a start line (here at once: the wait before it is set to 0), then how long it took."""
+    monkeypatch.setattr(progress, "SHOW_AFTER_S", 0.0)
+    stream = io.StringIO()
+    self_check(load_model(residual_spec), residual_spec, CPU, stream)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("self-check: scoring residual_mlp twice and at batch ") and lines[0].endswith(" ...")
+    assert len(lines) == 2 and " done in " in lines[1]
+
+
+def test_a_prose_line_wraps_between_words_at_80_columns() -> None:
+    line = ("machine: 2 usable core(s), load 7.3 from other work: the trials' timings were settled at a 20% "
+            "interval on 14 of 17 trials; /very/long/results/folder/studies/digits-abc/trial-003/recipe.json")
+    terminal = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    log = Console(file=io.StringIO(), width=80)
+    say(terminal, line)
+    say(log, line)
+    shown = terminal.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert len(shown) > 1 and all(len(row) <= 80 for row in shown)
+    assert " ".join(shown).split() == line.split(), "every word whole"
+    assert log.file.getvalue() == line + "\n", "a log file keeps the line whole"  # type: ignore[attr-defined]

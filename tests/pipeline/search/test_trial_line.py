@@ -53,3 +53,16 @@ def test_a_terminal_wraps_the_line_between_words(residual_spec: ModelSpec, width
     assert len(text.splitlines()) > 1 or width >= len(whole)
     assert all(len(line) <= width for line in text.splitlines())
     assert text.split() == whole.split(), "every word whole, in order"
+
+
+def test_an_infeasible_or_failed_trial_names_the_recipe_it_tried(residual_spec: ModelSpec) -> None:
+    """Not only "infeasible: ...": the recipe it asked for (trial 11 was distill alone), then the cause."""
+    distill = config_from_dict({"stage": "distill", "max_seconds": 300})
+    for state, fields, cause in (("PRUNED", {"infeasible": "distill: nothing to recover"},
+                                  "| infeasible: distill: nothing to recover"),
+                                 ("FAIL", {"error": "Traceback\nRuntimeError: boom"}, "| RuntimeError: boom")):
+        console = Console(file=io.StringIO(), width=200)
+        logger(residual_spec, console).show(TrialRecord(number=11, state=state, runtime="eager",
+                                                        configs={"prune": None, "distill": distill}, **fields))
+        line = console.file.getvalue()  # type: ignore[attr-defined]
+        assert line.startswith(f"trial  11 {state:8s} distill 200 | eager {cause}"), line

@@ -131,6 +131,25 @@ def test_ctrl_c_in_a_trial_leaves_nothing_running_and_its_config_runs_again(tmp_
     assert study.get_trials(deepcopy=False)[2].params["x"] == trials[1].params["x"]
 
 
+def test_an_interrupted_config_runs_before_the_seeds_still_waiting(tmp_path: Path) -> None:
+    """Ctrl-C in the first of three seeds: the next invocation runs the interrupted config first, not after the
+    two seeds enqueued before it (Optuna's queue runs waiting trials by number)."""
+    def interrupt(trial: optuna.Trial, x: float) -> TrialOutcome:
+        raise KeyboardInterrupt
+
+    study, lock = _study(tmp_path)
+    for x in (1.0, 2.0, 3.0):
+        study.enqueue_trial({"x": x})
+    assert run_trials(Objective({0: interrupt}), lock, study, TrialBudget(5, finished_states()), None, [])
+    run_trials(Objective(), lock, study, TrialBudget(1, finished_states()), None, [])
+    trials = study.get_trials(deepcopy=False)
+    assert trials[0].state == TrialState.FAIL and retried(trials) == {0}
+    (first,) = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert first.params["x"] == 1.0 and first.number == 3, "the retry (enqueued last) ran first"
+    waiting = [t.system_attrs["fixed_params"]["x"] for t in trials if t.state == TrialState.WAITING]
+    assert waiting == [2.0, 3.0], "the seeds wait, in order"
+
+
 def test_a_second_ctrl_c_while_the_first_is_told_leaves_nothing_running(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     def interrupt(trial: optuna.Trial, x: float) -> TrialOutcome:

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import SpecError
+from pipeline.core.names import MODEL_ENTRY_POINT_GROUP, builtin_names, model_entry_points
 from pipeline.core.spec import ACCURACY, ModelSpec, load_model
-from pipeline.sources.resolve import MODEL_ENTRY_POINT_GROUP, builtin_names, model_entry_points, resolve_spec
+from pipeline.sources.resolve import resolve_spec
 
 GOOD_SPEC_FILE = '''
 import torch

@@ -1,0 +1,200 @@
+"""The command line of ``python -m pipeline``: every option of every command, parsed and checked without torch.
+
+:func:`parse_args` runs before any module that imports torch, MLflow or Optuna is loaded
+(:mod:`pipeline.cli.main` imports :mod:`pipeline.cli.commands` only after it), so a mistyped
+option, number, name or model costs a fraction of a second of CPU, not the seconds torch's
+import takes. What can only be checked with torch (a device present here, a storage URL,
+the search config's contents, the model itself) is checked by the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.names import (
+    ALLOW_FLAG,
+    LATENCY_BUDGET_NAMES,
+    RUNTIME_NAMES,
+    WORKER_FLAG,
+    device_name,
+    model_entry_points,
+    unknown_model,
+    unknown_runtime,
+    unknown_runtimes,
+)
+
+#: Options whose value must be at least 1: the attribute, the flag, what it counts.
+POSITIVE = (("trials", "--trials", "the study's total number of trials"), ("workers", "--workers", None),
+            ("threads", "--threads", None), ("latency_batch", "--latency-batch", None),
+            ("cache_mb", "--cache-mb", None))
+#: Suffixes of the model files that :mod:`pipeline.sources` opens (TorchScript, torch.export).
+MODEL_FILE_SUFFIXES = (".pt", ".pt2", ".ts", ".py")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline",
+        description="Optimize trained PyTorch models: prune, quantize, mixed precision and export, "
+        "searched with Optuna for the best accuracy/latency trade-offs, tracked in MLflow.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    evaluate = sub.add_parser("evaluate", help="measure the unoptimized model: metric, latency, memory, size, MACs",
+                              description="Measure a model as it is: task metric, latency per batch size "
+                              "(p50/p90), peak memory, serialized size, parameters and MACs.")
+    add_model_args(evaluate)
+    evaluate.add_argument("--runtime", default="eager", help=" | ".join(RUNTIME_NAMES))
+    evaluate.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    add_threads_arg(evaluate)
+    add_nondeterministic_arg(evaluate)
+
+    optimize = sub.add_parser(
+        "optimize",
+        help="search prune/distill/quantize/AMP/runtime trade-offs, log trials to MLflow, print the Pareto table",
+        description="Search accuracy/latency trade-offs over composed stages with Optuna; every trial is logged to "
+        "MLflow; the Pareto trials are exported (Core ML, ONNX) at the end. Re-running the same command resumes the "
+        "study; --trials is the study's total.")
+    add_model_args(optimize)
+    add_search_args(optimize)
+    optimize.add_argument("--trials", type=int, default=20, help="total finished trials of the study (default 20)")
+    optimize.add_argument("--timeout", type=float, default=None, help="stop starting trials after this many seconds")
+    optimize.add_argument("--enqueue", action="append", default=[], metavar="RECIPE",
+                          help="run this recipe file as a trial first (repeatable; skipped if already run)")
+    optimize.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    optimize.add_argument("--workers", type=int, default=1,
+                          help="run the study in this many processes on this machine (default 1); more machines: "
+                          "run optimize on each with one --storage postgresql://... and --tracking-uri http://...")
+    optimize.add_argument(WORKER_FLAG, type=int, default=None, help=argparse.SUPPRESS)
+    add_threads_arg(optimize)
+
+    report = sub.add_parser("report", help="print a study's Pareto table again, from its storage",
+                            description="Print the Pareto table of the study that the same optimize options name "
+                            "(or --study-name), read back from the Optuna storage.")
+    add_model_args(report)
+    add_search_args(report)
+    report.add_argument("--json", action="store_true", help="print the Pareto rows as JSON")
+    add_threads_arg(report)  # accepted (and unused) so that make's ARGS work for optimize and report alike
+
+    apply = sub.add_parser("apply", help="replay one recipe: same stages, same exports, measured",
+                           description="Replay a recipe file (from a study's Pareto trials) on the model: apply its "
+                           "stages, measure the result, write its exports. For scripts and CI jobs.")
+    add_model_args(apply)
+    apply.add_argument("--recipe", required=True,
+                       help="a recipe JSON file (runs/studies/<study>/trial-NNN/recipe.json)")
+    apply.add_argument("--output", default=None, help="where the exports and apply.json go "
+                       "(default: <results>/apply/<recipe name>)")
+    apply.add_argument("--no-export", action="store_true", help="apply and measure only; skip the exports")
+    apply.add_argument("--latency-budget", default="normal", choices=LATENCY_BUDGET_NAMES)
+    apply.add_argument("--json", action="store_true", help="print the measurements and exports as JSON")
+    add_threads_arg(apply)
+    return parser
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments every model-handling command takes."""
+    parser.add_argument("--model", "-m", required=True,
+                        help="built-in name (e.g. digits, minilm), path/file.py:attr, package.module:attr, "
+                        "a TorchScript file (model.pt), a torch.export file (model.pt2) or hf:path/to/local/dir")
+    parser.add_argument("--device", default="auto", help="auto (mps, then cuda, then cpu) | mps | cuda | cpu")
+    parser.add_argument("--results-dir", default=None,
+                        help="where everything is written (default: runs/, or $PARETORCH_RESULTS_DIR)")
+    parser.add_argument("--input-shape", default=None, metavar="SHAPE",
+                        help="TorchScript/.pt2 models: shape of one input batch, e.g. 1x3x224x224 (several inputs: "
+                        "1x3x224x224,1x10); the batch dimension is replaced; float32 inputs are generated")
+    parser.add_argument("--inputs-file", default=None, metavar="PATH",
+                        help="TorchScript/.pt2 models: a .pt file of a tensor or tuple of tensors (batch first); "
+                        "hf: models: a UTF-8 text file, one input per line")
+    parser.add_argument("--eval-data", default=None, metavar="PATH",
+                        help="labelled evaluation data, for any model: judge by the task metric instead of fidelity. "
+                        "A .tsv/.csv/.jsonl table with text,label (classification: accuracy) or sentence1,sentence2,"
+                        "score (pairs: Spearman x 100), a .pt file {'inputs', 'labels'} (tensor classification) or "
+                        "a BEIR directory (retrieval: nDCG@10). See docs/metrics-and-task-data.md")
+    parser.add_argument("--output-kind", default="auto", choices=("auto", "logits", "embedding"),
+                        help="TorchScript/.pt2/hf: models: how fidelity is measured: logits -> top-1 agreement, "
+                        "embedding -> mean cosine; auto: logits for a 2-D output whose rows are not unit-norm")
+    parser.add_argument("--trust-pickle", action="store_true",
+                        help=".pt2 models: load archives whose weights or constants are pickled, which runs code "
+                        "from the file: only for files from a trusted author")
+
+
+def add_nondeterministic_arg(parser: argparse._ActionsContainer) -> None:
+    parser.add_argument(ALLOW_FLAG, action="store_true",
+                        help="go on when the unoptimized model scores differently twice or at another batch size "
+                        "(a model that keeps state between calls or is nondeterministic); the run says by how much")
+
+
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: torch's choice). On a loaded machine, 1 thread "
+                        "gives steadier latencies than several threads waiting on each other")
+
+
+def add_search_args(parser: argparse.ArgumentParser) -> None:
+    """Options that name a study (shared by ``optimize`` and ``report``); unset ones come from the search config."""
+    group = parser.add_argument_group("search (defaults from pipeline/defaults/search.yaml)")
+    group.add_argument("--search-config", default=None, metavar="YAML", help="a search config file")
+    add_nondeterministic_arg(group)
+    group.add_argument("--pipeline", default=None,
+                       help="default, a name in pipeline/defaults/pipelines/ or a YAML path")
+    group.add_argument("--max-drop", default=None, metavar="DROP",
+                       help="allowed metric drop vs the unoptimized model: absolute (0.01) or a percentage of "
+                       "the baseline metric (1%%) (default 0.01)")
+    group.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))
+    group.add_argument("--seed", type=int, default=None, help="sampler seed")
+    group.add_argument("--objectives", default=None, help="comma list of metric,latency,size (default metric,latency)")
+    group.add_argument("--minimize-size", action="store_true", help="add the serialized size as a third objective")
+    group.add_argument("--runtimes", default=None, help="comma list of runtimes to search (eager,compile,...)")
+    group.add_argument("--latency-budget", default=None, choices=LATENCY_BUDGET_NAMES,
+                       help="latency measurement effort per trial, timed alone and paired with the baseline "
+                       "(quick: 1 call per side per paired round; a search times the objective batch only; "
+                       "docs/latency.md)")
+    group.add_argument("--latency-batch", type=int, default=None, help="batch size of the latency objective")
+    group.add_argument("--disable", default=None, help="comma list of stage nodes kept off (e.g. amp,prune)")
+    group.add_argument("--exports", default=None, choices=("pareto", "every_trial", "none"),
+                       help="when exports run (default: for the Pareto trials, after the search)")
+    group.add_argument("--cache-mb", type=int, default=None, help="memory bound of the model cache (MiB)")
+    group.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///<results>/optuna.db)")
+    group.add_argument("--study-name", default=None, help="use this study name instead of the derived one")
+    group.add_argument("--tracking-uri", default=None,
+                       help="MLflow tracking URI (default sqlite:///<results>/mlflow.db; "
+                       "http://host:port for a server)")
+
+
+def split_list(text: str | None) -> tuple[str, ...] | None:
+    """A comma list option (``--runtimes eager,compile``) as names; None when not given."""
+    return tuple(p.strip() for p in text.split(",") if p.strip()) if text else None
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed command line (argparse exits with its usage and ``error:`` line on a malformed one)."""
+    return build_parser().parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every check that needs no torch: numbers in range, device, runtime and model names, the recipe file.
+    A problem is a :class:`~pipeline.core.errors.PipelineError` (one ``error:`` line, exit code 2)."""
+    for attr, flag, meaning in POSITIVE:
+        value = getattr(args, attr, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag}={value}: must be >= 1" + (f" ({meaning})" if meaning else ""))
+    args.device = device_name(args.device)
+    if getattr(args, "runtime", None) is not None and args.runtime not in RUNTIME_NAMES:
+        raise unknown_runtime(args.runtime)
+    if (problem := unknown_runtimes(split_list(getattr(args, "runtimes", None)) or ())) is not None:
+        raise ConfigError(f"--runtimes: {problem}")
+    if (recipe := getattr(args, "recipe", None)) is not None and not Path(recipe).is_file():
+        raise ConfigError(f"recipe file not found: {recipe}")
+    _check_model_name(args)
+
+
+def _check_model_name(args: argparse.Namespace) -> None:
+    """A bare word that is no registered model (``--model digitz``) fails here; files, ``module:attr`` and
+    ``hf:`` references, and any model given with source options, are resolved (and checked) by the command."""
+    ref = args.model.strip()
+    plain_word = ref and not any(c in ref for c in ":/\\") and not ref.endswith(MODEL_FILE_SUFFIXES)
+    with_options = args.input_shape or args.inputs_file or args.output_kind != "auto" or args.trust_pickle
+    if plain_word and not with_options and not Path(ref).exists() and ref not in model_entry_points():
+        raise unknown_model(ref)

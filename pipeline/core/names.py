@@ -1,0 +1,63 @@
+"""The names a user types on the command line, checked without torch.
+
+``python -m pipeline`` parses and checks its arguments before it imports torch (seconds of CPU),
+so a typo costs well under a second. The modules that act on these names (the device table, the
+runtime registry, the latency settings, the model resolver) import them from here; the tests check
+that the registries hold exactly these names.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from pipeline.core.errors import ConfigError, DeviceError, SpecError
+
+DEVICE_CHOICES = ("auto", "mps", "cuda", "cpu")
+#: Order in which ``auto`` picks a device.
+AUTO_ORDER = ("mps", "cuda", "cpu")
+#: The runtimes of :mod:`pipeline.core.runtimes.registry`, in the order the console lists them.
+RUNTIME_NAMES = ("eager", "compile", "compile_dynamic", "compile_cudagraphs", "onnxruntime", "openvino")
+#: The settings of :data:`pipeline.core.latency.LATENCY_BUDGETS` (``--latency-budget``).
+LATENCY_BUDGET_NAMES = ("quick", "normal", "thorough")
+#: Entry-point group through which packages declare model specs by name
+#: (``[project.entry-points."paretorch.models"] name = "module:attr"``, a ModelSpec or a function returning one).
+MODEL_ENTRY_POINT_GROUP = "paretorch.models"
+#: Go on when the unoptimized model scores differently twice (:mod:`pipeline.core.self_check`).
+ALLOW_FLAG = "--allow-nondeterministic"
+#: The hidden option that makes a process one worker of a study its parent prepared (:mod:`pipeline.search.workers`).
+WORKER_FLAG = "--worker-index"
+
+
+def device_name(name: str) -> str:
+    """``name`` lower-cased when it is one of :data:`DEVICE_CHOICES`; else a :class:`DeviceError`."""
+    name = name.strip().lower()
+    if name not in DEVICE_CHOICES:
+        raise DeviceError(f"unknown device '{name}': choose one of {', '.join(DEVICE_CHOICES)}")
+    return name
+
+
+def unknown_runtime(name: str) -> ConfigError:
+    """The error of a runtime name that is not registered."""
+    return ConfigError(f"unknown runtime '{name}': choose one of {', '.join(RUNTIME_NAMES)}")
+
+
+def unknown_runtimes(names: tuple[str, ...] | list[str]) -> str | None:
+    """What is wrong with a list of runtime names (``--runtimes``), None when every one is registered."""
+    unknown = [name for name in names if name not in RUNTIME_NAMES]
+    return f"unknown runtime(s) {', '.join(unknown)}: choose from {', '.join(RUNTIME_NAMES)}" if unknown else None
+
+
+def model_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    """The registered model names (the ``paretorch.models`` entry points), by name."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=MODEL_ENTRY_POINT_GROUP)}
+
+
+def builtin_names() -> list[str]:
+    """Names of the registered model specs (``MODEL=digits``), sorted."""
+    return sorted(model_entry_points())
+
+
+def unknown_model(ref: str) -> SpecError:
+    """The error of a ``--model`` that is neither a registered name nor a file or module reference."""
+    return SpecError(f"unknown model '{ref}': built-ins are {', '.join(builtin_names())}; "
+                     "or pass path/to/file.py:attr or package.module:attr")
