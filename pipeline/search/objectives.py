@@ -221,7 +221,8 @@ class Objectives:
         drop = self.drop(baseline, metric_value)
         allowed = self.threshold(baseline)
         constraint = drop - allowed
-        floors = floor_failures(self.spec, extras or {}) if self.spec.fidelity_floors else []
+        share = allowed / abs(baseline.metric_value) if baseline.metric_value else None
+        floors = floor_failures(self.spec, extras or {}, share) if self.spec.fidelity_floors else []
         if floors and constraint <= 0:
             return DropVerdict(False, max(constraint, 0.0) + UNSTABLE_CONSTRAINT,
                                FLOOR_REASON + "; ".join(floors), unstable and f"latency unstable: {unstable}",

@@ -96,13 +96,16 @@ class _SearchConfigBefore(SearchConfig):
 def test_an_absolute_drop_keeps_its_study_name_and_a_relative_one_gets_its_own(residual_spec: ModelSpec) -> None:
     cpu, pipeline = torch.device("cpu"), default_pipeline()
     before = study_name(residual_spec, cpu, _SearchConfigBefore.load(None, max_drop=0.01), pipeline)
-    for given in (0.01, "0.01", "0.010", None):
+    for given in (0.01, "0.01", "0.010"):
         config = SearchConfig.load(None, max_drop=given)
         assert config.identity()["max_drop"] == 0.01 and isinstance(config.identity()["max_drop"], float)
         assert study_name(residual_spec, cpu, config, pipeline) == before
     relative = SearchConfig.load(None, max_drop="1%")
     assert relative.identity()["max_drop"] == "1%"
     assert study_name(residual_spec, cpu, relative, pipeline) != before
+    # the default is now 1 % of the baseline (issue 35): the same study as an explicit --max-drop 1%
+    assert study_name(residual_spec, cpu, SearchConfig.load(None), pipeline) == study_name(
+        residual_spec, cpu, relative, pipeline)
 
 
 def _prune_search(spec: ModelSpec, folder: Path, max_drop: str) -> tuple[Search, Baseline]:
