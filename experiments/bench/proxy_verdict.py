@@ -15,12 +15,14 @@ Every variant is made with the project's own stages (``run_chain``) on the CPU, 
 
 A verdict *agrees* with the truth when both say within (or both over) the limit; when the truth's interval
 straddles the limit the truth is *either* (within sampling noise) and any verdict agrees. Each row also keeps
-every embedding fidelity metric on the news sentences (``news_*``) and on the pairs' sentences, so the floor
-can be re-calibrated from the file (``--calibrate`` prints, per metric, where it puts the variants).
+every embedding fidelity metric on the news sentences (``news_*``) and the cheap ones on the pairs' sentences, so
+the floor can be re-calibrated from the file (``tracking``: per metric, how it follows the STS score and where it
+puts the variants within 1 % of fp32's STS score and the others, :func:`experiments.bench.fidelity_check.tracking`).
 
 Embeddings are cached per variant (``--cache``, keyed by the recipe): a re-run rebuilds nothing already
-embedded. One JSON file, ``proxy-verdict-minilm-cpu.json``, rendered into ``docs/metrics-and-task-data.md``
-by hand from :func:`render` (printed at the end).
+embedded. One JSON file, ``proxy-verdict-minilm-cpu.json``; :func:`render` prints the table that
+``docs/metrics-and-task-data.md`` shows. The recorded run (2026-11-28, AMD EPYC, 1 thread, load 10-17 from
+other jobs) took about 80 minutes, most of it the six 100-step distillations (about 5-6 minutes each).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from experiments.data import news_sentences
 from experiments.models import minilm
 from pipeline.api import StageContext, load_model, run_chain
 from pipeline.core.evaluate import evaluation_outputs
-from pipeline.core.fidelity import fidelity_report
+from pipeline.core.fidelity import MEAN_COSINE, NEIGHBOUR_AGREEMENT, SQNR_DB, fidelity_report
 from pipeline.core.ranking import row_spearman, spearman
 from pipeline.core.stage import StageConfig
 from pipeline.engine.cache import NodeCache
@@ -58,13 +60,19 @@ from stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 RESULT_FILE = "proxy-verdict-minilm-cpu.json"
-#: Bootstrap resamples of the labelled truth's interval (its ends move < 0.02 points between seeds).
-RESAMPLES = 2000
+#: Bootstrap resamples of the labelled truth's interval.
+RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 LEVEL = 0.95
 #: The drops every variant is judged at: the default (relative) and the strict absolute one ("lossless").
 LIMITS = ("1%", "0.01")
 NEWS = "news_"
+#: The families whose built-in verdict still disagrees with the labels, each named in ``minilm.CAVEAT`` (with the
+#: pointer to ``--eval-data``); a test holds the published table and the caveat to this list.
+CAVEAT_FAMILIES = ("FFN width",)
+#: Fidelity on the pairs' own 2,910 sentences: the cheap metrics only (the pairwise and top-10 ones take
+#: about a minute each per variant there on one busy core; on the 512 news sentences every metric is kept).
+PAIR_METRICS = (MEAN_COSINE, SQNR_DB, NEIGHBOUR_AGREEMENT)
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,7 @@ class Variant:
 
 def variants(distill_steps: int) -> list[Variant]:
     """Every family the search builds for MiniLM on a CPU, eager: each at a mild and (where it has a size)
-    a strong setting, the structural ones with and without distillation (``distill_steps``, the search's
+    a strong setting, the structured ones with and without distillation (``distill_steps``, the search's
     smallest choice by default). fp32 first (the reference)."""
     distill = DistillConfig(steps=distill_steps)
 
@@ -101,6 +109,8 @@ def variants(distill_steps: int) -> list[Variant]:
         ("depth 0.1 + pack + fp16", "depth", (depth1, pack, fp16)),
         ("heads 0.1", "heads", (heads1,)),
         ("heads 0.3", "heads", (heads2,)),
+        ("unstructured 0.3", "unstructured", (PruneConfig(method="unstructured", ratio=0.3),)),
+        ("unstructured 0.5", "unstructured", (PruneConfig(method="unstructured", ratio=0.5),)),
         ("FFN 0.2", "FFN width", (ffn1,)),
         ("FFN 0.5", "FFN width", (ffn2,)),
         (f"depth 0.1 + distill {distill_steps}", "depth + distill", (depth1, distill)),
@@ -190,7 +200,8 @@ def verdicts(spec: Any, base_metric: float, metrics: dict[str, float]) -> dict[s
     return result
 
 
-def score(entries: Sequence[Variant], spec: Any, pairs: Pairs, outputs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def score(entries: Sequence[Variant], spec: Any, pairs: Pairs,
+          outputs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per variant: the spec's metrics, the built-in verdicts, the labelled truth and fidelity."""
     targets = torch.cat([t for _, t in spec.evaluation()])
     reference = outputs[0]
@@ -207,7 +218,7 @@ def score(entries: Sequence[Variant], spec: Any, pairs: Pairs, outputs: Sequence
             "variant": entry.name, "family": entry.family, "recipe": recipe_of(entry.chain),
             "spec_metrics": metrics, "verdicts": judged, "truth": labelled,
             "human": labelled["score"],  # fidelity_check.tracking's keys
-            "fidelity": fidelity_report(own["sts"], reference["sts"], METRICS)
+            "fidelity": fidelity_report(own["sts"], reference["sts"], PAIR_METRICS)
             | {NEWS + k: v for k, v in fidelity_report(own["news"], reference["news"], METRICS).items()},
             "build_s": round(float(own["seconds"][0]), 1), "embed_s": round(float(own["seconds"][1]), 1),
         })
@@ -235,13 +246,6 @@ def render(result: dict[str, Any]) -> str:
             f"[{labelled['ci_low_pct']:+.2f}, {labelled['ci_high_pct']:+.2f}] | {default['truth']} "
             f"| {said(strict)} | {strict['truth']} |")
     return "\n".join(lines)
-
-
-def calibration(rows: Sequence[dict[str, Any]], share_pct: float = 1.0) -> dict[str, dict[str, Any]]:
-    """Per fidelity metric: how it tracks the STS score and where it puts the variants within / over
-    ``share_pct`` (:func:`experiments.bench.fidelity_check.tracking`, with the same "as good" line)."""
-    names = list(rows[0]["fidelity"])
-    return tracking(rows, names) if abs(share_pct - 1.0) < 1e-9 else {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "pairs": int(pairs.scores.numel()), "sentences": len(pairs.sentences), "resamples": RESAMPLES,
         "metric": spec.metric.name, "floor_metric": floor.metric, "floor": floor.floor, "floor_share": floor.share,
-        "rows": rows, "tracking": calibration(rows),
+        "rows": rows, "tracking": tracking(rows, list(rows[0]["fidelity"])),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / RESULT_FILE

@@ -3,9 +3,10 @@
 ``--max-drop 0.01`` allows the metric to get 0.01 worse than the unoptimized model's;
 ``--max-drop 1%`` allows 1 % of the unoptimized model's value (0.0098 of an accuracy of
 0.9822). The default is relative, :data:`DEFAULT_MAX_DROP` (1 %), unless the search config
-(``pipeline/defaults/search.yaml`` or ``--search-config``) or the flag sets its own. For a metric where lower is better (a loss, a perplexity) the drop is measured
-upward. :class:`pipeline.search.objectives.Objectives` owns the value and gives every
-trial its verdict; nothing else compares drops.
+(``pipeline/defaults/search.yaml`` or ``--search-config``) or the flag sets its own. For a
+metric where lower is better (a loss, a perplexity) the drop is measured upward.
+:class:`pipeline.search.objectives.Objectives` owns the value and gives every trial its verdict;
+nothing else compares drops.
 """
 
 from __future__ import annotations

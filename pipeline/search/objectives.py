@@ -216,8 +216,9 @@ class Objectives:
         check uses (the trial's tag, the Optuna constraint, the runtime sweep). ``unstable``: why the
         trial's paired latency is not trusted (:mod:`pipeline.core.paired`); such a trial is infeasible
         too, its constraint positive, so ``study.best_trials`` leaves it out. ``extras``: the trial's
-        extra metrics, checked against the spec's fidelity floors (:mod:`pipeline.core.fidelity_floor`);
-        a trial below one is infeasible with the floor as its reason, its constraint positive."""
+        extra metrics, checked against the spec's fidelity floors (:mod:`pipeline.core.fidelity_floor`) at
+        this drop's share of the baseline metric (a stricter drop, a higher floor); a trial below one is
+        infeasible with the floor as its reason, its constraint positive."""
         drop = self.drop(baseline, metric_value)
         allowed = self.threshold(baseline)
         constraint = drop - allowed
