@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from experiments.bench.fidelity_check import METRICS, Pairs, embed, read_pairs, tracking
+from experiments.bench.fidelity_check import METRICS, Pairs, embed, read_pairs, tracking, write_result
 from experiments.data import news_sentences
 from experiments.models import minilm
 from pipeline.api import StageContext, load_model, run_chain
@@ -89,8 +89,8 @@ def variants(distill_steps: int) -> list[Variant]:
     distill = DistillConfig(steps=distill_steps)
 
     def structured(ratio: float, part: str) -> PruneConfig:
-        other = {"heads": "ffn_ratio", "ffn": "head_ratio"}[part]
-        return PruneConfig(ratio=ratio, **{other: 0.0})
+        """Heads only (FFN widths kept) or FFN widths only (heads kept): the search's ``prune.structure``."""
+        return PruneConfig(ratio=ratio, ffn_ratio=0.0) if part == "heads" else PruneConfig(ratio=ratio, head_ratio=0.0)
 
     depth1, depth2 = PruneConfig(method="depth", ratio=0.1), PruneConfig(method="depth", ratio=0.3)
     heads1, heads2 = structured(0.1, "heads"), structured(0.3, "heads")
@@ -280,11 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "metric": spec.metric.name, "floor_metric": floor.metric, "floor": floor.floor, "floor_share": floor.share,
         "rows": rows, "tracking": tracking(rows, list(rows[0]["fidelity"])),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / RESULT_FILE
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(render(result))
-    print(f"wrote {path}")
+    write_result(args.out / RESULT_FILE, result, render(result))
     return 0
 
 
