@@ -70,8 +70,9 @@ class AllowedDrop:
         if self.kind == "absolute":
             return self.amount
         if not math.isfinite(baseline_value) or baseline_value <= 0.0:
-            raise _error(self.given(), f"a relative drop needs a positive baseline metric, and the baseline's is "
-                                       f"{baseline_value:g}; give an absolute drop instead (e.g. {FLAG} 0.01)")
+            given = f"{self.given()} (the default)" if self == DEFAULT_MAX_DROP else self.given()
+            raise _error(given, f"a relative drop needs a positive baseline metric, and the baseline's is "
+                                f"{baseline_value:g}; give an absolute drop instead (e.g. {FLAG} 0.01)")
         return self.amount * baseline_value
 
     def describe(self, baseline_value: float | None = None) -> str:

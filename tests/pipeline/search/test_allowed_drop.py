@@ -63,9 +63,12 @@ def test_a_relative_threshold_is_a_share_of_the_baseline() -> None:
     assert AllowedDrop.parse("0.01").threshold(0.8203) == 0.01
     assert AllowedDrop.parse("0.01").describe(0.8203) == "0.01 absolute"
     for baseline in (0.0, -2.0):
-        with pytest.raises(ConfigError, match=r"^--max-drop 1%: a relative drop needs a positive baseline metric.*"
+        with pytest.raises(ConfigError, match=r"^--max-drop 1% \(the default\): a relative drop needs a positive "
+                                              r"baseline metric.*"
                                               r"give an absolute drop instead \(e.g. --max-drop 0.01\)"):
             allowed.threshold(baseline)
+        with pytest.raises(ConfigError, match=r"^--max-drop 2%: a relative drop needs a positive baseline metric"):
+            AllowedDrop.parse("2%").threshold(baseline)
 
 
 def test_a_lower_is_better_metric_drops_upward(residual_spec: ModelSpec) -> None:
