@@ -22,7 +22,8 @@ puts the variants within 1 % of fp32's STS score and the others, :func:`experime
 Embeddings are cached per variant (``--cache``, keyed by the recipe): a re-run rebuilds nothing already
 embedded. One JSON file, ``proxy-verdict-minilm-cpu.json``; :func:`render` prints the table that
 ``docs/metrics-and-task-data.md`` shows. The recorded run (2026-11-28, AMD EPYC, 1 thread, load 10-17 from
-other jobs) took about 80 minutes, most of it the six 100-step distillations (about 5-6 minutes each).
+other jobs) took about 80 minutes, most of it the six 100-step distillations (about 5-6 minutes each),
+plus 10 minutes for the one 400-step distillation (load 5-6).
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ def variants(distill_steps: int) -> list[Variant]:
         (f"depth 0.3 + distill {distill_steps}", "depth + distill", (depth2, distill)),
         (f"heads 0.1 + distill {distill_steps}", "heads + distill", (heads1, distill)),
         (f"heads 0.3 + distill {distill_steps}", "heads + distill", (heads2, distill)),
+        # the family nearest the floor after 100 steps: the search's longest distillation too
+        ("heads 0.3 + distill 400", "heads + distill", (heads2, DistillConfig(steps=400))),
         (f"FFN 0.2 + distill {distill_steps}", "FFN width + distill", (ffn1, distill)),
         (f"FFN 0.5 + distill {distill_steps}", "FFN width + distill", (ffn2, distill)),
     ]
