@@ -12,7 +12,8 @@ RESULTS     ?= runs
 TRIALS      ?= 20
 # Worker processes on one study (make optimize WORKERS=4); more machines: one --storage postgresql://...
 WORKERS     ?= 1
-MAX_DROP    ?= 0.01
+# Allowed metric drop: empty = the search config's (1 % of the baseline metric by default); MAX_DROP=0.01 is absolute
+MAX_DROP    ?=
 UI_PORT     ?= 5000
 DASHBOARD_PORT ?= 8080
 # Extra options for evaluate/optimize/report, e.g. ARGS="--latency-budget quick --runtimes eager --threads 1"
@@ -51,10 +52,10 @@ evaluate: $(STAMP)
 
 # Searches (or resumes: TRIALS is the study's total) and prints the Pareto table.
 optimize: $(STAMP)
-	$(PY) -m pipeline optimize --model $(MODEL) --device $(DEVICE) --trials $(TRIALS) --workers $(WORKERS) --max-drop $(MAX_DROP) $(ARGS)
+	$(PY) -m pipeline optimize --model $(MODEL) --device $(DEVICE) --trials $(TRIALS) --workers $(WORKERS) $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(ARGS)
 
 report: $(STAMP)
-	$(PY) -m pipeline report --model $(MODEL) --device $(DEVICE) --max-drop $(MAX_DROP) $(ARGS)
+	$(PY) -m pipeline report --model $(MODEL) --device $(DEVICE) $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(ARGS)
 
 # Foreground MLflow UI over the results' store; stop with Ctrl-C. Artifacts are served from this
 # results folder (mlflow-artifacts:/ locations), wherever it was moved or copied to.
@@ -86,7 +87,7 @@ bench: $(STAMP)
 	$(PY) -m experiments.bench --model digits --device $(DEVICE) --trials $(BENCH_TRIALS)
 	held=""; if [ -f $(STS_DEV) ]; then $(PY) -m experiments.data.sts_benchmark $(STS_DEV) runs/bench/sts-dev.tsv \
 	  && held="--held-out runs/bench/sts-dev.tsv"; else echo "no $(STS_DEV): the MiniLM benchmark runs without its held-out check"; fi; \
-	  $(PY) -m experiments.bench --model minilm --device $(DEVICE) --trials $(BENCH_TRIALS) --max-drop 1% $$held
+	  $(PY) -m experiments.bench --model minilm --device $(DEVICE) --trials $(BENCH_TRIALS) $$held
 	for model in digits minilm; do $(PY) -m experiments.bench.ort_rows --model $$model || exit 1; done
 	$(PY) -m experiments.bench.peers --model minilm $$([ -f runs/bench/sts-dev.tsv ] && echo --held-out runs/bench/sts-dev.tsv) \
 	  $$([ -f $(RESULTS)/bench/best-minilm-cpu.json ] && echo --recipe $(RESULTS)/bench/best-minilm-cpu.json) \

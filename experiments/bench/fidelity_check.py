@@ -266,12 +266,16 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(), "pairs": int(pairs.scores.numel()), "sentences": len(pairs.sentences),
         "as_good": AS_GOOD, "rows": rows, "tracking": tracking(rows, names),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{FIDELITY_CHECK_PREFIX}minilm-{device.type}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(render(result))
-    print(f"wrote {path}")
+    write_result(args.out / f"{FIDELITY_CHECK_PREFIX}minilm-{device.type}.json", result, render(result))
     return 0
+
+
+def write_result(path: Path, result: dict[str, Any], rendered: str) -> None:
+    """Write ``result`` as JSON to ``path`` (its folder made if missing), then print ``rendered`` and the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(rendered)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@
 # do not fit one 64 MiB call: send .whl first and install it (python3 -m pip install -q --no-index --no-deps
 # --target /tmp/site .whl/*.whl && touch /tmp/site/.installed), then, within the machine's 30 s warm window,
 # send .carry with the `queue` call (`start` skips the install once /tmp/site/.installed exists).
-#   [TRIALS=30 BATCH=1 MAX_DROP=0.01 HELD_OUT=FILE BENCH_ARGS=...] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
+#   [TRIALS=30 BATCH=1 MAX_DROP=1% HELD_OUT=FILE BENCH_ARGS=...] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
 #   gpu.sh queue "MODEL:BATCH ... rows:1,256"   start them one after another in one background job (clean timings);
 #                          rows:B1,B2 runs experiments.bench.gpu_rows (the one-line rows) at those batch sizes
 #   gpu.sh wait SECONDS    wait up to SECONDS for running benchmarks, print their progress
@@ -50,7 +50,7 @@ start)
              --out "$RESULTS/gpu-rows-minilm.json" "${extra_args[@]}")
   else
     command=(python3 -m experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch "${BATCH:-1}"
-             --max-drop "${MAX_DROP:-0.01}" --out "$RESULTS" "${extra_args[@]}" ${BENCH_ARGS:-})
+             --max-drop "${MAX_DROP:-1%}" --out "$RESULTS" "${extra_args[@]}" ${BENCH_ARGS:-})
   fi
   cd "$code" && env "${extra_env[@]}" PYTHONPATH=$code/.dist:$SITE PARETORCH_RESULTS_DIR=/tmp/runs \
     PARETORCH_MINILM_DIR=/tmp/minilm PYTHONUNBUFFERED=1 setsid nohup "${command[@]}" \

@@ -43,7 +43,7 @@ from rich.console import Console
 from torch import Tensor
 
 from experiments.bench.paths import MARKDOWN, RESULTS_DIR
-from experiments.bench.render import DEFAULT_MAX_DROP, render_markdown, render_table
+from experiments.bench.render import render_markdown, render_table
 from experiments.bench.settings import BENCH_LATENCY
 from experiments.bench.timeline import best_so_far, time_split
 from pipeline.core.device import capabilities, describe, move_module, resolve_device
@@ -59,7 +59,7 @@ from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
 from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.allowed_drop import AllowedDrop
+from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
 from pipeline.search.study import ATTR_MACHINE_PROBE
 from pipeline.search.study_latency import StudyLatency
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         suffix = "" if batch == default_batch else f"-b{batch}"  # e.g. the GPU throughput objective, batch 256
         if (emulated := result.get("isa", {}).get("emulated")) is not None:
             suffix += f"-{emulated}-emulated"  # an AVX2 row on a wider CPU
-        if max_drop != DEFAULT_MAX_DROP:  # -drop0.03, -drop1pct
+        if max_drop != DEFAULT_MAX_DROP:  # -drop0.01 (absolute), -drop3pct
             suffix += f"-drop{max_drop.percent:g}pct" if max_drop.kind == "relative" else f"-drop{max_drop.amount:g}"
         path = args.out / f"{result['model']}-{result['device_kind']}{suffix}.json"
         path.write_text(json.dumps(result, indent=2))

@@ -30,10 +30,8 @@ from experiments.bench.render_extra import (
 from experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
 from experiments.bench.search_quality import render as render_search_quality
 from experiments.bench.timeline import render as render_timeline
-from pipeline.search.allowed_drop import AllowedDrop
+from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 
-#: The allowed metric drop of the search (``--max-drop``: ``0.01`` or ``1%``); other values get their own result file.
-DEFAULT_MAX_DROP = AllowedDrop("absolute", 0.01)
 #: Extra metrics shown as the table's fidelity column, the first one the rows have.
 FIDELITY_COLUMNS = ("neighbour_agreement", "mean_cosine")
 

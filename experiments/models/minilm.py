@@ -155,17 +155,21 @@ def training_inputs() -> list[Batch]:
 MAX_TOKENS = 256
 
 #: The fidelity floor (:mod:`pipeline.core.fidelity_floor`): the rank correlation of pairwise cosine
-#: similarities of 512 news sentences (:mod:`experiments.data.news_sentences`) against fp32's.
+#: similarities of 512 news sentences (:mod:`experiments.data.news_sentences`) against fp32's, calibrated for
+#: an allowed drop of 1 % (raised toward 1.0 for a stricter one: a word score that rises while the
+#: embeddings move cannot pass for lossless).
 NEWS_FLOOR_METRIC = "news_pairwise_rank_correlation"
-NEWS_FLOOR = 0.83
-NEWS_FLOOR_WHY = ("word similarity misses sentence-level loss; on 14 MiniLM variants every one within 1 % of "
-                  "fp32 on human-rated sentence pairs scored >= 0.847 here, every worse one <= 0.812")
+NEWS_FLOOR = 0.885
+NEWS_FLOOR_SHARE = 0.01
+NEWS_FLOOR_WHY = ("word similarity misses sentence-level loss; on 22 MiniLM variants of every recipe family scored on "
+                  "human-rated sentence pairs, every one within 1 % scored >= 0.90 here, every one over 1 % <= 0.87 "
+                  "(docs/metrics-and-task-data.md)")
 
 
-#: The recipe families the built-in task misjudges (issue 26, measured on human-rated sentence pairs).
-CAVEAT = ("minilm's built-in verdict (word similarity + news fidelity floor) cannot judge attention-head pruning "
-          "or FFN-width pruning: on human-rated sentence pairs it accepted heads -25 % (-1.5 % on sentences) and "
-          "rejected FFN width -25 % + distillation (within 0.3 %); for those, give sentence pairs: --eval-data "
+#: The recipe families the built-in task misjudges (issue 35, ``experiments/bench/proxy_verdict.py``).
+CAVEAT = ("minilm's built-in verdict (word similarity + news fidelity floor) is conservative on FFN-width pruning: "
+          "on human-rated sentence pairs it rejected FFN width -20 % + distillation, which stays within 1 % on "
+          "sentences, because the word score falls; to judge such recipes, give sentence pairs: --eval-data "
           "pairs.tsv (sentence1, sentence2, score; docs/metrics-and-task-data.md)")
 
 
@@ -192,5 +196,5 @@ def spec() -> ModelSpec:
     )
     scored = with_task_data(model, word_similarity.load())
     floored = with_fidelity_floor(scored, encode_text(news_sentences.load()), PAIRWISE_RANK_CORRELATION,
-                                  NEWS_FLOOR_METRIC, NEWS_FLOOR, NEWS_FLOOR_WHY)
+                                  NEWS_FLOOR_METRIC, NEWS_FLOOR, NEWS_FLOOR_WHY, share=NEWS_FLOOR_SHARE)
     return dataclasses.replace(floored, caveat=CAVEAT)

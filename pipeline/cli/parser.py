@@ -141,7 +141,7 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
                        help="default, a name in pipeline/defaults/pipelines/ or a YAML path")
     group.add_argument("--max-drop", default=None, metavar="DROP",
                        help="allowed metric drop vs the unoptimized model: absolute (0.01) or a percentage of "
-                       "the baseline metric (1%%) (default 0.01)")
+                       "the baseline metric (1%%) (default 1%%, or the search config's)")
     group.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))
     group.add_argument("--seed", type=int, default=None, help="sampler seed")
     group.add_argument("--objectives", default=None, help="comma list of metric,latency,size (default metric,latency)")

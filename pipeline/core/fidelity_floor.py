@@ -26,9 +26,10 @@ from pipeline.core.fidelity import reference_outputs
 from pipeline.core.spec import Batch, FidelityFloor, LabelledBatch, Metric, ModelSpec, split_batches
 
 
-def floor_failures(spec: ModelSpec, extras: Mapping[str, float]) -> list[str]:
-    """Every fidelity floor of ``spec`` that ``extras`` (a trial's extra metrics) fail, in words."""
-    return [reason for floor in spec.fidelity_floors if (reason := floor.failure(extras)) is not None]
+def floor_failures(spec: ModelSpec, extras: Mapping[str, float], allowed_share: float | None = None) -> list[str]:
+    """Every fidelity floor of ``spec`` that ``extras`` (a trial's extra metrics) fail, in words, at an allowed
+    drop of ``allowed_share`` of the baseline task metric (:meth:`FidelityFloor.at`; None: the floors as set)."""
+    return [reason for floor in spec.fidelity_floors if (reason := floor.failure(extras, allowed_share)) is not None]
 
 
 def _rows_of(metric: Metric, part: Callable[[Tensor], Tensor]) -> Metric:
@@ -45,9 +46,15 @@ def _rows_of(metric: Metric, part: Callable[[Tensor], Tensor]) -> Metric:
 
 
 def with_fidelity_floor(spec: ModelSpec, inputs: Batch, fidelity: Metric, name: str, floor: float, why: str,
-                        batch_size: int = 32) -> ModelSpec:
+                        batch_size: int = 32, share: float = 0.01) -> ModelSpec:
     """``spec`` whose evaluation also runs ``inputs`` and reports ``fidelity`` on them, against the
-    unoptimized model's outputs, as the extra metric ``name``, with the floor ``floor``."""
+    unoptimized model's outputs, as the extra metric ``name``, with the floor ``floor`` calibrated for an
+    allowed drop of ``share`` of the baseline task metric (raised toward the metric's best value, its upper
+    bound, for a stricter one: :meth:`FidelityFloor.at`)."""
+    if not fidelity.higher_is_better or fidelity.bounds is None:
+        raise SpecError(f"model '{spec.name}': a fidelity floor needs a metric where higher is better with an upper "
+                        f"bound (its value for an unchanged model); {fidelity.name} has none")
+    perfect = fidelity.bounds[1]
     taken = {spec.metric.name, *(m.name for m in spec.extra_metrics)}
     if name in taken:
         raise SpecError(f"model '{spec.name}': the floor metric '{name}' is already one of its metrics")
@@ -72,5 +79,5 @@ def with_fidelity_floor(spec: ModelSpec, inputs: Batch, fidelity: Metric, name: 
         metric=_rows_of(spec.metric, task_part),
         extra_metrics=(*(_rows_of(m, task_part) for m in spec.extra_metrics),
                        dataclasses.replace(fidelity, name=name, compute=on_floor_rows, resampled=None)),
-        fidelity_floors=(*spec.fidelity_floors, FidelityFloor(name, floor, why)),
+        fidelity_floors=(*spec.fidelity_floors, FidelityFloor(name, floor, why, share, perfect)),
     )

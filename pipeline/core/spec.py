@@ -66,20 +66,36 @@ ACCURACY = Metric("accuracy", higher_is_better=True, compute=accuracy, bounds=(0
 
 @dataclass(frozen=True)
 class FidelityFloor:
-    """``metric`` (an extra metric of the spec) must be at least ``floor``; ``why``: where the floor comes from."""
+    """``metric`` (an extra metric of the spec) must be at least ``floor``; ``why``: where the floor comes from.
+
+    ``floor`` was calibrated for an allowed drop of ``share`` of the baseline task metric (0.01: 1 %). A stricter
+    limit raises it toward ``perfect`` (the metric's value for an unchanged model) in proportion:
+    :meth:`at`. A task metric that rises while the outputs move away from the unoptimized model's so cannot
+    pass a near-zero limit ("lossless"); a looser limit keeps ``floor`` (calibrated there, conservative above).
+    """
 
     metric: str
     floor: float
     why: str
+    share: float = 0.01
+    perfect: float = 1.0
 
-    def failure(self, extras: Mapping[str, float]) -> str | None:
-        """Why ``extras`` fail this floor (None when they meet it)."""
+    def at(self, allowed_share: float | None = None) -> float:
+        """The floor for an allowed drop of ``allowed_share`` of the baseline task metric (None: ``floor``)."""
+        if allowed_share is None or allowed_share >= self.share:
+            return self.floor
+        return self.perfect - (self.perfect - self.floor) * max(allowed_share, 0.0) / self.share
+
+    def failure(self, extras: Mapping[str, float], allowed_share: float | None = None) -> str | None:
+        """Why ``extras`` fail this floor at ``allowed_share`` (:meth:`at`; None when they meet it)."""
+        floor = self.at(allowed_share)
         value = extras.get(self.metric)
         if value is None:
-            return f"{self.metric} was not measured, and the spec sets a floor of {self.floor:g} on it"
-        if value >= self.floor:
+            return f"{self.metric} was not measured, and the spec sets a floor of {floor:.4g} on it"
+        if value >= floor:
             return None
-        return f"{self.metric} {value:.4f} < floor {self.floor:g} ({self.why})"
+        scaled = "" if floor == self.floor else f", raised from {self.floor:g} for a drop below {self.share:.0%}"
+        return f"{self.metric} {value:.4f} < floor {floor:.4g}{scaled} ({self.why})"
 
 
 @dataclass(frozen=True)

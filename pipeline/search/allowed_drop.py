@@ -2,9 +2,11 @@
 
 ``--max-drop 0.01`` allows the metric to get 0.01 worse than the unoptimized model's;
 ``--max-drop 1%`` allows 1 % of the unoptimized model's value (0.0098 of an accuracy of
-0.9822). For a metric where lower is better (a loss, a perplexity) the drop is measured
-upward. :class:`pipeline.search.objectives.Objectives` owns the value and gives every
-trial its verdict; nothing else compares drops.
+0.9822). The default is relative, :data:`DEFAULT_MAX_DROP` (1 %), unless the search config
+(``pipeline/defaults/search.yaml`` or ``--search-config``) or the flag sets its own. For a
+metric where lower is better (a loss, a perplexity) the drop is measured upward.
+:class:`pipeline.search.objectives.Objectives` owns the value and gives every trial its verdict;
+nothing else compares drops.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ class AllowedDrop:
         if self.kind == "absolute":
             return self.amount
         if not math.isfinite(baseline_value) or baseline_value <= 0.0:
-            raise _error(self.given(), f"a relative drop needs a positive baseline metric, and the baseline's is "
-                                       f"{baseline_value:g}; give an absolute drop instead (e.g. {FLAG} 0.01)")
+            given = f"{self.given()} (the default)" if self == DEFAULT_MAX_DROP else self.given()
+            raise _error(given, f"a relative drop needs a positive baseline metric, and the baseline's is "
+                                f"{baseline_value:g}; give an absolute drop instead (e.g. {FLAG} 0.01)")
         return self.amount * baseline_value
 
     def describe(self, baseline_value: float | None = None) -> str:
@@ -80,6 +83,11 @@ class AllowedDrop:
         if baseline_value is None:
             return f"{self.given()} of the baseline"
         return f"{self.given()} of the baseline {baseline_value:.4g} = {self.threshold(baseline_value):.4g} absolute"
+
+
+#: The allowed drop when neither the command line nor the search config sets one: 1 % of the baseline metric,
+#: which means the same on every metric (0.0098 of an accuracy of 0.98, 0.44 of a 0-100 score of 44.3).
+DEFAULT_MAX_DROP = AllowedDrop("relative", 0.01)
 
 
 def _number(given: str, text: str, problem: str) -> float:

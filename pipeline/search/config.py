@@ -21,7 +21,7 @@ from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
 from pipeline.core.runtimes.registry import RUNTIMES
 from pipeline.core.stage import format_validation_error
 from pipeline.engine.graph import Pipeline
-from pipeline.search.allowed_drop import AllowedDrop
+from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 from pipeline.search.objectives import ObjectiveName
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class SearchConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     pipeline: str = "default"
     objectives: tuple[ObjectiveName, ...] = ("metric", "latency")
-    max_drop: MaxDrop = AllowedDrop("absolute", 0.01)
+    max_drop: MaxDrop = DEFAULT_MAX_DROP
     sampler: Literal["tpe", "nsga2", "random"] = "tpe"
     seed: int = 0
     runtimes: tuple[str, ...] = tuple(RUNTIMES)  # every registered runtime (intersected with the device's)

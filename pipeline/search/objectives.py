@@ -215,14 +215,16 @@ class Objectives:
         """Whether ``metric_value`` is within the allowed drop: the one comparison every feasibility
         check uses (the trial's tag, the Optuna constraint, the runtime sweep). ``unstable``: why the
         trial's paired latency is not trusted (:mod:`pipeline.core.paired`). ``extras``: the trial's
-        extra metrics, checked against the spec's fidelity floors (:mod:`pipeline.core.fidelity_floor`);
-        a trial below one is infeasible with the floor as its reason, its constraint positive. A trial within the
-        drop whose latency is unstable is *feasible* (its metric is fine; the verdict's ``unstable`` says why it is
-        kept off the front) while its Optuna constraint is positive, so ``study.best_trials`` leaves it out."""
+        extra metrics, checked against the spec's fidelity floors (:mod:`pipeline.core.fidelity_floor`) at
+        this drop's share of the baseline metric (a stricter drop, a higher floor); a trial below one is
+        infeasible with the floor as its reason, its constraint positive. A trial within the drop whose latency is
+        unstable is *feasible* (its metric is fine; the verdict's ``unstable`` says why it is kept off the front)
+        while its Optuna constraint is positive, so ``study.best_trials`` leaves it out."""
         drop = self.drop(baseline, metric_value)
         allowed = self.threshold(baseline)
         constraint = drop - allowed
-        floors = floor_failures(self.spec, extras or {}) if self.spec.fidelity_floors else []
+        share = allowed / abs(baseline.metric_value) if baseline.metric_value else None
+        floors = floor_failures(self.spec, extras or {}, share) if self.spec.fidelity_floors else []
         if floors and constraint <= 0:
             return DropVerdict(False, max(constraint, 0.0) + UNSTABLE_CONSTRAINT,
                                FLOOR_REASON + "; ".join(floors), unstable and f"latency unstable: {unstable}",

@@ -227,8 +227,10 @@ class TrialObjective:
             if (behind := behind_front(paired, front, runtime, plain)) is not None:  # decided by the probe: not scored
                 seconds = {**staged.seconds, **({"screening": screened.seconds} if screened else {}),
                            "paired_latency": paired_seconds, "trial": time.perf_counter() - start}
+                recipe = staged.recipe(parts.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
+                                       metadata={"study": parts.study_name, "trial": trial.number})
                 return TrialOutcome(draft(state=PRUNED, infeasible=behind, metrics=paired.metrics(), seconds=seconds,
-                                          fidelity=PROBE_FIDELITY))
+                                          fidelity=PROBE_FIDELITY, recipe=recipe))  # resolved: its params say what ran
             if self.subset is not None:  # scored on a subset first: one clearly over the allowed drop ends here
                 judged = self.subset.judge(fn, runtime, parts.objectives.latency_batch,
                                            parts.objectives.threshold(self.baseline))

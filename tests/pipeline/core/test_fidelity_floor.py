@@ -11,7 +11,7 @@ from torch import nn
 
 from pipeline.core.errors import SpecError
 from pipeline.core.evaluate import compute_metrics
-from pipeline.core.fidelity import MEAN_COSINE, PAIRWISE_RANK_CORRELATION
+from pipeline.core.fidelity import MEAN_COSINE, PAIRWISE_RANK_CORRELATION, SQNR_DB
 from pipeline.core.fidelity_floor import floor_failures, with_fidelity_floor
 from pipeline.core.spec import ModelSpec
 from pipeline.core.task_data import PairsData
@@ -112,3 +112,61 @@ def test_one_verdict_keeps_a_trial_below_the_floor_off_the_front() -> None:
     assert below.reason is not None and below.reason.startswith(FLOOR_REASON) and "news_prc 0.5000" in below.reason
     over = objectives.verdict(baseline, 70.0, extras={"news_prc": 0.5})
     assert not over.feasible and over.reason is not None and over.reason.startswith("drop ")
+
+
+# ---- the floor against the allowed drop, on small generated embeddings (issue 35)
+
+def generated_embeddings(noise: float, rows: int = 120, width: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
+    """A reference set of unit embeddings and a copy moved by ``noise`` (fixed seeds: the same tensors every run)."""
+    reference = nn.functional.normalize(torch.randn(rows, width, generator=torch.Generator().manual_seed(7)), dim=1)
+    moved = reference + noise * torch.randn(rows, width, generator=torch.Generator().manual_seed(8))
+    return reference, nn.functional.normalize(moved, dim=1)
+
+
+def floor_value(noise: float) -> float:
+    reference, moved = generated_embeddings(noise)
+    return float(PAIRWISE_RANK_CORRELATION.compute(moved, reference))
+
+
+def test_the_floor_rises_toward_a_perfect_value_as_the_allowed_drop_shrinks() -> None:
+    [floor] = floored().fidelity_floors
+    assert (floor.share, floor.perfect) == (0.01, 1.0)  # calibrated at 1 %; a rank correlation's best is 1
+    assert floor.at(None) == floor.at(0.01) == floor.at(0.05) == 0.9  # at or above the calibration: as set
+    assert floor.at(0.005) == pytest.approx(0.95) and floor.at(0.0) == 1.0
+    assert floor.at(0.01 / 44.33) == pytest.approx(1 - 0.1 * 0.01 / 0.4433, rel=1e-3)  # --max-drop 0.01 on 0-100
+
+
+def test_a_floor_metric_needs_a_best_value() -> None:
+    with pytest.raises(SpecError, match="upper bound"):
+        with_fidelity_floor(toy_spec(), encode(SENTENCES), SQNR_DB, "news_sqnr", 20.0, "toy")
+
+
+def test_a_rising_task_metric_with_moved_embeddings_is_not_lossless() -> None:
+    """The issue-35 case: the task score rises while the outputs move away from the unoptimized model's.
+    Within the floor at 1 %, it is feasible there; at an absolute 0.01 on a 0-100 score ("lossless") it is not,
+    while a model whose embeddings barely moved (int8-like) passes both."""
+    moved, barely = floor_value(0.03), floor_value(0.002)
+    assert 0.9 < moved < 0.99 and barely > 0.9998  # the generated sets sit where the test needs them
+    spec = floored()
+    baseline = Baseline(metric_value=44.33, latency_ms=10.0, size_bytes=1.0)
+    risen = 46.89  # the word score rose 2.56 points
+    for limit, moved_ok in (("1%", True), ("0.01", False)):
+        objectives = Objectives.create(spec, ["metric", "latency"], limit)
+        verdict = objectives.judge(baseline, risen, extras={"news_prc": moved})
+        assert verdict.feasible is moved_ok
+        if not moved_ok:
+            assert verdict.reason is not None and verdict.reason.startswith(FLOOR_REASON)
+            assert "raised from 0.9 for a drop below 1%" in verdict.reason and verdict.constraint > 0
+        assert objectives.judge(baseline, risen, extras={"news_prc": barely}).feasible
+        assert objectives.judge(baseline, 44.33, extras={"news_prc": 1.0}).feasible  # the baseline itself
+
+
+def test_the_floor_ranks_generated_embeddings_by_how_far_they_moved() -> None:
+    values = [floor_value(noise) for noise in (0.0, 0.002, 0.02, 0.05, 0.12, 0.4)]
+    assert values[0] == pytest.approx(1.0) and values == sorted(values, reverse=True)
+    [floor] = floored().fidelity_floors
+    passing = [[floor.failure({"news_prc": v}, share) is None for v in values] for share in (0.01, 0.001, 0.0)]
+    # a stricter limit accepts a prefix of the ranking, never a model a looser one rejects
+    assert [sum(row) for row in passing] == sorted((sum(row) for row in passing), reverse=True)
+    assert all(row == sorted(row, reverse=True) for row in passing)
+    assert passing[2][0] and not passing[2][1]  # a zero drop accepts only unchanged outputs

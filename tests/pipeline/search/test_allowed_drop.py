@@ -63,9 +63,12 @@ def test_a_relative_threshold_is_a_share_of_the_baseline() -> None:
     assert AllowedDrop.parse("0.01").threshold(0.8203) == 0.01
     assert AllowedDrop.parse("0.01").describe(0.8203) == "0.01 absolute"
     for baseline in (0.0, -2.0):
-        with pytest.raises(ConfigError, match=r"^--max-drop 1%: a relative drop needs a positive baseline metric.*"
+        with pytest.raises(ConfigError, match=r"^--max-drop 1% \(the default\): a relative drop needs a positive "
+                                              r"baseline metric.*"
                                               r"give an absolute drop instead \(e.g. --max-drop 0.01\)"):
             allowed.threshold(baseline)
+        with pytest.raises(ConfigError, match=r"^--max-drop 2%: a relative drop needs a positive baseline metric"):
+            AllowedDrop.parse("2%").threshold(baseline)
 
 
 def test_a_lower_is_better_metric_drops_upward(residual_spec: ModelSpec) -> None:
@@ -96,13 +99,16 @@ class _SearchConfigBefore(SearchConfig):
 def test_an_absolute_drop_keeps_its_study_name_and_a_relative_one_gets_its_own(residual_spec: ModelSpec) -> None:
     cpu, pipeline = torch.device("cpu"), default_pipeline()
     before = study_name(residual_spec, cpu, _SearchConfigBefore.load(None, max_drop=0.01), pipeline)
-    for given in (0.01, "0.01", "0.010", None):
+    for given in (0.01, "0.01", "0.010"):
         config = SearchConfig.load(None, max_drop=given)
         assert config.identity()["max_drop"] == 0.01 and isinstance(config.identity()["max_drop"], float)
         assert study_name(residual_spec, cpu, config, pipeline) == before
     relative = SearchConfig.load(None, max_drop="1%")
     assert relative.identity()["max_drop"] == "1%"
     assert study_name(residual_spec, cpu, relative, pipeline) != before
+    # the default is now 1 % of the baseline (issue 35): the same study as an explicit --max-drop 1%
+    assert study_name(residual_spec, cpu, SearchConfig.load(None), pipeline) == study_name(
+        residual_spec, cpu, relative, pipeline)
 
 
 def _prune_search(spec: ModelSpec, folder: Path, max_drop: str) -> tuple[Search, Baseline]:

@@ -78,7 +78,9 @@ def test_mlflow_params_of_a_calibrated_amp_trial_are_resolved(residual_spec: Mod
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'optuna.db'}",
                     tracking_uri=uri)
     outcome = run_search(search, trials=2)
-    assert outcome.study.trials[1].state.name == COMPLETE
+    # AMP under eager on this tiny CPU model may be decided far behind by the latency probe (not scored): its run
+    # still shows the recipe that ran, resolved
+    assert outcome.study.trials[1].state.name in (COMPLETE, "PRUNED")
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("paretorch/residual_mlp").experiment_id],
                               filter_string="tags.seed = 'amp-only'")

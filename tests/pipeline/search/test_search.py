@@ -17,6 +17,7 @@ from pipeline.core.stage import Stage, StageConfig, StageContext, config_from_di
 from pipeline.engine.graph import default_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
+from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 from pipeline.search.loop import spent
 from pipeline.search.objectives import (
     ATTR_CACHE,
@@ -64,7 +65,15 @@ def test_search_config_validation_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="search config not found"):
         SearchConfig.load(tmp_path / "missing.yaml")
     shipped = SearchConfig.load()
-    assert shipped.objectives == ("metric", "latency") and shipped.max_drop.to_json() == 0.01
+    assert shipped.objectives == ("metric", "latency") and shipped.max_drop.to_json() == "1%"
+    # the shipped file and the model's own default agree: a config file without max_drop gets the same drop
+    no_drop = tmp_path / "no-drop.yaml"
+    no_drop.write_text("sampler: tpe\n")
+    assert SearchConfig.load(no_drop).max_drop == shipped.max_drop == DEFAULT_MAX_DROP == AllowedDrop("relative", 0.01)
+    own = tmp_path / "own-drop.yaml"
+    own.write_text("max_drop: 0.01\n")
+    assert SearchConfig.load(own).max_drop == AllowedDrop("absolute", 0.01)  # a config's own drop stays
+    assert SearchConfig.load(own, max_drop="2%").max_drop == AllowedDrop("relative", 0.02)  # the flag wins
     assert [s.name for s in shipped.seeds] == ["prune-depth", "prune-0.3", "prune-0.3-distill"]
     assert [p.name for p in shipped.presets] == ["int8-static", "bf16", "fp16", "bf16-packed", "fp16-packed",
                                                  "int8-dynamic", "fp32", "fp32-packed"]
