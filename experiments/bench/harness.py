@@ -153,10 +153,9 @@ def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], ru
     records = {k: v for node in result.nodes.values() for k, v in node.records.items()}
     if "quantize.float_layers" in records:
         costs.append(f"{len(records['quantize.float_layers'])} layer(s) kept float")
-    model = result.nodes[result.pipeline.objective_node().inputs[0]].value
 
     def again() -> Callable[..., Tensor]:
-        return prepared(runner, model, runtime, device)
+        return prepared(runner, runtime)
 
     fn = result.prepared if result.prepared is not None else again()
     return Measured(result.report, ("stage cost: " + ", ".join(costs)) if costs else "", again, fn)
@@ -171,13 +170,12 @@ def paired_timing(spec: ModelSpec, device: torch.device, batch: int,
     return StudyLatency(spec, device, batch, lambda: runner, BENCH_LATENCY)
 
 
-def prepared(runner: Runner, model: torch.nn.Module, runtime: str, device: torch.device) -> Callable[..., Tensor]:
-    """``model`` (the recipe ``runner`` measured) ready for ``runtime`` once more."""
-    if get_runtime(runtime).file is not None:
-        return runner.prepare({}, runtime)
+def prepared(runner: Runner, runtime: str) -> Callable[..., Tensor]:
+    """The recipe ``runner`` measured, ready for ``runtime`` once more (a compiled runtime recompiles from a fresh
+    dynamo state; a runtime that read its export reuses what it opened)."""
     if get_runtime(runtime).compiles:
         torch.compiler.reset()
-    return prepare_runtime(move_module(model, device).eval(), runtime, device)
+    return runner.prepare({}, runtime)
 
 
 def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, baseline: float | None,

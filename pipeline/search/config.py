@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 from pipeline.core.errors import ConfigError
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
-from pipeline.core.runtimes.registry import RUNTIMES
+from pipeline.core.runtimes.registry import check_runtime_names
 from pipeline.core.stage import format_validation_error
 from pipeline.engine.graph import Pipeline
 from pipeline.search.allowed_drop import AllowedDrop
@@ -42,13 +42,22 @@ class SeedRecipe(BaseModel):
     skip_where_unavailable: bool = Field(default=False, exclude_if=lambda value: not value)
 
 
-def known_runtime_names(names: tuple[str, ...]) -> tuple[str, ...]:
+#: The runtimes value that means every runtime available on the device (the default: a newly installed
+#: runtime joins the study instead of renaming it).
+ALL_RUNTIMES = ("all",)
+
+
+def known_runtime_names(names: tuple[str, ...] | str) -> tuple[str, ...]:
     """``names`` unchanged when every one is a registered runtime (a device may lack some: they are dropped
-    later, by the capability table); an unknown name is a typo, a ValueError naming the registered ones."""
-    unknown = [name for name in names if name not in RUNTIMES]
-    if unknown:
-        raise ValueError(f"unknown runtime(s) {', '.join(unknown)}: choose from {', '.join(RUNTIMES)}")
-    return names
+    later, by the capability table), or :data:`ALL_RUNTIMES`; an unknown name is a typo, a ValueError naming the
+    registered ones (the registry words it)."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    if names == ALL_RUNTIMES:
+        return names
+    try:
+        return check_runtime_names(names)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class Preset(BaseModel):
@@ -81,7 +90,8 @@ class SearchConfig(BaseModel):
     max_drop: MaxDrop = AllowedDrop("absolute", 0.01)
     sampler: Literal["tpe", "nsga2", "random"] = "tpe"
     seed: int = 0
-    runtimes: tuple[str, ...] = tuple(RUNTIMES)  # every registered runtime (intersected with the device's)
+    #: The runtimes searched, intersected with the device's; ``all`` (the default): every runtime available there.
+    runtimes: tuple[str, ...] = ALL_RUNTIMES
     #: A name of :data:`pipeline.core.latency.LATENCY_BUDGETS`: how long each trial is timed, alone and paired.
     latency_budget: str = "normal"
     latency_batch: int | None = Field(default=None, ge=1)
@@ -106,9 +116,9 @@ class SearchConfig(BaseModel):
     RUN_ONLY_FIELDS: ClassVar[frozenset[str]] = frozenset({"exports", "cache_mb", "compose", "sweep_top",
                                                             "screening", "presets", "costly_share"})
 
-    @field_validator("runtimes")
+    @field_validator("runtimes", mode="before")
     @classmethod
-    def _known_runtimes(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+    def _known_runtimes(cls, names: tuple[str, ...] | str) -> tuple[str, ...]:
         return known_runtime_names(names)
 
     @field_validator("latency_budget")

@@ -29,6 +29,7 @@ from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
 from pipeline.engine.runner import TIME_CATEGORIES, Runner
 from pipeline.search.config import (
+    ALL_RUNTIMES,
     SearchConfig,
     SeedRecipe,
     default_storage,
@@ -119,7 +120,7 @@ class Search:
             raise ConfigError(f"cannot disable {unknown}: the pipeline's stage nodes are {sorted(stage_names)}")
         self.objectives = Objectives.create(spec, config.objectives, config.max_drop, config.latency_batch)
         possible = available_runtimes(device)
-        self.runtimes = [r for r in config.runtimes if r in possible]
+        self.runtimes = possible if config.runtimes == ALL_RUNTIMES else [r for r in config.runtimes if r in possible]
         if not self.runtimes:
             raise ConfigError(f"none of the runtimes {list(config.runtimes)} runs on {device.type} "
                               f"(available: {', '.join(possible)})")

@@ -1,6 +1,7 @@
 """NNCF, the OpenVINO mirror of the quantize stage, and the layers it touches.
 
-The recipe's quantize method decides the NNCF call (which ones OpenVINO mirrors: :mod:`stages.quantize.export_gaps`):
+The recipe's quantize method decides the NNCF call (which ones OpenVINO mirrors:
+:data:`pipeline.core.runtimes.openvino.REPRODUCES`):
 static int8 (PT2E, calibrated) -> ``nncf.quantize`` calibrated on the spec's calibration batches, preset
 MIXED (asymmetric activations, symmetric per-channel weights: the x86 PT2E recipe's uint8 affine
 activations and int8 symmetric weights), with NNCF's transformer model type for token models; int8

@@ -24,7 +24,7 @@ from torch import nn
 
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror, NotMirrored
-from pipeline.core.runtimes.registry import RUNTIMES
+from pipeline.core.runtimes.registry import registered_runtimes
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import (
     ENTRY_POINT_GROUP,
@@ -143,14 +143,16 @@ def test_export_mirror_is_declared(model_stage: Stage, digits_spec: ModelSpec) -
         assert mirror != ExportMirror(), f"numeric stage {stage.name}'s mirror says nothing for {config}"
 
 
-def test_mirror_gaps_name_exported_runtimes(model_stage: Stage, digits_spec: ModelSpec) -> None:
-    """A stage's mirror facts name, for their gaps, runtimes that exist and run an exported file."""
-    exported = {name for name, runtime in RUNTIMES.items() if runtime.file is not None}
+def test_mirror_facts_say_what_they_need_and_name_no_runtime(model_stage: Stage, digits_spec: ModelSpec) -> None:
+    """A stage's mirror facts say what a runtime must reproduce, on the declared axes, in words that name no
+    runtime (each runtime declares what it reproduces)."""
+    runtimes = set(registered_runtimes())
     for config in [example_config(model_stage, digits_spec), *suggested_configs(model_stage, digits_spec)]:
         if config is None:
             continue
-        for fact in model_stage.mirror_of(config).facts:
-            assert {gap.runtime for gap in fact.gaps} <= exported, f"{model_stage.name}: {fact}"
+        for need in model_stage.mirror_of(config).needs():
+            assert need.kind in ("precision", "quantization", "stage", "output") and need.values and need.what
+            assert not runtimes & set(need.values), f"{model_stage.name} names a runtime: {need}"
 
 
 # --------------------------------------------------------------------------- config and suggest

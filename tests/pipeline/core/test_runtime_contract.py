@@ -1,5 +1,6 @@
-"""One contract over every registered runtime (as Optuna tests every sampler and storage alike): a new
-runtime module + its registry line is held to it with no new test code."""
+"""One contract over every installed runtime (as Optuna tests every sampler and storage alike), built-in or a
+plugin's: a new runtime module + its entry-point line is held to it with no new test code, and no runtime is a
+special case here: what differs between runtimes is what each declares (its export, what it reproduces)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.runtimes.base import FileRuntime, Runtime
-from pipeline.core.runtimes.registry import RUNTIMES, available_runtimes, get_runtime, prepare_runtime
+from pipeline.core.mirror import ExportMirror, MirrorFacts, Need
+from pipeline.core.runtimes.base import NoExport, Runtime
+from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime, registered_runtimes
+from pipeline.core.runtimes.reproduces import TORCHSCRIPT
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import get_stage
 from pipeline.engine.cache import NodeCache
@@ -20,7 +22,15 @@ from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.runner import Runner
 
 CPU = torch.device("cpu")
-NAMES = sorted(RUNTIMES)
+NAMES = sorted(registered_runtimes())
+
+
+class _Undeclared(MirrorFacts):
+    """Facts needing values no runtime declares, on every axis."""
+
+    def needs(self) -> tuple[Need, ...]:
+        return (Need("precision", ("float7",), "a float7 recipe"),
+                Need("quantization", ("int3 weights, float activations",), "an int3 recipe"))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -32,29 +42,44 @@ def test_a_runtime_is_registered_under_its_own_name_and_labelled_by_it(name: str
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_file_runtime_names_a_registered_export_stage_and_settings_that_stage_has(name: str) -> None:
-    runtime = get_runtime(name)
-    if runtime.file is None:
-        assert not isinstance(runtime, FileRuntime)
+def test_a_declared_export_is_a_registered_export_stage_taking_the_runtime_settings(name: str) -> None:
+    declared = get_runtime(name).export
+    if declared is None:
         return
-    assert isinstance(runtime, FileRuntime)
-    stage = get_stage(runtime.file.export_stage)
+    stage = get_stage(declared.stage)
     assert stage.is_export
-    assert set(runtime.file.settings) <= set(stage.config_type.model_fields), "settings the export does not take"
-    # a file runtime never wraps a torch module: the runner makes and opens its file
-    with pytest.raises(ValueError, match="runs an exported file"):
-        runtime.prepare(nn.Linear(2, 2), CPU)
+    assert set(declared.settings) <= set(stage.config_type.model_fields), "settings the export does not take"
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_what_a_runtime_cannot_run_is_known_before_any_stage_runs(name: str) -> None:
+def test_what_a_runtime_cannot_run_is_what_it_does_not_declare(name: str) -> None:
     runtime = get_runtime(name)
+    declared = runtime.reproduces
     assert runtime.cannot_run(ExportMirror(), scripted=False) is None, "a float recipe runs everywhere"
     scripted = runtime.cannot_run(ExportMirror(), scripted=True)
-    if name == "eager":
-        assert scripted is None
-    else:  # compiled and exported runtimes trace the module: TorchScript is ruled out, with the runtime named
-        assert scripted is not None and name in scripted
+    takes_torchscript = declared.outputs is None or TORCHSCRIPT in declared.outputs
+    assert (scripted is None) == takes_torchscript
+    if scripted is not None:
+        assert name in scripted and "TorchScript" in scripted
+    undeclared = runtime.cannot_run(ExportMirror((_Undeclared(),)), scripted=False)
+    if declared.precisions is not None:
+        assert undeclared is not None and "a float7 recipe" in undeclared
+    if declared.quantization is not None:
+        assert undeclared is not None and "an int3 recipe" in undeclared
+    if declared.precisions is None and declared.quantization is None:
+        assert undeclared is None, "a runtime of the built torch model runs any numerics"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_outside_the_engine_only_a_runtime_without_an_export_prepares_a_module(name: str) -> None:
+    runtime = get_runtime(name)
+    if not runtime.available(CPU):
+        return
+    if runtime.export is None:
+        assert callable(runtime.prepare(nn.Linear(2, 2).eval(), NoExport(name), CPU))
+    else:
+        with pytest.raises(ConfigError, match="through the Runner"):
+            runtime.prepare(nn.Linear(2, 2).eval(), NoExport(name), CPU)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n in available_runtimes(CPU)])
@@ -66,6 +91,8 @@ def test_every_runtime_here_runs_the_model_like_eager(name: str, digits_spec: Mo
     (inputs,) = digits_spec.example_inputs(4)
     with torch.no_grad():
         torch.testing.assert_close(fn(inputs), digits_model.eval()(inputs), atol=1e-4, rtol=1e-4)
+    file = runner.runtime_file({}, name)
+    assert (file is None) == (get_runtime(name).export is None)
 
 
 def test_a_runtime_this_device_lacks_is_infeasible_and_an_unknown_one_lists_the_known() -> None:
