@@ -11,16 +11,17 @@ from torch import nn
 
 pytest.importorskip("mlx.core", reason="the MLX plugin installs where an MLX wheel exists (make setup)")
 
-from paretorch_mlx.lower import UnsupportedOps, lower, to_mx, to_torch  # noqa: E402
-from paretorch_mlx.runtime import MLX  # noqa: E402
-from pipeline.core.errors import InfeasibleConfig  # noqa: E402
-from pipeline.core.spec import ModelSpec  # noqa: E402
-from pipeline.core.stage import export_mirror  # noqa: E402
-from pipeline.engine.cache import NodeCache  # noqa: E402
-from pipeline.engine.graph import recipe_pipeline  # noqa: E402
-from pipeline.engine.runner import Runner  # noqa: E402
-from stages.amp.stage import AmpConfig  # noqa: E402
-from stages.quantize.stage import QuantizeConfig  # noqa: E402
+from paretorch_mlx.lower import UnsupportedOps, lower, to_mx, to_torch
+from paretorch_mlx.runtime import MLX
+
+from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.spec import ModelSpec
+from pipeline.core.stage import export_mirror
+from pipeline.engine.cache import NodeCache
+from pipeline.engine.graph import recipe_pipeline
+from pipeline.engine.runner import Runner
+from stages.amp.stage import AmpConfig
+from stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 
@@ -90,7 +91,7 @@ def test_an_op_the_lowering_does_not_cover_is_named() -> None:
             return self.rnn(x)[0]
 
     program = torch.export.export(Recurrent().eval(), (torch.randn(2, 3, 4),))
-    with pytest.raises(UnsupportedOps, match="MLX lowering does not cover .*gru"):
+    with pytest.raises(UnsupportedOps, match=r"MLX lowering does not cover .*gru"):
         lower(program)
 
 

@@ -52,7 +52,8 @@ class QuantPlan:
         if not self.quantize:
             return "float32"
         schemes = sorted({f"int{q.bits} g{q.group_size}" for q in self.quantize.values()})
-        return f"{len(self.quantize)} linear weight(s) MLX-quantized ({', '.join(schemes)}), {len(self.kept_float)} float"
+        kept = len(self.kept_float)
+        return f"{len(self.quantize)} linear weight(s) MLX-quantized ({', '.join(schemes)}), {kept} float"
 
 
 def quant_plan(program: ExportedProgram, mirror: ExportMirror, protected: tuple[str, ...],
@@ -92,7 +93,5 @@ def quant_plan(program: ExportedProgram, mirror: ExportMirror, protected: tuple[
 
 
 def _feeds_output(node: torch.fx.Node) -> bool:
-    for user in node.users:
-        if user.op == "output" or (str(user.target) in _PASS_THROUGH and _feeds_output(user)):
-            return True
-    return False
+    return any(user.op == "output" or (str(user.target) in _PASS_THROUGH and _feeds_output(user))
+               for user in node.users)

@@ -43,7 +43,8 @@ def mlx_device(device: torch.device) -> mx.Device | None:
 
 
 class MLXFunction:
-    """A lowered program, compiled, called like the torch model (a :class:`~pipeline.core.runtimes.base.LoadedModel`)."""
+    """A lowered program, compiled, called like the torch model (a
+    :class:`~pipeline.core.runtimes.base.LoadedModel`)."""
 
     def __init__(self, path: Path, device: torch.device) -> None:
         start = time.perf_counter()
