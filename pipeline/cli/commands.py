@@ -158,6 +158,8 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cache-mb", type=int, default=None, help="memory bound of the model cache (MiB)")
     group.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///<results>/optuna.db)")
     group.add_argument("--study-name", default=None, help="use this study name instead of the derived one")
+    group.add_argument("--accept-plugin-change", action="store_true",
+                       help="resume a study although its stages or runtimes changed (a plugin installed or removed)")
     group.add_argument("--tracking-uri", default=None,
                        help="MLflow tracking URI (default sqlite:///<results>/mlflow.db; "
                        "http://host:port for a server)")
@@ -191,7 +193,8 @@ def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True, 
     return Search(spec, resolve_device(args.device), config, storage=args.storage,
                   tracking_uri=args.tracking_uri, track=track, name=name or args.study_name,
                   worker=getattr(args, "worker_index", None) or 0, extra_seeds=enqueued(getattr(args, "enqueue", [])),
-                  allow_nondeterministic=args.allow_nondeterministic)
+                  allow_nondeterministic=args.allow_nondeterministic,
+                  accept_plugin_change=getattr(args, "accept_plugin_change", False))
 
 
 def enqueued(paths: list[str]) -> list[SeedRecipe]:
