@@ -5,6 +5,8 @@
 PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
+# The installed command (a user's pipeline.py or experiments/ in the working directory cannot shadow it).
+PARETORCH   := $(VENV)/bin/paretorch
 STAMP       := $(VENV)/.installed
 MODEL       ?= digits
 DEVICE      ?= auto
@@ -49,14 +51,14 @@ $(STAMP): pyproject.toml constraints.txt plugins/mlx/pyproject.toml
 	touch $(STAMP)
 
 evaluate: $(STAMP)
-	$(PY) -m pipeline evaluate --model $(MODEL) --device $(DEVICE) $(ARGS)
+	$(PARETORCH) evaluate --model $(MODEL) --device $(DEVICE) $(ARGS)
 
 # Searches (or resumes: TRIALS is the study's total) and prints the Pareto table.
 optimize: $(STAMP)
-	$(PY) -m pipeline optimize --model $(MODEL) --device $(DEVICE) --trials $(TRIALS) --workers $(WORKERS) --max-drop $(MAX_DROP) $(ARGS)
+	$(PARETORCH) optimize --model $(MODEL) --device $(DEVICE) --trials $(TRIALS) --workers $(WORKERS) --max-drop $(MAX_DROP) $(ARGS)
 
 report: $(STAMP)
-	$(PY) -m pipeline report --model $(MODEL) --device $(DEVICE) --max-drop $(MAX_DROP) $(ARGS)
+	$(PARETORCH) report --model $(MODEL) --device $(DEVICE) --max-drop $(MAX_DROP) $(ARGS)
 
 # Foreground MLflow UI over the results' store; stop with Ctrl-C. Artifacts are served from this
 # results folder (mlflow-artifacts:/ locations), wherever it was moved or copied to.
