@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from paretorch_mlx.lower import UnsupportedOps, lower, to_mx, to_torch
-from paretorch_mlx.plan import DEFAULT_GROUP_SIZE, QuantPlan, quant_plan
+from paretorch_mlx.plan import QuantPlan, quant_plan
 from paretorch_mlx.reproduces import REPRODUCES
 from pipeline.core.device import move_module
 from pipeline.core.errors import InfeasibleConfig
@@ -41,7 +41,7 @@ class MLXExportConfig(ExportConfig):
     stage = "export.mlx"
 
     quantize: Literal["mirror", "none"] = "mirror"
-    group_size: Literal[32, 64, 128] = DEFAULT_GROUP_SIZE
+    group_size: Literal[32, 64, 128] = 64  # mlx.nn.quantize's default
 
 
 def _dynamic_shapes(inputs: Batch) -> tuple[dict[int, object], ...]:

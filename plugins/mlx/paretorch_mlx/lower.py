@@ -175,7 +175,7 @@ def _to_copy(x: mx.array, *, dtype: torch.dtype | None = None, **_: Any) -> mx.a
 
 def _arange(*args: Any, dtype: torch.dtype | None = None, **_: Any) -> mx.array:
     ints = all(isinstance(a, int) for a in args)
-    return mx.arange(*args, dtype=_dtype(dtype, mx.int64 if ints else mx.float32))
+    return mx.arange(*args, dtype=_dtype(dtype, mx.int64 if ints else mx.float32))  # type: ignore[call-overload]
 
 
 def _new_full(x: mx.array, size: Sequence[int], value: float, *, dtype: torch.dtype | None = None,

@@ -2,8 +2,8 @@
 quantization (``mx.quantize``: ``bits`` per weight, one scale and bias per group of ``group_size`` inputs).
 
 The recipe's :class:`~stages.common.mirror_facts.WeightQuantization` says the bits and, for per-group methods, the
-group size; a per-channel method (int8 weight-only) is quantized in MLX's groups (:data:`DEFAULT_GROUP_SIZE`, the
-export's ``group_size``), so its numerics are MLX's, not torchao's per-channel symmetric ones: the trial's metric is
+group size; a per-channel method (int8 weight-only) is quantized in MLX's groups (the export's ``group_size``, 64 by
+default as ``mlx.nn.quantize``), so its numerics are MLX's, not torchao's per-channel symmetric ones: the trial's metric is
 measured on MLX's outputs. The layers are the quantize stage's (its layer filter, read by
 :class:`~stages.export.layer_filter.LayerFilter` as every export reads it); MLX has no quantized convolution, so
 convolutions stay float.
@@ -25,8 +25,6 @@ from stages.export.layer_filter import LayerFilter, module_weight_key
 
 #: The group sizes ``mx.quantize`` takes.
 GROUP_SIZES = (32, 64, 128)
-#: MLX's default group (``mlx.nn.quantize``), for methods torch quantizes per channel.
-DEFAULT_GROUP_SIZE = 64
 #: Ops between a linear layer and the program's output that keep it the output head.
 _PASS_THROUGH = {"aten.view.default", "aten.reshape.default", "aten.clone.default", "aten._unsafe_view.default"}
 

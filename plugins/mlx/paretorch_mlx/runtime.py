@@ -23,6 +23,7 @@ from paretorch_mlx.export import PLAN_FILE
 from paretorch_mlx.lower import lower, to_mx, to_torch
 from paretorch_mlx.plan import QuantPlan
 from paretorch_mlx.reproduces import REPRODUCES
+from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
 from pipeline.core.spec import Batch
 
@@ -52,8 +53,11 @@ class MLXFunction:
         program = torch.export.load(path, extra_files=extra)
         self.plan = QuantPlan.from_json(extra[PLAN_FILE])
         self.device = device
-        self.mx_device = mlx_device(device)
-        mx.set_default_device(self.mx_device)
+        where = mlx_device(device)
+        if where is None:
+            raise InfeasibleConfig(f"runtime mlx: this MLX build has no device for {device.type}")
+        self.mx_device = where
+        mx.set_default_device(where)
         self.program = lower(program, self.plan.quantize)
         self._fn = mx.compile(self.program)
         self.creation_seconds = time.perf_counter() - start
