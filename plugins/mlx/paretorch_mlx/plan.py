@@ -2,9 +2,9 @@
 quantization (``mx.quantize``: ``bits`` per weight, one scale and bias per group of ``group_size`` inputs).
 
 The recipe's :class:`~stages.common.mirror_facts.WeightQuantization` says the bits and, for per-group methods, the
-group size; a per-channel method (int8 weight-only) is quantized in MLX's groups (the export's ``group_size``, 64 by
-default as ``mlx.nn.quantize``), so its numerics are MLX's, not torchao's per-channel symmetric ones: the trial's metric is
-measured on MLX's outputs. The layers are the quantize stage's (its layer filter, read by
+group size; a per-channel method (int8 weight-only) is quantized in MLX's groups (the export's ``group_size``, 64
+by default as ``mlx.nn.quantize``), so its numerics are MLX's, not torchao's per-channel symmetric ones: the trial's
+metric is measured on MLX's outputs. The layers are the quantize stage's (its layer filter, read by
 :class:`~stages.export.layer_filter.LayerFilter` as every export reads it); MLX has no quantized convolution, so
 convolutions stay float.
 """
