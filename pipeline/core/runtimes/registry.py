@@ -8,7 +8,6 @@ instance whose ``name`` is the entry point's). Nothing here imports a runtime mo
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
@@ -16,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import ConfigError, InfeasibleConfig
+from pipeline.core.plugins import load_group
 from pipeline.core.runtimes.base import ExportHandle, NoExport, Runtime
 
 #: Entry-point group through which packages declare their runtimes.
@@ -57,20 +57,7 @@ def registered_runtime(*runtimes: Runtime) -> Iterator[None]:
 def load_entry_points(group: str = ENTRY_POINT_GROUP) -> None:
     """Register every runtime an installed distribution declares in ``group``; a plugin that fails to import or
     names something else is one error naming its entry point."""
-    for entry_point in importlib.metadata.entry_points(group=group):
-        if entry_point.name in _RUNTIMES:
-            continue
-        try:
-            runtime = entry_point.load()
-        except Exception as exc:  # a plugin's import error, whatever it is
-            raise ConfigError(f"runtime entry point '{entry_point.name}' ({entry_point.value}) failed to load: "
-                              f"{type(exc).__name__}: {exc}") from exc
-        if not isinstance(runtime, Runtime):
-            raise ConfigError(f"runtime entry point '{entry_point.name}' ({entry_point.value}) is a "
-                              f"{type(runtime).__name__}, not a pipeline.core.runtimes.base.Runtime")
-        if runtime.name != entry_point.name:
-            raise ConfigError(f"runtime entry point '{entry_point.name}' names runtime '{runtime.name}': "
-                              "the entry-point name must be the runtime name")
+    for runtime in load_group(group, "runtime", Runtime, lambda r: r.name, known=set(_RUNTIMES)):
         register_runtime(runtime)
 
 
