@@ -28,15 +28,20 @@ from typing import Literal, TypeVar
 
 #: The axes a runtime declares what it reproduces on: compute precisions (``float32``, ``bfloat16``, ``float16``,
 #: ``auto``: the device's preferred reduced dtype, ``mixed``: float32 layers kept beside a reduced dtype),
-#: quantization schemes (:func:`quant_scheme`), stages whose output no export mirrors (by stage name), and model
-#: forms (``torchscript``).
-NeedKind = Literal["precision", "quantization", "stage", "output"]
+#: quantization schemes (:func:`quant_scheme`) and the group sizes of per-group ones (:func:`quant_group`), stages
+#: whose output no export mirrors (by stage name), and model forms (``torchscript``).
+NeedKind = Literal["precision", "quantization", "group", "stage", "output"]
 
 
 def quant_scheme(bits: int | None, activations: str) -> str:
     """A quantization scheme as runtimes declare it: ``int8 weights, dynamic activations``, ``float8 weights``."""
     weights = f"int{bits} weights" if bits is not None else "float8 weights"
     return f"{weights}, {activations} activations" if bits is not None else weights
+
+
+def quant_group(group_size: int) -> str:
+    """A per-group quantization's group as runtimes declare it: ``groups of 128``."""
+    return f"groups of {group_size}"
 
 
 @dataclass(frozen=True)

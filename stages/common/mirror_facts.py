@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.core.mirror import MirrorFacts, Need, quant_scheme
+from pipeline.core.mirror import MirrorFacts, Need, quant_group, quant_scheme
 
 LayerKind = Literal["linear", "conv"]
 #: What a quantization does to activations: ``float`` (weight-only), ``dynamic`` (scales from each
@@ -46,7 +46,11 @@ class WeightQuantization(MirrorFacts):
 
     def needs(self) -> tuple[Need, ...]:
         scheme = quant_scheme(self.bits, self.activations)
-        return (Need("quantization", (scheme,), f"quantize {self.method} ({scheme})"),)
+        needs = [Need("quantization", (scheme,), f"quantize {self.method} ({scheme})")]
+        if self.group_size is not None:
+            group = quant_group(self.group_size)
+            needs.append(Need("group", (group,), f"quantize {self.method} in {group}"))
+        return tuple(needs)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -151,7 +151,7 @@ def test_mirror_facts_say_what_they_need_and_name_no_runtime(model_stage: Stage,
         if config is None:
             continue
         for need in model_stage.mirror_of(config).needs():
-            assert need.kind in ("precision", "quantization", "stage", "output") and need.values and need.what
+            assert need.kind in ("precision", "quantization", "group", "stage", "output") and need.values and need.what
             assert not runtimes & set(need.values), f"{model_stage.name} names a runtime: {need}"
 
 

@@ -29,6 +29,7 @@ _INT8_ONLY = "only int8 methods have an ONNX Runtime mirror here"
 REPRODUCES = Reproduces(
     precisions=frozenset({"float32"}),
     quantization=frozenset({quant_scheme(8, "dynamic"), quant_scheme(8, "static")}),
+    groups=frozenset(),  # int8 per output channel only
     stages=frozenset(),
     outputs=frozenset(),
     notes={

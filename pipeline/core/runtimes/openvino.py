@@ -31,6 +31,7 @@ _INT8_ONLY = ("only int8 methods have an OpenVINO mirror here (NNCF's 4-bit weig
 REPRODUCES = Reproduces(
     precisions=frozenset({"float32", "bfloat16", "auto"}),
     quantization=frozenset({quant_scheme(8, "float"), quant_scheme(8, "static")}),
+    groups=frozenset(),  # int8 per output channel only
     stages=frozenset(),
     outputs=frozenset(),
     notes={

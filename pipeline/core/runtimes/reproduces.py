@@ -25,13 +25,14 @@ class Reproduces:
 
     precisions: frozenset[str] | None = None
     quantization: frozenset[str] | None = None
+    groups: frozenset[str] | None = None
     stages: frozenset[str] | None = None
     outputs: frozenset[str] | None = None
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def declared(self, kind: NeedKind) -> frozenset[str] | None:
-        return {"precision": self.precisions, "quantization": self.quantization, "stage": self.stages,
-                "output": self.outputs}[kind]
+        return {"precision": self.precisions, "quantization": self.quantization, "group": self.groups,
+                "stage": self.stages, "output": self.outputs}[kind]
 
     def refusal(self, need: Need) -> str | None:
         """Why this runtime does not reproduce ``need`` (None: it does)."""

@@ -19,12 +19,11 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from paretorch_mlx.lower import QuantizedLinear
+from paretorch_mlx.reproduces import GROUP_SIZES
 from pipeline.core.mirror import ExportMirror
 from stages.common.mirror_facts import WeightQuantization
 from stages.export.layer_filter import LayerFilter, module_weight_key
 
-#: The group sizes ``mx.quantize`` takes.
-GROUP_SIZES = (32, 64, 128)
 #: Ops between a linear layer and the program's output that keep it the output head.
 _PASS_THROUGH = {"aten.view.default", "aten.reshape.default", "aten.clone.default", "aten._unsafe_view.default"}
 
