@@ -121,7 +121,8 @@ def test_an_unmirrored_recipe_is_infeasible_for_the_runtime_export(digits_spec: 
 
     ctx = StageContext(digits_spec, CPU, output_dir=tmp_path, float_model=digits_model,
                        upstream=(QuantizeConfig(method="int8_dynamic"),))
-    with pytest.raises(InfeasibleConfig, match="OpenVINO cannot run this recipe as trained: int8_dynamic"):
+    with pytest.raises(InfeasibleConfig,
+                       match=r"OpenVINO cannot run this recipe as trained: quantize int8_dynamic \(int8 weights"):
         apply_stage(digits_model, OpenVINOExportConfig(unmirrored="infeasible"), ctx)
 
 def test_a_recipe_openvino_cannot_run_is_ruled_out_and_not_counted(residual_spec: ModelSpec, tmp_path: Path) -> None:
@@ -134,7 +135,8 @@ def test_a_recipe_openvino_cannot_run_is_ruled_out_and_not_counted(residual_spec
     seeded = {t.user_attrs[ATTR_SEED]: t for t in outcome.study.trials if ATTR_SEED in t.user_attrs}
     assert seeded["dyn-ov"].state.name == "PRUNED" and seeded["dyn-ov"].values is None
     assert seeded["dyn-ov"].user_attrs[ATTR_RULED_OUT].startswith(
-        "runtime openvino cannot run this recipe as trained: int8_dynamic quantizes activations per row")
+        "runtime openvino cannot run this recipe as trained: quantize int8_dynamic (int8 weights, dynamic "
+        "activations): activations quantized per row")
 
 
 def test_a_trial_under_openvino_replays_to_the_same_ir_and_metric(digits_spec: ModelSpec, tmp_path: Path) -> None:
