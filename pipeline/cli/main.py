@@ -41,7 +41,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     model = load_model(spec)
     line = require_stable(self_check(model, spec, device), spec.name, args.allow_nondeterministic, "evaluate")
     print(line, file=sys.stderr if args.json else sys.stdout)
-    # Every runtime runs through the runner, as in a search (a file runtime exports and opens its file).
+    # Every runtime runs through the runner, as in a search (one that reads its export gets it made there).
     report = Runner(recipe_pipeline([]), spec, device, model=model).run({}, args.runtime, exports=False).report
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
