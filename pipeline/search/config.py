@@ -41,6 +41,11 @@ class SeedRecipe(BaseModel):
     #: studies whose seeds do not use it unchanged.
     skip_where_unavailable: bool = Field(default=False, exclude_if=lambda value: not value)
 
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, name: str) -> str:
+        return known_runtime_names((name,))[0]
+
 
 #: The runtimes value that means every runtime available on the device (the default: a newly installed
 #: runtime joins the study instead of renaming it).
