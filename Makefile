@@ -102,9 +102,9 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pipeline stages experiments tests
+	$(VENV)/bin/ruff check pipeline stages experiments tests plugins
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy pipeline stages experiments
+	$(VENV)/bin/mypy pipeline stages experiments plugins/mlx/paretorch_mlx
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns

@@ -16,7 +16,7 @@ GROUP = "paretorch.runtimes"
 def _load(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> list[Runtime]:
     monkeypatch.setattr(plugins.importlib.metadata, "entry_points",
                         lambda group: [EntryPoint(name, value, group)] if group == GROUP else [])
-    return plugins.load_group(GROUP, "runtime", Runtime, lambda r: r.name)
+    return plugins.load_group(GROUP, "runtime", Runtime, lambda r: r.name)  # type: ignore[type-abstract]
 
 
 def test_a_declared_runtime_loads_under_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
