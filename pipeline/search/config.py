@@ -186,6 +186,22 @@ def legacy_study_name(spec: ModelSpec, device: torch.device, config: SearchConfi
                                   "search": config.identity()})
 
 
+#: The default ``runtimes`` before it became ``all`` (every runtime available): a default study named then is
+#: found under the name this list gave it (:func:`legacy_study_names`).
+LEGACY_DEFAULT_RUNTIMES = ("eager", "compile", "compile_dynamic", "compile_cudagraphs", "onnxruntime", "openvino")
+
+
+def legacy_study_names(spec: ModelSpec, device: torch.device, config: SearchConfig, pipeline: Pipeline
+                       ) -> tuple[str, ...]:
+    """The names earlier rules gave the study, newest first: the stage list hashed (:func:`legacy_study_name`),
+    and for the default ``runtimes: all`` the names of the runtime list that was the default before."""
+    names = [legacy_study_name(spec, device, config, pipeline)]
+    if config.runtimes == ALL_RUNTIMES:
+        listed = config.model_copy(update={"runtimes": LEGACY_DEFAULT_RUNTIMES})
+        names += [study_name(spec, device, listed, pipeline), legacy_study_name(spec, device, listed, pipeline)]
+    return tuple(names)
+
+
 def _hashed(spec: ModelSpec, device: torch.device, payload: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{spec.name}-{device.type}-{digest}"

@@ -34,7 +34,7 @@ from pipeline.search.config import (
     SeedRecipe,
     default_storage,
     finished_states,
-    legacy_study_name,
+    legacy_study_names,
     make_sampler,
     study_name,
 )
@@ -154,7 +154,7 @@ class Search:
         default name. Looked up in the storage once."""
         if self._name is None:
             key = study_name(self.spec, self.device, self.config, self.pipeline)
-            legacy = legacy_study_name(self.spec, self.device, self.config, self.pipeline)
+            legacy = legacy_study_names(self.spec, self.device, self.config, self.pipeline)
             stored = {s.study_name: s.user_attrs for s in self.storage_backend().get_all_studies()}
             self._name = find_study(stored, key, legacy)
         return self._name

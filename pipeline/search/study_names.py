@@ -6,7 +6,9 @@ studies named before that change (:func:`find_study`): a study answers to its *k
 default name) when its name is the key, when it recorded the key, or when its name is the key's
 legacy form (:func:`pipeline.search.config.legacy_study_name`: the stage list as installed now).
 A study found the legacy way keeps its name and records the key when opened
-(:data:`ATTR_STUDY_KEY`), so a stage added later still finds it.
+(:data:`ATTR_STUDY_KEY`), so a stage added later still finds it. The same rule finds a default study named while
+the default ``runtimes`` was a list (:data:`pipeline.search.config.LEGACY_DEFAULT_RUNTIMES`), before it became
+``all``.
 
 Each opened study records its pipeline's stage nodes (:data:`ATTR_STAGES`) and the runtimes it searches
 (:data:`ATTR_RUNTIMES`; by default every runtime available on the device, so installing a plugin renames no
@@ -34,15 +36,15 @@ ATTR_RUNTIMES = "paretorch.runtimes"
 ACCEPT_FLAG = "--accept-plugin-change"
 
 
-def find_study(studies: Mapping[str, Mapping[str, Any]], key: str, legacy: str) -> str:
+def find_study(studies: Mapping[str, Mapping[str, Any]], key: str, legacy: str | Sequence[str]) -> str:
     """The stored study (``studies``: name -> user attrs) that answers to ``key`` (see the module
-    docstring); ``key`` when there is none."""
+    docstring), or to one of its ``legacy`` names, in order; ``key`` when there is none."""
     if key in studies:
         return key
     recorded = sorted(name for name, attrs in studies.items() if attrs.get(ATTR_STUDY_KEY) == key)
     if recorded:
         return recorded[0]
-    return legacy if legacy in studies else key
+    return next((name for name in ([legacy] if isinstance(legacy, str) else legacy) if name in studies), key)
 
 
 def stage_change(study_name: str, stored: Sequence[str] | None, current: Sequence[str],

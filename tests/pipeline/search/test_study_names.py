@@ -21,7 +21,7 @@ from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, StageConfig, StageContext, registered
 from pipeline.engine.graph import default_pipeline, load_pipeline
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
-from pipeline.search.config import legacy_study_name
+from pipeline.search.config import LEGACY_DEFAULT_RUNTIMES, legacy_study_name
 from pipeline.search.objectives import ATTR_SEED, Baseline
 from pipeline.search.study import Prepared
 from pipeline.search.study_names import ATTR_RUNTIMES, ATTR_STAGES, ATTR_STUDY_KEY
@@ -162,3 +162,18 @@ class _Extra(Runtime):
 
     def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
         return model
+
+
+def test_a_default_study_named_with_the_old_runtime_list_resumes_under_its_name(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """Before ``runtimes: all`` the default listed the built-in runtimes, and the name hashed that list: such a
+    study is found under its name, not orphaned by the new default."""
+    config = SearchConfig.load(None, sampler="random", latency_budget="quick", exports="none", seeds=[])
+    listed = config.model_copy(update={"runtimes": LEGACY_DEFAULT_RUNTIMES})
+    old = study_name(residual_spec, CPU, listed, default_pipeline())
+    assert old != study_name(residual_spec, CPU, config, default_pipeline())
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    search = Search(residual_spec, CPU, config, storage=storage, track=False)
+    optuna.create_study(study_name=old, storage=storage, directions=search.objectives.directions())
+    assert search.study_name == old
