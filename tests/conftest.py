@@ -1,10 +1,11 @@
 """Shared fixtures: a private results directory, the digits spec and model, a residual MLP spec,
 the default pipeline's stages as the registry places them, and ``--toy-plugin``.
 
-``--toy-plugin`` installs ``tests/stages/toy_plugin`` (a third-party stage with an ``order``:
-one module plus one entry-point line) with pip into a temporary folder for the whole run, as
-a user's ``pip install`` would, so that the run proves a plugin cannot turn the suite red
-(``make test`` runs the stage-contract and default-pipeline tests this way).
+``--toy-plugin`` installs ``tests/stages/toy_plugin`` (a third-party stage with an ``order`` that a
+search samples: on/off and an integer) and ``tests/plugins/toy_runtime`` (a third-party runtime), each
+one module plus one entry-point line, with pip into a temporary folder for the whole run, as a user's
+``pip install`` would, so that the run proves plugins cannot turn the suite red (``make test`` runs the
+contract, default-pipeline and search tests this way).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch import Tensor, nn
 
 from pipeline.core.device import CPU_BF16_ENV_VAR, capabilities
 from pipeline.core.paths import RESULTS_ENV_VAR
+from pipeline.core.runtimes import registry as runtime_registry
 from pipeline.core.spec import ACCURACY, ModelSpec
 from pipeline.core.stage import load_entry_points, registered_stages
 
@@ -38,27 +40,35 @@ from pipeline.core.stage import load_entry_points, registered_stages
 COMPILER_CONFIGS = (torch._dynamo.config, torch._inductor.config)
 #: The seed of Python's and torch's global generators at the start of every test.
 TEST_SEED = 0
-TOY_PLUGIN_SOURCE = Path(__file__).parent / "stages" / "toy_plugin"
+TOY_PLUGIN_SOURCES = (Path(__file__).parent / "stages" / "toy_plugin",
+                      Path(__file__).parent / "plugins" / "toy_runtime")
 TOY_STAGE = "toy.scale_bias"
+TOY_RUNTIME = "inference_mode"
 TEST_WEIGHTS_ENV_VAR = "PARETORCH_TEST_WEIGHTS"
 _TOY_SITE: list[Path] = []  # the folder --toy-plugin installed into, while the run lasts
 
 
 def install_toy_plugin(folder: Path) -> Path:
-    """pip-install the toy stage package (offline, no build isolation) into ``folder``/site; returns the site."""
-    build, site = folder / "src", folder / "site"
-    shutil.copytree(TOY_PLUGIN_SOURCE, build, dirs_exist_ok=True)
+    """pip-install the toy stage and toy runtime packages (offline, no build isolation) into ``folder``/site;
+    returns the site."""
+    site = folder / "site"
+    builds = []
+    for source in TOY_PLUGIN_SOURCES:
+        build = folder / "src" / source.name
+        shutil.copytree(source, build, dirs_exist_ok=True)
+        builds.append(str(build))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
-         "--no-compile", "--target", str(site), str(build)],
-        check=True, capture_output=True, text=True, timeout=120,
+         "--no-compile", "--target", str(site), *builds],
+        check=True, capture_output=True, text=True, timeout=180,
     )
     return site
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--toy-plugin", action="store_true",
-                     help="install tests/stages/toy_plugin (a third-party stage with an order) for the whole run")
+                     help="install the toy stage and toy runtime plugins (tests/stages/toy_plugin, "
+                          "tests/plugins/toy_runtime) for the whole run")
     parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
                      help="run the test modules, and the tests in each, in an order shuffled with SEED (make "
                      "test-shuffled): an order dependence fails, and the same SEED repeats the order")
@@ -84,8 +94,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under ``--toy-plugin``: install the toy stage before collection, found through its entry point
-    here and in every subprocess a test starts (``PYTHONPATH``)."""
+    """Under ``--toy-plugin``: install the toy stage and runtime before collection, found through their entry
+    points here and in every subprocess a test starts (``PYTHONPATH``)."""
     if not config.getoption("--toy-plugin"):
         return
     folder = Path(tempfile.mkdtemp(prefix="paretorch-toy-plugin-"))
@@ -95,7 +105,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
     importlib.invalidate_caches()
     load_entry_points()
+    runtime_registry.load_entry_points()
     assert TOY_STAGE in registered_stages(), "the toy plugin's entry point was not found"
+    assert TOY_RUNTIME in runtime_registry.registered_runtimes(), "the toy runtime's entry point was not found"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -104,7 +116,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    lines = [f"toy plugin installed: {TOY_STAGE} ({_TOY_SITE[0]})"] if _TOY_SITE else []
+    lines = [f"toy plugin installed: {TOY_STAGE}, {TOY_RUNTIME} ({_TOY_SITE[0]})"] if _TOY_SITE else []
     if (seed := config.getoption("--shuffle")) is not None:
         lines.append(f"shuffled order: --shuffle {seed} (the same seed repeats it)")
     return lines
@@ -112,7 +124,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.fixture(scope="session")
 def toy_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the toy stage package is installed: the ``--toy-plugin`` site, or a fresh one."""
+    """Where the toy stage and runtime packages are installed: the ``--toy-plugin`` site, or a fresh one."""
     if _TOY_SITE:
         return _TOY_SITE[0] / "site"
     return install_toy_plugin(tmp_path_factory.mktemp("toy_plugin"))

@@ -35,6 +35,7 @@ from pipeline.core.noise import median_ci
 from pipeline.core.padding import bucket_length, latency_inputs, pad_to, representative_batch, trim_to_longest
 from pipeline.core.runtimes.compile import COMPILE
 from pipeline.core.runtimes.compile_dynamic import COMPILE_DYNAMIC
+from pipeline.core.runtimes.registry import prepare_runtime
 from pipeline.core.spec import Batch, load_model
 from pipeline.sources.huggingface import tokenize
 
@@ -99,8 +100,8 @@ def measure(model: nn.Module, sets: dict[str, Batch], rounds: int) -> dict[str, 
     """One dtype: compile both runtimes, check outputs and graphs, time in interleaved rounds."""
     result: dict[str, Any] = {"compile": {}, "sets": {}}
     eager = model
-    dynamic = COMPILE_DYNAMIC.prepare(copy.deepcopy(model), CPU)
-    static = COMPILE.prepare(copy.deepcopy(model), CPU)
+    dynamic = prepare_runtime(copy.deepcopy(model), COMPILE_DYNAMIC.name, CPU)
+    static = prepare_runtime(copy.deepcopy(model), COMPILE.name, CPU)
     with torch.no_grad():
         references = {name: eager(*inputs) for name, inputs in sets.items()}
     for index, (name, inputs) in enumerate(sets.items()):

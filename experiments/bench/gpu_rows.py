@@ -40,7 +40,7 @@ from pipeline.api import run_chain
 from pipeline.core.evaluate import compute_metrics, count_macs
 from pipeline.core.padding import latency_sample, trim_to_longest
 from pipeline.core.paired import DeviceTimer, measure_paired
-from pipeline.core.runtimes.registry import available_runtimes, get_runtime
+from pipeline.core.runtimes.registry import available_runtimes, prepare_runtime
 from pipeline.core.spec import ModelSpec, move_batch
 from pipeline.core.stage import StageConfig, StageContext
 from pipeline.core.task_data import load_task_data
@@ -98,7 +98,7 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
                 if runtime == "eager" and name != "fp32":
                     continue
                 torch.compiler.reset()
-                fn: Callable[..., Tensor] = get_runtime(runtime).prepare(model, device)
+                fn: Callable[..., Tensor] = prepare_runtime(model, runtime, device)
                 with torch.no_grad():
                     for _ in range(3):  # compile / record outside the timed rounds
                         fn(*inputs)

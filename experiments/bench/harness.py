@@ -121,11 +121,13 @@ def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any],
     if "int8_dynamic" in methods_on(caps):
         fallback = QuantizeConfig(method="int8_dynamic", fallback_budget=BENCH_FALLBACK_BUDGET)
         rows.append(("int8 dynamic with float fallback", [fallback], "eager"))
-    runtimes = available_runtimes(device)
-    if "compile" in runtimes:
-        rows.append(("torch.compile", [], "compile"))
-    if "compile_cudagraphs" in runtimes:
-        rows.append(("torch.compile + CUDA graphs", [], "compile_cudagraphs"))
+    # Every other runtime available here, alone on the fp32 model (a plugin's too: MLX next to torch).
+    for runtime in available_runtimes(device):
+        if runtime != "eager":
+            rows.append((f"{get_runtime(runtime).label(device)} (fp32)", [], runtime))
+    if "mlx" in available_runtimes(device):  # MLX's own affine quantization, as the quantize stage maps to it
+        rows.append(("mlx int4 weight-only (mx.quantize, groups of 32)",
+                     [QuantizeConfig(method="intx_weight_only", group_size=32)], "mlx"))
     return rows
 
 
@@ -156,10 +158,9 @@ def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], ru
     records = {k: v for node in result.nodes.values() for k, v in node.records.items()}
     if "quantize.float_layers" in records:
         costs.append(f"{len(records['quantize.float_layers'])} layer(s) kept float")
-    model = result.nodes[result.pipeline.objective_node().inputs[0]].value
 
     def again() -> Callable[..., Tensor]:
-        return prepared(runner, model, runtime, device)
+        return prepared(runner, runtime)
 
     fn = result.prepared if result.prepared is not None else again()
     return Measured(result.report, ("stage cost: " + ", ".join(costs)) if costs else "", again, fn)
@@ -174,13 +175,12 @@ def paired_timing(spec: ModelSpec, device: torch.device, batch: int,
     return StudyLatency(spec, device, batch, lambda: runner, BENCH_LATENCY)
 
 
-def prepared(runner: Runner, model: torch.nn.Module, runtime: str, device: torch.device) -> Callable[..., Tensor]:
-    """``model`` (the recipe ``runner`` measured) ready for ``runtime`` once more."""
-    if get_runtime(runtime).file is not None:
-        return runner.prepare({}, runtime)
+def prepared(runner: Runner, runtime: str) -> Callable[..., Tensor]:
+    """The recipe ``runner`` measured, ready for ``runtime`` once more (a compiled runtime recompiles from a fresh
+    dynamo state; a runtime that read its export reuses what it opened)."""
     if get_runtime(runtime).compiles:
         torch.compiler.reset()
-    return prepare_runtime(move_module(model, device).eval(), runtime, device)
+    return runner.prepare({}, runtime)
 
 
 def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, baseline: float | None,
@@ -300,7 +300,7 @@ def describe_chain(configs: list[Any], runtime: str) -> str:
 
 
 def bench(model: str, device_name: str, trials: int, batch: int, max_drop: AllowedDrop,
-          held_out: Path | None = None, singles: bool = True) -> dict[str, Any]:
+          held_out: Path | None = None, singles: bool = True, only: tuple[str, ...] = ()) -> dict[str, Any]:
 
     device = resolve_device(device_name)
     spec = resolve_spec(model)
@@ -315,6 +315,8 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
     measure_recipe(spec, device, [], "eager", batch_sizes)  # discarded
     timing = paired_timing(spec, device, batch, batch_sizes)
     recipes = single_technique_recipes(device)
+    if only:  # the baseline and the rows whose name has one of ``only``
+        recipes = recipes[:1] + [r for r in recipes[1:] if any(part in r[0] for part in only)]
     for name, configs, runtime in recipes if singles else recipes[:1]:  # the first is the baseline
         print(f"[bench] {spec.name}: {name}", file=sys.stderr, flush=True)
         try:
@@ -376,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-singles", dest="singles", action="store_false",
                         help="the baseline row and the search only, without a row per single technique (where device "
                         "time is short; experiments.bench.gpu_rows gives the one-line rows of a GPU)")
+    parser.add_argument("--only", default="", metavar="WORDS",
+                        help="comma list: of the single-technique rows, only those whose name has one of these words "
+                        "(e.g. mlx); the baseline row always runs")
     parser.add_argument("--render-only", action="store_true", help="only rewrite BENCHMARKS.md from the JSON files")
     args = parser.parse_args(argv)
     try:
@@ -386,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(args.device)
         default_batch = 32 if device.type == "cpu" else 1
         batch = args.batch or default_batch
-        result = bench(args.model, args.device, args.trials, batch, max_drop, args.held_out, args.singles)
+        only = tuple(w.strip() for w in args.only.split(",") if w.strip())
+        result = bench(args.model, args.device, args.trials, batch, max_drop, args.held_out, args.singles, only)
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = "" if batch == default_batch else f"-b{batch}"  # e.g. the GPU throughput objective, batch 256
         if (emulated := result.get("isa", {}).get("emulated")) is not None:

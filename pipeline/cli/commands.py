@@ -117,7 +117,8 @@ def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True, 
     return Search(spec, resolve_device(args.device), config, storage=args.storage,
                   tracking_uri=args.tracking_uri, track=track, name=name or args.study_name,
                   worker=getattr(args, "worker_index", None) or 0, extra_seeds=enqueued(getattr(args, "enqueue", [])),
-                  allow_nondeterministic=args.allow_nondeterministic)
+                  allow_nondeterministic=args.allow_nondeterministic,
+                  accept_plugin_change=getattr(args, "accept_plugin_change", False))
 
 
 def enqueued(paths: list[str]) -> list[SeedRecipe]:

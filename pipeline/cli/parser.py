@@ -17,10 +17,10 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.names import (
     ALLOW_FLAG,
     LATENCY_BUDGET_NAMES,
-    RUNTIME_NAMES,
     WORKER_FLAG,
     device_name,
     model_entry_points,
+    runtime_names,
     unknown_model,
     unknown_runtime,
     unknown_runtimes,
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Measure a model as it is: task metric, latency per batch size "
                               "(p50/p90), peak memory, serialized size, parameters and MACs.")
     add_model_args(evaluate)
-    evaluate.add_argument("--runtime", default="eager", help=" | ".join(RUNTIME_NAMES))
+    evaluate.add_argument("--runtime", default="eager", help=" | ".join(runtime_names()))
     evaluate.add_argument("--json", action="store_true", help="print the measurements as JSON")
     add_threads_arg(evaluate)
     add_nondeterministic_arg(evaluate)
@@ -158,6 +158,8 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cache-mb", type=int, default=None, help="memory bound of the model cache (MiB)")
     group.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///<results>/optuna.db)")
     group.add_argument("--study-name", default=None, help="use this study name instead of the derived one")
+    group.add_argument("--accept-plugin-change", action="store_true",
+                       help="resume a study although its stages or runtimes changed (a plugin installed or removed)")
     group.add_argument("--tracking-uri", default=None,
                        help="MLflow tracking URI (default sqlite:///<results>/mlflow.db; "
                        "http://host:port for a server)")
@@ -181,7 +183,7 @@ def check_args(args: argparse.Namespace) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag}={value}: must be >= 1" + (f" ({meaning})" if meaning else ""))
     args.device = device_name(args.device)
-    if getattr(args, "runtime", None) is not None and args.runtime not in RUNTIME_NAMES:
+    if getattr(args, "runtime", None) is not None and args.runtime not in runtime_names():
         raise unknown_runtime(args.runtime)
     if (problem := unknown_runtimes(split_list(getattr(args, "runtimes", None)) or ())) is not None:
         raise ConfigError(f"--runtimes: {problem}")

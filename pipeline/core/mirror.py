@@ -9,19 +9,39 @@ it, in one of three ways:
   so the exports carry it by converting that graph (``mirror=None``);
 * a function ``config -> ExportMirror`` holding the stage's :class:`MirrorFacts` (a numeric
   stage such as quantize or amp, or unstructured pruning whose sparsity the exports store
-  compressed), each naming the exported runtimes that cannot reproduce it and why;
+  compressed), each saying what a runtime must reproduce to run it (:class:`Need`: a precision,
+  a quantization scheme, a stage's output), in words that name no runtime;
 * :class:`NotMirrored` with the reason, which every export records.
 
 The kinds of facts (integer weights, a reduced dtype, sparsity) are the stages' own: the
 stages that produce and read them share their classes (``stages.common``); this module knows
-no stage. The exporters read one merged :class:`ExportMirror` (see
+no stage and no runtime: each runtime declares what it reproduces
+(:class:`pipeline.core.runtimes.reproduces.Reproduces`) and a recipe needing anything undeclared is refused.
+The exporters read one merged :class:`ExportMirror` (see
 :func:`pipeline.core.stage.export_mirror`) and never import a stage module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
+
+#: The axes a runtime declares what it reproduces on: compute precisions (``float32``, ``bfloat16``, ``float16``,
+#: ``auto``: the device's preferred reduced dtype, ``mixed``: float32 layers kept beside a reduced dtype),
+#: quantization schemes (:func:`quant_scheme`) and the group sizes of per-group ones (:func:`quant_group`), stages
+#: whose output no export mirrors (by stage name), and model forms (``torchscript``).
+NeedKind = Literal["precision", "quantization", "group", "stage", "output"]
+
+
+def quant_scheme(bits: int | None, activations: str) -> str:
+    """A quantization scheme as runtimes declare it: ``int8 weights, dynamic activations``, ``float8 weights``."""
+    weights = f"int{bits} weights" if bits is not None else "float8 weights"
+    return f"{weights}, {activations} activations" if bits is not None else weights
+
+
+def quant_group(group_size: int) -> str:
+    """A per-group quantization's group as runtimes declare it: ``groups of 128``."""
+    return f"groups of {group_size}"
 
 
 @dataclass(frozen=True)
@@ -32,25 +52,22 @@ class NotMirrored:
 
 
 @dataclass(frozen=True)
-class RuntimeGap:
-    """An exported runtime (its registry name, e.g. ``onnxruntime``) that does not reproduce a fact, and why."""
+class Need:
+    """What a recipe needs a runtime to reproduce: one of ``values`` on the ``kind`` axis; ``what`` says which
+    part of the recipe needs it (``AMP (bfloat16)``), as a refusal names it."""
 
-    runtime: str
-    reason: str
+    kind: NeedKind
+    values: tuple[str, ...]
+    what: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class MirrorFacts:
-    """Base of one kind of fact a stage asks the exports to reproduce (a frozen dataclass per kind).
+    """Base of one kind of fact a stage asks the exports to reproduce (a frozen dataclass per kind)."""
 
-    ``gaps``: the exported runtimes that cannot reproduce these facts, each with why (a runtime may be
-    named more than once); a runtime not named reproduces them."""
-
-    gaps: tuple[RuntimeGap, ...] = ()
-
-    def unmirrored(self, runtime: str) -> list[str]:
-        """Why ``runtime`` does not reproduce these facts (empty: it does)."""
-        return [gap.reason for gap in self.gaps if gap.runtime == runtime]
+    def needs(self) -> tuple[Need, ...]:
+        """What a runtime must reproduce to run these facts (none: any runtime does)."""
+        return ()
 
 
 F = TypeVar("F", bound=MirrorFacts)
@@ -86,7 +103,8 @@ class ExportMirror:
         """The recipe as an export sees it that leaves facts of ``kind`` out (e.g. ``quantize="none"``)."""
         return ExportMirror(tuple(f for f in self.facts if not isinstance(f, kind)), self.not_mirrored)
 
-    def unmirrored(self, runtime: str) -> list[str]:
-        """What of the recipe's numerics ``runtime`` does not reproduce (empty: all of it), stages marked
-        not mirrored included."""
-        return [reason for fact in self.facts for reason in fact.unmirrored(runtime)] + list(self.not_mirrored)
+    def needs(self) -> tuple[Need, ...]:
+        """What a runtime must reproduce to run the recipe: its facts' needs, and each stage marked not mirrored
+        (only a runtime that runs the torch model itself reproduces those)."""
+        marked = (Need("stage", (note.split(":", 1)[0],), note) for note in self.not_mirrored)
+        return (*(need for fact in self.facts for need in fact.needs()), *marked)

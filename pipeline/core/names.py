@@ -15,8 +15,12 @@ from pipeline.core.errors import ConfigError, DeviceError, SpecError
 DEVICE_CHOICES = ("auto", "mps", "cuda", "cpu")
 #: Order in which ``auto`` picks a device.
 AUTO_ORDER = ("mps", "cuda", "cpu")
-#: The runtimes of :mod:`pipeline.core.runtimes.registry`, in the order the console lists them.
-RUNTIME_NAMES = ("eager", "compile", "compile_dynamic", "compile_cudagraphs", "onnxruntime", "openvino")
+#: Entry-point group through which packages declare their runtimes (:mod:`pipeline.core.runtimes.registry`).
+RUNTIME_ENTRY_POINT_GROUP = "paretorch.runtimes"
+#: The console's order for the built-in runtimes (a plugin's runtimes follow, by name).
+BUILT_IN_RUNTIMES = ("eager", "compile", "compile_dynamic", "compile_cudagraphs", "onnxruntime", "openvino")
+#: ``--runtimes all``: every runtime available on the device.
+ALL = "all"
 #: The settings of :data:`pipeline.core.latency.LATENCY_BUDGETS` (``--latency-budget``).
 LATENCY_BUDGET_NAMES = ("quick", "normal", "thorough")
 #: Entry-point group through which packages declare model specs by name
@@ -36,15 +40,27 @@ def device_name(name: str) -> str:
     return name
 
 
+def runtime_names() -> tuple[str, ...]:
+    """The installed runtimes' names, read from their entry points (no runtime module imported): the built-ins in
+    the console's order, then the plugins' by name."""
+    names = {ep.name for ep in importlib.metadata.entry_points(group=RUNTIME_ENTRY_POINT_GROUP)}
+    order = {name: i for i, name in enumerate(BUILT_IN_RUNTIMES)}
+    return tuple(sorted(names, key=lambda name: (order.get(name, len(order)), name)))
+
+
 def unknown_runtime(name: str) -> ConfigError:
     """The error of a runtime name that is not registered."""
-    return ConfigError(f"unknown runtime '{name}': choose one of {', '.join(RUNTIME_NAMES)}")
+    return ConfigError(f"unknown runtime '{name}': choose one of {', '.join(runtime_names())}")
 
 
 def unknown_runtimes(names: tuple[str, ...] | list[str]) -> str | None:
-    """What is wrong with a list of runtime names (``--runtimes``), None when every one is registered."""
-    unknown = [name for name in names if name not in RUNTIME_NAMES]
-    return f"unknown runtime(s) {', '.join(unknown)}: choose from {', '.join(RUNTIME_NAMES)}" if unknown else None
+    """What is wrong with a list of runtime names (``--runtimes``; ``all`` alone is every available one), None
+    when every one is registered."""
+    if tuple(names) == (ALL,):
+        return None
+    known = runtime_names()
+    unknown = [name for name in names if name not in known]
+    return f"unknown runtime(s) {', '.join(unknown)}: choose from {', '.join(known)}" if unknown else None
 
 
 def model_entry_points() -> dict[str, importlib.metadata.EntryPoint]:

@@ -24,7 +24,6 @@ The config and context classes live in :mod:`pipeline.core.stage_config` and
 from __future__ import annotations
 
 import copy
-import importlib.metadata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from pipeline.core.device import Capabilities
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.mirror import ExportMirror, NotMirrored
 from pipeline.core.model_facts import ModelFacts
+from pipeline.core.plugins import load_group
 from pipeline.core.stage_config import BudgetUse, ExportConfig, StageConfig, format_validation_error
 from pipeline.core.stage_context import ExportResult, StageContext
 
@@ -238,23 +238,7 @@ def load_entry_points(group: str = ENTRY_POINT_GROUP) -> None:
     Loading imports the stage's module, so a plugin that fails to import is an error
     naming the entry point.
     """
-    names = _by_name()
-    for entry_point in importlib.metadata.entry_points(group=group):
-        if entry_point.name in names:
-            continue
-        try:
-            stage = entry_point.load()
-        except Exception as exc:  # a plugin's import error, whatever it is
-            raise ConfigError(
-                f"stage entry point '{entry_point.name}' ({entry_point.value}) failed to load: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        if not isinstance(stage, Stage):
-            raise ConfigError(f"stage entry point '{entry_point.name}' ({entry_point.value}) is a "
-                              f"{type(stage).__name__}, not a pipeline.core.stage.Stage")
-        if stage.name != entry_point.name:
-            raise ConfigError(f"stage entry point '{entry_point.name}' names stage '{stage.name}': "
-                              "the entry-point name must be the stage name")
+    for stage in load_group(group, "stage", Stage, lambda s: s.name, known=set(_by_name())):
         register_stage(stage)
 
 

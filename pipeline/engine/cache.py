@@ -33,8 +33,11 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.processes import process_exists
 from pipeline.core.stage import ExportResult, StageConfig, config_from_dict
 
-#: Libraries whose versions change what a node produces.
-KEYED_LIBRARIES = ("torch", "torchao", "torch-pruning", "coremltools", "onnx", "onnxruntime", "onnxscript")
+#: Libraries whose versions change what a node produces: every converter an export or runtime uses.
+KEYED_LIBRARIES = ("torch", "torchao", "torch-pruning", "coremltools", "onnx", "onnxruntime", "onnxscript",
+                   "openvino", "nncf", "transformers", "mlx")
+#: Entry-point groups whose installed distributions (a plugin's stages and runtimes) key the cache too.
+PLUGIN_GROUPS = ("paretorch.stages", "paretorch.runtimes")
 DEFAULT_MEMORY_BYTES = 2 * 1024**3
 MANIFEST = "manifest.json"
 #: ``.<key>.staging-<pid>``: where a process writes an export before it is renamed into the cache.
@@ -47,13 +50,18 @@ class CacheWriteError(PipelineError):
 
 @cache
 def library_versions() -> dict[str, str]:
-    """Installed versions of the libraries that shape node outputs (absent ones: 'none')."""
+    """Installed versions of the libraries that shape node outputs (absent ones: 'none'), and of the distributions
+    that provide stages and runtimes (the project's own and each plugin's)."""
     versions = {}
     for name in KEYED_LIBRARIES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = "none"
+    for group in PLUGIN_GROUPS:
+        for entry_point in metadata.entry_points(group=group):
+            if entry_point.dist is not None:
+                versions[entry_point.dist.name] = entry_point.dist.version
     return versions
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic_core import PydanticUndefined
 
 from pipeline.core.errors import ConfigError
-from pipeline.core.runtimes.registry import RUNTIMES
+from pipeline.core.runtimes.registry import check_runtime_names
 from pipeline.core.stage import StageConfig, config_from_dict, is_export
 
 RECIPE_FORMAT = "paretorch-recipe/1"
@@ -64,8 +64,7 @@ class Recipe:
             raise ConfigError("a recipe's 'stages' must be a list of stage configs")
         configs = tuple(config_from_dict(item) for item in raw_stages)
         runtime = str(data.get("runtime", "eager"))
-        if runtime not in RUNTIMES:
-            raise ConfigError(f"unknown runtime {runtime!r} in the recipe: choose one of {', '.join(RUNTIMES)}")
+        check_runtime_names([runtime], " in the recipe")
         return cls(
             stages=configs,
             runtime=runtime,

@@ -7,10 +7,12 @@ export stages also get ``ctx.float_model`` (the output of the last
 non-numeric stage: the float graph that Core ML and ONNX convert) and
 ``ctx.upstream`` (the resolved configs before them, which they mirror).
 Evaluation nodes measure a model with :func:`pipeline.core.evaluate.evaluate_model`
-or report what an exporter checked. A runtime that runs an exported file (``onnxruntime``, ``openvino``:
-:class:`pipeline.core.runtimes.base.FileRuntime`) gets it from its export stage through the same
-export cache (so once per stage prefix), opened once per file (:meth:`Runner.prepare`); the file's
-size is the model's size, and session creation is timed apart (``runtime_sessions``).
+or report what an exporter checked. Every runtime is prepared the same way (:meth:`Runner._prepared`): it
+gets the built model and a lazy handle to the export it declares
+(:class:`pipeline.engine.exported.LazyExport`); a runtime that asks the handle for its file (``onnxruntime``,
+``openvino``, a plugin's) gets it through the same export cache (so once per stage prefix), and what it
+opened is kept per file; the file's size is the model's size, and opening it is timed apart
+(``runtime_sessions``).
 
 What a run produced travels in the :class:`~pipeline.engine.run_result.RunResult` it returns, nothing is left
 on the runner for a later call to read: an evaluation that ran hands back the function it measured
@@ -39,12 +41,12 @@ from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.evaluate import Known, LatencySettings, evaluate_model
 from pipeline.core.padding import LATENCY_INPUTS
 from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtimes.base import LoadedModel, RuntimeFile
+from pipeline.core.runtimes.base import Runtime
 from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, config_from_dict, get_stage
 from pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
-from pipeline.engine.exported import OpenSessions, exported_report
+from pipeline.engine.exported import LazyExport, OpenSessions, exported_report
 from pipeline.engine.graph import Pipeline
 from pipeline.engine.run_result import NodeResult, RunResult, StageTally
 
@@ -97,8 +99,8 @@ class Runner:
     ) -> RunResult:
         """Run every node (``exports=False``: skip exports and what reads them;
         ``evaluate=False``: skip the evaluations of torch models). ``known``: what the objective's evaluation
-        already has (:class:`~pipeline.core.evaluate.Known`: the model prepared by :meth:`prepare`, not compiled
-        again; its latency; its outputs), not measured again.
+        already has (:class:`~pipeline.core.evaluate.Known`: the model prepared by :meth:`prepared_run`, not
+        compiled again; its latency; its outputs), not measured again.
 
         ``configs`` gives a config (or ``None`` = off) per stage node; a node
         missing from it uses its fixed config, or is off.
@@ -145,6 +147,19 @@ class Runner:
             configs=configs,
         )
 
+    def prepare(self, configs: Mapping[str, StageConfig | None], runtime: str) -> Callable[..., Tensor]:
+        """The objective's model of ``configs`` (from the cache where it is there) prepared for ``runtime``
+        (what it opened from its export reused). Outside a run: the caller counts its seconds (as evaluation)."""
+        return self.prepared_run(configs, runtime)[0]
+
+    def prepared_run(self, configs: Mapping[str, StageConfig | None],
+                     runtime: str) -> tuple[Callable[..., Tensor], RunResult]:
+        """:meth:`prepare`, with the run of the stages that made the model (its seconds and cache hits)."""
+        result = self.run(configs, runtime, exports=False, evaluate=False)
+        parent = result.nodes[self.pipeline.objective_node().inputs[0]]
+        fn, _, _ = self._prepared(get_runtime(runtime), parent, configs)
+        return fn, result
+
     def _checked(self, configs: Mapping[str, StageConfig | None] | None) -> dict[str, StageConfig | None]:
         """``configs`` as a dict, each naming a stage node of the pipeline (else a :class:`ConfigError`)."""
         configs = dict(configs or {})
@@ -154,36 +169,13 @@ class Runner:
                               f"(stage nodes: {', '.join(n.name for n in self.pipeline.stage_nodes())})")
         return configs
 
-    def prepare(self, configs: Mapping[str, StageConfig | None], runtime: str) -> Callable[..., Tensor]:
-        """The objective's model of ``configs`` (from the cache where it is there) prepared for ``runtime``:
-        a torch runtime wraps the module; an exported runtime opens (or reuses) its file's session."""
-        return self.prepared_run(configs, runtime)[0]
-
-    def prepared_run(self, configs: Mapping[str, StageConfig | None],
-                     runtime: str) -> tuple[Callable[..., Tensor], RunResult]:
-        """:meth:`prepare`, with the run of the stages that made the model (its seconds and cache hits)."""
-        result = self.run(configs, runtime, exports=False, evaluate=False)
-        parent = result.nodes[self.pipeline.objective_node().inputs[0]]
-        exported = get_runtime(runtime).file
-        if exported is None:
-            return prepare_runtime(move_module(parent.value, self.device).eval(), runtime, self.device), result
-        session, _ = self._open_exported(exported, self._runtime_file(exported, parent, configs))
-        return session, result  # outside a run: the caller counts its seconds (as evaluation)
-
     def runtime_file(self, configs: Mapping[str, StageConfig | None], runtime: str) -> ExportResult | None:
-        """The file an exported runtime runs for ``configs`` (from the export cache where it is there), the one
-        its trial measured; None for a torch runtime."""
-        exported = get_runtime(runtime).file
-        if exported is None:
-            return None
+        """The export ``runtime`` declares for ``configs`` (from the export cache where it is there), the one its
+        trial ran; None for a runtime that declares none. Outside a run: the caller counts its seconds."""
         result = self.run(configs, runtime, exports=False, evaluate=False)
         parent = result.nodes[self.pipeline.objective_node().inputs[0]]
-        artifact: ExportResult = self._runtime_file(exported, parent, configs).value
-        return artifact  # outside a run: the caller counts its seconds
-
-    def _runtime_file(self, exported: RuntimeFile, parent: NodeResult,
-                      configs: Mapping[str, StageConfig | None]) -> NodeResult:
-        return self._runtime_export(exported, self._runtime_export_config(exported, parent, dict(configs)), parent)
+        handle = self._export_handle(get_runtime(runtime), parent, configs)
+        return handle.result() if handle.config is not None else None
 
     # ------------------------------------------------------------------ nodes
 
@@ -233,17 +225,13 @@ class Runner:
         hit = cached is not None
         if cached is None:
             staging = self.cache.staging_dir(key)
-            try:
-                ctx = self._context(parent, staging, with_float_model=True)
-                result = _apply_node(name, config, parent, ctx)
-                if not isinstance(result, ExportResult):
-                    raise TypeError(f"export stage '{config.stage}' returned a {type(result).__name__}, "
-                                    "not an ExportResult")
-                entry = CachedOutput(result, ctx.resolved_config, dict(ctx.records))
-                cached = self.cache.commit_export(key, staging, entry)
-            except BaseException:  # infeasible, failed or Ctrl-C: no half-written folder stays behind
-                self.cache.discard_staging(staging)
-                raise
+            ctx = self._context(parent, staging, with_float_model=True)
+            result = _apply_node(name, config, parent, ctx)
+            if not isinstance(result, ExportResult):
+                raise TypeError(f"export stage '{config.stage}' returned a {type(result).__name__}, "
+                                "not an ExportResult")
+            entry = CachedOutput(result, ctx.resolved_config, dict(ctx.records))
+            cached = self.cache.commit_export(key, staging, entry)
         resolved = cached.resolved_config or config
         return NodeResult(name, "export", key, cached.value, config, resolved, hit,
                           chain=(*parent.chain, resolved), records=cached.records)
@@ -254,69 +242,67 @@ class Runner:
             return NodeResult(name, "evaluate", parent.key, _export_evaluation(parent.value))
         settings: dict[str, Any] = {"runtime": runtime, "latency": asdict(self.latency),
                                     "batch_sizes": self.batch_sizes, "latency_inputs": LATENCY_INPUTS}
-        exported = get_runtime(runtime).file
-        export_config = None if exported is None else self._runtime_export_config(exported, parent, configs)
-        if export_config is not None:
-            settings["export"] = export_config.to_dict()
+        handle = self._export_handle(get_runtime(runtime), parent, configs)
+        if handle.config is not None:
+            settings["export"] = handle.config.to_dict()
         key = node_key("evaluate", settings, (parent.key,), self.device.type)
         cached = self.cache.get(key, "evaluation")
         if cached is not None:  # the export the runtime ran, as its stage resolved it (an ``auto`` decided)
             return NodeResult(name, "evaluate", key, cached.value, cached=True,
-                              runtime_export=cached.resolved_config or export_config)
+                              runtime_export=cached.resolved_config or handle.config)
         known = known or Known()
         if get_runtime(runtime).compiles and known.fn is None:
             # Fresh dynamo state: many models of one class would otherwise hit the
             # recompile limit and silently run eager.
             torch.compiler.reset()
         model = move_module(parent.value, self.device).eval()
-        side: dict[str, float] = {}  # this node's seconds of exports and runtime sessions
-        artifact: NodeResult | None = None
-        session: LoadedModel | None = None
-        fn: Callable[..., Tensor]
-        if exported is not None and export_config is not None:
-            artifact = self._runtime_export(exported, export_config, parent)
-            side["exports"] = artifact.seconds
-            session, side["runtime_sessions"] = self._open_exported(exported, artifact)
-            fn = session
-        elif known.fn is not None:
-            fn = known.fn
-        else:
-            fn = prepare_runtime(model, runtime, self.device)
-        report = evaluate_model(model, self.spec, self.device, runtime=runtime,
-                                settings=self.latency, batch_sizes=self.batch_sizes, fn=fn, known=known)
-        if artifact is not None and session is not None:
-            report = exported_report(report, artifact.value, session)
-            export_config = artifact.resolved or export_config
+        fn, handle, side = self._prepared(get_runtime(runtime), parent, configs)
+        report = evaluate_model(model, self.spec, self.device, runtime=runtime, settings=self.latency,
+                                batch_sizes=self.batch_sizes, fn=known.fn or fn, known=known)
+        export_config = handle.resolved or handle.config
+        if handle.used:
+            report = exported_report(report, handle.result(), fn, side.get("runtime_sessions", 0.0))
         self.cache.put(key, CachedOutput(report, resolved_config=export_config, nbytes=0))
-        return NodeResult(name, "evaluate", key, report, runtime_export=export_config, prepared=fn,
+        return NodeResult(name, "evaluate", key, report, runtime_export=export_config, prepared=known.fn or fn,
                           side_seconds=side)
 
-    def _runtime_export_config(self, exported: RuntimeFile, parent: NodeResult,
-                               configs: Mapping[str, StageConfig | None]) -> StageConfig:
-        """The config of the export that makes an exported runtime's file: the pipeline's node of that
-        stage off the same model (this run's config), else the stage's defaults, with the runtime's settings."""
+    def _prepared(self, runtime: Runtime, parent: NodeResult, configs: Mapping[str, StageConfig | None]
+                  ) -> tuple[Callable[..., Tensor], LazyExport, dict[str, float]]:
+        """``parent``'s model prepared by ``runtime`` with a lazy handle to its export; what a runtime opened from
+        its export is kept per file (:class:`OpenSessions`). Also the handle and this call's side seconds:
+        the export's (``exports``) and the rest of the preparation's (``runtime_sessions``), when it read it."""
+        handle = self._export_handle(runtime, parent, configs)
+        kept = self._sessions.kept((runtime.name, handle.key))
+        if kept is not None:
+            handle.result()  # an export cache hit: the file the kept session opened
+            return kept, handle, {"exports": handle.seconds}
+        start = time.perf_counter()
+        model = move_module(parent.value, self.device).eval()
+        fn = prepare_runtime(model, runtime.name, self.device, handle)
+        if not handle.used:
+            return fn, handle, {}
+        self._sessions.keep((runtime.name, handle.key), fn)
+        return fn, handle, {"exports": handle.seconds,
+                            "runtime_sessions": time.perf_counter() - start - handle.seconds}
+
+    def _export_handle(self, runtime: Runtime, parent: NodeResult,
+                       configs: Mapping[str, StageConfig | None]) -> LazyExport:
+        """The lazy handle to the export ``runtime`` declares of ``parent``'s model: the pipeline's node of that
+        stage off the same model (this run's config), else the stage's defaults, with the runtime's settings;
+        made through the export cache on first use."""
+        declared = runtime.export
+        if declared is None:
+            return LazyExport(runtime.name)
         base: StageConfig | None = None
         for node in self.pipeline.export_nodes():
-            if node.op == exported.export_stage and node.inputs == (parent.name,):
+            if node.op == declared.stage and node.inputs == (parent.name,):
                 base = configs.get(node.name, node.config)
         if base is None:
-            base = get_stage(exported.export_stage).config_type()
-        return config_from_dict({**base.to_dict(), **exported.settings})
-
-    def _runtime_export(self, exported: RuntimeFile, config: StageConfig, parent: NodeResult) -> NodeResult:
-        """The exported runtime's file, through the export cache; its ``seconds`` (exports) are this call's."""
-        start = time.perf_counter()
-        key = node_key(exported.export_stage, config.to_dict(), (parent.key,), self.device.type)
-        artifact = self._export(f"runtime.{exported.export_stage}", key, config, parent)
-        artifact.seconds = time.perf_counter() - start
-        return artifact
-
-    def _open_exported(self, exported: RuntimeFile, artifact: NodeResult) -> tuple[LoadedModel, float]:
-        """The session of an exported file, opened once, and the seconds this call spent opening it (runtime
-        sessions; 0 for a session already open)."""
-        session, opened = self._sessions.get(artifact.key,
-                                             lambda: exported.open_file(Path(artifact.value.path), self.device))
-        return session, session.creation_seconds if opened else 0.0
+            base = get_stage(declared.stage).config_type()
+        config = config_from_dict({**base.to_dict(), **declared.settings})
+        key = node_key(declared.stage, config.to_dict(), (parent.key,), self.device.type)
+        return LazyExport(runtime.name, config, key, lambda: self._export(f"runtime.{declared.stage}", key, config,
+                                                                          parent))
 
 
 def _export_evaluation(result: ExportResult | None) -> dict[str, Any] | None:

@@ -16,9 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.latency import LATENCY_BUDGETS
-from pipeline.core.names import unknown_runtimes
 from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
-from pipeline.core.runtimes.registry import RUNTIMES
+from pipeline.core.runtimes.registry import check_runtime_names
 from pipeline.core.stage import format_validation_error
 from pipeline.engine.graph import Pipeline
 from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
@@ -42,13 +41,28 @@ class SeedRecipe(BaseModel):
     #: studies whose seeds do not use it unchanged.
     skip_where_unavailable: bool = Field(default=False, exclude_if=lambda value: not value)
 
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, name: str) -> str:
+        return known_runtime_names((name,))[0]
 
-def known_runtime_names(names: tuple[str, ...]) -> tuple[str, ...]:
+
+#: The runtimes value that means every runtime available on the device (the default: a newly installed
+#: runtime joins the study instead of renaming it).
+ALL_RUNTIMES = ("all",)
+
+
+def known_runtime_names(names: tuple[str, ...] | str) -> tuple[str, ...]:
     """``names`` unchanged when every one is a registered runtime (a device may lack some: they are dropped
-    later, by the capability table); an unknown name is a typo, a ValueError naming the registered ones."""
-    if (problem := unknown_runtimes(names)) is not None:
-        raise ValueError(problem)
-    return names
+    later, by the capability table), or :data:`ALL_RUNTIMES`; an unknown name is a typo, a ValueError naming the
+    registered ones (the registry words it)."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    if names == ALL_RUNTIMES:
+        return names
+    try:
+        return check_runtime_names(names)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class Preset(BaseModel):
@@ -81,7 +95,8 @@ class SearchConfig(BaseModel):
     max_drop: MaxDrop = DEFAULT_MAX_DROP
     sampler: Literal["tpe", "nsga2", "random"] = "tpe"
     seed: int = 0
-    runtimes: tuple[str, ...] = tuple(RUNTIMES)  # every registered runtime (intersected with the device's)
+    #: The runtimes searched, intersected with the device's; ``all`` (the default): every runtime available there.
+    runtimes: tuple[str, ...] = ALL_RUNTIMES
     #: A name of :data:`pipeline.core.latency.LATENCY_BUDGETS`: how long each trial is timed, alone and paired.
     latency_budget: str = "normal"
     latency_batch: int | None = Field(default=None, ge=1)
@@ -106,9 +121,9 @@ class SearchConfig(BaseModel):
     RUN_ONLY_FIELDS: ClassVar[frozenset[str]] = frozenset({"exports", "cache_mb", "compose", "sweep_top",
                                                             "screening", "presets", "costly_share"})
 
-    @field_validator("runtimes")
+    @field_validator("runtimes", mode="before")
     @classmethod
-    def _known_runtimes(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+    def _known_runtimes(cls, names: tuple[str, ...] | str) -> tuple[str, ...]:
         return known_runtime_names(names)
 
     @field_validator("latency_budget")
@@ -169,6 +184,22 @@ def legacy_study_name(spec: ModelSpec, device: torch.device, config: SearchConfi
     (the migration rule in :func:`pipeline.search.study_names.find_study` looks for it)."""
     return _hashed(spec, device, {"spec": spec.source or spec.name, "pipeline": pipeline.to_dict(),
                                   "search": config.identity()})
+
+
+#: The default ``runtimes`` before it became ``all`` (every runtime available): a default study named then is
+#: found under the name this list gave it (:func:`legacy_study_names`).
+LEGACY_DEFAULT_RUNTIMES = ("eager", "compile", "compile_dynamic", "compile_cudagraphs", "onnxruntime", "openvino")
+
+
+def legacy_study_names(spec: ModelSpec, device: torch.device, config: SearchConfig, pipeline: Pipeline
+                       ) -> tuple[str, ...]:
+    """The names earlier rules gave the study, newest first: the stage list hashed (:func:`legacy_study_name`),
+    and for the default ``runtimes: all`` the names of the runtime list that was the default before."""
+    names = [legacy_study_name(spec, device, config, pipeline)]
+    if config.runtimes == ALL_RUNTIMES:
+        listed = config.model_copy(update={"runtimes": LEGACY_DEFAULT_RUNTIMES})
+        names += [study_name(spec, device, listed, pipeline), legacy_study_name(spec, device, listed, pipeline)]
+    return tuple(names)
 
 
 def _hashed(spec: ModelSpec, device: torch.device, payload: dict[str, Any]) -> str:

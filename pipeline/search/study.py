@@ -32,11 +32,12 @@ from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
 from pipeline.engine.runner import TIME_CATEGORIES, Runner
 from pipeline.search.config import (
+    ALL_RUNTIMES,
     SearchConfig,
     SeedRecipe,
     default_storage,
     finished_states,
-    legacy_study_name,
+    legacy_study_names,
     make_sampler,
     study_name,
 )
@@ -55,7 +56,15 @@ from pipeline.search.rule_out import RuleOut
 from pipeline.search.seeding import merge_params, runtime_params, stage_params
 from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
 from pipeline.search.study_latency import StudyLatency
-from pipeline.search.study_names import ATTR_STAGES, ATTR_STUDY_KEY, find_study, stage_change
+from pipeline.search.study_names import (
+    ATTR_RUNTIMES,
+    ATTR_STAGES,
+    ATTR_STUDY_KEY,
+    find_study,
+    require_accepted,
+    runtime_change,
+    stage_change,
+)
 from pipeline.search.study_parts import StudyParts
 
 #: Study user attr: the unoptimized model's self-check (pipeline.core.self_check), measured once per study.
@@ -122,7 +131,7 @@ class Search:
     def __init__(self, spec: ModelSpec, device: torch.device, config: SearchConfig, storage: str | None = None,
                  tracking_uri: str | None = None, track: bool = True, name: str | None = None, *,
                  worker: int = 0, extra_seeds: Sequence[SeedRecipe] = (),
-                 allow_nondeterministic: bool = False) -> None:
+                 allow_nondeterministic: bool = False, accept_plugin_change: bool = False) -> None:
         self.spec = spec
         self.device = device
         self.config = config
@@ -133,7 +142,7 @@ class Search:
             raise ConfigError(f"cannot disable {unknown}: the pipeline's stage nodes are {sorted(stage_names)}")
         self.objectives = Objectives.create(spec, config.objectives, config.max_drop, config.latency_batch)
         possible = available_runtimes(device)
-        self.runtimes = [r for r in config.runtimes if r in possible]
+        self.runtimes = possible if config.runtimes == ALL_RUNTIMES else [r for r in config.runtimes if r in possible]
         if not self.runtimes:
             raise ConfigError(f"none of the runtimes {list(config.runtimes)} runs on {device.type} "
                               f"(available: {', '.join(possible)})")
@@ -147,6 +156,7 @@ class Search:
         #: What pays on this machine, read or measured when the study is prepared (:meth:`probe_machine`).
         self.machine: MachineProbe | None = None
         self.allow_nondeterministic = allow_nondeterministic
+        self.accept_plugin_change = accept_plugin_change
         self._runner: Runner | None = None
         self._storage: optuna.storages.BaseStorage | None = None
         #: Paired latency of the trials against the baseline (its timer and CPU clock are injectable).
@@ -160,7 +170,7 @@ class Search:
         default name. Looked up in the storage once."""
         if self._name is None:
             key = study_name(self.spec, self.device, self.config, self.pipeline)
-            legacy = legacy_study_name(self.spec, self.device, self.config, self.pipeline)
+            legacy = legacy_study_names(self.spec, self.device, self.config, self.pipeline)
             stored = {s.study_name: s.user_attrs for s in self.storage_backend().get_all_studies()}
             self._name = find_study(stored, key, legacy)
         return self._name
@@ -228,9 +238,9 @@ class Search:
         return study, self._record_stages(study) if create else None
 
     def _record_stages(self, study: optuna.Study) -> str | None:
-        """Record the stages this run searches (and, on the default name, the name the study answers to);
-        what changed since the study's last run (a :class:`ConfigError` when its trials used a stage that is
-        not installed now)."""
+        """Record the stages and runtimes this run searches (and, on the default name, the name the study answers
+        to); what changed since the study's last run. A :class:`ConfigError` when they changed and the run did not
+        accept it (``accept_plugin_change``), or when its trials used a stage that is not installed now."""
         current = [f"{n.name}:{n.op}" for n in self.pipeline.stage_nodes()]
         stored = study.user_attrs.get(ATTR_STAGES)
         installed = registered_stages()
@@ -239,8 +249,14 @@ class Search:
                 for raw in t.user_attrs.get(ATTR_CONFIGS, {}).values() if raw}
         unreadable = [s for s in stored or () if s.partition(":")[2] in uninstalled & used]
         line = stage_change(self.study_name, stored, current, unreadable)
+        runtimes = runtime_change(study.user_attrs.get(ATTR_RUNTIMES), self.runtimes)
+        require_accepted(self.study_name, [c for c in (line, runtimes) if c], self.accept_plugin_change)
+        if runtimes is not None:
+            line = f"{line}; {runtimes}" if line else f"study {self.study_name}: {runtimes}"
         if stored != current:
             study.set_user_attr(ATTR_STAGES, current)
+        if study.user_attrs.get(ATTR_RUNTIMES) != self.runtimes:
+            study.set_user_attr(ATTR_RUNTIMES, list(self.runtimes))
         if self._given_name is None:
             key = study_name(self.spec, self.device, self.config, self.pipeline)
             if study.user_attrs.get(ATTR_STUDY_KEY) != key:

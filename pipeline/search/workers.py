@@ -161,12 +161,18 @@ def worker_argv(argv: Sequence[str], index: int) -> list[str]:
     return [*argv, "--workers", "1", WORKER_FLAG, str(index)]
 
 
+def worker_command(argv: Sequence[str], index: int) -> list[str]:
+    """The process of worker ``index``. ``-P``: the working directory is not put on sys.path, so a user's
+    pipeline.py or experiments/ there cannot shadow the installed package (as it cannot in the ``paretorch``
+    command)."""
+    return [sys.executable, "-P", "-m", "pipeline", *worker_argv(argv, index)]
+
+
 def launch_workers(argv: Sequence[str], workers: int, console: Console) -> tuple[bool, list[str]]:
     """Run ``python -m pipeline <argv>`` as ``workers`` worker processes and wait for them all;
     (interrupted, notes on workers that failed)."""
     console.print(f"starting {workers} workers on one study")
-    processes = [subprocess.Popen([sys.executable, "-m", "pipeline", *worker_argv(argv, i)])
-                 for i in range(workers)]
+    processes = [subprocess.Popen(worker_command(argv, i)) for i in range(workers)]
     interrupted = False
     codes: list[int | None] = [None] * workers
     while None in codes:  # poll them all: a worker that died is reaped at once, so others see its pid gone

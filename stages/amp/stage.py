@@ -45,7 +45,6 @@ from pipeline.core.mirror import ExportMirror
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext, export_mirror
 from stages.amp.casting import REDUCED_DTYPES, dtype_name
-from stages.amp.export_gaps import runtime_gaps
 from stages.amp.switch import PrecisionSwitch
 from stages.amp.units import find_precision_units
 from stages.common.mirror_facts import ReducedPrecision, WeightQuantization
@@ -221,11 +220,11 @@ def after(config: AmpConfig, upstream: Sequence[StageConfig]) -> str | None:
 
 
 def mirror(config: AmpConfig) -> ExportMirror:
-    """Core ML computes in the reduced dtype with the float32 layers kept; OpenVINO in bf16 for the whole
-    model; ONNX Runtime not at all (:mod:`stages.amp.export_gaps`)."""
+    """The reduced dtype and the float32 layers kept: the precisions a runtime must reproduce
+    (:meth:`ReducedPrecision.needs`; Core ML keeps the layers, OpenVINO runs whole-model bf16, ONNX Runtime
+    float32 only, as each declares)."""
     fp32_layers = tuple(config.fp32_layers or ())
-    return ExportMirror((ReducedPrecision(dtype=config.dtype, fp32_layers=fp32_layers,
-                                          gaps=runtime_gaps(config.dtype, fp32_layers)),))
+    return ExportMirror((ReducedPrecision(dtype=config.dtype, fp32_layers=fp32_layers),))
 
 
 STAGE = Stage(AmpConfig, apply, numeric=True, mirror=mirror, requires=requires, order=40, worthwhile=worthwhile,

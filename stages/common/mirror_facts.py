@@ -1,9 +1,10 @@
 """The export-mirror facts the stages share: what a numeric stage hands the exports to reproduce.
 
 The stage that changes the numerics gives them (quantize: :class:`WeightQuantization`; amp:
-:class:`ReducedPrecision`; unstructured pruning: :class:`Sparsity`), each naming the exported
-runtimes that cannot reproduce its config and why (:class:`~pipeline.core.mirror.RuntimeGap`); the
-export stages read them from the recipe's merged :class:`~pipeline.core.mirror.ExportMirror`
+:class:`ReducedPrecision`; unstructured pruning: :class:`Sparsity`), each saying what a runtime must
+reproduce to run it (:meth:`~pipeline.core.mirror.MirrorFacts.needs`: a quantization scheme, a precision),
+in words that name no runtime (each runtime declares what it reproduces); the export stages read them
+from the recipe's merged :class:`~pipeline.core.mirror.ExportMirror`
 (``mirror.of(WeightQuantization)``). Neither side imports the other: both import these classes.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.core.mirror import MirrorFacts
+from pipeline.core.mirror import MirrorFacts, Need, quant_group, quant_scheme
 
 LayerKind = Literal["linear", "conv"]
 #: What a quantization does to activations: ``float`` (weight-only), ``dynamic`` (scales from each
@@ -43,6 +44,14 @@ class WeightQuantization(MirrorFacts):
     #: Why the method has no Core ML counterpart (e.g. float8 weights).
     no_counterpart: str | None = None
 
+    def needs(self) -> tuple[Need, ...]:
+        scheme = quant_scheme(self.bits, self.activations)
+        needs = [Need("quantization", (scheme,), f"quantize {self.method} ({scheme})")]
+        if self.group_size is not None:
+            group = quant_group(self.group_size)
+            needs.append(Need("group", (group,), f"quantize {self.method} in {group}"))
+        return tuple(needs)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ReducedPrecision(MirrorFacts):
@@ -51,6 +60,13 @@ class ReducedPrecision(MirrorFacts):
 
     dtype: str
     fp32_layers: tuple[str, ...] = ()
+
+    def needs(self) -> tuple[Need, ...]:
+        reduced = Need("precision", (self.dtype,), f"AMP ({self.dtype})")
+        if not self.fp32_layers:
+            return (reduced,)
+        kept = Need("precision", ("mixed",), f"AMP keeps {len(self.fp32_layers)} layer(s) in float32")
+        return (reduced, kept)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -63,7 +63,7 @@ def int8_plan(config: ONNXExportConfig, upstream: ExportMirror, protected: tuple
     :class:`InfeasibleConfig`."""
     if config.unmirrored == "infeasible":
         exported = upstream if config.quantize == "mirror" else upstream.without(WeightQuantization)
-        reasons = exported.unmirrored(ONNXRUNTIME.name)
+        reasons = ONNXRUNTIME.reproduces.refusals(exported)
         if reasons:
             raise InfeasibleConfig(f"ONNX Runtime cannot run this recipe as trained: {'; '.join(reasons)} "
                                    "(run it with a torch runtime, or change the recipe)")

@@ -3,8 +3,8 @@
 The float graph is converted from the torch model (the PyTorch frontend traces it; the ExportedProgram
 route of openvino 2026.4 fails on torch 2.13's guard function), with every input's batch and, for token
 inputs, sequence dimension dynamic. The recipe's numeric stages are then re-applied with OpenVINO's tools
-(:mod:`stages.export.openvino_nncf`; which ones it can, each stage says in its mirror facts:
-:mod:`stages.quantize.export_gaps`, :mod:`stages.amp.export_gaps`), and the IR is saved with float32
+(:mod:`stages.export.openvino_nncf`; which ones it can, the runtime declares:
+:data:`pipeline.core.runtimes.openvino.REPRODUCES`), and the IR is saved with float32
 weights (``save_model`` would otherwise halve them to float16, a numeric change of its own). The artifact is a directory
 ``<spec>.openvino`` holding ``<spec>.xml`` + ``<spec>.bin``; the IR's ``rt_info`` records the inference
 precision, the recipe and the library versions, and keeps OpenVINO's dynamic activation quantization off
@@ -81,7 +81,7 @@ def ov_plan(config: OpenVINOExportConfig, upstream: ExportMirror, token_model: b
     ``config.unmirrored == "infeasible"`` a numeric stage OpenVINO cannot reproduce raises
     :class:`InfeasibleConfig`."""
     exported = upstream if config.quantize == "mirror" else upstream.without(WeightQuantization)
-    reasons = exported.unmirrored(OPENVINO.name)
+    reasons = OPENVINO.reproduces.refusals(exported)
     amp, quant = upstream.of(ReducedPrecision), upstream.of(WeightQuantization)
     whole_model_bf16 = amp is not None and amp.dtype in ("bfloat16", "auto") and not amp.fp32_layers
     static_int8 = config.quantize == "mirror" and quant is not None and quant.bits == 8 \

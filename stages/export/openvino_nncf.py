@@ -1,6 +1,7 @@
 """NNCF, the OpenVINO mirror of the quantize stage, and the layers it touches.
 
-The recipe's quantize method decides the NNCF call (which ones OpenVINO mirrors: :mod:`stages.quantize.export_gaps`):
+The recipe's quantize method decides the NNCF call (which ones OpenVINO mirrors:
+:data:`pipeline.core.runtimes.openvino.REPRODUCES`):
 static int8 (PT2E, calibrated) -> ``nncf.quantize`` calibrated on the spec's calibration data one sample per
 NNCF item (token samples cut to their own length: no padding token's activation widens a range), every
 sample used, preset MIXED (asymmetric activations, symmetric per-channel weights: the x86 PT2E recipe's

@@ -55,7 +55,6 @@ from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext, sta
 from stages.common.mirror_facts import WeightQuantization
 from stages.common.rankings import SENSITIVITIES
 from stages.common.sensitivity import calibrate, reference_outputs, relative_output_error
-from stages.quantize.export_gaps import runtime_gaps
 from stages.quantize.facts import QuantizeFacts, read_facts, why_untouched
 from stages.quantize.fallback import QuantizedSwap, SimulatedStaticInt8
 from stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, LayerSelection, select_layers
@@ -347,8 +346,8 @@ def requires(config: QuantizeConfig, caps: Capabilities) -> str | None:
 
 
 def mirror(config: QuantizeConfig) -> ExportMirror:
-    """Integer weights of the same bits, group size, weight mapping and layer filter, and the exported
-    runtimes that cannot reproduce the method (:mod:`stages.quantize.export_gaps`)."""
+    """Integer weights of the same bits, group size, weight mapping and layer filter; the scheme they need a
+    runtime to reproduce (:meth:`WeightQuantization.needs`)."""
     record = method(config.method)
     # The mapping is the weights' only where the method maps weights (int8_dynamic's is the activations').
     symmetric = config.mapping != "asymmetric" or record.mapping_target != "weights"
@@ -363,7 +362,6 @@ def mirror(config: QuantizeConfig) -> ExportMirror:
         skip_head=config.skip_head,
         float_layers=tuple(config.float_layers or ()),
         no_counterpart=record.unmirrored,
-        gaps=runtime_gaps(record),
     ),))
 
 

@@ -18,7 +18,7 @@ from pipeline.core.mirror import ExportMirror
 from pipeline.core.ov_session import default_precision, open_ir, recorded_settings
 from pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
 from pipeline.core.runtimes.openvino import OPENVINO
-from pipeline.core.runtimes.registry import RUNTIMES, available_runtimes
+from pipeline.core.runtimes.registry import available_runtimes, get_runtime
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import StageContext, apply_stage, export_mirror
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search
@@ -32,31 +32,37 @@ from stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 
-def test_the_stages_say_what_each_exported_runtime_reproduces() -> None:
+def test_each_exported_runtime_declares_what_it_reproduces_and_refuses_the_rest() -> None:
     def ort_unmirrored(mirror: ExportMirror) -> list[str]:
-        return ONNXRUNTIME.unmirrored(mirror)
+        return ONNXRUNTIME.reproduces.refusals(mirror)
 
     def ov_unmirrored(mirror: ExportMirror) -> list[str]:
-        return OPENVINO.unmirrored(mirror)
+        return OPENVINO.reproduces.refusals(mirror)
 
     dynamic, static, weights, int4 = (export_mirror([QuantizeConfig(method=method)]) for method in (
         "int8_dynamic", "int8_static_pt2e", "int8_weight_only", "intx_weight_only"))
     bf16 = export_mirror([AmpConfig(dtype="bfloat16")])
     assert ort_unmirrored(dynamic) == [] and ort_unmirrored(static) == []
-    assert ort_unmirrored(weights) == ["int8_weight_only keeps activations float, and ONNX Runtime's int8 kernels "
-                                       "quantize them too (int8_dynamic is its mirror)"]
-    assert ort_unmirrored(bf16) == ["AMP (bfloat16) is not mirrored: the graph would compute in float32"]
+    assert ort_unmirrored(weights) == ["quantize int8_weight_only (int8 weights, float activations): weight-only "
+                                       "int8 keeps activations float, and ONNX Runtime's int8 kernels quantize them "
+                                       "too (int8_dynamic is its mirror)"]
+    assert ort_unmirrored(bf16) == ["AMP (bfloat16): ONNX Runtime runs the exported float32 graph: the recipe's "
+                                    "reduced precision is not mirrored"]
     assert ov_unmirrored(static) == [] and ov_unmirrored(weights) == [] and ov_unmirrored(bf16) == []
-    assert ov_unmirrored(dynamic)[0].startswith("int8_dynamic quantizes activations per row at run time")
-    assert ov_unmirrored(int4)[0].startswith("intx_weight_only has no OpenVINO mirror")
-    assert ov_unmirrored(export_mirror([AmpConfig(dtype="float16")]))[0].startswith("AMP (float16) is not mirrored")
+    assert ov_unmirrored(dynamic)[0].startswith("quantize int8_dynamic (int8 weights, dynamic activations): "
+                                                "activations quantized per row")
+    assert ov_unmirrored(int4)[0].startswith("quantize intx_weight_only (int4 weights, float activations): only int8")
+    assert ov_unmirrored(export_mirror([AmpConfig(dtype="float16")]))[0].startswith("AMP (float16): OpenVINO's CPU")
     kept = ov_unmirrored(export_mirror([AmpConfig(dtype="bfloat16", fp32_layers=("classifier",))]))
-    assert kept and kept[0].startswith("AMP keeps layers in float32")
-    assert ov_unmirrored(ExportMirror(not_mirrored=("prune: why",))) == ["prune: why"]
-    # quantize="none": the export leaves the quantization's gaps out, the AMP ones stay
+    assert kept == ["AMP keeps 1 layer(s) in float32: OpenVINO's inference precision applies to the whole model "
+                    "(the IR's disable_fp16_compression marks did not keep ops in float32 under the CPU's bf16)"]
+    assert ov_unmirrored(ExportMirror(not_mirrored=("prune: why",))) == ["prune: why: not declared (its stage "
+                                                                         "values: none)"]
+    # quantize="none": the export leaves the quantization's needs out, the AMP ones stay
     both = export_mirror([QuantizeConfig(method="int8_weight_only"), AmpConfig(dtype="bfloat16")])
     assert len(ort_unmirrored(both)) == 2
     assert ort_unmirrored(both.without(WeightQuantization)) == ort_unmirrored(bf16)
+
 
 def test_the_capability_table_lists_only_the_devices_the_installed_openvino_has(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,7 +80,7 @@ def test_the_capability_table_lists_only_the_devices_the_installed_openvino_has(
 def test_the_installed_openvino_runs_on_this_cpu() -> None:
     assert "CPU" in openvino.Core().available_devices
     assert "openvino" in available_runtimes(CPU)
-    assert RUNTIMES["openvino"].label(CPU) == "openvino (CPU)"
+    assert get_runtime("openvino").label(CPU) == "openvino (CPU)"
 
 def _export(model: nn.Module, spec: ModelSpec, out: Path, upstream: tuple[QuantizeConfig, ...] = ()) -> tuple:
     ctx = StageContext(spec, CPU, output_dir=out, upstream=upstream, float_model=model)
@@ -118,7 +124,8 @@ def test_an_unmirrored_recipe_is_infeasible_for_the_runtime_export(digits_spec: 
 
     ctx = StageContext(digits_spec, CPU, output_dir=tmp_path, float_model=digits_model,
                        upstream=(QuantizeConfig(method="int8_dynamic"),))
-    with pytest.raises(InfeasibleConfig, match="OpenVINO cannot run this recipe as trained: int8_dynamic"):
+    with pytest.raises(InfeasibleConfig,
+                       match=r"OpenVINO cannot run this recipe as trained: quantize int8_dynamic \(int8 weights"):
         apply_stage(digits_model, OpenVINOExportConfig(unmirrored="infeasible"), ctx)
 
 def test_a_recipe_openvino_cannot_run_is_ruled_out_and_not_counted(residual_spec: ModelSpec, tmp_path: Path) -> None:
@@ -131,7 +138,8 @@ def test_a_recipe_openvino_cannot_run_is_ruled_out_and_not_counted(residual_spec
     seeded = {t.user_attrs[ATTR_SEED]: t for t in outcome.study.trials if ATTR_SEED in t.user_attrs}
     assert seeded["dyn-ov"].state.name == "PRUNED" and seeded["dyn-ov"].values is None
     assert seeded["dyn-ov"].user_attrs[ATTR_RULED_OUT].startswith(
-        "runtime openvino cannot run this recipe as trained: int8_dynamic quantizes activations per row")
+        "runtime openvino cannot run this recipe as trained: quantize int8_dynamic (int8 weights, dynamic "
+        "activations): activations quantized per row")
 
 
 def test_a_trial_under_openvino_replays_to_the_same_ir_and_metric(digits_spec: ModelSpec, tmp_path: Path) -> None:

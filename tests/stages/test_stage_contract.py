@@ -24,7 +24,7 @@ from torch import nn
 
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror, NotMirrored
-from pipeline.core.runtimes.registry import RUNTIMES
+from pipeline.core.runtimes.registry import registered_runtimes
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import (
     ENTRY_POINT_GROUP,
@@ -143,14 +143,16 @@ def test_export_mirror_is_declared(model_stage: Stage, digits_spec: ModelSpec) -
         assert mirror != ExportMirror(), f"numeric stage {stage.name}'s mirror says nothing for {config}"
 
 
-def test_mirror_gaps_name_exported_runtimes(model_stage: Stage, digits_spec: ModelSpec) -> None:
-    """A stage's mirror facts name, for their gaps, runtimes that exist and run an exported file."""
-    exported = {name for name, runtime in RUNTIMES.items() if runtime.file is not None}
+def test_mirror_facts_say_what_they_need_and_name_no_runtime(model_stage: Stage, digits_spec: ModelSpec) -> None:
+    """A stage's mirror facts say what a runtime must reproduce, on the declared axes, in words that name no
+    runtime (each runtime declares what it reproduces)."""
+    runtimes = set(registered_runtimes())
     for config in [example_config(model_stage, digits_spec), *suggested_configs(model_stage, digits_spec)]:
         if config is None:
             continue
-        for fact in model_stage.mirror_of(config).facts:
-            assert {gap.runtime for gap in fact.gaps} <= exported, f"{model_stage.name}: {fact}"
+        for need in model_stage.mirror_of(config).needs():
+            assert need.kind in ("precision", "quantization", "group", "stage", "output") and need.values and need.what
+            assert not runtimes & set(need.values), f"{model_stage.name} names a runtime: {need}"
 
 
 # --------------------------------------------------------------------------- config and suggest
@@ -226,13 +228,16 @@ def test_toy_stage_sits_where_it_says_in_the_default_pipeline(
 
 
 def test_toy_stage_runs_through_optimize(plugin_site: Path, tmp_path: Path) -> None:
-    """``python -m pipeline optimize`` finds the installed toy stage, searches it and replays it."""
+    """``python -m pipeline optimize`` finds the installed toy stage, searches it (on/off and its integer are the
+    study's params) and runs it: a recipe with it is enqueued, so the test does not hang on the sampler's draws."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_site), str(REPO)]),
            "PARETORCH_RESULTS_DIR": str(tmp_path)}
+    recipe = tmp_path / "toy-twice.json"
+    recipe.write_text(json.dumps({"stages": [{"stage": TOY_STAGE, "repeats": 2}], "runtime": "eager"}))
     run = subprocess.run(
         [sys.executable, "-m", "pipeline", "optimize", "--model", "digits", "--trials", "5", "--no-tracking",
          "--runtimes", "eager", "--latency-budget", "quick", "--exports", "none", "--disable", "prune,distill,amp",
-         "--threads", "1"],
+         "--threads", "1", "--enqueue", str(recipe)],
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -242,4 +247,6 @@ def test_toy_stage_runs_through_optimize(plugin_site: Path, tmp_path: Path) -> N
     recipes = [t.user_attrs["paretorch.recipe"] for t in study.trials if "paretorch.recipe" in t.user_attrs]
     toy_runs = [r for r in recipes if any(s["stage"] == TOY_STAGE for s in r["stages"])]
     assert toy_runs, f"no trial ran the toy stage: {[r['stages'] for r in recipes]}"
+    assert any(s.get("repeats") == 2 for r in toy_runs for s in r["stages"] if s["stage"] == TOY_STAGE)
+    assert any("toy.scale_bias.on" in t.params for t in study.trials), "the search samples it"
     assert all([s["stage"] for s in r["stages"]].index(TOY_STAGE) == 0 for r in toy_runs)

@@ -1,4 +1,5 @@
-"""How a trial's model runs: one module per runtime behind one small interface (:mod:`.base`).
+"""How a trial's model is run: one module per runtime behind one small interface (:mod:`.base`).
 
-The registry (:mod:`.registry`) lists them; adding a runtime is one module and one line there.
+The registry (:mod:`.registry`) finds them through the ``paretorch.runtimes`` entry-point group; adding a runtime
+is one module and one entry-point line (in ``pyproject.toml``, or a plugin package's own).
 """

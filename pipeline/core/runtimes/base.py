@@ -1,14 +1,16 @@
 """The runtime interface: how a trial's model is run for measurement and what a user deploys.
 
-A runtime either wraps the torch module (eager, ``torch.compile``, compile + CUDA graphs) or runs a
-file that an export stage writes (ONNX Runtime, OpenVINO): a :class:`FileRuntime` names that export
-stage and its settings in :class:`RuntimeFile`, and the engine's runner makes the file through its
-node cache (once per stage prefix) and opens it with ``RuntimeFile.open_file``. Either way the
-evaluator gets a callable ``fn(*tensors) -> first output`` and measures it the same way.
+Every runtime has one shape. The engine hands :meth:`Runtime.prepare` the built model (on the device, eval
+mode) and a lazy handle to the runtime's export (:class:`ExportHandle`): a runtime that runs a file (ONNX
+Runtime, OpenVINO, MLX) asks the handle for it, and only then does the engine make it, through its node
+cache (once per stage prefix); a runtime that wraps the torch module (eager, ``torch.compile``) never asks.
+Which export a runtime reads is declared (:attr:`Runtime.export`, a :class:`RuntimeExport`), as is what
+the runtime and its export reproduce of a recipe (:attr:`Runtime.reproduces`,
+:class:`~pipeline.core.runtimes.reproduces.Reproduces`): a recipe that asks for anything undeclared is
+refused with the reason before any stage runs (:meth:`Runtime.cannot_run`). Either way the evaluator gets a
+callable ``fn(*tensors) -> first output`` and measures it the same way.
 
-Every runtime answers, before any stage of a recipe runs, whether it can run that recipe
-(:meth:`Runtime.cannot_run`, from the recipe's merged :class:`~pipeline.core.mirror.ExportMirror`), so
-the search rules an impossible pair out instead of paying for it.
+Runtimes are found through the ``paretorch.runtimes`` entry-point group (:mod:`.registry`), like stages.
 """
 
 from __future__ import annotations
@@ -16,21 +18,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
+from pipeline.core.errors import ConfigError
 from pipeline.core.mirror import ExportMirror
+from pipeline.core.runtimes.reproduces import Reproduces
 from pipeline.core.spec import Batch
+from pipeline.core.stage_context import ExportResult
 
 
+@runtime_checkable
 class LoadedModel(Protocol):
-    """An exported file opened in its runtime, called like a torch model."""
-
-    #: Seconds the runtime took to load and compile the file (paid once, never latency).
-    creation_seconds: float
+    """An exported file opened in its runtime, called like a torch model: what :meth:`Runtime.prepare` returns
+    when it read its export (the report then states :meth:`describe` and the file's size)."""
 
     def __call__(self, *inputs: Tensor) -> Tensor:
         """The first output for torch inputs, as a float32 tensor on the caller's device."""
@@ -46,70 +49,70 @@ class LoadedModel(Protocol):
 
 
 @dataclass(frozen=True)
-class RuntimeFile:
-    """How a file runtime gets and opens its file: the export stage that writes it, the export-config
-    fields the runtime needs on top of the pipeline's config of that stage (or the stage's defaults), and
-    the function that opens the written file on a device."""
+class RuntimeExport:
+    """The export a runtime reads: the registered export stage that writes it, and the export-config fields the
+    runtime needs on top of the pipeline's config of that stage (or the stage's defaults)."""
 
-    export_stage: str
-    open_file: Callable[[Path, torch.device], LoadedModel]
+    stage: str
     settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ExportHandle(Protocol):
+    """A lazy handle to the runtime's export of the model being prepared (made by the engine on first use)."""
+
+    def result(self) -> ExportResult:
+        """The export (written once per stage prefix, through the export cache); a runtime that declares no
+        :attr:`Runtime.export` gets a :class:`~pipeline.core.errors.ConfigError` saying so."""
+        ...
 
 
 class Runtime(ABC):
     """One way to run a trial's model (see the module docstring)."""
 
-    #: The name recipes, flags and the search use.
+    #: The name recipes, flags and the search use (the entry point's name).
     name: ClassVar[str]
     #: Compiles on the first call of each input shape: that time is reported as compile time, never latency.
     compiles: ClassVar[bool] = False
     #: Needs a few fixed input shapes: sequence inputs are fed in length buckets (:mod:`pipeline.core.padding`).
     static_shapes: ClassVar[bool] = False
-    #: A runtime that runs an exported file: how it gets and opens it (None: it runs the torch module).
-    file: ClassVar[RuntimeFile | None] = None
+    #: The export it reads through :meth:`prepare`'s handle (None: it runs the torch module itself).
+    export: ClassVar[RuntimeExport | None] = None
+    #: What it (and its export) reproduces of a recipe; the default, everything: it runs the built torch model.
+    reproduces: ClassVar[Reproduces] = Reproduces()
 
     @abstractmethod
     def available(self, device: torch.device) -> bool:
-        """Whether it runs on ``device`` here (read from the capability table)."""
+        """Whether it runs on ``device`` here (read from the capability table, or the toolkit's own probe)."""
 
     def label(self, device: torch.device) -> str:
         """The name as the console shows it on ``device`` (file runtimes add their provider or device)."""
         return self.name
 
     def cannot_run(self, mirror: ExportMirror, scripted: bool) -> str | None:
-        """Why it cannot run a recipe whose numerics are ``mirror`` on a TorchScript (``scripted``) or
-        ordinary model, known before any stage runs; None: it can."""
-        return None
+        """Why it cannot run a recipe whose numerics are ``mirror`` on a TorchScript (``scripted``) or ordinary
+        model, known before any stage runs: what the recipe needs that :attr:`reproduces` does not declare."""
+        reasons = self.reproduces.refusals(mirror, scripted)
+        return f"runtime {self.name} cannot run this recipe as trained: {'; '.join(reasons)}" if reasons else None
 
     @abstractmethod
-    def prepare(self, model: nn.Module, device: torch.device) -> Callable[..., Tensor]:
-        """``model`` (on ``device``, eval mode) wrapped to run; compilation is lazy."""
+    def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
+        """``model`` (on ``device``, eval mode) made runnable: wrapped (compilation is lazy), or its export
+        (``export.result()``) opened; one that reads its export returns a :class:`LoadedModel`."""
 
     def deploys(self) -> str:
         """What a user deploys from a trial under this runtime."""
+        if self.export is not None:
+            return f"the file {self.export.stage} writes (the recipe names its export config)"
         return "the torch model: `python -m pipeline apply --recipe recipe.json` rebuilds it"
 
 
-class FileRuntime(Runtime):
-    """A runtime that runs a file an export stage writes (the runner makes and opens it)."""
+class NoExport:
+    """The handle outside the engine (a torch model prepared on its own): a runtime that reads its export must
+    run through the Runner, which makes it."""
 
-    file: ClassVar[RuntimeFile]
+    def __init__(self, runtime: str) -> None:
+        self.runtime = runtime
 
-    def unmirrored(self, mirror: ExportMirror) -> list[str]:
-        """What of a recipe's numerics the runtime's toolkit does not reproduce (empty: all of it): the gaps
-        the recipe's stages name for this runtime (:class:`~pipeline.core.mirror.RuntimeGap`)."""
-        return mirror.unmirrored(self.name)
-
-    def cannot_run(self, mirror: ExportMirror, scripted: bool) -> str | None:
-        if scripted:
-            return (f"runtime {self.name}: its export ({self.file.export_stage}, through torch.export) cannot "
-                    "trace a TorchScript module (use eager)")
-        reasons = self.unmirrored(mirror)
-        return f"runtime {self.name} cannot run this recipe as trained: {'; '.join(reasons)}" if reasons else None
-
-    def prepare(self, model: nn.Module, device: torch.device) -> Callable[..., Tensor]:
-        raise ValueError(f"runtime {self.name} runs an exported file, not a torch module: run the model through "
-                         f"the Runner (it exports with {self.file.export_stage} and opens the file)")
-
-    def deploys(self) -> str:
-        return f"the file {self.file.export_stage} writes (the recipe names its export config)"
+    def result(self) -> ExportResult:
+        raise ConfigError(f"runtime {self.runtime} runs its export: run the model through the Runner "
+                          "(pipeline.engine.runner), which makes the export and hands it over")

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from pipeline.core.device import capabilities
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
-from pipeline.core.runtimes.base import Runtime
+from pipeline.core.runtimes.base import ExportHandle, Runtime
+from pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
 
 #: Errors of compiled code that are a known limit of a kernel, not a bug: (message
 #: fragment, what it means for the user). Raised as :class:`InfeasibleConfig`.
@@ -72,11 +73,11 @@ class Compile(Runtime):
     def available(self, device: torch.device) -> bool:
         return capabilities(device).compile
 
-    def cannot_run(self, mirror: ExportMirror, scripted: bool) -> str | None:
-        return f"runtime {self.name}: torch.compile cannot compile a TorchScript module (use eager)" if scripted \
-            else None
+    #: Any recipe's numerics (it compiles the built model), but no TorchScript.
+    reproduces = Reproduces(outputs=frozenset(), notes={
+        TORCHSCRIPT: "torch.compile cannot compile a TorchScript module (use eager)"})
 
-    def prepare(self, model: nn.Module, device: torch.device) -> Callable[..., Tensor]:
+    def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
         if (why := self.cannot_run(ExportMirror(), isinstance(model, torch.jit.ScriptModule))) is not None:
             raise InfeasibleConfig(why)
         import torch._inductor.config as inductor_config

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.device import capabilities
+from pipeline.core.runtimes.base import ExportHandle
 from pipeline.core.runtimes.compile import Compile
 
 
@@ -24,8 +25,8 @@ class CompileCudaGraphs(Compile):
     def available(self, device: torch.device) -> bool:
         return capabilities(device).cuda_graphs
 
-    def prepare(self, model: nn.Module, device: torch.device) -> Callable[..., Tensor]:
-        compiled = super().prepare(model, device)
+    def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
+        compiled = super().prepare(model, export, device)
 
         def run(*inputs: Tensor) -> Tensor:
             torch.compiler.cudagraph_mark_step_begin()

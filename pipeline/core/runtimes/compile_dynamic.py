@@ -24,6 +24,7 @@ from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.mirror import ExportMirror
+from pipeline.core.runtimes.base import ExportHandle
 from pipeline.core.runtimes.compile import Compile, allow_bucket_graphs, known_limits_infeasible
 from pipeline.core.token_inputs import is_token_input
 
@@ -55,7 +56,7 @@ class CompileDynamic(Compile):
     def available(self, device: torch.device) -> bool:
         return ISOLATES_RECOMPILES and super().available(device)
 
-    def prepare(self, model: nn.Module, device: torch.device) -> Callable[..., Tensor]:
+    def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
         if (why := self.cannot_run(ExportMirror(), isinstance(model, torch.jit.ScriptModule))) is not None:
             raise InfeasibleConfig(why)
         import torch._inductor.config as inductor_config

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.runtimes.base import Runtime
+from pipeline.core.runtimes.base import ExportHandle, Runtime
 
 
 class Eager(Runtime):
@@ -18,7 +18,7 @@ class Eager(Runtime):
     def available(self, device: torch.device) -> bool:
         return True
 
-    def prepare(self, model: nn.Module, device: torch.device) -> Callable[..., Tensor]:
+    def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
         return model
 
 

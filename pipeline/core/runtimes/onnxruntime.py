@@ -2,26 +2,52 @@
 
 The file is the ``export.onnx`` stage's (its float graph, ORT's transformer fusions and ORT's int8
 mirror of the quantize stage), opened with :func:`pipeline.core.ort_session.open_session` (the device's
-first provider from the capability table). A numeric stage ONNX Runtime cannot mirror (a gap the stage
-names for ``onnxruntime``, :class:`pipeline.core.mirror.RuntimeGap`) is never measured as a float model: the
-search rules the recipe out before it runs, and a run that gets there anyway (``pipeline apply``) is infeasible with
-the reason. The runtime measures latency itself (the export does not time it again).
+first provider from the capability table). What it reproduces is declared here (:data:`REPRODUCES`): a recipe
+needing anything else is never measured as a float model: the search rules it out before it runs, and a run
+that gets there anyway (``pipeline apply``) is infeasible with the reason (the export reads the same
+declaration). The runtime measures latency itself (the export does not time it again).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
+from torch import Tensor, nn
 
 from pipeline.core.device import capabilities, ort_provider_note
+from pipeline.core.mirror import quant_scheme
 from pipeline.core.ort_session import open_session
-from pipeline.core.runtimes.base import FileRuntime, RuntimeFile
+from pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
+from pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
+
+_FLOAT32_GRAPH = "ONNX Runtime runs the exported float32 graph: the recipe's reduced precision is not mirrored"
+_INT8_ONLY = "only int8 methods have an ONNX Runtime mirror here"
+
+#: Float32 graphs with ORT's dynamic or static (QDQ, calibrated) int8 (:mod:`stages.export.onnx_int8`).
+REPRODUCES = Reproduces(
+    precisions=frozenset({"float32"}),
+    quantization=frozenset({quant_scheme(8, "dynamic"), quant_scheme(8, "static")}),
+    groups=frozenset(),  # int8 per output channel only
+    stages=frozenset(),
+    outputs=frozenset(),
+    notes={
+        "bfloat16": _FLOAT32_GRAPH, "float16": _FLOAT32_GRAPH, "auto": _FLOAT32_GRAPH, "mixed": _FLOAT32_GRAPH,
+        quant_scheme(8, "float"): "weight-only int8 keeps activations float, and ONNX Runtime's int8 kernels "
+                                  "quantize them too (int8_dynamic is its mirror)",
+        quant_scheme(4, "float"): _INT8_ONLY, quant_scheme(None, "float"): _INT8_ONLY,
+        TORCHSCRIPT: "its export (export.onnx, through torch.export) cannot trace a TorchScript module (use eager)",
+    },
+)
 
 
-class OnnxRuntime(FileRuntime):
+class OnnxRuntime(Runtime):
     """ONNX Runtime over the ONNX export, wherever the installed onnxruntime has a provider for the device."""
 
     name = "onnxruntime"
-    file = RuntimeFile("export.onnx", open_session, {"measure_latency": False, "unmirrored": "infeasible"})
+    export = RuntimeExport("export.onnx", {"measure_latency": False, "unmirrored": "infeasible"})
+    reproduces = REPRODUCES
 
     def available(self, device: torch.device) -> bool:
         return bool(capabilities(device).ort_providers)
@@ -31,6 +57,9 @@ class OnnxRuntime(FileRuntime):
             return self.name
         note = ort_provider_note(providers[0])
         return f"{self.name} ({providers[0]}{f', {note}' if note else ''})"
+
+    def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
+        return open_session(Path(export.result().path), device)
 
     def deploys(self) -> str:
         return "the .onnx file (open it with onnxruntime.InferenceSession)"

@@ -4,27 +4,57 @@ The file is the ``export.openvino`` stage's (the float graph converted with ``op
 NNCF's int8 mirror of the quantize stage, the recipe's inference precision: f32, or bf16 where the recipe's
 AMP runs the whole model in bfloat16), opened with :func:`pipeline.core.ov_session.open_ir` on the device's
 first OpenVINO device from the capability table (dynamic shapes, torch's thread count, one stream, LATENCY).
-A numeric stage OpenVINO cannot mirror (a gap the stage names for ``openvino``,
-:class:`pipeline.core.mirror.RuntimeGap`) is never measured as another model: the search rules the recipe
-out before it runs, and a run that gets there anyway (``pipeline apply``, or AMP float32 layers known only
-once calibrated) is infeasible with the reason.
+What it reproduces is declared here (:data:`REPRODUCES`): a recipe needing anything else is never measured as
+another model: the search rules it out before it runs, and a run that gets there anyway (``pipeline apply``,
+or AMP float32 layers known only once calibrated) is infeasible with the reason.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
+from torch import Tensor, nn
 
 from pipeline.core.device import capabilities, ov_device_note
-from pipeline.core.mirror import ExportMirror
+from pipeline.core.mirror import quant_scheme
 from pipeline.core.ov_session import open_ir
-from pipeline.core.runtimes.base import FileRuntime, RuntimeFile
+from pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
+from pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
+
+_INT8_ONLY = ("only int8 methods have an OpenVINO mirror here (NNCF's 4-bit weight compression is not wired to "
+              "the quantize stage)")
+
+#: f32 or whole-model bf16 (INFERENCE_PRECISION_HINT); NNCF weight-only int8 (``compress_weights``, the CPU
+#: plugin's dynamic quantization of activations off) and static int8 (``nncf.quantize``, calibrated).
+REPRODUCES = Reproduces(
+    precisions=frozenset({"float32", "bfloat16", "auto"}),
+    quantization=frozenset({quant_scheme(8, "float"), quant_scheme(8, "static")}),
+    groups=frozenset(),  # int8 per output channel only
+    stages=frozenset(),
+    outputs=frozenset(),
+    notes={
+        "float16": "OpenVINO's CPU plugin runs f16 only on CPUs with native fp16 arithmetic, not wired here "
+                   "(bfloat16 is)",
+        "mixed": "OpenVINO's inference precision applies to the whole model (the IR's disable_fp16_compression "
+                 "marks did not keep ops in float32 under the CPU's bf16)",
+        quant_scheme(8, "dynamic"): "activations quantized per row at run time have no OpenVINO twin (NNCF static "
+                                    "int8 calibrates fixed scales, the CPU plugin's dynamic quantization scales "
+                                    "per group of input channels): int8_static_pt2e or int8_weight_only are its "
+                                    "mirrors",
+        quant_scheme(4, "float"): _INT8_ONLY, quant_scheme(None, "float"): _INT8_ONLY,
+        TORCHSCRIPT: "its export (export.openvino) is verified on torch modules only, not on TorchScript (use eager)",
+    },
+)
 
 
-class OpenVINORuntime(FileRuntime):
+class OpenVINORuntime(Runtime):
     """OpenVINO over the OpenVINO export, wherever the installed openvino has a device for the torch device."""
 
     name = "openvino"
-    file = RuntimeFile("export.openvino", open_ir, {"measure_latency": False, "unmirrored": "infeasible"})
+    export = RuntimeExport("export.openvino", {"measure_latency": False, "unmirrored": "infeasible"})
+    reproduces = REPRODUCES
 
     def available(self, device: torch.device) -> bool:
         return bool(capabilities(device).ov_devices)
@@ -35,12 +65,8 @@ class OpenVINORuntime(FileRuntime):
         note = ov_device_note(devices[0])
         return f"{self.name} ({devices[0]}{f', {note}' if note else ''})"
 
-    def cannot_run(self, mirror: ExportMirror, scripted: bool) -> str | None:
-        if scripted:
-            return (f"runtime {self.name}: its export ({self.file.export_stage}) is verified on torch modules only, "
-                    "not on TorchScript (use eager)")
-        reasons = self.unmirrored(mirror)
-        return f"runtime {self.name} cannot run this recipe as trained: {'; '.join(reasons)}" if reasons else None
+    def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
+        return open_ir(Path(export.result().path), device)
 
     def deploys(self) -> str:
         return ("the IR directory (.xml + .bin): openvino.Core().compile_model(xml, 'CPU', "

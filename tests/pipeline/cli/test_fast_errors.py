@@ -15,8 +15,8 @@ import pytest
 
 from pipeline.cli.main import EXIT_USER_ERROR
 from pipeline.core.latency import LATENCY_BUDGETS
-from pipeline.core.names import LATENCY_BUDGET_NAMES, RUNTIME_NAMES
-from pipeline.core.runtimes.registry import RUNTIMES
+from pipeline.core.names import LATENCY_BUDGET_NAMES, runtime_names
+from pipeline.core.runtimes.registry import registered_runtimes
 
 #: Each argument error a user can make, and the start of its last stderr line.
 BAD_ARGUMENTS = [
@@ -64,5 +64,5 @@ def test_an_argument_error_imports_no_torch(argv: list[str], message: str) -> No
 
 
 def test_the_names_checked_before_torch_are_the_registered_ones() -> None:
-    assert tuple(RUNTIMES) == RUNTIME_NAMES
+    assert tuple(registered_runtimes()) == runtime_names()
     assert tuple(LATENCY_BUDGETS) == LATENCY_BUDGET_NAMES

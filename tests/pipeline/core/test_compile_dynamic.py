@@ -15,7 +15,7 @@ from pipeline.core.padding import to_bucket, trim_to_longest
 from pipeline.core.runtimes import compile_dynamic
 from pipeline.core.runtimes.compile import COMPILE
 from pipeline.core.runtimes.compile_dynamic import COMPILE_DYNAMIC, sequence_dynamic
-from pipeline.core.runtimes.registry import get_runtime
+from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
 from pipeline.core.spec import Batch, Metric, ModelSpec
 from pipeline.search.config import SearchConfig
 from pipeline.sources.huggingface import PooledEmbedding
@@ -63,8 +63,8 @@ def graphs() -> int:
 
 def test_one_dynamic_graph_runs_every_length_with_the_bucketed_outputs(encoder: nn.Module) -> None:
     torch.compiler.reset()
-    dynamic = COMPILE_DYNAMIC.prepare(encoder, CPU)
-    static = COMPILE.prepare(encoder, CPU)
+    dynamic = prepare_runtime(encoder, "compile_dynamic", CPU)
+    static = prepare_runtime(encoder, "compile", CPU)
     padded = [right_padded(lengths) for lengths in LENGTHS]
     batches = [trim_to_longest(batch, 1) for batch in padded]
     buckets = [to_bucket(batch, 1) for batch in padded]
@@ -106,7 +106,7 @@ class FixedLength(nn.Module):
 
 def test_a_model_that_fixes_its_length_is_infeasible_with_the_reason() -> None:
     torch.compiler.reset()
-    fn = COMPILE_DYNAMIC.prepare(FixedLength().eval(), CPU)
+    fn = prepare_runtime(FixedLength().eval(), "compile_dynamic", CPU)
     ids, mask = right_padded([20, 4])
     with pytest.raises(InfeasibleConfig, match="runtime compile_dynamic: this model fixes its sequence length"), \
             torch.no_grad():

@@ -12,7 +12,8 @@ from torch import Tensor, nn
 from torch._dynamo.utils import counters
 
 from pipeline.core.runtimes import compile as compile_runtime
-from pipeline.core.runtimes.compile import COMPILE, RECOMPILE_LIMIT
+from pipeline.core.runtimes.compile import RECOMPILE_LIMIT
+from pipeline.core.runtimes.registry import prepare_runtime
 
 CPU = torch.device("cpu")
 
@@ -31,7 +32,7 @@ def default_limit() -> Iterator[None]:
 def test_twelve_shapes_compile_twelve_graphs(default_limit: None) -> None:
     torch.compiler.reset()
     counters.clear()
-    fn = COMPILE.prepare(Scale().eval(), CPU)
+    fn = prepare_runtime(Scale().eval(), "compile", CPU)
     assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT >= 12
     for rows in range(1, 13):
         x = torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3)

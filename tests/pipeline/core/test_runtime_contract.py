@@ -1,8 +1,13 @@
-"""One contract over every registered runtime (as Optuna tests every sampler and storage alike): a new
-runtime module + its registry line is held to it with no new test code."""
+"""One contract over every installed runtime (as Optuna tests every sampler and storage alike), built-in or a
+plugin's, and the toy runtime of a separately installed package (``tests/plugins/toy_runtime``, pip-installed by
+conftest.py): a new runtime module + its entry-point line is held to it with no new test code, and no runtime is a
+special case here: what differs between runtimes is what each declares (its export, what it reproduces)."""
 
 from __future__ import annotations
 
+import importlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,9 +15,11 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.runtimes.base import FileRuntime, Runtime
-from pipeline.core.runtimes.registry import RUNTIMES, available_runtimes, get_runtime, prepare_runtime
+from pipeline.core.mirror import ExportMirror, MirrorFacts, Need
+from pipeline.core.runtimes import registry
+from pipeline.core.runtimes.base import NoExport, Runtime
+from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime, registered_runtimes
+from pipeline.core.runtimes.reproduces import TORCHSCRIPT
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import get_stage
 from pipeline.engine.cache import NodeCache
@@ -20,10 +27,44 @@ from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.runner import Runner
 
 CPU = torch.device("cpu")
-NAMES = sorted(RUNTIMES)
+TOY_RUNTIME = "inference_mode"
+#: Every installed runtime and the toy plugin's (under ``--toy-plugin`` it is installed already).
+NAMES = sorted({*registered_runtimes(), TOY_RUNTIME})
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.fixture(scope="module")
+def toy_runtime_installed(toy_plugin_site: Path) -> Iterator[None]:
+    """The toy runtime, registered through its entry point (as a user's installed package would be)."""
+    if TOY_RUNTIME in registered_runtimes():
+        yield
+        return
+    sys.path.insert(0, str(toy_plugin_site))
+    importlib.invalidate_caches()
+    try:
+        registry.load_entry_points()
+        yield
+    finally:
+        registry.unregister_runtime(TOY_RUNTIME)
+        sys.path.remove(str(toy_plugin_site))
+        sys.modules.pop("toy_paretorch_runtime", None)
+
+
+@pytest.fixture(params=NAMES)
+def name(request: pytest.FixtureRequest) -> str:
+    """Each runtime's name, the toy plugin's registered through its entry point first."""
+    if request.param == TOY_RUNTIME:
+        request.getfixturevalue("toy_runtime_installed")
+    return str(request.param)
+
+
+class _Undeclared(MirrorFacts):
+    """Facts needing values no runtime declares, on every axis."""
+
+    def needs(self) -> tuple[Need, ...]:
+        return (Need("precision", ("float7",), "a float7 recipe"),
+                Need("quantization", ("int3 weights, float activations",), "an int3 recipe"))
+
+
 def test_a_runtime_is_registered_under_its_own_name_and_labelled_by_it(name: str) -> None:
     runtime = get_runtime(name)
     assert isinstance(runtime, Runtime) and runtime.name == name
@@ -31,45 +72,60 @@ def test_a_runtime_is_registered_under_its_own_name_and_labelled_by_it(name: str
     assert isinstance(runtime.available(CPU), bool) and isinstance(runtime.deploys(), str)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_a_file_runtime_names_a_registered_export_stage_and_settings_that_stage_has(name: str) -> None:
-    runtime = get_runtime(name)
-    if runtime.file is None:
-        assert not isinstance(runtime, FileRuntime)
+def test_a_declared_export_is_a_registered_export_stage_taking_the_runtime_settings(name: str) -> None:
+    declared = get_runtime(name).export
+    if declared is None:
         return
-    assert isinstance(runtime, FileRuntime)
-    stage = get_stage(runtime.file.export_stage)
+    stage = get_stage(declared.stage)
     assert stage.is_export
-    assert set(runtime.file.settings) <= set(stage.config_type.model_fields), "settings the export does not take"
-    # a file runtime never wraps a torch module: the runner makes and opens its file
-    with pytest.raises(ValueError, match="runs an exported file"):
-        runtime.prepare(nn.Linear(2, 2), CPU)
+    assert set(declared.settings) <= set(stage.config_type.model_fields), "settings the export does not take"
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_what_a_runtime_cannot_run_is_known_before_any_stage_runs(name: str) -> None:
+def test_what_a_runtime_cannot_run_is_what_it_does_not_declare(name: str) -> None:
     runtime = get_runtime(name)
+    declared = runtime.reproduces
     assert runtime.cannot_run(ExportMirror(), scripted=False) is None, "a float recipe runs everywhere"
     scripted = runtime.cannot_run(ExportMirror(), scripted=True)
-    if name == "eager":
-        assert scripted is None
-    else:  # compiled and exported runtimes trace the module: TorchScript is ruled out, with the runtime named
-        assert scripted is not None and name in scripted
+    takes_torchscript = declared.outputs is None or TORCHSCRIPT in declared.outputs
+    assert (scripted is None) == takes_torchscript
+    if scripted is not None:
+        assert name in scripted and "TorchScript" in scripted
+    undeclared = runtime.cannot_run(ExportMirror((_Undeclared(),)), scripted=False)
+    if declared.precisions is not None:
+        assert undeclared is not None and "a float7 recipe" in undeclared
+    if declared.quantization is not None:
+        assert undeclared is not None and "an int3 recipe" in undeclared
+    if declared.precisions is None and declared.quantization is None:
+        assert undeclared is None, "a runtime of the built torch model runs any numerics"
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n in available_runtimes(CPU)])
+def test_outside_the_engine_only_a_runtime_without_an_export_prepares_a_module(name: str) -> None:
+    runtime = get_runtime(name)
+    if not runtime.available(CPU):
+        return
+    if runtime.export is None:
+        assert callable(runtime.prepare(nn.Linear(2, 2).eval(), NoExport(name), CPU))
+    else:
+        with pytest.raises(ConfigError, match="through the Runner"):
+            runtime.prepare(nn.Linear(2, 2).eval(), NoExport(name), CPU)
+
+
 def test_every_runtime_here_runs_the_model_like_eager(name: str, digits_spec: ModelSpec, digits_model: nn.Module,
                                                      tmp_path: Path) -> None:
+    if name not in available_runtimes(CPU):
+        return
     runner = Runner(recipe_pipeline([]), digits_spec, CPU, cache=NodeCache(export_dir=tmp_path / "exports"),
                     work_dir=tmp_path, model=digits_model)
     fn = runner.prepare({}, name)
     (inputs,) = digits_spec.example_inputs(4)
     with torch.no_grad():
         torch.testing.assert_close(fn(inputs), digits_model.eval()(inputs), atol=1e-4, rtol=1e-4)
+    file = runner.runtime_file({}, name)
+    assert (file is None) == (get_runtime(name).export is None)
 
 
 def test_a_runtime_this_device_lacks_is_infeasible_and_an_unknown_one_lists_the_known() -> None:
-    missing = [name for name in NAMES if name not in available_runtimes(CPU)]
+    missing = [name for name in registered_runtimes() if name not in available_runtimes(CPU)]
     for name in missing:
         with pytest.raises(InfeasibleConfig, match=f"runtime {name} is not available on cpu"):
             prepare_runtime(nn.Linear(2, 2), name, CPU)

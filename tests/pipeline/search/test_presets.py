@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -12,15 +12,14 @@ import torch
 from optuna.trial import TrialState
 from torch import Tensor, nn
 
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.runtimes import registry
-from pipeline.core.runtimes.base import Runtime
+from pipeline.core.runtimes.base import ExportHandle, Runtime
+from pipeline.core.runtimes.registry import registered_runtime
+from pipeline.core.runtimes.reproduces import Reproduces
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import config_from_dict
 from pipeline.search import Preset, Search, SearchConfig
 from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_RECIPE
 from pipeline.search.presets import PRESET_PREFIX, preset_name, preset_seeds
-from stages.common.mirror_facts import ReducedPrecision
 
 BF16 = Preset(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []},))
 INT8 = Preset(name="int8-dynamic", stages=({"stage": "quantize", "method": "int8_dynamic"},))
@@ -35,10 +34,10 @@ class NoAmpRuntime(Runtime):
     def available(self, device: torch.device) -> bool:
         return True
 
-    def cannot_run(self, mirror: ExportMirror, scripted: bool) -> str | None:
-        return f"runtime {self.name}: no AMP" if mirror.of(ReducedPrecision) is not None else None
+    #: Any quantization, float32 only: what it reproduces is declared, the registry's check refuses AMP.
+    reproduces = Reproduces(precisions=frozenset({"float32"}))
 
-    def prepare(self, model: nn.Module, device: torch.device) -> Callable[..., Tensor]:
+    def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
         return model
 
 
@@ -85,10 +84,10 @@ def test_the_shipped_presets_put_static_int8_first_and_never_under_eager() -> No
 
 
 @pytest.fixture
-def with_fake_runtime(monkeypatch: pytest.MonkeyPatch) -> str:
+def with_fake_runtime() -> Iterator[str]:
     runtime = NoAmpRuntime()
-    monkeypatch.setitem(registry.RUNTIMES, runtime.name, runtime)
-    return runtime.name
+    with registered_runtime(runtime):
+        yield runtime.name
 
 
 def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seeds(

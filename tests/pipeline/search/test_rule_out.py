@@ -17,6 +17,7 @@ from pipeline.core.device import capabilities
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
+from pipeline.engine.graph import load_pipeline
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search
 from pipeline.search.config import finished_states
 from pipeline.search.duplicates import TrialBudget
@@ -202,8 +203,8 @@ def test_a_runtime_that_cannot_run_the_chain_rules_the_trial_out_before_its_stag
                     track=False)
     amp = search.pipeline.stage("amp").config_type(dtype="bfloat16")
     assert search.rules.runtime_reason([None, amp], "onnxruntime") == (
-        "runtime onnxruntime cannot run this recipe as trained: AMP (bfloat16) is not mirrored: the graph would "
-        "compute in float32")
+        "runtime onnxruntime cannot run this recipe as trained: AMP (bfloat16): ONNX Runtime runs the exported "
+        "float32 graph: the recipe's reduced precision is not mirrored")
     assert search.rules.runtime_reason([None, amp], "eager") is None
     outcome = run_search(search, trials=3)
     seeded = {t.user_attrs[ATTR_SEED]: t for t in outcome.study.trials if ATTR_SEED in t.user_attrs}
@@ -218,10 +219,11 @@ def test_compiled_runtimes_are_ruled_out_for_a_torchscript_model(residual_spec: 
     scripted = _scripted(residual_spec)
     rules = RuleOut.read(scripted, residual_spec, torch.device("cpu"), [])
     assert rules.runtime_reason([], "compile") == (
-        "runtime compile: torch.compile cannot compile a TorchScript module (use eager)")
+        "runtime compile cannot run this recipe as trained: a TorchScript model: torch.compile cannot compile a "
+        "TorchScript module (use eager)")
     assert rules.runtime_reason([], "onnxruntime") == (
-        "runtime onnxruntime: its export (export.onnx, through torch.export) cannot trace a TorchScript module "
-        "(use eager)")
+        "runtime onnxruntime cannot run this recipe as trained: a TorchScript model: its export (export.onnx, "
+        "through torch.export) cannot trace a TorchScript module (use eager)")
     assert rules.runtime_reason([], "eager") is None
 
 
@@ -230,9 +232,12 @@ def test_a_study_begun_with_fewer_runtimes_keeps_its_choices_and_its_trials_run(
 ) -> None:
     """A study stored before onnxruntime joined the runtimes (its runtime param fixed to eager/compile) resumes
     with onnxruntime available: sampled trials keep the stored choices (Optuna cannot widen them), and the
-    runtime sweep's onnxruntime proposals still run; no trial fails."""
+    runtime sweep's onnxruntime proposals still run; no trial fails. Every stage node is kept off (an installed
+    plugin's too), so each trial is the float model under a sampled runtime: feasible whatever the sampler's random
+    stream draws, and the sweep has a feasible stage list to propose under onnxruntime."""
+    nodes = tuple(n.name for n in load_pipeline("default").stage_nodes())
     config = SearchConfig.load(None, sampler="random", runtimes=("eager", "onnxruntime"), latency_budget="quick",
-                               exports="none", compose=0, seeds=[])
+                               exports="none", compose=0, seeds=[], disabled=nodes)
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}",
                     track=False)
     study = search.open_study()

@@ -3,7 +3,7 @@ records its stages, and a study named the old way is found by the one migration 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -12,16 +12,19 @@ import optuna
 import pytest
 import torch
 from rich.console import Console
+from torch import Tensor, nn
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.runtimes.base import ExportHandle, Runtime
+from pipeline.core.runtimes.registry import registered_runtime
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, StageConfig, StageContext, registered
 from pipeline.engine.graph import default_pipeline, load_pipeline
 from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
-from pipeline.search.config import legacy_study_name
+from pipeline.search.config import LEGACY_DEFAULT_RUNTIMES, legacy_study_name
 from pipeline.search.objectives import ATTR_SEED, Baseline
 from pipeline.search.study import Prepared
-from pipeline.search.study_names import ATTR_STAGES, ATTR_STUDY_KEY
+from pipeline.search.study_names import ATTR_RUNTIMES, ATTR_STAGES, ATTR_STUDY_KEY
 
 CPU = torch.device("cpu")
 FOLD = "toy.fold:toy.fold"
@@ -83,8 +86,14 @@ def test_a_resumed_study_takes_the_new_stage_into_its_search_space(residual_spec
     study = first.open_study(create=False)
     assert FOLD not in study.user_attrs[ATTR_STAGES] and "prune:prune" in study.user_attrs[ATTR_STAGES]
     with fold_installed():
+        refused = Search(residual_spec, CPU, _config(), storage=first.storage, track=False)
+        with pytest.raises(ConfigError, match=rf"^study {first.study_name} was begun with other stages or runtimes "
+                                              rf"\(study {first.study_name}: {FOLD} joined its search space.*start a "
+                                              r"new study with --study-name NAME, or pass --accept-plugin-change"):
+            refused.open_study()
         again = Search(residual_spec, CPU, _config(), storage=first.storage, track=False,
-                       extra_seeds=[SeedRecipe(name="fold", stages=({"stage": "toy.fold"},))])
+                       extra_seeds=[SeedRecipe(name="fold", stages=({"stage": "toy.fold"},))],
+                       accept_plugin_change=True)
         assert again.study_name == first.study_name
         output = _run(again, 2, tmp_path)
         study = again.open_study(create=False)
@@ -120,3 +129,51 @@ def test_the_first_lines_of_a_run_come_back_in_order_and_only_those_with_somethi
     prepared = Prepared(Baseline(0.97, 1.0, 1000.0, 0), self_check_line="self-check", presets_line="presets")
     assert prepared.lines() == ["self-check", "presets"]
     assert replace(prepared, stages_line="stages").lines() == ["self-check", "stages", "presets"]
+
+
+def test_a_study_records_its_runtimes_and_a_changed_set_asks_for_a_new_name_or_the_flag(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """The default runtimes are every runtime available here: a runtime installed later keeps the study's name,
+    and resuming says what changed instead of widening the search silently."""
+    config = SearchConfig.load(None, sampler="random", latency_budget="quick", exports="none", seeds=[])
+    assert config.runtimes == ("all",)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    first = Search(residual_spec, CPU, config, storage=storage, track=False)
+    study = first.open_study()
+    assert study.user_attrs[ATTR_RUNTIMES] == list(first.runtimes)
+    with registered_runtime(_Extra()):
+        widened = Search(residual_spec, CPU, config, storage=storage, track=False)
+        assert widened.study_name == first.study_name, "a new runtime renames no study"
+        assert "extra_test" in widened.runtimes
+        with pytest.raises(ConfigError, match=r"runtime\(s\) extra_test joined.*--accept-plugin-change"):
+            widened.open_study()
+        accepted = Search(residual_spec, CPU, config, storage=storage, track=False, accept_plugin_change=True)
+        assert "extra_test" in accepted.open_study().user_attrs[ATTR_RUNTIMES]
+
+
+class _Extra(Runtime):
+    """A runtime installed after the study began."""
+
+    name = "extra_test"
+
+    def available(self, device: torch.device) -> bool:
+        return True
+
+    def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
+        return model
+
+
+def test_a_default_study_named_with_the_old_runtime_list_resumes_under_its_name(
+    residual_spec: ModelSpec, tmp_path: Path
+) -> None:
+    """Before ``runtimes: all`` the default listed the built-in runtimes, and the name hashed that list: such a
+    study is found under its name, not orphaned by the new default."""
+    config = SearchConfig.load(None, sampler="random", latency_budget="quick", exports="none", seeds=[])
+    listed = config.model_copy(update={"runtimes": LEGACY_DEFAULT_RUNTIMES})
+    old = study_name(residual_spec, CPU, listed, default_pipeline())
+    assert old != study_name(residual_spec, CPU, config, default_pipeline())
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    search = Search(residual_spec, CPU, config, storage=storage, track=False)
+    optuna.create_study(study_name=old, storage=storage, directions=search.objectives.directions())
+    assert search.study_name == old
