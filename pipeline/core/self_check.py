@@ -13,7 +13,9 @@ allows it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import cache
 from typing import Any, TextIO
 
 import torch
@@ -76,6 +78,12 @@ def reference_outputs(model: nn.Module, spec: ModelSpec, device: torch.device) -
     """``model``'s outputs (eager, eval mode) and the targets over ``spec.evaluation()`` at its own batching: what
     :func:`self_check` and the baseline's evaluation (:func:`pipeline.core.evaluate.evaluate_model`) both read."""
     return evaluation_outputs(move_module(model, device).eval(), spec.evaluation(), device)
+
+
+def lazy_reference(model: nn.Module, spec: ModelSpec, device: torch.device) -> Callable[[], tuple[Tensor, Tensor]]:
+    """:func:`reference_outputs`, computed on the first call and kept: a search's self-check and its baseline's
+    evaluation both read them, so a study runs the unoptimized model over its data once for both."""
+    return cache(lambda: reference_outputs(model, spec, device))
 
 
 def self_check(model: nn.Module, spec: ModelSpec, device: torch.device, stream: TextIO | None = None,

@@ -100,10 +100,10 @@ def front_files(recipes: dict[int, Path]) -> list[str]:
 def runtime_export(recipe: Recipe) -> StageConfig | None:
     """The export config that made the file ``recipe``'s runtime ran (OpenVINO's IR, ONNX Runtime's model), as
     the trial resolved it; None for a torch runtime."""
-    exported = get_runtime(recipe.runtime).file
+    exported = get_runtime(recipe.runtime).export
     if exported is None:
         return None
-    return next((c for c in recipe.exports() if c.stage == exported.export_stage), None)
+    return next((c for c in recipe.exports() if c.stage == exported.stage), None)
 
 
 def export_trial(parts: StudyParts, record: TrialRecord,

@@ -11,11 +11,11 @@ import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache, cached_property
+from functools import cached_property
 
 import optuna
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, PipelineError
@@ -25,7 +25,7 @@ from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reaso
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtimes.registry import available_runtimes
 from pipeline.core.secrets import mask_secrets
-from pipeline.core.self_check import SelfCheck, reference_outputs, require_stable, self_check
+from pipeline.core.self_check import SelfCheck, lazy_reference, require_stable, self_check
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import StageConfig, StageContext, config_from_dict, registered_stages, stage_for
 from pipeline.engine.cache import NodeCache
@@ -112,12 +112,6 @@ class Prepared:
         """The lines to print, in order: the self-check, the stages' changes, the machine probe, the presets."""
         return [line for line in (self.self_check_line, self.stages_line, self.probe_line, self.presets_line)
                 if line]
-
-
-def lazy_reference(model: nn.Module, spec: ModelSpec, device: torch.device) -> Callable[[], tuple[Tensor, Tensor]]:
-    """The unoptimized model's evaluation outputs, computed on the first call and kept: the self-check and the
-    baseline's evaluation read them, so a study runs the unoptimized model over its data once for both."""
-    return cache(lambda: reference_outputs(model, spec, device))
 
 
 class Search:
@@ -323,8 +317,7 @@ class Search:
                         probe_line=self.machine.describe())
 
     def probe_machine(self, study: optuna.Study) -> MachineProbe:
-        """What pays on this machine (:mod:`pipeline.core.machine_probe`): stored on the study once measured, so a
-        resumed study orders and prunes by the same numbers."""
+        """What pays here (:mod:`pipeline.core.machine_probe`), stored on the study: a resumed one reads the same."""
         stored = study.user_attrs.get(ATTR_MACHINE_PROBE)
         if stored is not None:
             return MachineProbe(**stored)

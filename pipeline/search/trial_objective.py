@@ -30,12 +30,15 @@ from typing import TYPE_CHECKING
 
 import optuna
 from optuna.trial import TrialState
+from torch import Tensor
 
 from pipeline.core.device import describe
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.evaluate import Known
+from pipeline.core.paired import PairedLatency
 from pipeline.core.stage import StageConfig, StageContext, config_from_dict
 from pipeline.engine.recipe import configs_to_json
+from pipeline.engine.run_result import RunResult
 from pipeline.search.budgets import budget_metrics
 from pipeline.search.dashboard import note_infeasible, set_constraints
 from pipeline.search.dead_ends import RuntimeGains
@@ -50,7 +53,7 @@ from pipeline.search.objectives import (
     CONSTRAINT_NAME,
     Baseline,
 )
-from pipeline.search.probe import behind_front, front_references
+from pipeline.search.probe import FrontReferences, behind_front, front_references
 from pipeline.search.record import COMPLETE, FAIL, FULL_FIDELITY, PROBE_FIDELITY, PRUNED, TrialOutcome, TrialRecord
 from pipeline.search.recorded import RECORDED, recorded
 from pipeline.search.rule_out import study_choices
@@ -223,23 +226,12 @@ class TrialObjective:
             timing = parts.latency.probe(fn, runtime, front.stop_rule())
             paired = timing.paired
             paired_seconds = time.perf_counter() - paired_start
-            plain = self.gains(trial.study).plain.get(runtime)
-            if (behind := behind_front(paired, front, runtime, plain)) is not None:  # decided by the probe: not scored
-                seconds = {**staged.seconds, **({"screening": screened.seconds} if screened else {}),
-                           "paired_latency": paired_seconds, "trial": time.perf_counter() - start}
-                recipe = staged.recipe(parts.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
-                                       metadata={"study": parts.study_name, "trial": trial.number})
-                return TrialOutcome(draft(state=PRUNED, infeasible=behind, metrics=paired.metrics(), seconds=seconds,
-                                          fidelity=PROBE_FIDELITY, recipe=recipe))  # resolved: its params say what ran
-            if self.subset is not None:  # scored on a subset first: one clearly over the allowed drop ends here
-                judged = self.subset.judge(fn, runtime, parts.objectives.latency_batch,
-                                           parts.objectives.threshold(self.baseline))
-                if judged.over is not None:
-                    seconds = {**staged.seconds, "paired_latency": paired_seconds,
-                               "trial": time.perf_counter() - start}
-                    return TrialOutcome(draft(state=PRUNED, infeasible=judged.over, seconds=seconds,
-                                              metrics={**paired.metrics(), "metric_drop_subset": judged.drop},
-                                              fidelity=judged.fidelity))
+            seconds = {**staged.seconds, **({"screening": screened.seconds} if screened else {}),
+                       "paired_latency": paired_seconds}
+            stopped = self.stop_early(trial, configs, runtime, draft, fn, staged, paired, front,
+                                      {**seconds, "trial": time.perf_counter() - start})
+            if stopped is not None:
+                return stopped
             result = parts.runner.run(configs, runtime, exports=parts.config.exports == "every_trial",
                                       known=Known(fn, {parts.objectives.latency_batch: timing.stats}))
         except InfeasibleConfig as exc:
@@ -259,13 +251,34 @@ class TrialObjective:
         record = draft(
             state=COMPLETE, recipe=recipe, metrics={**metrics, **budget_metrics(recipe.stages, verdict.headroom)},
             seconds={**run_seconds, **({"screening": screened.seconds} if screened else {}),
-                     "paired_latency": paired_seconds, "trial": time.perf_counter() - start},
+                     "paired_latency": seconds["paired_latency"], "trial": time.perf_counter() - start},
             cache={"hits": result.cache_hits + staged.cache_hits, "misses": result.cache_misses + staged.cache_misses},
             feasible=verdict.feasible, over_drop=verdict.reason, latency_unstable=verdict.unstable,
             uncertain=verdict.uncertain, tables=sensitivity_tables(result.nodes), fidelity=FULL_FIDELITY,
         )
         values = parts.objectives.values(report, metrics[parts.objectives.latency_key])
         return TrialOutcome(record, values=values, verdict=verdict)
+
+    def stop_early(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str, draft: Draft,
+                   fn: Callable[..., Tensor], staged: RunResult, paired: PairedLatency, front: FrontReferences,
+                   seconds: dict[str, float]) -> TrialOutcome | None:
+        """The outcome of a trial decided before its full evaluation (None: score it in full): far behind the front
+        by its probe (not scored; its resolved recipe kept, so its params say what ran), or clearly over the allowed
+        drop on a subset of the evaluation data."""
+        parts = self.parts
+        if (behind := behind_front(paired, front, runtime, self.gains(trial.study).plain.get(runtime))) is not None:
+            recipe = staged.recipe(parts.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
+                                   metadata={"study": parts.study_name, "trial": trial.number})
+            return TrialOutcome(draft(state=PRUNED, infeasible=behind, metrics=paired.metrics(), seconds=seconds,
+                                      fidelity=PROBE_FIDELITY, recipe=recipe))
+        if self.subset is None:
+            return None
+        allowed = parts.objectives.threshold(self.baseline)
+        judged = self.subset.judge(fn, runtime, parts.objectives.latency_batch, allowed)
+        if judged.over is None:
+            return None
+        return TrialOutcome(draft(state=PRUNED, infeasible=judged.over, seconds=seconds, fidelity=judged.fidelity,
+                                  metrics={**paired.metrics(), "metric_drop_subset": judged.drop}))
 
     def gains(self, study: optuna.Study) -> RuntimeGains:
         """What the study's measured trials say about each runtime (:mod:`pipeline.search.dead_ends`)."""
