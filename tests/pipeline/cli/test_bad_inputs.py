@@ -57,7 +57,7 @@ def test_cli_results_dir_under_a_file_is_one_error_line(tmp_path: Path, capsys: 
 
 
 def test_unknown_runtime_in_a_recipe_is_refused_at_load() -> None:
-    with pytest.raises(ConfigError, match="unknown runtime 'turbo' in the recipe: choose one of eager"):
+    with pytest.raises(ConfigError, match="unknown runtime\\(s\\) turbo in the recipe: choose from eager"):
         Recipe.from_dict({"runtime": "turbo", "stages": []})
 
 

@@ -19,7 +19,7 @@ from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import config_from_dict
 from pipeline.search import Preset, Search, SearchConfig
 from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_RECIPE
-from pipeline.search.presets import PRESET_PREFIX, preset_name, preset_seeds
+from pipeline.search.presets import PRESET_PREFIX, preset_name, preset_rank, preset_seeds
 
 BF16 = Preset(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []},))
 INT8 = Preset(name="int8-dynamic", stages=({"stage": "quantize", "method": "int8_dynamic"},))
@@ -43,17 +43,19 @@ class NoAmpRuntime(Runtime):
 
 def test_presets_are_preset_major_and_skip_what_cannot_run() -> None:
     def skip(stages: tuple[dict[str, Any], ...], runtime: str) -> str | None:
-        return "no amp here" if runtime == "b" and any(s["stage"] == "amp" for s in stages) else None
+        return "no amp here" if runtime == "openvino" and any(s["stage"] == "amp" for s in stages) else None
 
-    plan = preset_seeds([BF16, INT8, FP32], ["eager", "a", "b"], skip)
+    plan = preset_seeds([BF16, INT8, FP32], ["eager", "compile", "openvino"], skip)
     assert [s.name for s in plan.seeds] == [preset_name(p, r) for p, r in (
-        ("bf16", "a"), ("bf16", "eager"), ("int8-dynamic", "a"), ("int8-dynamic", "b"), ("int8-dynamic", "eager"),
-        ("fp32", "a"), ("fp32", "b"), ("fp32", "eager"))], "preset-major, eager (the reference) last in each"
-    assert plan.skipped == {"preset-bf16@b": "no amp here"}
-    assert [s.runtime for s in plan.seeds[:3]] == ["a", "eager", "a"]
+        ("bf16", "compile"), ("bf16", "eager"), ("int8-dynamic", "compile"), ("int8-dynamic", "openvino"),
+        ("int8-dynamic", "eager"), ("fp32", "compile"), ("fp32", "openvino"), ("fp32", "eager"))], (
+        "preset-major, eager (the reference) last in each")
+    assert plan.skipped == {"preset-bf16@openvino": "no amp here"}
+    assert [s.runtime for s in plan.seeds[:3]] == ["compile", "eager", "compile"]
     assert plan.seeds[0].stages == BF16.stages
     assert plan.describe(plan.seeds[2:4]) == (
-        "presets first (2 trial(s), each alone, before costly stages): int8-dynamic@a, int8-dynamic@b; "
+        "presets first (2 trial(s), each alone, before costly stages): int8-dynamic@compile, "
+        "int8-dynamic@openvino; "
         "1 pair(s) skipped as they cannot run here")
 
 
@@ -126,4 +128,7 @@ def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seed
     assert presets and max(presets) < first_costly
     assert not any(costly(waiting[i]) for i in presets), "presets are cheap"
     order = [n.removeprefix(PRESET_PREFIX).split("@")[0] for n in names if n.startswith(PRESET_PREFIX)]
-    assert order == sorted(order, key=[p.name for p in shipped.presets].index), "preset-major"
+    ranks = {p.name: preset_rank(p, search.runtimes, search.machine) for p in config.presets}
+    config_order = [p.name for p in shipped.presets]
+    assert order == sorted(order, key=lambda name: (ranks[name], config_order.index(name))), (
+        "preset-major, in the config's order after the machine probe's (int8 first where it pays)")
