@@ -225,13 +225,17 @@ class Runner:
         hit = cached is not None
         if cached is None:
             staging = self.cache.staging_dir(key)
-            ctx = self._context(parent, staging, with_float_model=True)
-            result = _apply_node(name, config, parent, ctx)
-            if not isinstance(result, ExportResult):
-                raise TypeError(f"export stage '{config.stage}' returned a {type(result).__name__}, "
-                                "not an ExportResult")
-            entry = CachedOutput(result, ctx.resolved_config, dict(ctx.records))
-            cached = self.cache.commit_export(key, staging, entry)
+            try:
+                ctx = self._context(parent, staging, with_float_model=True)
+                result = _apply_node(name, config, parent, ctx)
+                if not isinstance(result, ExportResult):
+                    raise TypeError(f"export stage '{config.stage}' returned a {type(result).__name__}, "
+                                    "not an ExportResult")
+                entry = CachedOutput(result, ctx.resolved_config, dict(ctx.records))
+                cached = self.cache.commit_export(key, staging, entry)
+            except BaseException:  # infeasible, failed or Ctrl-C: no half-written folder stays behind
+                self.cache.discard_staging(staging)
+                raise
         resolved = cached.resolved_config or config
         return NodeResult(name, "export", key, cached.value, config, resolved, hit,
                           chain=(*parent.chain, resolved), records=cached.records)

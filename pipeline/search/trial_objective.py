@@ -270,7 +270,8 @@ class TrialObjective:
             recipe = staged.recipe(parts.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
                                    metadata={"study": parts.study_name, "trial": trial.number})
             return TrialOutcome(draft(state=PRUNED, infeasible=behind, metrics=paired.metrics(), seconds=seconds,
-                                      fidelity=PROBE_FIDELITY, recipe=recipe))
+                                      fidelity=PROBE_FIDELITY, recipe=recipe,
+                                      cache={"hits": staged.cache_hits, "misses": staged.cache_misses}))
         if self.subset is None:
             return None
         allowed = parts.objectives.threshold(self.baseline)

@@ -112,7 +112,7 @@ def searched(residual_spec: ModelSpec, boom_stage: None, tmp_path_factory: pytes
     )
     config = SearchConfig.load(
         None, pipeline=str(pipeline_file), sampler="random", runtimes=("eager",), latency_budget="quick",
-        exports="none", seeds=[
+        exports="none", max_drop=0.01, seeds=[
             {"name": "prune-0.3", "stages": [UNSTRUCTURED]},
             {"name": "prune-0.3-int8", "stages": [UNSTRUCTURED, {"stage": "quantize", "method": "int8_dynamic"}]},
             {"name": "int4-on-cpu", "stages": [{"stage": "quantize", "method": "int4_weight_only"}]},
@@ -141,7 +141,8 @@ def test_baseline_first_then_seeds(searched: Search) -> None:
 
 def test_shared_prune_prefix_hits_the_cache(searched: Search) -> None:
     trials = searched.outcome.study.trials  # type: ignore[attr-defined]
-    assert trials[2].state.name == "COMPLETE"
+    # complete, or stopped by the latency probe after its stages ran (int8 under eager on this tiny model)
+    assert trials[2].state.name in ("COMPLETE", "PRUNED")
     assert trials[2].user_attrs[ATTR_CACHE]["hits"] >= 1, "the pruned model of trial 1 is reused"
     assert searched.runner.cache.stats.hits["model"] >= 1
 
