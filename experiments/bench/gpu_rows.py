@@ -71,13 +71,17 @@ def variants(spec: ModelSpec, device: torch.device) -> list[tuple[str, nn.Module
     """(row name, eager model on ``device``) for every row."""
     base = spec.build().to(device).eval()
     one_line = copy.deepcopy(base).to(torch.bfloat16)
-    return [
+    rows = [
         ("fp32", base),
         ("model.to(torch.bfloat16) (one line)", one_line),
         ("amp stage bf16 (whole model)", staged(base, [FULL_BF16], spec, device).to(device).eval()),
         ("pack (padding-free) fp32", staged(base, [PackConfig()], spec, device).to(device).eval()),
         ("pack + amp stage bf16", staged(base, [PackConfig(), FULL_BF16], spec, device).to(device).eval()),
     ]
+    for name, model in rows:
+        if name.startswith("pack") and not isinstance(model, PackedBert):
+            raise SystemExit(f"error: the pack stage did not pack MiniLM here (row {name!r}): see pack.not_packed")
+    return rows
 
 
 def token_lists(batch: Batch, mask_index: int) -> list[list[int]]:
