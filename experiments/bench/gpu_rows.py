@@ -151,10 +151,14 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
     timer = DeviceTimer(device, BENCH_LATENCY)
 
     def timed(batch: int, tokens: list[int], input_kind: str, runtime: str, name: str, baseline: Any, trial: Any,
-              real: float, padded_flops: float, **extra: Any) -> None:
+              real: float, padded_flops: float, reference: Tensor, **extra: Any) -> None:
         with torch.no_grad():
             for _ in range(3):  # compile / record outside the timed rounds
-                trial[0](*trial[1])
+                output = trial[0](*trial[1])
+            # against the row's own model in eager on the padded batch: the compiled and packed paths compute it
+            output = output.to("cpu", torch.float32)
+            extra["max_abs_diff_vs_eager"] = float((output - reference).abs().max())
+            extra["max_abs_diff_vs_fp32"] = float((output - references["fp32"]).abs().max())
             started = time.perf_counter()
             paired = measure_paired(baseline, trial, timer, BENCH_LATENCY)
         seconds = paired.trial_ms / 1000.0
@@ -178,13 +182,17 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
         shape = list(inputs[mask].shape)
         device_baseline = (baseline_model, inputs)
         host_baseline = (end_to_end(baseline_model, device), (lists,))
+        with torch.no_grad():
+            references: dict[str, Tensor] = {name: model(*inputs).to("cpu", torch.float32) for name, model in models}
         for runtime in ["eager", *runtimes]:
             for name, model in models:
                 if (runtime == "eager") != (name == "fp32") and (runtime == "eager" or only):
                     continue  # eager: the baseline only; fp32 compiled: unless --only picks rows
                 torch.compiler.reset()
                 fn: Callable[..., Tensor] = get_runtime(runtime).prepare(model, device)
-                timed(batch, shape, "device padded", runtime, name, device_baseline, (fn, inputs), real, padded_flops)
+                reference = references[name]
+                timed(batch, shape, "device padded", runtime, name, device_baseline, (fn, inputs), real, padded_flops,
+                      reference)
                 if not end_to_end_rows:
                     continue
                 if isinstance(model, PackedBert):
@@ -192,12 +200,12 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
                     packed = pack_token_lists(lists, encoder.bucket, model.buckets)
                     on_device = (packed.buffer.to(device), packed.tokens, packed.width)
                     timed(batch, shape, "device host-packed", runtime, name, device_baseline,
-                          (encoder.fn, on_device), real, padded_flops, packed_tokens=packed.tokens)
+                          (encoder.fn, on_device), real, padded_flops, reference, packed_tokens=packed.tokens)
                     timed(batch, shape, "host token lists", runtime, name, host_baseline, (encoder, (lists,)), real,
-                          padded_flops, sync_free=sync_free(encoder, lists), packed_tokens=packed.tokens)
+                          padded_flops, reference, sync_free=sync_free(encoder, lists), packed_tokens=packed.tokens)
                 else:
                     timed(batch, shape, "host token lists", runtime, name, host_baseline,
-                          (end_to_end(fn, device), (lists,)), real, padded_flops)
+                          (end_to_end(fn, device), (lists,)), real, padded_flops, reference)
     return {"device": torch.cuda.get_device_name() if device.type == "cuda" else device.type,
             "torch": torch.__version__, "python": platform.python_version(), "load": os.getloadavg(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "baseline_scores": scores["fp32"], "rows": rows}
@@ -224,7 +232,8 @@ def main() -> None:
               f"[{row['ci'][0]:.2f}, {row['ci'][1]:.2f}]  metric {row['metric']:.2f}"
               + (f"  held-out {row['held_out']:.2f}" if 'held_out' in row else "")
               + f"  {row['trial_ms']:.3f} ms  {row['tflops_padded'] or 0:.0f}/{row['tflops_real'] or 0:.0f} TFLOP/s "
-              "padded/real" + (f"  sync-free: {row['sync_free']}" if "sync_free" in row else ""))
+              "padded/real" + f"  diff {row['max_abs_diff_vs_eager']:.2g} / fp32 {row['max_abs_diff_vs_fp32']:.2g}"
+              + (f"  sync-free: {row['sync_free']}" if "sync_free" in row else ""))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ The layout is built in two parts, so that nothing inside a call reads device mem
   its ``B`` row lengths, the one step a device-resident padded batch cannot avoid (the token count
   decides the shape). A one-row padded batch needs no read (:func:`single_row_starts`).
 * **on the device, with static-size operations** (:func:`device_layout`): every index tensor from
-  the starts (``bucketize`` over ``arange(T)``), inside the compiled graph, so a token bucket is one
+  the starts (a cumulative sum of the row ends), inside the compiled graph, so a token bucket is one
   graph launch with its layout.
 
 Tokens are packed row by row in column order, so each row's tokens are contiguous (one
@@ -151,7 +151,11 @@ def device_layout(starts: Tensor, tokens: int, width: int) -> PackedLayout:
     operations only (no data-dependent shape, no host read): a part of the compiled graph."""
     batch = int(starts.shape[0]) - 2
     index = torch.arange(tokens, device=starts.device)
-    rows = torch.bucketize(index, starts[1 : batch + 1], right=True)
+    # A token's row is the number of rows that end at or before it: a one at each row's end, summed up to it
+    # (O(T + B)). torch.bucketize(arange(T), ends) ran on the CPU, but compiled with CUDA graphs on an H200 the
+    # host-packed path hit an index-out-of-range assert in the position lookup (not isolated further).
+    ends = starts.new_zeros(tokens + 1).index_add(0, starts[1 : batch + 1], torch.ones_like(starts[1 : batch + 1]))
+    rows = ends[:tokens].cumsum(0)
     real = rows < batch
     positions = torch.where(real, index - starts.index_select(0, rows), 0)
     scatter = rows * width + positions
