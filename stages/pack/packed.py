@@ -51,15 +51,34 @@ class PackedBert(nn.Module):
         return f"packs={self.wrapped_type}, head={self.paths.head}, attention={self.attention}"
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """The wrapper's output for a padded ``(B, W)`` batch: its row lengths read once to the host (a
-        one-row batch: none), the layout and the packing built inside the graph."""
+        """The wrapper's output for a padded ``(B, W)`` batch: its row lengths read once to the host, the
+        layout and the packing built inside the graph. A one-row batch reads nothing: compiled, it runs the
+        unpacked computation (:meth:`padded`); eager, the packed one at its padded width."""
         if int(input_ids.shape[0]) == 1:
+            if torch.compiler.is_compiling():  # one row has nothing to skip: the unpacked graph, never slower
+                return self.padded(input_ids, attention_mask)
             starts, tokens, width = single_row_starts(attention_mask)
         else:
             starts, tokens, width = host_starts(attention_mask, torch.compiler.is_compiling(), self.buckets)
         layout = device_layout(starts, tokens, width)
         ids = input_ids.reshape(-1).index_select(0, input_index(layout, int(input_ids.shape[1])))
         return self.head(self.encode(ids, layout), layout)
+
+    def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The wrapper's own computation on the padded batch (the same modules): what a one-row batch runs
+        compiled (eager runs the packed path at the padded width: Hugging Face's mask handling reads the
+        mask on the host there)."""
+        if self.paths.head == "classifier":
+            classifier: Any = self.get_submodule(self.paths.classifier)
+            return classifier(input_ids=input_ids, attention_mask=attention_mask)[0]
+        bert: Any = self.get_submodule(self.paths.bert)
+        hidden = bert(input_ids=input_ids, attention_mask=attention_mask)[0]
+        if self.paths.head == "cls":
+            pooled = hidden[:, 0]
+        else:  # as PooledEmbedding: the sum over real tokens / their count
+            keep = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * keep).sum(dim=1) / keep.sum(dim=1).clamp_min(1e-9)
+        return functional.normalize(pooled, p=2, dim=1) if self.paths.normalize else pooled
 
     def forward_packed(self, buffer: Tensor, tokens: int, width: int) -> Tensor:
         """The wrapper's output for a batch packed on the host (:func:`stages.pack.layout.pack_token_lists`:
