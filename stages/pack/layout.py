@@ -5,12 +5,13 @@ The layout is built in two parts, so that nothing inside a call reads device mem
 * **on the host, where the lengths are known**: the row lengths give the sequence starts
   (``B + 2`` integers: each row's start, the dummy sequence's start, the packed length ``T``) and
   two static integers, ``T`` (the real tokens, or their bucket under static shapes:
-  :mod:`stages.pack.buckets`) and the attention width (the longest row's bucket). From token id lists
-  (:func:`pack_token_lists`: the packed ids and the starts in one int64 buffer, one copy to the
-  device) or from a padded host batch (:func:`pack_padded`) this is host work on the user's data
-  before the copy; from a padded batch already on the device (:func:`host_starts`) it is one read of
-  its ``B`` row lengths, the one step a device-resident padded batch cannot avoid (the token count
-  decides the shape). A one-row padded batch needs no read (:func:`single_row_starts`).
+  :mod:`stages.pack.buckets`) and the attention width (the longest row, or its bucket under
+  static shapes). From token id lists (:func:`pack_token_lists`: the packed ids and the starts
+  in one int64 buffer, one copy to the device) or from a padded host batch (:func:`pack_padded`)
+  this is host work on the user's data before the copy; from a padded batch already on the
+  device (:func:`host_starts`) it is one read of its ``B`` row lengths, the one step a
+  device-resident padded batch cannot avoid (the token count decides the shape). A one-row
+  padded batch needs no read (:func:`single_row_starts`).
 * **on the device, with static-size operations** (:func:`device_layout`): every index tensor from
   the starts (a cumulative sum of the row ends), inside the compiled graph, so a token bucket is one
   graph launch with its layout.
@@ -52,7 +53,7 @@ class PackedLayout(NamedTuple):
     first_tokens: Tensor
     #: (B,) int64: real tokens per row.
     lengths: Tensor
-    #: The attention width: a static bound on every row's length (a bucket of the longest row).
+    #: The attention width: a static bound on every row's length (the longest row, or its bucket).
     width: int
 
 
@@ -76,10 +77,11 @@ def packed_length(real_tokens: int, bucket: bool, buckets: tuple[int, ...] = TOK
     return max(1, length)
 
 
-def attention_width(longest: int, buckets: tuple[int, ...] = TOKEN_BUCKETS) -> int:
-    """The static width attention is run at for rows of at most ``longest`` tokens: its bucket, so that a
-    compiled graph serves every batch whose longest row falls in it (and the same batch padded wider)."""
-    return smallest_bucket(max(1, longest), buckets)
+def attention_width(longest: int, bucket: bool, buckets: tuple[int, ...] = TOKEN_BUCKETS) -> int:
+    """The static width attention is run at for rows of at most ``longest`` tokens: the longest itself, or
+    under static shapes (``bucket``) its bucket, so that a compiled graph serves every batch whose longest row
+    falls in it (and the same batch padded wider)."""
+    return smallest_bucket(max(1, longest), buckets) if bucket else max(1, longest)
 
 
 def starts_of(lengths: Sequence[int], tokens: int) -> list[int]:
@@ -101,7 +103,7 @@ def pack_token_lists(token_lists: Sequence[Sequence[int]], bucket: bool,
                              starts_of(lengths, tokens))
     # numpy reads an iterable of ints about 4x faster than torch.tensor(list) (10k ids: 0.56 vs 2.1 ms, one thread)
     buffer = torch.from_numpy(numpy.fromiter(values, dtype=numpy.int64, count=tokens + len(lengths) + 2))
-    return HostPacked(buffer, tokens, attention_width(max(lengths), buckets), len(lengths))
+    return HostPacked(buffer, tokens, attention_width(max(lengths), bucket, buckets), len(lengths))
 
 
 def pack_padded(input_ids: Tensor, attention_mask: Tensor, bucket: bool,
@@ -119,7 +121,8 @@ def pack_padded(input_ids: Tensor, attention_mask: Tensor, bucket: bool,
     tokens = packed_length(sum(lengths), bucket, buckets)
     ids = input_ids[real].long()
     tail = torch.tensor([0] * (tokens - ids.numel()) + starts_of(lengths, tokens), dtype=torch.int64)
-    return HostPacked(torch.cat([ids, tail]), tokens, attention_width(max(lengths, default=1), buckets), len(lengths))
+    return HostPacked(torch.cat([ids, tail]), tokens, attention_width(max(lengths, default=1), bucket, buckets),
+                      len(lengths))
 
 
 @torch.compiler.disable
@@ -133,7 +136,7 @@ def host_starts(attention_mask: Tensor, bucket: bool,
     lengths = attention_mask.ne(0).sum(dim=1).tolist()
     tokens = packed_length(sum(lengths), bucket, buckets)
     starts = torch.tensor(starts_of(lengths, tokens), dtype=torch.int64)
-    return starts.to(attention_mask.device, non_blocking=True), tokens, attention_width(max(lengths), buckets)
+    return starts.to(attention_mask.device, non_blocking=True), tokens, attention_width(max(lengths), bucket, buckets)
 
 
 def single_row_starts(attention_mask: Tensor) -> tuple[Tensor, int, int]:

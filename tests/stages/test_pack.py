@@ -126,7 +126,7 @@ def test_bucketed_layout_has_a_dummy_sequence_after_the_rows() -> None:
     _, mask = batch([5, 3, 0, 4])
     exact, bucketed = build_layout(mask, bucket=False), build_layout(mask, bucket=True)
     assert exact.gather_index.numel() == 12 and bucketed.gather_index.numel() == 16
-    assert bucketed.width == 16  # the longest row (5) in its bucket
+    assert bucketed.width == 16 and exact.width == 5  # the longest row (5), in its bucket under static shapes
     assert bucketed.sequence_starts.tolist() == [0, 5, 8, 8, 12, 16]
     assert bucketed.rows.tolist() == [0] * 5 + [1] * 3 + [3] * 4 + [4] * 4
     assert bucketed.positions[:5].tolist() == [0, 1, 2, 3, 4] and bucketed.positions[8:12].tolist() == [0, 1, 2, 3]

@@ -165,3 +165,16 @@ def test_search_and_gpu_rows_inputs_give_one_packed_graph(runtime: str) -> None:
     assert host_starts(searched[1], bucket)[1:] == host_starts(benched[1], bucket)[1:]
     with torch.inference_mode():
         assert max_diff(packed(*searched), packed(*benched)) < FP32_TOLERANCE
+
+
+def test_a_compiled_one_row_batch_runs_the_unpacked_graph() -> None:
+    model = tiny_pooled()
+    packed = packed_of(copy.deepcopy(model))
+    ids, mask = batch([5])
+    torch.compiler.reset()
+    explanation = torch._dynamo.explain(packed)(ids, mask)
+    targets = [str(node.target) for graph in explanation.graphs for node in graph.graph.nodes]
+    assert explanation.graph_break_count == 0 and not any("cumsum" in target for target in targets)
+    compiled = torch.compile(packed, dynamic=False)
+    with torch.inference_mode():
+        assert max_diff(compiled(ids, mask), model(ids, mask)) < FP32_TOLERANCE
