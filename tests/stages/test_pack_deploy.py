@@ -7,7 +7,7 @@ Small BERT models with random weights (``tests/stages/test_pack.py``'s); nothing
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from tests.stages.test_pack import (
     FP32_TOLERANCE,
     batch,
     max_diff,
+    one_thread,  # noqa: F401  (the autouse fixture: one torch thread)
     packed_of,
     tiny_classifier,
     tiny_pooled,
@@ -53,14 +54,6 @@ class NoHostReads(TorchFunctionMode):
         if func in HOST_READS:
             raise HostReadError(f"host read inside the packed call: {getattr(func, '__name__', func)}")
         return func(*args, **(kwargs or {}))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def token_lists(ids: Tensor, mask: Tensor) -> list[list[int]]:
