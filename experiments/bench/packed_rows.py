@@ -8,7 +8,8 @@ with inductor freezing as the pipeline's ``compile`` runtime, ``mode="reduce-ove
 CUDA only)); the padded model (the spec's latency batch cut to its longest sentence, as the pipeline
 times it) and the packed one, alternating call groups in every round. Reported per row: median ms per
 call of each, the ratio, their max abs output difference, the real-token fraction, and the packing step
-alone (the host-side layout, :func:`stages.pack.layout.build_layout`, exact and bucketed) in ms.
+alone (the row lengths read and the starts sent back, :func:`stages.pack.layout.host_starts`, then the
+layout on the device, :func:`stages.pack.layout.device_layout`; exact and bucketed) in ms, eager.
 The load average is printed before and after (CPU numbers on a shared host move with it).
 """
 
@@ -30,7 +31,7 @@ from experiments.models.minilm import spec as minilm_spec
 from pipeline.core.padding import latency_sample, trim_to_longest
 from pipeline.core.spec import move_batch
 from stages.pack.bert import find_packable
-from stages.pack.layout import build_layout
+from stages.pack.layout import device_layout, host_starts
 from stages.pack.packed import PackedBert
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -75,11 +76,12 @@ def time_calls(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...], calls: int
 
 
 def packing_ms(mask: Tensor, bucket: bool, repeats: int = 50) -> float:
-    """Median ms of the host-side packing step alone (mask to host, index tensors back to the device)."""
+    """Median ms of the packing step alone for a padded batch on the device (lengths to the host, starts back,
+    the layout built on the device), eager."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        layout = build_layout(mask, bucket)
+        layout = device_layout(*host_starts(mask, bucket))
         synchronize(mask.device)
         times.append((time.perf_counter() - start) * 1e3)
         del layout

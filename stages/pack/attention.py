@@ -6,8 +6,9 @@ Three kernels, all taking ``(T, heads, head_size)`` query / key / value and a
 * ``varlen``: :func:`torch.nn.attention.varlen.varlen_attn` (Flash Attention over the sequence
   starts): CUDA, float16 / bfloat16 only (:func:`varlen_available`);
 * ``nested``: a nested jagged tensor per sequence and :func:`scaled_dot_product_attention`;
-* ``padded``: the tokens scattered back into the ``(batch, width)`` padded layout for attention
-  only, with the padding mask (the linear layers, the bulk of the work, still run on packed tokens).
+* ``padded``: the tokens scattered back into a ``(batch, width)`` padded layout (the layout's width
+  bucket) for attention only, masked by the row lengths (the linear layers, the bulk of the work,
+  still run on packed tokens).
 """
 
 from __future__ import annotations
@@ -49,20 +50,20 @@ def choose_kernel(requested: str, device: torch.device, dtype: torch.dtype) -> A
 
 
 def packed_attention(kind: AttentionKind, query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout,
-                     mask: Tensor, scale: float) -> Tensor:
+                     scale: float) -> Tensor:
     """Attention of ``(T, heads, head_size)`` tensors within each packed sequence, ``(T, heads * head_size)``."""
     tokens = query.shape[0]
     if kind == "varlen":
-        return _varlen(query, key, value, layout, int(mask.shape[1]), scale).reshape(tokens, -1)
+        return _varlen(query, key, value, layout, scale).reshape(tokens, -1)
     if kind == "nested":
         return _nested(query, key, value, layout, scale).reshape(tokens, -1)
-    return _padded(query, key, value, layout, mask, scale)
+    return _padded(query, key, value, layout, scale)
 
 
-def _varlen(query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout, width: int, scale: float) -> Tensor:
-    # The input width bounds every sequence (the dummy one is cut to it too: flash attention only
-    # needs an upper bound); a static int, so compiled graphs do not specialize on the batch.
-    starts = layout.sequence_starts
+def _varlen(query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout, scale: float) -> Tensor:
+    # The layout's width bounds every row (the dummy sequence is cut to it too: flash attention only
+    # needs an upper bound); a static bucket, so compiled graphs do not specialize on the longest row.
+    starts, width = layout.sequence_starts, layout.width
     return varlen_attn(query, key, value, starts, starts, width, width, scale=scale)  # type: ignore[return-value]
 
 
@@ -73,12 +74,12 @@ def _nested(query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout, sca
     return out.transpose(1, 2).values()
 
 
-def _padded(query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout, mask: Tensor, scale: float) -> Tensor:
-    batch, width = (int(n) for n in mask.shape)
+def _padded(query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout, scale: float) -> Tensor:
+    batch, width = int(layout.lengths.shape[0]), layout.width
     heads, size = int(query.shape[1]), int(query.shape[2])
     stacked = torch.stack((query, key, value), dim=1)  # (T, 3, heads, size): one scatter for the three
     buffer = stacked.new_zeros(batch * width + 1, 3, heads, size).index_copy(0, layout.scatter_index, stacked)
     padded = buffer[: batch * width].view(batch, width, 3, heads, size).permute(2, 0, 3, 1, 4)
-    keep = mask.ne(0).view(batch, 1, 1, width)
+    keep = (torch.arange(width, device=query.device) < layout.lengths[:, None]).view(batch, 1, 1, width)
     out = functional.scaled_dot_product_attention(padded[0], padded[1], padded[2], attn_mask=keep, scale=scale)
     return out.transpose(1, 2).reshape(batch * width, heads * size).index_select(0, layout.gather_index)

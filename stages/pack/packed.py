@@ -8,8 +8,12 @@ what pruning, quantization and mixed precision see are unchanged) and runs them 
 (their own ``forward``s), attention per sequence (:mod:`stages.pack.attention`), then the
 wrapper's pooling or classifier. Pruned heads, FFN widths and layers are read from the modules.
 
-Under ``torch.compile`` the packed length is bucketed (:mod:`stages.pack.buckets`), so compiled
-graphs see static shapes; in eager mode it is the exact token count.
+Two inputs: a padded batch (``forward``, the pipeline's interface: the row lengths are read once, a
+one-row batch runs at its padded width with no read) and a batch packed on the host
+(``forward_packed``: what :class:`stages.pack.deploy.PackedEncoder` feeds it from token id lists, with
+no read at all). Either way the index tensors are built on the device inside the call
+(:func:`stages.pack.layout.device_layout`). Under ``torch.compile`` the packed length is bucketed
+(:mod:`stages.pack.buckets`), so compiled graphs see static shapes; in eager mode it is the exact count.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from torch.nn import functional
 from stages.pack.attention import choose_kernel, packed_attention
 from stages.pack.bert import PackablePaths
 from stages.pack.buckets import TOKEN_BUCKETS
-from stages.pack.layout import PackedLayout, pack_layout
+from stages.pack.layout import PackedLayout, device_layout, host_starts, input_index, single_row_starts
 
 
 class PackedBert(nn.Module):
@@ -47,15 +51,46 @@ class PackedBert(nn.Module):
         return f"packs={self.wrapped_type}, head={self.paths.head}, attention={self.attention}"
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        layout = pack_layout(attention_mask, torch.compiler.is_compiling(), self.buckets)
-        hidden = self.encode(input_ids, attention_mask, layout)
-        return self.head(hidden, attention_mask, layout)
+        """The wrapper's output for a padded ``(B, W)`` batch: its row lengths read once to the host, the
+        layout and the packing built inside the graph. A one-row batch reads nothing: compiled, it runs the
+        unpacked computation (:meth:`padded`); eager, the packed one at its padded width."""
+        if int(input_ids.shape[0]) == 1:
+            if torch.compiler.is_compiling():  # one row has nothing to skip: the unpacked graph, never slower
+                return self.padded(input_ids, attention_mask)
+            starts, tokens, width = single_row_starts(attention_mask)
+        else:
+            starts, tokens, width = host_starts(attention_mask, torch.compiler.is_compiling(), self.buckets)
+        layout = device_layout(starts, tokens, width)
+        ids = input_ids.reshape(-1).index_select(0, input_index(layout, int(input_ids.shape[1])))
+        return self.head(self.encode(ids, layout), layout)
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor, layout: PackedLayout) -> Tensor:
-        """The last hidden state of the packed tokens, ``(T, hidden)``."""
+    def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The wrapper's own computation on the padded batch (the same modules): what a one-row batch runs
+        compiled (eager runs the packed path at the padded width: Hugging Face's mask handling reads the
+        mask on the host there)."""
+        if self.paths.head == "classifier":
+            classifier: Any = self.get_submodule(self.paths.classifier)
+            return classifier(input_ids=input_ids, attention_mask=attention_mask)[0]
+        bert: Any = self.get_submodule(self.paths.bert)
+        hidden = bert(input_ids=input_ids, attention_mask=attention_mask)[0]
+        if self.paths.head == "cls":
+            pooled = hidden[:, 0]
+        else:  # as PooledEmbedding: the sum over real tokens / their count
+            keep = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * keep).sum(dim=1) / keep.sum(dim=1).clamp_min(1e-9)
+        return functional.normalize(pooled, p=2, dim=1) if self.paths.normalize else pooled
+
+    def forward_packed(self, buffer: Tensor, tokens: int, width: int) -> Tensor:
+        """The wrapper's output for a batch packed on the host (:func:`stages.pack.layout.pack_token_lists`:
+        ``[ids (T), sequence starts (B + 2)]``, ``T`` and the attention width): no host read, the layout
+        built inside the graph."""
+        layout = device_layout(buffer[tokens:], tokens, width)
+        return self.head(self.encode(buffer[:tokens], layout), layout)
+
+    def encode(self, ids: Tensor, layout: PackedLayout) -> Tensor:
+        """The last hidden state of the packed tokens ``ids`` (``(T,)``), ``(T, hidden)``."""
         bert: Any = self.get_submodule(self.paths.bert)
         embeddings: Any = bert.embeddings
-        ids = input_ids.reshape(-1).index_select(0, layout.gather_index)
         positions = embeddings.position_ids.reshape(-1).index_select(0, layout.positions)
         types_buffer = getattr(embeddings, "token_type_ids", None)
         types = torch.zeros_like(ids) if types_buffer is None \
@@ -73,17 +108,17 @@ class PackedBert(nn.Module):
             value = attention.value(hidden).view(tokens, -1, size)
             kind = choose_kernel(self.attention, query.device, query.dtype)
             scale = float(getattr(attention, "scaling", size ** -0.5))
-            context = packed_attention(kind, query, key, value, layout, attention_mask, scale)
+            context = packed_attention(kind, query, key, value, layout, scale)
             hidden = layer.attention.output(context, hidden)
             hidden = layer.output(layer.intermediate(hidden), hidden)
         return hidden
 
-    def head(self, hidden: Tensor, attention_mask: Tensor, layout: PackedLayout) -> Tensor:
+    def head(self, hidden: Tensor, layout: PackedLayout) -> Tensor:
         """The wrapper's output from the packed hidden states: pooled per row, or the classifier's logits."""
-        rows = int(attention_mask.shape[0])
+        rows = int(layout.lengths.shape[0])
         if self.paths.head == "mean":  # as PooledEmbedding: the sum over real tokens / their count
             sums = hidden.new_zeros(rows + 1, hidden.shape[1]).index_add(0, layout.rows, hidden)[:rows]
-            counts = attention_mask.to(hidden.dtype).sum(dim=1, keepdim=True).clamp_min(1e-9)
+            counts = layout.lengths.to(hidden.dtype).unsqueeze(1).clamp_min(1e-9)
             pooled = sums / counts
         else:
             pooled = hidden.index_select(0, layout.first_tokens)

@@ -10,8 +10,9 @@ Exports keep the padded graph: the stage is ``numeric`` in the registry's sense 
 the model before it, ``ctx.float_model``) and marked not mirrored, so every export's validation
 text says that its file runs the padded model, and a runtime that runs an exported file
 (onnxruntime) rules a packed recipe out (it would measure the padded model under the packed name).
-Packing needs the mask on the host once per call; under ``torch.compile`` the packed length is
-bucketed (static shapes), see :mod:`stages.pack.layout`.
+The packing layout is built inside the graph from the sequence starts, which come from the host where
+the lengths are known (:mod:`stages.pack.layout`); under ``torch.compile`` the packed length is bucketed
+(static shapes). A deployment runs the packed model from token id lists: :mod:`stages.pack.deploy`.
 """
 
 from __future__ import annotations

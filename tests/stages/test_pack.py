@@ -26,7 +26,7 @@ from stages.amp.stage import AmpConfig
 from stages.pack.attention import choose_kernel
 from stages.pack.bert import find_packable
 from stages.pack.buckets import TOKEN_BUCKETS, geometric_buckets, smallest_bucket
-from stages.pack.layout import build_layout
+from stages.pack.layout import device_layout, host_starts, input_index
 from stages.pack.packed import PackedBert
 from stages.pack.stage import PackConfig, PackFacts, rules_out
 from stages.prune.stage import PruneConfig
@@ -118,14 +118,20 @@ def test_negative_token_count_is_an_error() -> None:
         smallest_bucket(-1)
 
 
+def build_layout(mask: Tensor, bucket: bool) -> Any:
+    return device_layout(*host_starts(mask, bucket))
+
+
 def test_bucketed_layout_has_a_dummy_sequence_after_the_rows() -> None:
     _, mask = batch([5, 3, 0, 4])
     exact, bucketed = build_layout(mask, bucket=False), build_layout(mask, bucket=True)
     assert exact.gather_index.numel() == 12 and bucketed.gather_index.numel() == 16
+    assert bucketed.width == 16 and exact.width == 5  # the longest row (5), in its bucket under static shapes
     assert bucketed.sequence_starts.tolist() == [0, 5, 8, 8, 12, 16]
     assert bucketed.rows.tolist() == [0] * 5 + [1] * 3 + [3] * 4 + [4] * 4
     assert bucketed.positions[:5].tolist() == [0, 1, 2, 3, 4] and bucketed.positions[8:12].tolist() == [0, 1, 2, 3]
     assert bucketed.scatter_index[12:].tolist() == [4 * 16] * 4
+    assert bucketed.lengths.tolist() == [5, 3, 0, 4] and bucketed.first_tokens.tolist() == [0, 5, 8, 8]
 
 
 # --------------------------------------------------------------------------- packed == padded
@@ -151,9 +157,9 @@ def test_bucketed_packing_equals_padded() -> None:
     layout = build_layout(mask, bucket=True)
     assert layout.gather_index.numel() == 48  # 45 real tokens -> bucket 48
     with torch.inference_mode():
-        hidden = packed.encode(ids, mask, layout)
+        hidden = packed.encode(ids.reshape(-1).index_select(0, input_index(layout, 16)), layout)
         assert hidden.shape[0] == 48
-        assert max_diff(packed.head(hidden, mask, layout), model(ids, mask)) < FP32_TOLERANCE
+        assert max_diff(packed.head(hidden, layout), model(ids, mask)) < FP32_TOLERANCE
 
 
 def test_packed_shares_the_modules_and_names_of_the_padded_model() -> None:
@@ -284,14 +290,16 @@ def test_auto_kernel_on_cpu_is_padded() -> None:
         choose_kernel("varlen", CPU, torch.bfloat16)
 
 
-def test_compiled_packed_model_is_one_graph_after_the_packing_step() -> None:
+def test_compiled_packed_model_is_one_graph_after_reading_the_lengths() -> None:
     packed = packed_of(tiny_pooled())
     torch.compiler.reset()
     explanation = torch._dynamo.explain(packed)(*batch([16, 12, 9, 3]))
-    # the host-side packing step runs first, outside the graph (torch.compiler.disable); no break after it
+    # the row lengths are read first, outside the graph (torch.compiler.disable); no break after it, and the
+    # index tensors are built inside the graph from the sequence starts
     assert explanation.graph_count == 1 and explanation.graph_break_count == 0
-    first_inputs = [str(node.target) for node in explanation.graphs[0].graph.nodes if node.op == "placeholder"]
-    assert any("gather_index" in name for name in first_inputs)
+    graph = explanation.graphs[0].graph
+    assert not any("gather_index" in str(node.target) for node in graph.nodes if node.op == "placeholder")
+    assert any("cumsum" in str(node.target) for node in graph.nodes)
 
 
 def test_compiled_packed_model_compiles_once_per_token_bucket() -> None:

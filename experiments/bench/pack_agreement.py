@@ -1,0 +1,96 @@
+"""One number between search and bench: a pack recipe timed the search's way and ``gpu_rows``' way.
+
+    python -m experiments.bench.pack_agreement --recipe pack+bf16 --batch 32 --runtime compile --threads 1 [--out F]
+
+The search times a trial with :class:`~pipeline.search.study_latency.StudyLatency` (the study's runner over
+the default pipeline; each runtime on its ``latency_inputs``: a static-shape runtime on the batch padded to
+its width bucket); :mod:`experiments.bench.gpu_rows` times its rows on the batch cut to its longest sample.
+Both pair with fp32 eager at the batch's longest sample under the bench's latency budget. A packed model
+runs the same token bucket and attention width on both inputs, so the two speed-ups should agree within
+their 95 % intervals (``intervals_overlap``); an unpacked model under a static-shape runtime would not (it
+pays the width bucket in the search only). Its own module: the search's imports (Optuna) stay out of
+``gpu_rows``, which runs on machines without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from experiments.bench.gpu_rows import FULL_BF16
+from experiments.bench.settings import BENCH_LATENCY
+from experiments.models.minilm import spec as minilm_spec
+from pipeline.core.padding import latency_sample, trim_to_longest
+from pipeline.core.paired import DeviceTimer, measure_paired
+from pipeline.core.spec import move_batch
+from pipeline.core.stage import StageConfig
+from pipeline.engine.graph import default_pipeline
+from pipeline.engine.runner import Runner
+from pipeline.search.study_latency import StudyLatency
+from stages.pack.stage import PackConfig
+from stages.quantize.stage import QuantizeConfig
+
+RECIPES: dict[str, list[StageConfig]] = {
+    "pack": [PackConfig()],
+    "pack+bf16": [PackConfig(), FULL_BF16],
+    "pack+int8": [PackConfig(), QuantizeConfig(method="int8_dynamic")],
+}
+
+
+def agreement(device: torch.device, batch: int, runtime: str, configs: list[StageConfig]) -> dict[str, Any]:
+    """One recipe timed the search's way (:class:`~pipeline.search.study_latency.StudyLatency`: the study's
+    runner over the default pipeline, the runtime's ``latency_inputs``) and the rows' way (:func:`run`: the
+    batch cut to its longest sample), each paired with fp32 eager, both with the bench's latency budget: the
+    two speed-ups and their 95 % intervals, which should overlap (one number between search and bench)."""
+    spec = minilm_spec()
+    mask = spec.padding_mask
+    assert mask is not None
+    runner = Runner(default_pipeline(exports=()), spec, device, latency=BENCH_LATENCY)
+    by_node = {config.stage: config for config in configs}
+    study = StudyLatency(spec, device, batch, lambda: runner, BENCH_LATENCY)
+    fn = study.function(by_node, runtime)
+    searched = study.inputs(runtime)
+    benched = move_batch(trim_to_longest(latency_sample(spec, batch), mask), device)
+    timer = DeviceTimer(device, BENCH_LATENCY)
+    result: dict[str, Any] = {"batch": batch, "runtime": runtime, "recipe": [c.to_dict() for c in configs],
+                              "searched_width": int(searched[mask].shape[1]),
+                              "benched_width": int(benched[mask].shape[1]),
+                              "load_before": os.getloadavg(), "threads": torch.get_num_threads()}
+    with torch.no_grad():
+        for _ in range(3):
+            fn(*searched), fn(*benched)
+        search = study.pair(fn, runtime)
+        rows = measure_paired((study.baseline(), benched), (fn, benched), timer, BENCH_LATENCY)
+    for name, paired in (("search", search), ("gpu_rows", rows)):
+        result[name] = {"speedup": paired.speedup, "ci": list(paired.ci), "trial_ms": paired.trial_ms,
+                        "baseline_ms": paired.baseline_ms}
+    result["intervals_overlap"] = search.ci[0] <= rows.ci[1] and rows.ci[0] <= search.ci[1]
+    result["load_after"] = os.getloadavg()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="pack+bf16")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--runtime", default="compile")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    found = agreement(torch.device(args.device), args.batch, args.runtime, RECIPES[args.recipe])
+    text = json.dumps(found, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
