@@ -42,6 +42,7 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
+from experiments.bench.isa import isa_info
 from experiments.bench.paths import MARKDOWN, RESULTS_DIR
 from experiments.bench.render import render_markdown, render_table
 from experiments.bench.settings import BENCH_LATENCY
@@ -243,33 +244,6 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
             "time_split": time_split(outcome.times.wall, outcome.times.by_category,
                                      {name: tally.seconds for name, tally in search.runner.stage_tallies.items()})}
     return list(recipe.model_stages()), recipe.runtime, info
-
-
-#: The variables that make a wider CPU run as an AVX2-only one, and what each reaches.
-ISA_CAPS = {"ATEN_CPU_CAPABILITY": "torch's aten kernels (and the matmuls torch.compile calls)",
-            "ONEDNN_MAX_CPU_ISA": "oneDNN (torch's, and PT2E int8 through it)"}
-
-
-def isa_info() -> dict[str, Any]:
-    """This CPU's instruction-set flags and any emulated cap (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``): a
-    row measured under a cap says which runtimes the cap does not reach (ONNX Runtime's MLAS and the OpenVINO CPU
-    plugin dispatch on the real CPU)."""
-    flags = set()
-    if Path("/proc/cpuinfo").is_file():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
-    caps = {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
-    info: dict[str, Any] = {"flags": [f for f in wanted if f in flags], "torch_capability":
-                            torch.backends.cpu.get_cpu_capability(), "caps": caps, "emulated": None}
-    if caps:
-        info["emulated"] = str(caps.get("ATEN_CPU_CAPABILITY", caps.get("ONEDNN_MAX_CPU_ISA"))).lower()
-        info["reaches"] = [ISA_CAPS[name] for name in caps]
-        info["not_reached"] = ["ONNX Runtime (MLAS dispatches on the real CPU)",
-                               "OpenVINO's CPU plugin (dispatches on the real CPU)"]
-    return info
 
 
 def best_recipe_name(model: str, device: str) -> str:

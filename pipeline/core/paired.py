@@ -188,14 +188,6 @@ class PairedLatency:
         return metrics
 
 
-def paired_once(baseline: Timed, trial: Timed, timer: RoundTimer, rounds: int,
-                cpu_clock: CpuClock | None = process_clock) -> PairedLatency:
-    """One paired measurement of ``rounds`` rounds (the baseline first in even rounds, the trial in odd ones)."""
-    before = cpu_clock() if cpu_clock is not None else None
-    base, mine = time_rounds((baseline, trial), timer, rounds)
-    return _paired(base, mine, before, cpu_clock)
-
-
 @dataclass(frozen=True)
 class StopRule:
     """When a search's paired measurement may stop before its full rounds (sequential stopping).

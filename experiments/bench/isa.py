@@ -1,0 +1,35 @@
+"""Which instruction set a benchmark ran on: the CPU's flags, and any cap that emulates a narrower CPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: The variables that make a wider CPU run as an AVX2-only one, and what each reaches.
+ISA_CAPS = {"ATEN_CPU_CAPABILITY": "torch's aten kernels (and the matmuls torch.compile calls)",
+            "ONEDNN_MAX_CPU_ISA": "oneDNN (torch's, and PT2E int8 through it)"}
+
+
+def isa_info() -> dict[str, Any]:
+    """This CPU's instruction-set flags and any emulated cap (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``): a
+    row measured under a cap says which runtimes the cap does not reach (ONNX Runtime's MLAS and the OpenVINO CPU
+    plugin dispatch on the real CPU)."""
+    flags = set()
+    if Path("/proc/cpuinfo").is_file():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+    caps = {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
+    info: dict[str, Any] = {"flags": [f for f in wanted if f in flags], "torch_capability":
+                            torch.backends.cpu.get_cpu_capability(), "caps": caps, "emulated": None}
+    if caps:
+        info["emulated"] = str(caps.get("ATEN_CPU_CAPABILITY", caps.get("ONEDNN_MAX_CPU_ISA"))).lower()
+        info["reaches"] = [ISA_CAPS[name] for name in caps]
+        info["not_reached"] = ["ONNX Runtime (MLAS dispatches on the real CPU)",
+                               "OpenVINO's CPU plugin (dispatches on the real CPU)"]
+    return info
