@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.bootstrap import percentile
+from pipeline.core.bootstrap import percentile, resample_count
 from pipeline.core.evaluate import compute_metrics, evaluation_outputs, metric_resamples
 from pipeline.core.spec import ModelSpec
 from pipeline.core.task_data import PairsData
@@ -223,11 +223,11 @@ def test_the_built_in_task_names_what_it_cannot_judge_until_eval_data_replaces_i
 
 
 def test_the_word_task_gives_the_drop_an_interval(minilm: tuple[ModelSpec, nn.Module]) -> None:
-    """The unoptimized model's word score on the 200 fixed resamples of its 1,352 pairs: a spread of a few points,
-    centred on the point value."""
+    """The unoptimized model's word score on the fixed resamples of its 1,352 pairs (as many as the bootstrap gives
+    that many units): a spread of a few points, centred on the point value."""
     spec, model = minilm
     outputs, targets = evaluation_outputs(model, spec.evaluation(), CPU)
     values = metric_resamples(spec.metric, outputs, targets)
-    assert len(values) == 200
+    assert len(values) == resample_count(len(targets))
     low, high = percentile(values, 0.025), percentile(values, 0.975)
     assert low < 44.33 < high and 1.0 < high - low < 15.0
