@@ -181,7 +181,11 @@ def test_shared_prune_config_hits_the_cache(optimized: Study) -> None:
     assert trial.state.name == "COMPLETE"
     assert trial.user_attrs["paretorch.cache"]["hits"] > 0, "the prune-0.3 seed's model is reused"
     enqueued = next(t for t in optimized.study.trials if t.user_attrs.get("paretorch.seed") == "prune-0.3-int8")
-    assert enqueued.state.name == "COMPLETE"
+    # int8 dynamic on digits' tiny layers runs slower than fp32 in eager: the latency probe may stop it, after
+    # the shared prune stage has come from the cache.
+    assert enqueued.state.name in {"COMPLETE", "PRUNED"}
+    assert enqueued.state.name == "COMPLETE" or "latency probe" in enqueued.user_attrs["paretorch.infeasible"]
+    assert enqueued.user_attrs["paretorch.cache"]["hits"] > 0, "the enqueued recipe reuses the prune-0.3 model"
 
 
 def test_infeasible_config_is_a_pruned_trial_with_its_reason(optimized: Study) -> None:
