@@ -8,8 +8,10 @@ under an engine is not a preset trial there, and int8 comes first only where it 
 (:mod:`pipeline.search.presets`).
 
 Engines: ``torch`` (eager and every ``torch.compile`` runtime: the same aten and oneDNN kernels),
-``onnxruntime`` (``MatMul`` against ``MatMulInteger`` on its CPU provider) and ``openvino`` (the CPU plugin's
-declared ``OPTIMIZATION_CAPABILITIES``: a declaration, not a timing). Accelerators probe torch only.
+``onnxruntime`` (``MatMul`` against ``MatMulInteger`` on its CPU provider) and ``openvino`` (its CPU plugin's
+``MatMul`` in float32, under the bfloat16 precision hint, and behind ``FakeQuantize``: on an AVX2 CPU without
+VNNI its int8 product runs 0.92x float32, which is why its static int8 preset ran slower than fp32 there).
+Accelerators probe torch only.
 """
 
 from __future__ import annotations
@@ -144,12 +146,42 @@ def _onnxruntime_gains() -> dict[str, float]:
 
 
 def _openvino_gains() -> dict[str, float]:
-    """The CPU plugin's declared capabilities, as gains: a precision it lacks does not pay (0), one it has is
-    counted as paying (:data:`PAYS`) without a timing."""
+    """The CPU plugin's float32 ``MatMul`` against the same product in bfloat16 (the precision hint) and in int8
+    (both inputs behind ``FakeQuantize``, the pattern NNCF writes and the plugin's low-precision pass runs as
+    int8). A precision the plugin cannot compile here counts as not paying (0)."""
     import openvino as ov
+    import openvino.opset13 as ops
 
-    declared = set(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
-    return {"bf16": PAYS if "BF16" in declared else 0.0, "int8": PAYS if "INT8" in declared else 0.0}
+    m, k, n = SHAPE
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((k, n), dtype=np.float32)
+    activations = np.abs(rng.standard_normal((m, k), dtype=np.float32))
+
+    def quantized(node: Any, low: float, high: float, levels: int) -> Any:
+        low_c, high_c = ops.constant(np.float32(low)), ops.constant(np.float32(high))
+        return ops.fake_quantize(node, low_c, high_c, low_c, high_c, levels)
+
+    def product(int8: bool) -> Any:
+        a, w = ops.parameter([m, k], np.float32, name="a"), ops.constant(weights)
+        x = quantized(a, 0.0, 4.0, 256) if int8 else a
+        y = ops.matmul(x, quantized(w, -4.0, 4.0, 255) if int8 else w, False, False)
+        return ov.Model([y], [a], "probe")
+
+    core = ov.Core()
+
+    def median_ms(model: Any, hint: str) -> float | None:
+        config = {"INFERENCE_NUM_THREADS": str(torch.get_num_threads()), "NUM_STREAMS": "1",
+                  "INFERENCE_PRECISION_HINT": hint}
+        try:
+            request = core.compile_model(model, "CPU", config).create_infer_request()
+        except RuntimeError:  # e.g. bf16 declared by the CPU's flags, but oneDNN capped below it
+            return None
+        return _median_ms(lambda: request.infer({0: activations}))
+
+    fp32 = median_ms(product(False), "f32")
+    assert fp32 is not None, "OpenVINO's CPU plugin compiles a float32 MatMul on every CPU it runs on"
+    bf16, int8 = median_ms(product(False), "bf16"), median_ms(product(True), "f32")
+    return {"bf16": fp32 / bf16 if bf16 else 0.0, "int8": fp32 / int8 if int8 else 0.0}
 
 
 def probe_machine(device: torch.device, engines: Mapping[str, Callable[[], dict[str, float]]] | None = None,
