@@ -96,7 +96,7 @@ bench: $(STAMP)
 	for model in digits minilm; do $(PY) -m experiments.bench.ort_rows --model $$model || exit 1; done
 	$(PY) -m experiments.bench.peers --model minilm $$([ -f runs/bench/sts-dev.tsv ] && echo --held-out runs/bench/sts-dev.tsv) \
 	  $$([ -f $(RESULTS)/bench/best-minilm-cpu.json ] && echo --recipe $(RESULTS)/bench/best-minilm-cpu.json) \
-	  $$([ -f experiments/bench/results/minilm-cpu-drop1pct.json ] && echo --search-result experiments/bench/results/minilm-cpu-drop1pct.json)
+	  $$([ -f experiments/bench/results/minilm-cpu.json ] && echo --search-result experiments/bench/results/minilm-cpu.json)
 	$(PY) -m experiments.bench.busy --model digits --trials 20
 	$(PY) -m experiments.bench.search_quality --model digits --device cpu --trials 100 --compare 30 --seeds 0 1
 	$(PY) -m experiments.bench --render-only

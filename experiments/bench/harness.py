@@ -235,8 +235,7 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
                                                                             "speedup_ci_high")],
             "stage_work": {name: tally.describe() for name, tally in search.runner.stage_tallies.items()
                            if name in COSTLY_STAGES},
-            "timeline": best_so_far(outcome.study.trials, search.objectives.names.index("latency"),
-                                    outcome.baseline.latency_ms, started_at),
+            "timeline": best_so_far(outcome.study.trials, started_at),
             # [seconds since the bench started the search, best feasible speed-up]: the product's own curve
             "time_to_result": time_to_result(study_best_so_far(outcome.study.trials, started_at)),
             "machine_probe": outcome.study.user_attrs.get(ATTR_MACHINE_PROBE),

@@ -1,9 +1,8 @@
 """How fast a search gets its results: the best feasible speed-up so far against wall time, the time to reach
 the final best, and where the search's time went (issue 25: results in minutes, not hours).
 
-:func:`best_so_far` reads a finished study's trials (``datetime_start`` / ``datetime_complete``, the feasibility
-verdict and the latency objective); :func:`time_split` the search's own tallies (``SearchTimes`` and the
-runner's stage tallies); :func:`render` writes both for BENCHMARKS.md.
+:func:`best_so_far` is the product's curve with each point's recipe; :func:`time_split` the search's own
+tallies (``SearchTimes`` and the runner's stage tallies); :func:`render` writes both for BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -12,50 +11,31 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from pipeline.engine.recipe import Recipe, describe_config
-from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_METRICS, ATTR_RECIPE
+from pipeline.search.objectives import ATTR_RECIPE
+from pipeline.search.time_to_result import best_so_far as study_best_so_far
 
 #: The bench's goal for the best-so-far curve: the peers' level within this many seconds of the search.
 EARLY_SECONDS = 600.0
 
 
-def best_so_far(trials: Sequence[FrozenTrial], latency_index: int, baseline_latency: float,
-                started: datetime) -> list[dict[str, Any]]:
-    """One point per feasible trial that raised the best speed-up, in completion order: ``seconds`` since
-    ``started`` (the search's start) when it completed, its ``speedup`` (the paired speed-up the trial
-    recorded, else ``baseline_latency`` over its latency objective, value ``latency_index``), ``trial`` and
-    ``recipe``. Infeasible, pruned and failed trials never count."""
-    done = sorted(((t.datetime_complete, t) for t in trials if t.state == TrialState.COMPLETE
-                   and t.datetime_complete is not None and t.values is not None and t.user_attrs.get(ATTR_FEASIBLE)),
-                  key=lambda item: (item[0], item[1].number))
-    points: list[dict[str, Any]] = []
-    best = 0.0
-    for complete, trial in done:
-        speedup = _speedup(trial, latency_index, baseline_latency)
-        if speedup <= best:
-            continue
-        best = speedup
-        recipe = trial.user_attrs.get(ATTR_RECIPE)
-        points.append({"seconds": (complete - started).total_seconds(), "speedup": speedup, "trial": trial.number,
-                       "recipe": _describe(Recipe.from_dict(recipe)) if recipe else "?"})
-    return points
+def best_so_far(trials: Sequence[FrozenTrial], started: datetime) -> list[dict[str, Any]]:
+    """The product's best-so-far curve (:func:`pipeline.search.time_to_result.best_so_far`: complete, feasible,
+    timing-trusted trials that raised the best paired speed-up, in completion order) as the bench writes it:
+    ``seconds`` since ``started``, ``speedup``, ``trial`` and the trial's ``recipe`` text."""
+    by_number = {t.number: t for t in trials}
+    return [{"seconds": p.seconds, "speedup": p.speedup, "trial": p.trial,
+             "recipe": _describe(Recipe.from_dict(recipe))
+             if (recipe := by_number[p.trial].user_attrs.get(ATTR_RECIPE)) else "?"}
+            for p in study_best_so_far(trials, started)]
 
 
 def _describe(recipe: Recipe) -> str:
     """``amp(dtype=bfloat16, ...) @ compile`` (no ``|``: the text goes into a Markdown table)."""
     body = " + ".join(describe_config(c, brief=True) for c in recipe.model_stages()) or "fp32"
     return f"{body} @ {recipe.runtime}"
-
-
-def _speedup(trial: FrozenTrial, latency_index: int, baseline_latency: float) -> float:
-    paired = trial.user_attrs.get(ATTR_METRICS, {}).get("speedup")
-    if paired is not None:
-        return float(paired)
-    values = trial.values or []
-    latency = float(values[latency_index]) if len(values) > latency_index else 0.0
-    return baseline_latency / latency if latency > 0 else 0.0
 
 
 def time_to_best(points: Sequence[Mapping[str, Any]]) -> float | None:

@@ -11,7 +11,11 @@ trial is not made; without a plain measurement of both runtimes there is no esti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import optuna
+from optuna.trial import TrialState
 
 from pipeline.search.record import TrialRecord
 
@@ -26,6 +30,16 @@ class RuntimeGains:
     plain: dict[str, float] = field(default_factory=dict)
     fastest: float = 0.0
     seen: set[int] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, study: optuna.Study, feasible: Callable[[TrialRecord], bool]) -> RuntimeGains:
+        """Built from the study's trials with a paired speed-up (complete, or stopped by the probe); ``feasible``
+        says which of them count for the fastest feasible speed-up."""
+        gains = cls()
+        for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            record = TrialRecord.from_trial(done)
+            gains.add(record, feasible(record))
+        return gains
 
     def add(self, record: TrialRecord, feasible: bool) -> None:
         """Index a trial with a paired speed-up (complete, or stopped by the probe), once."""

@@ -89,10 +89,7 @@ class Proposals:
         """What the measured trials say about each runtime (:mod:`pipeline.search.dead_ends`), built from the
         study's trials with a paired speed-up on first use, then kept up to date."""
         if self._gains is None:
-            self._gains = RuntimeGains()
-            for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-                record = TrialRecord.from_trial(done)
-                self._gains.add(record, self.feasible_latency(record) is not None)
+            self._gains = RuntimeGains.of(study, lambda record: self.feasible_latency(record) is not None)
         return self._gains
 
     def sweep_worth(self, best: SweptStages, runtime: str) -> bool:

@@ -46,7 +46,6 @@ from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
 from pipeline.search.insight import sensitivity_tables
 from pipeline.search.interrupt import Interrupts
 from pipeline.search.objectives import (
-    ATTR_FEASIBLE,
     ATTR_SEED,
     ATTR_SEED_PARAMS,
     ATTR_SEED_RECIPE,
@@ -283,10 +282,7 @@ class TrialObjective:
 
     def gains(self, study: optuna.Study) -> RuntimeGains:
         """What the study's measured trials say about each runtime (:mod:`pipeline.search.dead_ends`)."""
-        gains = RuntimeGains()
-        for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            gains.add(TrialRecord.from_trial(done), bool(done.user_attrs.get(ATTR_FEASIBLE)))
-        return gains
+        return RuntimeGains.of(study, lambda record: bool(record.feasible))
 
     def screen(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str) -> Screened | None:
         """The low-fidelity screen of the trial's costly stages, recorded on the trial (None: not screened)."""

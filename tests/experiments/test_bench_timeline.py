@@ -8,14 +8,14 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from experiments.bench.timeline import best_so_far, best_within, render, time_split, time_to_best
-from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_METRICS, ATTR_RECIPE
+from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS, ATTR_RECIPE
 
 START = datetime(2026, 11, 25, 12, 0, 0)
 BASELINE_MS = 100.0
 
 
 def trial(number: int, done_s: float, latency: float, feasible: bool = True, paired: float | None = None,
-          state: TrialState = TrialState.COMPLETE) -> FrozenTrial:
+          state: TrialState = TrialState.COMPLETE, unstable: bool = False) -> FrozenTrial:
     metrics: dict[str, Any] = {"latency_ms_p50_b32": latency}
     if paired is not None:
         metrics["speedup"] = paired
@@ -24,7 +24,7 @@ def trial(number: int, done_s: float, latency: float, feasible: bool = True, pai
         number=number, state=state, value=None, values=[0.9, latency] if complete else None,
         datetime_start=START + timedelta(seconds=done_s - 5), datetime_complete=START + timedelta(seconds=done_s),
         params={}, distributions={}, system_attrs={}, intermediate_values={}, trial_id=number,
-        user_attrs={ATTR_FEASIBLE: feasible, ATTR_METRICS: metrics,
+        user_attrs={ATTR_FEASIBLE: feasible, ATTR_METRICS: metrics, ATTR_LATENCY_UNSTABLE: unstable,
                     ATTR_RECIPE: {"stages": [], "runtime": "compile" if number else "eager"}})
 
 
@@ -35,18 +35,19 @@ def test_best_so_far_counts_feasible_trials_in_completion_order() -> None:
         trial(2, 30, 31.0, paired=3.2),
         trial(3, 40, 50.0, paired=2.0),  # not a new best
         trial(4, 45, 0.0, state=TrialState.PRUNED),
-        trial(6, 50, 25.0),  # no paired speed-up: the baseline over its latency objective (4.0x)
-        trial(5, 60, 20.0, paired=3.9),  # a higher number that completed later: not a new best
+        trial(6, 50, 25.0),  # no paired speed-up: not a result the curve can place
+        trial(7, 55, 26.0, paired=4.0, unstable=True),  # its timing never settled: off the curve
+        trial(5, 60, 20.0, paired=3.9),  # a new best, completed after a higher-numbered trial
     ]
-    points = best_so_far(trials, latency_index=1, baseline_latency=BASELINE_MS, started=START)
-    assert [(p["seconds"], p["speedup"], p["trial"]) for p in points] == [(10, 1.0, 0), (30, 3.2, 2), (50, 4.0, 6)]
+    points = best_so_far(trials, started=START)
+    assert [(p["seconds"], p["speedup"], p["trial"]) for p in points] == [(10, 1.0, 0), (30, 3.2, 2), (60, 3.9, 5)]
     assert points[1]["recipe"] == "fp32 @ compile"
-    assert time_to_best(points) == 50 and time_to_best([]) is None
+    assert time_to_best(points) == 60 and time_to_best([]) is None
     assert best_within(points, 35) == 3.2 and best_within(points, 5) is None
 
 
 def test_the_timeline_and_the_time_split_render_for_benchmarks_md() -> None:
-    points = best_so_far([trial(0, 10, 100.0, paired=1.0), trial(2, 700, 30.0, paired=3.5)], 1, BASELINE_MS, START)
+    points = best_so_far([trial(0, 10, 100.0, paired=1.0), trial(2, 700, 30.0, paired=3.5)], START)
     split = time_split(1000.0, {"model_load": 10.0, "stages": 300.0, "evaluation": 500.0, "exports": 0.0},
                        {"distill": 250.0, "amp": 50.0})
     assert split["other"] == 190.0
