@@ -368,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         result = bench(args.model, args.device, args.trials, batch, max_drop, args.held_out, args.singles, only)
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = "" if batch == default_batch else f"-b{batch}"  # e.g. the GPU throughput objective, batch 256
+        if only:  # a partial bench (e.g. the MLX rows) never replaces the full one
+            suffix += "-only-" + "-".join(only)
         if (emulated := result.get("isa", {}).get("emulated")) is not None:
             suffix += f"-{emulated}-emulated"  # an AVX2 row on a wider CPU
         if max_drop != DEFAULT_MAX_DROP:  # -drop0.01 (absolute), -drop3pct
