@@ -18,7 +18,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
 from pipeline.core.runtimes.registry import check_runtime_names
-from pipeline.core.stage import format_validation_error
+from pipeline.core.stage import config_from_dict, format_validation_error
 from pipeline.engine.graph import Pipeline
 from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 from pipeline.search.objectives import ObjectiveName
@@ -45,6 +45,11 @@ class SeedRecipe(BaseModel):
     @classmethod
     def _known_runtime(cls, name: str) -> str:
         return known_runtime_names((name,))[0]
+
+    def payload(self) -> dict[str, Any]:
+        """The seed's runtime and validated stage dicts, as its trial records them (two seeds that would run the
+        same trial have the same payload)."""
+        return {"runtime": self.runtime, "stages": [config_from_dict(dict(raw)).to_dict() for raw in self.stages]}
 
 
 #: The runtimes value that means every runtime available on the device (the default: a newly installed

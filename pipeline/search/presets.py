@@ -17,6 +17,10 @@ registers later (OpenVINO, a dynamic-shape compile) gets its presets with no cha
 
 The study enqueues these right after the baseline and before the config's ``seeds`` (which may hold a
 costly stage, such as distillation), so a search has the one-line paths' level within its first trials.
+Where the machine probe finds int8 that pays, only those int8 presets come first; the cheap seeds (no costly
+stage: depth pruning) follow at once, so the first compositions (``prune depth + int8s | ov``) are measured
+within minutes, and the other presets and the costly seeds wait (:func:`initial_queue`: they are enqueued when
+the queue runs dry, :mod:`pipeline.search.proposals`).
 """
 
 from __future__ import annotations
@@ -25,11 +29,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import optuna
+
 from pipeline.core.machine_probe import MachineProbe, stage_precision
+from pipeline.core.stage import config_from_dict
 from pipeline.search.config import Preset, SeedRecipe
+from pipeline.search.objectives import ATTR_SEED_RECIPE
 
 #: Seed names of preset trials start with this: ``preset-<preset>@<runtime>``.
 PRESET_PREFIX = "preset-"
+#: Study user attr: the seeds that wait until the queue runs dry (:func:`initial_queue`), as SeedRecipe dicts.
+ATTR_LATER_SEEDS = "paretorch.later_seeds"
 #: The baseline's runtime: last within each preset.
 REFERENCE_RUNTIME = "eager"
 
@@ -43,14 +53,19 @@ class PresetPlan:
 
     seeds: list[SeedRecipe] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    #: The presets that wait for the first compositions (int8 pays here, and these are not int8 that pays).
+    later: list[SeedRecipe] = field(default_factory=list)
 
-    def describe(self, enqueued: Sequence[SeedRecipe]) -> str | None:
+    def describe(self, enqueued: Sequence[SeedRecipe], waiting: Sequence[SeedRecipe] = ()) -> str | None:
         """The console line, naming the ``enqueued`` seeds (the study skips one that repeats a trial, such as
-        float32 under eager, the baseline); None when there are no presets."""
+        float32 under eager, the baseline) and the ``waiting`` ones; None when there are no presets."""
         if not self.seeds and not self.skipped:
             return None
         names = ", ".join(s.name.removeprefix(PRESET_PREFIX) for s in enqueued) or "none"
         line = f"presets first ({len(enqueued)} trial(s), each alone, before costly stages): {names}"
+        if waiting:
+            line += (f"; {len(waiting)} more after the cheap seeds and the first compositions: "
+                     + ", ".join(s.name.removeprefix(PRESET_PREFIX) for s in waiting))
         if self.skipped:
             line += f"; {len(self.skipped)} pair(s) skipped as they cannot run here"
         return line
@@ -91,4 +106,28 @@ def preset_seeds(presets: Sequence[Preset], runtimes: Sequence[str], skip: SkipR
                 plan.skipped[name] = reason
                 continue
             plan.seeds.append(SeedRecipe(name=name, runtime=runtime, stages=preset.stages))
+    paying = [s for s in plan.seeds if probe is not None and stage_precision(s.stages) == "int8"
+              and probe.pays(s.runtime, "int8")]
+    if paying:  # int8 pays here: those first, the rest after the cheap seeds' first compositions
+        plan = PresetPlan(paying, plan.skipped, [s for s in plan.seeds if s not in paying])
     return plan
+
+
+def repeats(study: optuna.Study, seed: SeedRecipe) -> bool:
+    """Whether a trial of ``study`` already carries ``seed``'s runtime and stages."""
+    return any(t.user_attrs.get(ATTR_SEED_RECIPE) == seed.payload() for t in study.get_trials(deepcopy=False))
+
+
+def costly(seed: SeedRecipe) -> bool:
+    """Whether a seed holds a costly stage (one with a low-fidelity form: distillation, a long calibration)."""
+    return any(config_from_dict(dict(raw)).low_fidelity() is not None for raw in seed.stages)
+
+
+def initial_queue(plan: PresetPlan, seeds: Sequence[SeedRecipe]) -> tuple[list[SeedRecipe], list[SeedRecipe]]:
+    """What a new study enqueues after its baseline, and what waits until its queue runs dry: without waiting
+    presets, every preset then the config's ``seeds`` in order; with them (:attr:`PresetPlan.later`), the first
+    presets and the cheap seeds now, the other presets and the :func:`costly` seeds later."""
+    if not plan.later:
+        return [*plan.seeds, *seeds], []
+    return ([*plan.seeds, *(s for s in seeds if not costly(s))],
+            [*plan.later, *(s for s in seeds if costly(s))])

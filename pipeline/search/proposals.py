@@ -24,7 +24,7 @@ from pipeline.search.compose import Composition, composed_count, compositions, m
 from pipeline.search.config import SearchConfig, SeedRecipe
 from pipeline.search.dead_ends import RuntimeGains
 from pipeline.search.objectives import Baseline, Objectives
-from pipeline.search.presets import is_preset
+from pipeline.search.presets import ATTR_LATER_SEEDS, is_preset
 from pipeline.search.record import COMPLETE, TrialRecord
 from pipeline.search.sweep import RuntimeSweepIndex, SweptStages
 
@@ -62,7 +62,17 @@ class Proposals:
         for proposal in index.proposals(self.runtimes, self.config.sweep_top, self.runnable, self.sweep_worth):
             self.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
                                            runtime=proposal.runtime, stages=proposal.stages))
-        self.compose(study)
+        if not self.compose(study):
+            self.release_later(study)
+
+    def release_later(self, study: optuna.Study) -> int:
+        """When no enqueued trial waits, enqueue the seeds the study held back for the first compositions (the
+        presets that do not pay first, the costly seeds: :func:`pipeline.search.presets.initial_queue`); how many
+        were enqueued (a seed already tried is skipped)."""
+        later = study.user_attrs.get(ATTR_LATER_SEEDS) or []
+        if not later or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return 0
+        return sum(self.enqueue(study, SeedRecipe(**raw)) for raw in later)
 
     def runnable(self, stages: tuple[dict[str, Any], ...], runtime: str) -> bool:
         """Whether ``runtime`` can run these resolved stages (as the sweep keeps them)."""

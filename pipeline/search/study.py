@@ -51,7 +51,7 @@ from pipeline.search.objectives import (
     Baseline,
     Objectives,
 )
-from pipeline.search.presets import preset_seeds
+from pipeline.search.presets import ATTR_LATER_SEEDS, initial_queue, is_preset, preset_seeds, repeats
 from pipeline.search.rule_out import RuleOut
 from pipeline.search.seeding import merge_params, runtime_params, stage_params
 from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
@@ -307,10 +307,12 @@ class Search:
             if not study.trials:
                 self.enqueue(study, SeedRecipe(name="baseline"))
                 plan = preset_seeds(self.config.presets, self.runtimes, self.preset_skip, self.machine)
-                enqueued = [seed for seed in plan.seeds if self.enqueue(study, seed)]
-                presets_line = plan.describe(enqueued)
-                for seed in self.config.seeds:
-                    self.enqueue(study, seed)
+                now, later = initial_queue(plan, self.config.seeds)
+                enqueued = [seed for seed in now if self.enqueue(study, seed)]
+                later = [seed for seed in later if not repeats(study, seed)]
+                presets_line = plan.describe([s for s in enqueued if is_preset(s.name)], [s for s in later
+                                                                                         if is_preset(s.name)])
+                study.set_user_attr(ATTR_LATER_SEEDS, [seed.model_dump(mode="json") for seed in later])
             for seed in self.extra_seeds:
                 self.enqueue(study, seed)
         return Prepared(baseline, self_check_line=self_check_line, presets_line=presets_line,
@@ -353,14 +355,12 @@ class Search:
         caps = capabilities(self.device)
         if any(stage_for(c).not_worthwhile(c, caps) for c in configs):
             return False  # the capability table says it can only be slower here
-        if seed.skip_where_unavailable and (any(stage_for(c).unavailable(c, caps) for c in configs)
-                                            or self.rules.reason(configs) is not None):
-            return False
-        payload = {"runtime": seed.runtime, "stages": [c.to_dict() for c in configs]}
-        if any(t.user_attrs.get(ATTR_SEED_RECIPE) == payload for t in study.get_trials(deepcopy=False)):
+        unavailable = seed.skip_where_unavailable and (any(stage_for(c).unavailable(c, caps) for c in configs)
+                                                       or self.rules.reason(configs) is not None)
+        if unavailable or repeats(study, seed):
             return False
         params = self.seed_params(configs, seed.runtime)
-        study.enqueue_trial(params, user_attrs={ATTR_SEED: seed.name, ATTR_SEED_RECIPE: payload,
+        study.enqueue_trial(params, user_attrs={ATTR_SEED: seed.name, ATTR_SEED_RECIPE: seed.payload(),
                                                 ATTR_SEED_PARAMS: params})
         return True
 

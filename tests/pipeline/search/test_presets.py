@@ -6,7 +6,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-import optuna
 import pytest
 import torch
 from optuna.trial import TrialState
@@ -17,9 +16,10 @@ from pipeline.core.runtimes.registry import registered_runtime
 from pipeline.core.runtimes.reproduces import Reproduces
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import config_from_dict
-from pipeline.search import Preset, Search, SearchConfig
+from pipeline.search import Preset, Search, SearchConfig, run_search
+from pipeline.search.config import SeedRecipe
 from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_RECIPE
-from pipeline.search.presets import PRESET_PREFIX, preset_name, preset_rank, preset_seeds
+from pipeline.search.presets import ATTR_LATER_SEEDS, PRESET_PREFIX, preset_name, preset_rank, preset_seeds
 
 BF16 = Preset(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []},))
 INT8 = Preset(name="int8-dynamic", stages=({"stage": "quantize", "method": "int8_dynamic"},))
@@ -107,7 +107,11 @@ def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seed
     study = search.open_study()
     presets_line = search.ensure_baseline(study).presets_line
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    names = [t.user_attrs[ATTR_SEED] for t in waiting]
+    later = [SeedRecipe(**raw) for raw in study.user_attrs[ATTR_LATER_SEEDS]]
+    # The queue in the order it runs: what is enqueued, then what waits until the queue runs dry.
+    queue = [(t.user_attrs[ATTR_SEED], t.user_attrs[ATTR_SEED_RECIPE]["stages"]) for t in waiting]
+    queue += [(seed.name, list(seed.stages)) for seed in later]
+    names = [name for name, _ in queue]
     assert names[0] == "baseline"
     assert "preset-int8-dynamic@no_amp_test" in names and "preset-fp32@no_amp_test" in names
     assert "preset-bf16@no_amp_test" not in names, "a runtime that cannot run AMP gets no AMP seed"
@@ -115,20 +119,49 @@ def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seed
     assert "preset-fp32@eager" not in names, "float32 under eager is the baseline"
     assert not any("fp16" in n for n in names), "float16 is slower only on a CPU"
     assert not any("packed" in n for n in names), "the residual MLP has no padding mask"
-    enqueued = sum(1 for n in names if n.startswith(PRESET_PREFIX))
+    enqueued = sum(1 for t in waiting if t.user_attrs[ATTR_SEED].startswith(PRESET_PREFIX))
     assert presets_line is not None and presets_line.startswith(f"presets first ({enqueued} trial(s)")
 
-    def costly(trial: optuna.trial.FrozenTrial) -> bool:
-        stages = trial.user_attrs[ATTR_SEED_RECIPE]["stages"]
+    def costly(stages: list[dict[str, Any]]) -> bool:
         return any(config_from_dict(dict(raw)).low_fidelity() is not None for raw in stages)
 
     presets = [i for i, n in enumerate(names) if n.startswith(PRESET_PREFIX)]
-    first_costly = next(i for i, t in enumerate(waiting) if costly(t))
+    first_costly = next(i for i, (_, stages) in enumerate(queue) if costly(stages))
     assert names[first_costly] == "prune-0.3-distill"
     assert presets and max(presets) < first_costly
-    assert not any(costly(waiting[i]) for i in presets), "presets are cheap"
+    assert not any(costly(queue[i][1]) for i in presets), "presets are cheap"
+    if later:  # int8 pays on this CPU: those presets first, then the cheap seeds, then the other presets
+        first_seed = names.index("prune-0.3")
+        assert all(name.startswith(PRESET_PREFIX) for name in names[1:first_seed])
+        assert {seed.name for seed in later} >= {"preset-fp32@no_amp_test", "prune-0.3-distill"}
+        assert f"{len([s for s in later if s.name.startswith(PRESET_PREFIX)])} more after the cheap seeds" in (
+            presets_line)
     order = [n.removeprefix(PRESET_PREFIX).split("@")[0] for n in names if n.startswith(PRESET_PREFIX)]
     ranks = {p.name: preset_rank(p, search.runtimes, search.machine) for p in config.presets}
     config_order = [p.name for p in shipped.presets]
     assert order == sorted(order, key=lambda name: (ranks[name], config_order.index(name))), (
         "preset-major, in the config's order after the machine probe's (int8 first where it pays)")
+
+
+def test_the_waiting_seeds_run_once_the_queue_runs_dry(residual_spec: ModelSpec, tmp_path: Path) -> None:
+    """Where int8 pays, the other presets and the costly seeds wait in the study (``ATTR_LATER_SEEDS``); the search
+    enqueues them when nothing else waits, after the first presets and the cheap seeds have run."""
+    shipped = SearchConfig.load()
+    config = SearchConfig.load(None, runtimes=("eager",), exports="none", latency_budget="quick", compose=0,
+                               presets=[p.model_dump(exclude={"runtimes"}) for p in shipped.presets],
+                               seeds=[{"name": "prune-0.3", "stages": [{"stage": "prune", "ratio": 0.3}]},
+                                      {"name": "prune-0.3-distill", "stages": [
+                                          {"stage": "prune", "ratio": 0.3}, {"stage": "distill", "max_seconds": 3}]}])
+    search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
+    study = search.open_study()
+    search.ensure_baseline(study)
+    later = [raw["name"] for raw in study.user_attrs[ATTR_LATER_SEEDS]]
+    if not later:
+        pytest.skip("int8 does not pay under torch on this CPU: nothing waits (the order is the config's)")
+    assert "prune-0.3-distill" in later and "preset-bf16@eager" in later
+    now = [t.user_attrs[ATTR_SEED] for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    outcome = run_search(search, trials=len(now) + 2)
+    ran = [t.user_attrs[ATTR_SEED] for t in sorted(outcome.study.trials, key=lambda t: t.number)]
+    first_later = min(ran.index(name) for name in later if name in ran)
+    assert ran.index("prune-0.3") < first_later, "the cheap seed before the waiting presets"
+    assert ran[:first_later] == now, "the waiting seeds enqueued when the queue ran dry, after the first ones"

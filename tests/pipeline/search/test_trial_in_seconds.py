@@ -24,10 +24,10 @@ from pipeline.core.paired import MachineLoad, PairedLatency, Timed
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, StageConfig, StageContext, registered
 from pipeline.search import Search, SearchConfig
-from pipeline.search.config import Preset
+from pipeline.search.config import Preset, SeedRecipe
 from pipeline.search.dead_ends import RuntimeGains
 from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_INFEASIBLE, ATTR_METRICS
-from pipeline.search.presets import preset_seeds
+from pipeline.search.presets import initial_queue, preset_seeds
 from pipeline.search.probe import BEHIND_FRONT, FrontReferences, behind_front
 from pipeline.search.record import ATTR_FIDELITY, FULL_FIDELITY, PROBE_FIDELITY, TrialRecord
 from pipeline.search.subset import OVER_ON_SUBSET
@@ -185,9 +185,30 @@ PRESETS = (Preset(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp
 
 
 def plan(probe: MachineProbe) -> list[str]:
+    """The presets in the order they run: the first ones, then those that wait for the first compositions."""
     seeds = preset_seeds(PRESETS, ["eager", "onnxruntime", "openvino"],
                          lambda stages, runtime: probe_reason(probe, stages, runtime), probe)
-    return [s.name.removeprefix("preset-") for s in seeds.seeds]
+    return [s.name.removeprefix("preset-") for s in (*seeds.seeds, *seeds.later)]
+
+
+def test_where_int8_pays_the_cheap_seeds_come_before_the_other_presets_and_the_costly_seeds() -> None:
+    probe = probe_machine(torch.device("cpu"), engines={"torch": lambda: {"bf16": 3.0, "int8": 2.8},
+                                                       "onnxruntime": lambda: {"int8": 1.9},
+                                                       "openvino": lambda: {"bf16": 1.15, "int8": 0.8}})
+    presets = preset_seeds(PRESETS, ["eager", "onnxruntime", "openvino"], lambda stages, runtime: None, probe)
+    assert [s.name for s in presets.seeds] == ["preset-int8-static@onnxruntime"], "int8 where it pays, alone first"
+    depth = SeedRecipe(name="prune-depth", stages=({"stage": "prune", "method": "depth", "ratio": 0.1},))
+    distill = SeedRecipe(name="prune-distill", stages=({"stage": "prune", "ratio": 0.3},
+                                                       {"stage": "distill", "max_seconds": 300}))
+    now, later = initial_queue(presets, [distill, depth])
+    assert [s.name for s in now] == ["preset-int8-static@onnxruntime", "prune-depth"]
+    assert [s.name for s in later][-1] == "prune-distill" and "preset-int8-static@openvino" in {s.name for s in later}
+    no_int8 = probe_machine(torch.device("cpu"), engines={"torch": lambda: {"bf16": 3.0, "int8": 0.9},
+                                                         "onnxruntime": lambda: {"int8": 0.9},
+                                                         "openvino": lambda: {"bf16": 1.15, "int8": 0.8}})
+    plain = preset_seeds(PRESETS, ["eager", "onnxruntime", "openvino"], lambda stages, runtime: None, no_int8)
+    now, later = initial_queue(plain, [distill, depth])
+    assert later == [] and [s.name for s in now][-2:] == ["prune-distill", "prune-depth"], "nothing waits: config order"
 
 
 def test_the_machine_probe_orders_and_prunes_the_presets() -> None:
