@@ -94,6 +94,7 @@ bench: $(STAMP)
 	  && held="--held-out runs/bench/sts-dev.tsv"; else echo "no $(STS_DEV): the MiniLM benchmark runs without its held-out check"; fi; \
 	  $(PY) -m experiments.bench --model minilm --device $(DEVICE) --trials $(BENCH_TRIALS) $$held
 	for model in digits minilm; do $(PY) -m experiments.bench.ort_rows --model $$model || exit 1; done
+	for model in digits minilm; do $(PY) -m experiments.bench --model $$model --trials 0 --batch 1 --only mlx || exit 1; done
 	$(PY) -m experiments.bench.peers --model minilm $$([ -f runs/bench/sts-dev.tsv ] && echo --held-out runs/bench/sts-dev.tsv) \
 	  $$([ -f $(RESULTS)/bench/best-minilm-cpu.json ] && echo --recipe $(RESULTS)/bench/best-minilm-cpu.json) \
 	  $$([ -f experiments/bench/results/minilm-cpu.json ] && echo --search-result experiments/bench/results/minilm-cpu.json)

@@ -92,5 +92,25 @@ def main() -> None:
         args.out.write_text(text)
 
 
+#: Result files of this benchmark start with this (``pack-agreement-minilm-cpu-b32.json``).
+PACK_AGREEMENT_PREFIX = "pack-agreement-"
+
+
+def render(result: dict[str, Any]) -> str:
+    """BENCHMARKS.md: the same pack recipe timed the search's way and ``gpu_rows``' way."""
+    recipe = " + ".join(str(stage["stage"]) if stage["stage"] == "pack" else str(stage.get("method", stage["stage"]))
+                        for stage in result["recipe"])
+    lines = [f"### One number between search and bench: {recipe} | {result['runtime']}, batch {result['batch']}",
+             "", f"{result['threads']} thread(s); 1-minute load before {result['load_before'][0]:.1f}, after "
+             f"{result['load_after'][0]:.1f}. Intervals overlap: {'yes' if result['intervals_overlap'] else 'NO'}.",
+             "", "| timed as | width | speed-up [95% CI] | trial ms | fp32 eager ms |",
+             "| --- | --- | --- | --- | --- |"]
+    for key, width in (("search", result["searched_width"]), ("gpu_rows", result["benched_width"])):
+        row = result[key]
+        lines.append(f"| {key} | {width} | {row['speedup']:.2f}x [{row['ci'][0]:.2f}, {row['ci'][1]:.2f}] | "
+                     f"{row['trial_ms']:.1f} | {row['baseline_ms']:.1f} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     main()

@@ -60,7 +60,8 @@ from stages.prune.stage import PruneConfig
 from stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
-RESULT_FILE = "proxy-verdict-minilm-cpu.json"
+PROXY_VERDICT_PREFIX = "proxy-verdict-"
+RESULT_FILE = f"{PROXY_VERDICT_PREFIX}minilm-cpu.json"
 #: Bootstrap resamples of the labelled truth's interval.
 RESAMPLES = 1000
 BOOTSTRAP_SEED = 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +17,22 @@ from experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
 from experiments.bench.fidelity_check import render as render_fidelity_check
 from experiments.bench.ort_rows import ORT_ROWS_PREFIX
 from experiments.bench.ort_rows import render as render_ort_rows
+from experiments.bench.pack_agreement import PACK_AGREEMENT_PREFIX
+from experiments.bench.pack_agreement import render as render_pack_agreement
 from experiments.bench.paths import RESULTS_DIR
 from experiments.bench.peers import PEERS_PREFIX
 from experiments.bench.peers import render as render_peers
+from experiments.bench.proxy_verdict import PROXY_VERDICT_PREFIX
+from experiments.bench.proxy_verdict import render as render_proxy_verdict
 from experiments.bench.recovery import RECOVERY_PREFIX
 from experiments.bench.recovery import render as render_recovery
 from experiments.bench.render_extra import (
     COMPILE_SHAPES_PREFIX,
     GPU_ROWS_PREFIX,
+    MLX_CUDA_PREFIX,
     render_compile_shapes,
     render_gpu_rows,
+    render_mlx_cuda,
 )
 from experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
 from experiments.bench.search_quality import render as render_search_quality
@@ -163,22 +170,19 @@ def render_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Each other result file's section, in the order BENCHMARKS.md shows them: (file name prefix, renderer).
+SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    (ORT_ROWS_PREFIX, render_ort_rows), (PEERS_PREFIX, render_peers), (GPU_ROWS_PREFIX, render_gpu_rows),
+    (MLX_CUDA_PREFIX, render_mlx_cuda), (COMPILE_SHAPES_PREFIX, render_compile_shapes),
+    (RECOVERY_PREFIX, render_recovery), (FIDELITY_CHECK_PREFIX, render_fidelity_check), (BUSY_PREFIX, render_busy),
+    (SEARCH_QUALITY_PREFIX, render_search_quality), (PACK_AGREEMENT_PREFIX, render_pack_agreement),
+    (PROXY_VERDICT_PREFIX, render_proxy_verdict))
+
+
 def render_markdown(folder: Path = RESULTS_DIR) -> str:
     """BENCHMARKS.md: one table per benchmark file, then the recovery tables (``recovery-*.json``), the
     fidelity checks (``fidelity-check-*.json``), the busy-machine checks and the search-quality curves."""
     files = sorted(folder.glob("*.json"))
-    results = [json.loads(p.read_text()) for p in files
-               if not p.name.startswith((RECOVERY_PREFIX, FIDELITY_CHECK_PREFIX, BUSY_PREFIX,
-                                         SEARCH_QUALITY_PREFIX, ORT_ROWS_PREFIX, PEERS_PREFIX, GPU_ROWS_PREFIX,
-                                         COMPILE_SHAPES_PREFIX))]
-    gpu_rows = [json.loads(p.read_text()) for p in files if p.name.startswith(GPU_ROWS_PREFIX)]
-    shapes = [json.loads(p.read_text()) for p in files if p.name.startswith(COMPILE_SHAPES_PREFIX)]
-    ort_rows = [json.loads(p.read_text()) for p in files if p.name.startswith(ORT_ROWS_PREFIX)]
-    peers = [json.loads(p.read_text()) for p in files if p.name.startswith(PEERS_PREFIX)]
-    busy_checks = [json.loads(p.read_text()) for p in files if p.name.startswith(BUSY_PREFIX)]
-    recoveries = [json.loads(p.read_text()) for p in files if p.name.startswith(RECOVERY_PREFIX)]
-    checks = [json.loads(p.read_text()) for p in files if p.name.startswith(FIDELITY_CHECK_PREFIX)]
-    qualities = [json.loads(p.read_text()) for p in files if p.name.startswith(SEARCH_QUALITY_PREFIX)]
     parts = [
         "# Benchmarks",
         "",
@@ -187,22 +191,9 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
         "fastest Pareto recipe within the allowed drop and measures it again.",
         "",
     ]
-    for result in results:
-        parts += [render_table(result), ""]
-    for rows in ort_rows:
-        parts += [render_ort_rows(rows), ""]
-    for peer in peers:
-        parts += [render_peers(peer), ""]
-    for rows in gpu_rows:
-        parts += [render_gpu_rows(rows), ""]
-    for shape in shapes:
-        parts += [render_compile_shapes(shape), ""]
-    for recovery in recoveries:
-        parts += [render_recovery(recovery), ""]
-    for check in checks:
-        parts += [render_fidelity_check(check), ""]
-    for busy in busy_checks:
-        parts += [render_busy(busy), ""]
-    for quality in qualities:
-        parts += [render_search_quality(quality), ""]
+    prefixes = tuple(prefix for prefix, _ in SECTIONS)
+    for prefix, render in ((None, render_table), *SECTIONS):  # the search benches (no prefix) first
+        for path in files:
+            if (path.name.startswith(prefix) if prefix else not path.name.startswith(prefixes)):
+                parts += [render(json.loads(path.read_text())), ""]
     return "\n".join(parts)

@@ -1,6 +1,7 @@
 """BENCHMARKS.md sections for the row benchmarks that are not searches: the accelerator rows
-(``gpu-rows-*.json``, :mod:`experiments.bench.gpu_rows`) and the compile-shape comparison
-(``compile-shapes-*.json``, :mod:`experiments.bench.compile_shapes`)."""
+(``gpu-rows-*.json``, :mod:`experiments.bench.gpu_rows`), MLX on the lent GPU (``mlx-cuda-*.json``, measured with
+``mlx-cuda-13`` on the device machine) and the compile-shape comparison (``compile-shapes-*.json``,
+:mod:`experiments.bench.compile_shapes`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ from typing import Any
 
 GPU_ROWS_PREFIX = "gpu-rows-"
 COMPILE_SHAPES_PREFIX = "compile-shapes-"
+MLX_CUDA_PREFIX = "mlx-cuda-"
+
+
+def render_mlx_cuda(result: dict[str, Any]) -> str:
+    """MLX's CUDA build against torch eager on the same GPU, per model and batch, with output parity."""
+    lines = [f"### MLX on {result['device']} ({result['date']})", "", result["what"], "",
+             "| model | batch | torch eager CUDA ms | MLX, torch tensors in and out, ms | MLX arrays on the GPU, ms "
+             "| max abs error | cosine |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        lines.append(f"| {row['model']} | {row['batch']} | {row['torch_eager_cuda_ms']:.3f} | "
+                     f"{row['mlx_cuda_from_torch_ms']:.3f} | {row['mlx_cuda_arrays_ms']:.3f} | "
+                     f"{row['max_abs_err']:.1e} | {row['cosine']:.6f} |")
+    return "\n".join(lines)
 
 
 def render_gpu_rows(result: dict[str, Any]) -> str:
