@@ -51,17 +51,22 @@ def front_references(study: optuna.Study) -> FrontReferences:
 
 
 def behind_front(paired: PairedLatency, front: FrontReferences, runtime: str, plain: float | None = None,
-                 min_effect: float = MIN_EFFECT) -> str | None:
+                 min_effect: float = MIN_EFFECT, unchanged: bool = False) -> str | None:
     """Why the probe ends the trial (None: it goes on): its measurement decided it slower, by more than the minimum
     effect, than the best-scoring front trial and than the unchanged model under its ``runtime`` (``plain``: that
-    trial's speed-up where measured; never less than the unoptimized model's 1.0)."""
+    trial's speed-up where measured; never less than the unoptimized model's 1.0). A trial of the ``unchanged``
+    model (a runtime alone) has no stages to build on: slower than the best-scoring front trial is enough (its
+    metric is the unoptimized model's, which that trial's already matches; its speed-up is recorded for the
+    runtime estimates of :mod:`pipeline.search.dead_ends` all the same)."""
     if front.top is None or paired.unstable is not None or paired.stopped not in ("decided", "cost cap"):
         return None
     number, speedup = front.top
-    own = max(1.0, plain or 0.0)
+    own = 0.0 if unchanged else max(1.0, plain or 0.0)
     high = paired.ci[1] * (1.0 + min_effect)
-    if high >= speedup or high >= own:
+    if high >= speedup or high >= own > 0.0:
         return None
+    against = ", and is a runtime alone on the unchanged model" if unchanged else (
+        f" and than the unchanged model under {runtime} ({own:.2f}x)")
     return (f"{BEHIND_FRONT}: {paired.speedup:.2f}x [{paired.ci[0]:.2f}, {paired.ci[1]:.2f}] paired after "
             f"{paired.rounds} rounds ({paired.stopped}), slower than trial {number} ({speedup:.2f}x, the front's best "
-            f"metric) and than the unchanged model under {runtime} ({own:.2f}x): not scored")
+            f"metric){against}: not scored")

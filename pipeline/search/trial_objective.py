@@ -265,7 +265,9 @@ class TrialObjective:
         by its probe (not scored; its resolved recipe kept, so its params say what ran), or clearly over the allowed
         drop on a subset of the evaluation data."""
         parts = self.parts
-        if (behind := behind_front(paired, front, runtime, self.gains(trial.study).plain.get(runtime))) is not None:
+        unchanged = all(config is None for config in model_configs(configs, self.exports))
+        if (behind := behind_front(paired, front, runtime, self.gains(trial.study).plain.get(runtime),
+                                   unchanged=unchanged)) is not None:
             recipe = staged.recipe(parts.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},
                                    metadata={"study": parts.study_name, "trial": trial.number})
             return TrialOutcome(draft(state=PRUNED, infeasible=behind, metrics=paired.metrics(), seconds=seconds,

@@ -158,6 +158,10 @@ def test_the_probe_stops_only_a_trial_behind_the_front_and_its_own_runtime() -> 
     assert behind_front(paired(2.0, (1.9, 2.1)), front, "onnxruntime", plain=3.5) is not None
     assert behind_front(paired(0.07, (0.06, 0.08), stopped="settled"), front, "eager") is None, "not decided"
     assert behind_front(paired(0.07, (0.06, 0.08)), FrontReferences(), "eager") is None, "no front yet"
+    tied = paired(1.0, (0.97, 1.02))
+    assert behind_front(tied, front, "compile") is None, "stages that cost nothing under compile: scored"
+    reason = behind_front(tied, front, "compile", unchanged=True)
+    assert reason is not None and "a runtime alone on the unchanged model" in reason, "fp32 under compile at 1.0x"
 
 
 def record(number: int, runtime: str, speedup: float, stages: dict[str, StageConfig | None]) -> TrialRecord:
