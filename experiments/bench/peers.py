@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from experiments.bench.isa import isa_info
 from experiments.bench.paths import RESULTS_DIR
 from experiments.bench.peer_envs import ENVS_DIR, FAMILIES, PeerEnvError, ensure
 from experiments.bench.recipe_rows import recipe_rows
@@ -243,7 +244,9 @@ def _uptime() -> str:
 def render(result: dict[str, Any]) -> str:
     """A Markdown section of one peers file: a row per peer and sentence set."""
     lines = [
-        f"### Peers: sentence-transformers' own CPU backends, {result['model']}, batch {result['batch']}",
+        f"### Peers: sentence-transformers' own CPU backends, {result['model']}, batch {result['batch']}"
+        + (f", {emulated.upper()} emulated ({', '.join(f'{k}={v}' for k, v in result['isa']['caps'].items())})"
+           if (emulated := result.get("isa", {}).get("emulated")) else ""),
         "",
         f"`python -m experiments.bench.peers --model {result['model']}` ({result['date']}): {result['threads']} "
         f"thread(s), CPU affinity {result['affinity']} ({result['cpu']}); load before: `{result['uptime_before']}`, "
@@ -331,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         measured = measure(args.families, args.held_out, args.work, args.envs, settings, args.recipe)
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
-    result = {"model": args.model, "device": "cpu", "cpu": cpu_description(),
+    isa = isa_info()
+    result = {"model": args.model, "device": "cpu", "cpu": cpu_description(), "isa": isa,
               "batch": args.batch, "threads": args.threads, "settings": settings, "affinity": affinity,
               "uptime_before": before,
               "uptime_after": _uptime(), "seconds": time.perf_counter() - started,
@@ -339,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.search_result is not None and args.search_result.is_file():
         result["time_to_peer"] = attach_time_to_peer(args.search_result, result["rows"])
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{PEERS_PREFIX}{args.model}-cpu.json"
+    emulated = f"-{isa['emulated']}-emulated" if isa["emulated"] else ""  # an AVX2 row on a wider CPU
+    path = args.out / f"{PEERS_PREFIX}{args.model}-cpu{emulated}.json"
     path.write_text(json.dumps(result, indent=2))
     print(render(result))
     print(f"written: {path}")
