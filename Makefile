@@ -112,9 +112,9 @@ test-shuffled: $(STAMP)
 	$(PY) -m pytest -q --durations=15 --shuffle $(SEED) tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pipeline stages experiments tests plugins
+	$(VENV)/bin/ruff check paretorch pipeline stages experiments tests plugins
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy pipeline stages experiments plugins/mlx/paretorch_mlx
+	$(VENV)/bin/mypy paretorch pipeline stages experiments plugins/mlx/paretorch_mlx
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns

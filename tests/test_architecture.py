@@ -2,11 +2,12 @@
 
 * ``lint-imports`` checks the contracts in ``pyproject.toml``: the pipeline's layers, no
   ``stages`` or ``experiments`` import under ``pipeline``, stages built on ``pipeline.core``
-  alone and independent of each other.
+  alone and independent of each other; ``paretorch`` on top, imported by none of them.
 * No module imports inside a function, except the heavy third-party libraries below
   (lazy so that ``python -m pipeline --help`` and the stages that do not need them stay
   fast), and the commands in the CLI's entry point (imported once the command line is
-  checked, so that an argument error costs no torch import). Import-linter sees those
+  checked, so that an argument error costs no torch import) and ``paretorch``'s names (loaded on first
+  use, so that ``python -m paretorch`` checks its arguments first too). Import-linter sees those
   imports too, so none can hide a cycle.
 """
 
@@ -24,7 +25,7 @@ import pytest
 from pipeline.core.paths import CONFIGS_DIR, DEFAULT_SEARCH_CONFIG, PIPELINES_DIR
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipeline", "stages", "experiments")
+PACKAGES = ("paretorch", "pipeline", "stages", "experiments")
 #: Imported lazily, inside the functions that need them: each costs seconds at import or
 #: pulls a large optional stack (Core ML, ONNX, Hugging Face, plotting, MLflow, inductor).
 LAZY_LIBRARIES = (
@@ -33,9 +34,10 @@ LAZY_LIBRARIES = (
     "optuna_dashboard", "onnxscript", "onnx_ir", "sentence_transformers", "optimum", "nncf", "openvino",
 )
 
-#: Own modules imported inside a function, by the one file allowed to: ``python -m pipeline`` parses and checks
-#: its arguments first (pipeline/cli/parser.py), then loads the commands, which import torch.
-LAZY_OWN_MODULES = {"pipeline/cli/main.py": ("pipeline.cli.commands",)}
+#: Own modules imported inside a function, by the files allowed to: ``python -m pipeline`` parses and checks
+#: its arguments first (pipeline/cli/parser.py), then loads the commands, which import torch; ``import paretorch``
+#: (which ``python -m paretorch`` runs first) loads its names (paretorch/api.py, torch and every stage) on first use.
+LAZY_OWN_MODULES = {"pipeline/cli/main.py": ("pipeline.cli.commands",), "paretorch/__init__.py": ("paretorch.api",)}
 
 
 def _is_lazy_library(module: str) -> bool:
