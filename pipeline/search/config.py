@@ -21,7 +21,7 @@ from pipeline.core.runtimes.registry import check_runtime_names
 from pipeline.core.stage import config_from_dict, format_validation_error
 from pipeline.engine.graph import Pipeline
 from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
-from pipeline.search.objectives import ObjectiveName
+from pipeline.search.objectives import ATTR_ESTIMATE, ObjectiveName
 
 if TYPE_CHECKING:
     import optuna
@@ -40,11 +40,18 @@ class SeedRecipe(BaseModel):
     #: says why (what a user's own seed should be). Dumped only when set: a field added later leaves the names of
     #: studies whose seeds do not use it unchanged.
     skip_where_unavailable: bool = Field(default=False, exclude_if=lambda value: not value)
+    #: What a proposal's estimate started from (:mod:`pipeline.search.dead_ends`): ``{"speedup", "under"}`` for a
+    #: runtime sweep, ``{"gain"}`` for a composition; checked again when the trial starts. Dumped only when set.
+    estimate: dict[str, Any] | None = Field(default=None, exclude_if=lambda value: value is None)
 
     @field_validator("runtime")
     @classmethod
     def _known_runtime(cls, name: str) -> str:
         return known_runtime_names((name,))[0]
+
+    def trial_attrs(self) -> dict[str, Any]:
+        """User attrs the seed adds to its enqueued trial beyond its recipe: a proposal's estimate."""
+        return {ATTR_ESTIMATE: self.estimate} if self.estimate else {}
 
     def payload(self) -> dict[str, Any]:
         """The seed's runtime and validated stage dicts, as its trial records them (two seeds that would run the

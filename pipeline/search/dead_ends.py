@@ -11,8 +11,9 @@ trial is not made; without a plain measurement of both runtimes there is no esti
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -71,3 +72,13 @@ class RuntimeGains:
         """A composition's speed-up under ``runtime``: its estimated gain over the unchanged model under it."""
         base = self.plain.get(runtime)
         return gain * base if base else None
+
+    def dead_end_reason(self, estimate: Mapping[str, Any], runtime: str) -> str | None:
+        """Why a proposal enqueued earlier is a dead end now (None: it may still win): what has been measured since
+        (the runtime alone, a faster trial) puts its estimate below :data:`DEAD_END_SHARE` of the fastest."""
+        value = (self.plain_estimate(float(estimate["gain"]), runtime) if "gain" in estimate
+                 else self.estimate(float(estimate["speedup"]), str(estimate["under"]), runtime))
+        if value is None or not self.dead_end(value):
+            return None
+        return (f"a dead end by what was measured since it was proposed: estimated {value:.2f}x under {runtime}, "
+                f"below {DEAD_END_SHARE:.0%} of the fastest feasible trial's {self.fastest:.2f}x")

@@ -48,6 +48,8 @@ TRACEBACK_CHARS = 20_000
 ATTR_FEASIBLE = "paretorch.feasible"  # complete and within the allowed drop (False otherwise)
 ATTR_REASON = "paretorch.reason"  # why a trial is not a feasible result: infeasible, over the drop, failed, repeat
 ATTR_REPEAT_OF = "paretorch.repeat_of"  # the earlier trial that measured the same recipe (a pruned repeat)
+#: Trial user attr: what an enqueued proposal's estimate started from (``SeedRecipe.estimate``).
+ATTR_ESTIMATE = "paretorch.estimate"
 ATTR_LATENCY_UNSTABLE = "paretorch.latency_unstable"  # why a complete trial's paired latency is not trusted
 ATTR_UNCERTAIN = "paretorch.uncertain"  # the drop's bootstrap interval straddles the allowed drop
 # Study user attrs.

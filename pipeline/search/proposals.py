@@ -26,7 +26,7 @@ from pipeline.search.dead_ends import RuntimeGains
 from pipeline.search.objectives import Baseline, Objectives
 from pipeline.search.presets import ATTR_LATER_SEEDS, is_preset
 from pipeline.search.record import COMPLETE, TrialRecord
-from pipeline.search.sweep import RuntimeSweepIndex, SweptStages
+from pipeline.search.sweep import RuntimeSweepIndex, SweepProposal, SweptStages
 
 #: Enqueues a seed on the study (:meth:`pipeline.search.study.Search.enqueue`); False if skipped.
 Enqueue = Callable[[optuna.Study, SeedRecipe], bool]
@@ -61,7 +61,8 @@ class Proposals:
         self.gains(study).add(record, self.feasible_latency(record) is not None)
         for proposal in index.proposals(self.runtimes, self.config.sweep_top, self.runnable, self.sweep_worth):
             self.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
-                                           runtime=proposal.runtime, stages=proposal.stages))
+                                           runtime=proposal.runtime, stages=proposal.stages,
+                                           estimate=self.sweep_estimate(proposal)))
         if not self.compose(study):
             self.release_later(study)
 
@@ -93,7 +94,8 @@ class Proposals:
                                                                            or not self.runs(configs, runtime)),
                                worth=self.composition_worth)
         return sum(self.enqueue(study, SeedRecipe(name=c.name, runtime=c.runtime,
-                                                  stages=tuple(x.to_dict() for x in c.configs))) for c in options)
+                                                  stages=tuple(x.to_dict() for x in c.configs),
+                                                  estimate={"gain": c.estimated_gain})) for c in options)
 
     def gains(self, study: optuna.Study) -> RuntimeGains:
         """What the measured trials say about each runtime (:mod:`pipeline.search.dead_ends`), built from the
@@ -108,6 +110,12 @@ class Proposals:
             return True
         speedup = self.baseline.latency_ms / best.latency
         return not self._gains.dead_end(self._gains.estimate(speedup, best.runtime, runtime))
+
+    def sweep_estimate(self, proposal: SweepProposal) -> dict[str, Any] | None:
+        """What a sweep proposal's estimate starts from: its source trial's speed-up and runtime."""
+        if proposal.latency <= 0:
+            return None
+        return {"speedup": self.baseline.latency_ms / proposal.latency, "under": proposal.measured_under}
 
     def composition_worth(self, option: Composition) -> bool:
         """Whether a composition can still win under its runtime: not a measured dead end."""

@@ -361,7 +361,7 @@ class Search:
             return False
         params = self.seed_params(configs, seed.runtime)
         study.enqueue_trial(params, user_attrs={ATTR_SEED: seed.name, ATTR_SEED_RECIPE: seed.payload(),
-                                                ATTR_SEED_PARAMS: params})
+                                                ATTR_SEED_PARAMS: params, **seed.trial_attrs()})
         return True
 
     def probe_reason(self, stages: tuple[Mapping[str, object], ...], runtime: str) -> str | None:

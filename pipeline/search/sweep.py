@@ -41,6 +41,9 @@ class SweepProposal:
     number: int
     stages: tuple[dict[str, Any], ...]
     runtime: str
+    #: Trial ``number``'s objective latency and the runtime it ran under (what the proposal's estimate moves).
+    latency: float = 0.0
+    measured_under: str = "eager"
 
 
 @dataclass
@@ -99,6 +102,7 @@ class RuntimeSweepIndex:
                     and (worth is None or worth(best, runtime)))
             for key, best in islice(runs, top):  # stops asking ``runnable`` once it has the top few
                 if runtime not in self.runtimes.get(key, set()):
-                    chosen[(key, runtime)] = SweepProposal(best.number, best.stages, runtime)
+                    chosen[(key, runtime)] = SweepProposal(best.number, best.stages, runtime, best.latency,
+                                                           best.runtime)
         order = {key: i for i, (key, _) in enumerate(ranked)}
         return [chosen[k] for k in sorted(chosen, key=lambda k: (order[k[0]], runtimes.index(k[1])))]

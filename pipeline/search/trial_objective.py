@@ -46,6 +46,7 @@ from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
 from pipeline.search.insight import sensitivity_tables
 from pipeline.search.interrupt import Interrupts
 from pipeline.search.objectives import (
+    ATTR_ESTIMATE,
     ATTR_SEED,
     ATTR_SEED_PARAMS,
     ATTR_SEED_RECIPE,
@@ -173,6 +174,9 @@ class TrialObjective:
             return TrialOutcome(draft(state=PRUNED, ruled_out=f"runtime {runtime} is not available here (the study "
                                       f"offered it before; now: {', '.join(self.parts.runtimes)})"))
         if (reason := self.parts.rules.reason(chain) or self.parts.rules.runtime_reason(chain, runtime)) is not None:
+            return TrialOutcome(draft(state=PRUNED, ruled_out=reason))
+        estimate = trial.user_attrs.get(ATTR_ESTIMATE)  # a proposal: the trials since may make it a dead end
+        if estimate and (reason := self.gains(trial.study).dead_end_reason(estimate, runtime)) is not None:
             return TrialOutcome(draft(state=PRUNED, ruled_out=reason))
         original = self.repeats(trial.study).find(recipe_key(model_configs(configs, self.exports), runtime))
         if original is None:  # another worker runs (or ran) the same config: do not run it twice

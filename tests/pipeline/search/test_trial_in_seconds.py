@@ -182,6 +182,25 @@ def test_a_runtime_far_behind_is_a_dead_end_unless_the_estimate_can_win() -> Non
         gains.plain_estimate(1.2, "onnxruntime"))
 
 
+def test_a_proposal_enqueued_before_its_runtime_was_measured_is_ruled_out_when_it_starts() -> None:
+    """A sweep or a composition carries its estimate onto its trial; what was measured since it was enqueued (the
+    runtime alone at 0.7x) makes it a dead end when the trial starts, before any stage runs."""
+    sweep = SeedRecipe(name="runtime-sweep-of-trial-3", runtime="compile", stages=({"stage": "prune"},),
+                       estimate={"speedup": 5.5, "under": "onnxruntime"})
+    assert sweep.trial_attrs() == {"paretorch.estimate": {"speedup": 5.5, "under": "onnxruntime"}}
+    assert SeedRecipe(name="prune-depth").trial_attrs() == {} and "estimate" not in SeedRecipe(
+        name="prune-depth").model_dump(), "config seeds dump (and name their study) as before"
+    gains = RuntimeGains()
+    gains.add(record(1, "onnxruntime", 4.2, {}), feasible=True)
+    gains.add(record(3, "onnxruntime", 5.5, {"scramble": ScrambleConfig()}), feasible=True)
+    assert gains.dead_end_reason(sweep.estimate or {}, "compile") is None, "compile alone not measured yet"
+    gains.add(record(4, "compile", 0.7, {}), feasible=True)
+    reason = gains.dead_end_reason(sweep.estimate or {}, "compile")
+    assert reason is not None and "estimated 0.92x under compile" in reason
+    assert gains.dead_end_reason({"gain": 1.2}, "compile") is not None
+    assert gains.dead_end_reason({"gain": 1.2}, "onnxruntime") is None
+
+
 PRESETS = (Preset(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []},)),
            Preset(name="int8-static", stages=({"stage": "quantize", "method": "int8_static_pt2e"},),
                   runtimes=("openvino", "onnxruntime")),
