@@ -12,7 +12,8 @@ text says that its file runs the padded model, and a runtime that runs an export
 (onnxruntime) rules a packed recipe out (it would measure the padded model under the packed name).
 The packing layout is built inside the graph from the sequence starts, which come from the host where
 the lengths are known (:mod:`stages.pack.layout`); under ``torch.compile`` the packed length is bucketed
-(static shapes). A deployment runs the packed model from token id lists: :mod:`stages.pack.deploy`.
+(static shapes). A deployment runs the packed model from token id lists: :mod:`stages.pack.deploy` (the record's
+``deploy``; ``pipeline apply`` writes its files, :func:`pipeline.api.load_deployment` rebuilds it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pipeline.core.mirror import NotMirrored
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import Stage, StageConfig, StageContext
 from stages.pack.bert import MASK_INPUT, find_packable
+from stages.pack.deploy import PackedEncoder
 from stages.pack.packed import PackedBert
 
 if TYPE_CHECKING:
@@ -132,4 +134,4 @@ PADDED_EXPORTS = NotMirrored("exports convert the padded model (packing is how t
                              "graph): the file computes every padding token, with the same outputs")
 
 STAGE = Stage(PackConfig, apply_pack, numeric=True, mirror=PADDED_EXPORTS, order=25, facts=read_facts, traceable=False,
-              rules_out=rules_out)
+              rules_out=rules_out, deploy=PackedEncoder)
