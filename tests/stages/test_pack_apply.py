@@ -120,7 +120,7 @@ def test_a_rebuild_replays_structure_only() -> None:
 
 def test_bad_deployment_folders_say_what_to_give(spec_file: Path, tmp_path: Path) -> None:
     spec = resolve_spec(f"{spec_file}:spec")
-    with pytest.raises(ConfigError, match="holds no deployment.json"):
+    with pytest.raises(ConfigError, match=r"holds no deployment\.json"):
         load_deployment(tmp_path, spec)
     recipe = Recipe((PackConfig(),), runtime="eager", model="another_model")
     model = run_chain(spec.build(), recipe.stages, StageContext(spec, CPU)).model
