@@ -45,12 +45,13 @@ CHECK_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-
 
 class PackConfig(StageConfig):
     """Padding-free execution. ``attention``: the per-sequence attention kernel: ``auto`` (varlen
-    Flash Attention on CUDA in float16 / bfloat16, else ``padded``), ``varlen``, ``nested`` (nested
-    jagged tensors + SDPA) or ``padded`` (the padded layout for attention only)."""
+    Flash Attention on CUDA in float16 / bfloat16, else ``padded``), ``varlen``, ``flex`` (FlexAttention with a
+    document mask over the packed sequence), ``nested`` (nested jagged tensors + SDPA) or ``padded`` (the padded
+    layout for attention only)."""
 
     stage = "pack"
 
-    attention: Literal["auto", "varlen", "nested", "padded"] = "auto"
+    attention: Literal["auto", "varlen", "flex", "nested", "padded"] = "auto"
 
     @classmethod
     def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
