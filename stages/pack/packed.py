@@ -33,8 +33,9 @@ from stages.pack.layout import PackedLayout, device_layout, host_starts, input_i
 class PackedBert(nn.Module):
     """A pipeline text wrapper around BERT, run padding-free (see the module docstring).
 
-    ``attention``: ``auto`` (varlen Flash Attention where it runs, else ``padded``), ``varlen``,
-    ``nested`` or ``padded`` (:func:`stages.pack.attention.choose_kernel`); ``buckets``: the
+    ``attention``: ``auto`` (FlexAttention inside a compiled CUDA graph, else varlen Flash Attention where it
+    runs, else ``padded``), ``varlen``, ``flex``, ``nested`` or ``padded``
+    (:func:`stages.pack.attention.choose_kernel`); ``buckets``: the
     total-token buckets used under ``torch.compile``."""
 
     def __init__(self, wrapper: nn.Module, paths: PackablePaths, attention: str = "auto",

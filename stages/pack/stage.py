@@ -44,10 +44,10 @@ CHECK_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-
 
 
 class PackConfig(StageConfig):
-    """Padding-free execution. ``attention``: the per-sequence attention kernel: ``auto`` (varlen
-    Flash Attention on CUDA in float16 / bfloat16, else ``padded``), ``varlen``, ``flex`` (FlexAttention with a
-    document mask over the packed sequence), ``nested`` (nested jagged tensors + SDPA) or ``padded`` (the padded
-    layout for attention only)."""
+    """Padding-free execution. ``attention``: the per-sequence attention kernel: ``auto`` (FlexAttention inside a
+    compiled graph on CUDA, varlen Flash Attention in eager on CUDA in float16 / bfloat16, else ``padded``),
+    ``varlen``, ``flex`` (FlexAttention with a document mask over the packed sequence), ``nested`` (nested jagged
+    tensors + SDPA) or ``padded`` (the padded layout for attention only)."""
 
     stage = "pack"
 
