@@ -1,6 +1,7 @@
-"""A pack recipe's deployable callable round-trips through `pipeline apply`: the deploy/ folder holds weights
-in a form that runs no code on load (safetensors, or a weights-only state dict for torchao's int8 tensors), the
-recipe and a manifest, and `load_deployment` rebuilds the encoder from them with the saved weights.
+"""A pack recipe's deployable callable round-trips through `pipeline apply` and a Pareto pack trial's folder: the
+deploy/ folder holds weights in a form that runs no code on load (safetensors, or a weights-only state dict for
+torchao's int8 tensors), the recipe and a manifest, and `load_deployment` rebuilds the encoder from them with the
+saved weights.
 
 A small BERT with random weights (built in the spec file below); nothing is downloaded.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +22,10 @@ from pipeline.cli.main import main
 from pipeline.core.errors import ConfigError
 from pipeline.core.spec import ModelSpec
 from pipeline.engine.deployment import MANIFEST, PICKLED_WEIGHTS, SAFE_WEIGHTS, rebuild_configs, save_deployment
+from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
+from pipeline.engine.runner import Runner
+from pipeline.search.finish import export_trial, trial_deployment
 from pipeline.sources.resolve import resolve_spec
 from stages.distill.stage import DistillConfig
 from stages.pack.deploy import PackedEncoder
@@ -130,3 +136,21 @@ def test_bad_deployment_folders_say_what_to_give(spec_file: Path, tmp_path: Path
         load_deployment(tmp_path / "deploy", spec)
     with pytest.raises(ConfigError, match="no stage that builds"):
         save_deployment(model, Recipe((QuantizeConfig(method="int8_dynamic"),), model=spec.name), tmp_path / "q")
+
+
+def test_a_pareto_pack_trials_folder_holds_its_deployment(spec_file: Path, tmp_path: Path) -> None:
+    spec = resolve_spec(f"{spec_file}:spec")
+    recipe = Recipe((PackConfig(),), runtime="eager", model=spec.name)
+    runner = Runner(recipe_pipeline(recipe.stages), spec, CPU)
+    parts: Any = SimpleNamespace(pipeline=runner.pipeline, runner=runner)
+    record: Any = SimpleNamespace(recipe=recipe, configs={}, runtime="eager", number=1)
+    folder = tmp_path / "trial-001"
+    final, files, _, status = export_trial(parts, record, folder)  # what finish_study runs for a Pareto trial
+    assert status == {"deploy": "ok"} and final.metadata["exports"] == status
+    assert [path.name for path in files["deploy"]] == sorted([MANIFEST, "recipe.json", SAFE_WEIGHTS])
+    ids, mask = batch([7, 16, 1], seed=4)
+    lists = token_lists(ids, mask)
+    expected = PackedEncoder(run_chain(spec.build(), recipe.stages, StageContext(spec, CPU)).model, CPU)(lists)
+    assert torch.equal(load_deployment(folder / "deploy", spec)(lists), expected)
+    record.recipe = Recipe((QuantizeConfig(method="int8_dynamic"),), runtime="eager", model=spec.name)
+    assert trial_deployment(parts, record, tmp_path / "other") is None
