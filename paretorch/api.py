@@ -3,13 +3,13 @@
 A model spec (:func:`resolve_spec` takes every ``MODEL=`` form; :class:`ModelSpec`, :class:`Metric` and
 :data:`ACCURACY` to write one), the stage configs, one stage (:func:`apply_stage`) or a chain of them and a
 recipe (:func:`run_chain`, :class:`Recipe`), the task metric (:func:`compute_metric`) and the packed encoder a
-pack recipe deploys as (:class:`PackedEncoder`). Each name is the one defined under ``pipeline`` or ``stages``;
-this module only gathers them under the one import name.
+pack recipe deploys as (:class:`PackedEncoder`, rebuilt from ``apply``'s files by :func:`load_deployment`). Each
+name is the one defined under ``pipeline`` or ``stages``; this module only gathers them under the one import name.
 """
 
 from __future__ import annotations
 
-from pipeline.api import ChainResult, StageContext, apply_stage, load_model, run_chain
+from pipeline.api import ChainResult, StageContext, apply_stage, load_deployment, load_model, run_chain
 from pipeline.core.errors import PipelineError
 from pipeline.core.evaluate import compute_metric
 from pipeline.core.spec import ACCURACY, Metric, ModelSpec
@@ -48,6 +48,7 @@ __all__ = [
     "StageContext",
     "apply_stage",
     "compute_metric",
+    "load_deployment",
     "load_model",
     "resolve_spec",
     "run_chain",

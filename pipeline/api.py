@@ -22,23 +22,26 @@ reused within the process) and the same resolved recipe as a search trial.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.spec import load_model
+from pipeline.core.spec import ModelSpec, load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, is_export
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.deliver import deliver
+from pipeline.engine.deployment import deploy_stage, load_weights, read_deployment, rebuild_configs
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
 
-__all__ = ["ChainResult", "StageContext", "apply_stage", "load_model", "run_chain"]
+__all__ = ["ChainResult", "StageContext", "apply_stage", "load_deployment", "load_model", "run_chain"]
 
 
 @dataclass
@@ -81,10 +84,30 @@ def run_chain(
     result = runner.run(runtime=runtime, evaluate=False)
     for node in result.nodes.values():
         ctx.records.update(node.records)
-    last_model = pipeline.node(pipeline.objective_node().name).inputs[0]
     return ChainResult(
-        model=result.nodes[last_model].value,
+        model=result.model,
         exports=[deliver(export, output) for export in result.exports.values() if (output := ctx.output_dir)],
         recipe=result.recipe(ctx.spec.name),
         records=dict(ctx.records),
     )
+
+
+def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.device = "cpu",
+                    runtime: str | None = None) -> Callable[..., Any]:
+    """The callable a deployment runs, from the ``deploy/`` folder ``pipeline apply`` wrote for a recipe whose
+    stage builds one (pack: a :class:`stages.pack.deploy.PackedEncoder`, token id lists in, embeddings out).
+
+    ``spec``: the model's spec (its ``build`` makes the unoptimized structure); ``runtime``: the recipe's when
+    None. The recipe's stages are replayed for structure only (no fine-tuning, no distillation, no export), the
+    saved weights loaded strictly over the result (:mod:`pipeline.engine.deployment`: no file in the folder
+    runs code on load), then the stage's ``deploy`` builds the callable."""
+    recipe, weights = read_deployment(directory)
+    stage = deploy_stage(recipe.stages)
+    if stage is None or stage.deploy is None:
+        raise ConfigError(f"{directory}: recipe '{recipe.describe()}' has no stage that builds a deployable callable")
+    if recipe.model and recipe.model != spec.name:
+        raise ConfigError(f"{directory} holds a model of '{recipe.model}', not of '{spec.name}': give its spec")
+    device = torch.device(device)
+    model = run_chain(load_model(spec), rebuild_configs(recipe.stages), StageContext(spec, device)).model
+    load_weights(model, weights, device)
+    return stage.deploy(model.eval(), device, runtime or recipe.runtime)

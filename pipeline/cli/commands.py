@@ -4,7 +4,8 @@
 * ``optimize``: run (or resume) the study, log it to MLflow, print the Pareto table;
 * ``report``: print the Pareto table of a study again, from its storage alone;
 * ``apply --recipe FILE``: replay one recipe (same stages, same exports) through
-  the same runner: the scripted-reuse path for CI jobs.
+  the same runner: the scripted-reuse path for CI jobs; for a recipe whose stage builds a deployable callable
+  (pack), the files a deployment loads it from, in ``<output>/deploy/`` (:mod:`pipeline.engine.deployment`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pipeline.core.self_check import require_stable, self_check
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.deliver import deliver
+from pipeline.engine.deployment import DEPLOY_DIR, deploy_stage, save_deployment
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
@@ -220,9 +222,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
         export = deliver(export, output)
         exports[name] = {"path": str(export.path), "size_bytes": export.size_bytes, "validation": export.validation,
                          **export.metrics}
+    deploy = output / DEPLOY_DIR
+    deployment = ({"path": str(deploy), **save_deployment(result.model, result.recipe(spec.name), deploy)}
+                  if deploy_stage(recipe.stages) is not None else None)
     measured = recipe.metadata.get(RECORDED)
     summary = {"model": spec.name, "recipe": recipe.describe(), "device": result.report.device,
-               "metrics": result.report.as_metrics(), "exports": exports, "recorded": measured}
+               "metrics": result.report.as_metrics(), "exports": exports, "deployment": deployment,
+               "recorded": measured}
     (output / "apply.json").write_text(json.dumps(summary, indent=2, default=str))
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
@@ -236,6 +242,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
                       highlight=False)
     for name, info in exports.items():
         console.print(f"{name}: {info['path']} ({format_bytes(info['size_bytes'])}; {info['validation']})")
+    if deployment is not None:
+        console.print(f"deployment: {deploy} ({deployment['weights']} + {deployment['recipe']}; "
+                      "pipeline.api.load_deployment rebuilds its callable)", highlight=False)
     console.print(f"written: {output / 'apply.json'}")
     return 0
 

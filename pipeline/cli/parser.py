@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(apply)
     apply.add_argument("--recipe", required=True,
                        help="a recipe JSON file (runs/studies/<study>/trial-NNN/recipe.json)")
-    apply.add_argument("--output", default=None, help="where the exports and apply.json go "
+    apply.add_argument("--output", default=None, help="where the exports, apply.json and (pack recipes) deploy/ go "
                        "(default: <results>/apply/<recipe name>)")
     apply.add_argument("--no-export", action="store_true", help="apply and measure only; skip the exports")
     apply.add_argument("--latency-budget", default="normal", choices=LATENCY_BUDGET_NAMES)

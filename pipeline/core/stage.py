@@ -27,8 +27,9 @@ import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
+import torch
 from pydantic import ValidationError
 from torch import nn
 
@@ -84,6 +85,8 @@ FactsFn = Callable[[nn.Module, StageContext], object]
 RulesOutFn = Callable[[C, ModelFacts], str | None]
 #: Why a config cannot apply to the model its upstream stages' configs made (in pipeline order), or None.
 AfterFn = Callable[[C, Sequence[StageConfig]], str | None]
+#: ``(model, device, runtime) -> callable``: what a deployment calls, built from a recipe's final model.
+DeployFn = Callable[[nn.Module, torch.device, str], Callable[..., Any]]
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,9 @@ class Stage(Generic[C_co]):
     * ``after``: ``(config, upstream configs) -> reason | None``: why ``config`` cannot apply to the model
       the stages before it made (static PT2E int8 needs a traceable model; AMP cannot run over a PT2E
       graph); checked with ``rules_out``, before the chain runs.
+    * ``deploy``: ``(model, device, runtime) -> callable``: the callable a deployment runs from the final model
+      of a recipe holding this stage, with its own input contract (pack: :class:`stages.pack.deploy.PackedEncoder`,
+      token id lists in). ``apply`` writes the files it is rebuilt from (:mod:`pipeline.engine.deployment`).
 
     Call the functions through the methods (:meth:`run`, :meth:`mirror_of`, :meth:`unavailable`,
     :meth:`not_worthwhile`, :meth:`ruled_out`): they check the config is this stage's own.
@@ -137,6 +143,7 @@ class Stage(Generic[C_co]):
     precision: bool = False
     traceable: bool = True
     after: AfterFn[C_co] | None = None
+    deploy: DeployFn | None = None
 
     def __post_init__(self) -> None:
         if not self.config_type.stage:

@@ -49,6 +49,12 @@ class StageConfig(BaseModel):
         the front (:mod:`pipeline.search.screening`); None: the stage is not costly."""
         return None
 
+    def structure_only(self) -> StageConfig | None:
+        """This config without what trains or tunes weight values (e.g. fine-tuning steps): what rebuilds the
+        model's structure for saved weights to be loaded into (:func:`pipeline.api.load_deployment`). None: the
+        stage changes weight values only (distillation), a rebuild skips it. The default: the config itself."""
+        return self
+
     def budget_use(self) -> BudgetUse | None:
         """The output-error budget this (resolved) config held by keeping layers in float, if any.
 

@@ -66,6 +66,12 @@ class RunResult:
         return self.nodes[self.pipeline.objective_node().name]
 
     @property
+    def model(self) -> nn.Module:
+        """The objective's model: the chain's last model (before any runtime prepared it)."""
+        model: nn.Module = self.nodes[self.pipeline.objective_node().inputs[0]].value
+        return model
+
+    @property
     def prepared(self) -> Callable[..., Tensor] | None:
         """The objective's model of this run as its evaluation prepared and measured it; None when the
         evaluation came from the cache (or did not run): prepare it again from :attr:`configs`."""

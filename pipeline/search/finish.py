@@ -1,4 +1,5 @@
-"""The end of a study: the Pareto trials exported, their recipes saved, tagged in MLflow; the parent run's note."""
+"""The end of a study: the Pareto trials exported (a pack trial's deployable callable too: its ``deploy/`` folder),
+their recipes saved, tagged in MLflow; the parent run's note."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.stage import StageConfig
 from pipeline.core.text import plain
 from pipeline.engine.deliver import companions, deliver, delivered
+from pipeline.engine.deployment import DEPLOY_DIR, deploy_stage, save_deployment
 from pipeline.engine.recipe import Recipe
 from pipeline.search.explain import dominated_by, front_tags
 from pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
@@ -155,6 +157,24 @@ def export_trial(parts: StudyParts, record: TrialRecord,
     except Exception as exc:  # the file the trial ran came from the cache; whatever broke, the exports above stand
         status[f"runtime.{runtime}"] = plain(f"failed: {type(exc).__name__}: {exc}")
         traceback.print_exc()
+    deployed = trial_deployment(parts, record, folder)
+    if deployed is not None:
+        files[DEPLOY_DIR], status[DEPLOY_DIR] = deployed
     final = Recipe(stages=(*recipe.model_stages(), *resolved), runtime=recipe.runtime, model=recipe.model,
                    metadata={**recipe.metadata, "exports": status})
     return final, files, metrics, status
+
+
+def trial_deployment(parts: StudyParts, record: TrialRecord, folder: Path) -> tuple[list[Path], str] | None:
+    """For a trial whose recipe has a stage that builds a deployable callable (pack), its ``deploy/`` folder
+    (:mod:`pipeline.engine.deployment`, from the trial's cached model): the files and "ok" or why it failed;
+    None for any other recipe."""
+    if record.recipe is None or deploy_stage(record.recipe.stages) is None:
+        return None
+    try:
+        model = parts.runner.run(record.configs, record.runtime, exports=False, evaluate=False).model
+        save_deployment(model, record.recipe, folder / DEPLOY_DIR)
+    except Exception as exc:  # recorded on the trial's run like a failed export; the exports stand
+        traceback.print_exc()
+        return [], plain(f"failed: {type(exc).__name__}: {exc}")
+    return sorted((folder / DEPLOY_DIR).iterdir()), "ok"

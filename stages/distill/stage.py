@@ -102,6 +102,10 @@ class DistillConfig(StageConfig):
             temperature = trial.suggest_categorical("distill.temperature", [1.0, 2.0, 4.0])
         return cls(steps=steps, lr=lr, temperature=temperature, max_seconds=SEARCH_TIME_BUDGET_S)
 
+    def structure_only(self) -> None:
+        """None: distillation changes weight values only (a rebuild from saved weights skips it)."""
+        return None
+
     def low_fidelity(self) -> Self | None:
         """The screen of a search (:mod:`pipeline.search.screening`): :data:`SCREEN_FRACTION` of the
         steps, of the time budget and of the stop step, the schedule fitted to the shorter run. None

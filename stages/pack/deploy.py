@@ -1,7 +1,8 @@
 """A packed model a deployment runs: token id lists in, embeddings out, with no host read inside the call.
 
-Input contract of :class:`PackedEncoder` (the model a pack recipe builds, ``run_chain(...).model`` or
-what ``pipeline apply`` replays, under the recipe's runtime):
+Input contract of :class:`PackedEncoder` (the model a pack recipe builds, ``run_chain(...).model``, under the
+recipe's runtime; the pack stage's ``deploy``: ``pipeline apply`` writes the files it is rebuilt from and
+:func:`pipeline.api.load_deployment` rebuilds it):
 
 * ``encoder(token_lists)``: ``B`` lists of token ids, each the tokenizer's ``input_ids`` for one text
   **without padding** (``[CLS] ... [SEP]`` for BERT; ``tokenizer(texts)["input_ids"]`` hands exactly

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from stages.pack.attention import choose_kernel, packed_attention
+from stages.pack.attention import choose_kernel, document_blocks, packed_attention
 from stages.pack.bert import PackablePaths
 from stages.pack.buckets import TOKEN_BUCKETS
 from stages.pack.layout import PackedLayout, device_layout, host_starts, input_index, single_row_starts
@@ -33,8 +33,9 @@ from stages.pack.layout import PackedLayout, device_layout, host_starts, input_i
 class PackedBert(nn.Module):
     """A pipeline text wrapper around BERT, run padding-free (see the module docstring).
 
-    ``attention``: ``auto`` (varlen Flash Attention where it runs, else ``padded``), ``varlen``,
-    ``nested`` or ``padded`` (:func:`stages.pack.attention.choose_kernel`); ``buckets``: the
+    ``attention``: ``auto`` (FlexAttention inside a compiled CUDA graph, else varlen Flash Attention where it
+    runs, else ``padded``), ``varlen``, ``flex``, ``nested`` or ``padded``
+    (:func:`stages.pack.attention.choose_kernel`); ``buckets``: the
     total-token buckets used under ``torch.compile``."""
 
     def __init__(self, wrapper: nn.Module, paths: PackablePaths, attention: str = "auto",
@@ -99,6 +100,8 @@ class PackedBert(nn.Module):
         hidden = hidden + embeddings.position_embeddings(positions)
         hidden = embeddings.dropout(embeddings.LayerNorm(hidden))
         tokens = hidden.shape[0]
+        flex = self.attention in ("auto", "flex") and choose_kernel(self.attention, ids.device, hidden.dtype) == "flex"
+        blocks = document_blocks(layout) if flex else None  # one mask for every layer
         layer: Any
         for layer in bert.encoder.layer:
             attention = layer.attention.self
@@ -106,9 +109,9 @@ class PackedBert(nn.Module):
             query = attention.query(hidden).view(tokens, -1, size)
             key = attention.key(hidden).view(tokens, -1, size)
             value = attention.value(hidden).view(tokens, -1, size)
-            kind = choose_kernel(self.attention, query.device, query.dtype)
             scale = float(getattr(attention, "scaling", size ** -0.5))
-            context = packed_attention(kind, query, key, value, layout, scale)
+            context = packed_attention(choose_kernel(self.attention, query.device, query.dtype), query, key, value,
+                                       layout, scale, blocks)
             hidden = layer.attention.output(context, hidden)
             hidden = layer.output(layer.intermediate(hidden), hidden)
         return hidden
@@ -117,9 +120,11 @@ class PackedBert(nn.Module):
         """The wrapper's output from the packed hidden states: pooled per row, or the classifier's logits."""
         rows = int(layout.lengths.shape[0])
         if self.paths.head == "mean":  # as PooledEmbedding: the sum over real tokens / their count
-            sums = hidden.new_zeros(rows + 1, hidden.shape[1]).index_add(0, layout.rows, hidden)[:rows]
-            counts = layout.lengths.to(hidden.dtype).unsqueeze(1).clamp_min(1e-9)
-            pooled = sums / counts
+            # Summed in float32 (more exact), and compiled the sum fuses into the last layer norm's kernel (a bf16
+            # index_add is a separate atomic kernel: 28 us against 11 us for the fused one on an H200, b256)
+            sums = hidden.new_zeros(rows + 1, hidden.shape[1], dtype=torch.float32).index_add(
+                0, layout.rows, hidden.float())[:rows]
+            pooled = (sums / layout.lengths.float().unsqueeze(1).clamp_min(1e-9)).to(hidden.dtype)
         else:
             pooled = hidden.index_select(0, layout.first_tokens)
         if self.paths.head == "classifier":

@@ -12,7 +12,8 @@ text says that its file runs the padded model, and a runtime that runs an export
 (onnxruntime) rules a packed recipe out (it would measure the padded model under the packed name).
 The packing layout is built inside the graph from the sequence starts, which come from the host where
 the lengths are known (:mod:`stages.pack.layout`); under ``torch.compile`` the packed length is bucketed
-(static shapes). A deployment runs the packed model from token id lists: :mod:`stages.pack.deploy`.
+(static shapes). A deployment runs the packed model from token id lists: :mod:`stages.pack.deploy` (the record's
+``deploy``; ``pipeline apply`` writes its files, :func:`pipeline.api.load_deployment` rebuilds it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pipeline.core.mirror import NotMirrored
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import Stage, StageConfig, StageContext
 from stages.pack.bert import MASK_INPUT, find_packable
+from stages.pack.deploy import PackedEncoder
 from stages.pack.packed import PackedBert
 
 if TYPE_CHECKING:
@@ -42,13 +44,14 @@ CHECK_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-
 
 
 class PackConfig(StageConfig):
-    """Padding-free execution. ``attention``: the per-sequence attention kernel: ``auto`` (varlen
-    Flash Attention on CUDA in float16 / bfloat16, else ``padded``), ``varlen``, ``nested`` (nested
-    jagged tensors + SDPA) or ``padded`` (the padded layout for attention only)."""
+    """Padding-free execution. ``attention``: the per-sequence attention kernel: ``auto`` (FlexAttention inside a
+    compiled graph on CUDA, varlen Flash Attention in eager on CUDA in float16 / bfloat16, else ``padded``),
+    ``varlen``, ``flex`` (FlexAttention with a document mask over the packed sequence), ``nested`` (nested jagged
+    tensors + SDPA) or ``padded`` (the padded layout for attention only)."""
 
     stage = "pack"
 
-    attention: Literal["auto", "varlen", "nested", "padded"] = "auto"
+    attention: Literal["auto", "varlen", "flex", "nested", "padded"] = "auto"
 
     @classmethod
     def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
@@ -132,4 +135,4 @@ PADDED_EXPORTS = NotMirrored("exports convert the padded model (packing is how t
                              "graph): the file computes every padding token, with the same outputs")
 
 STAGE = Stage(PackConfig, apply_pack, numeric=True, mirror=PADDED_EXPORTS, order=25, facts=read_facts, traceable=False,
-              rules_out=rules_out)
+              rules_out=rules_out, deploy=PackedEncoder)

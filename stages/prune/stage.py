@@ -103,6 +103,10 @@ class PruneConfig(StageConfig):
                 data.pop(name, None)
         return data
 
+    def structure_only(self) -> Self:
+        """Without the recovery fine-tuning: the same channels, heads or blocks removed, for saved weights."""
+        return self.model_copy(update={"finetune_steps": 0}) if self.finetune_steps else self
+
     @classmethod
     def suggest(cls, trial: optuna.Trial, ctx: StageContext) -> Self | None:
         """Search space: off, or a method, a ratio in 0.1..0.7, and for structured
