@@ -36,7 +36,12 @@ class FrontReferences:
     #: The front trial with the best metric (the fastest among equals): (trial number, speed-up); None before any.
     top: tuple[int, float] | None = None
 
-    def stop_rule(self) -> StopRule:
+    def stop_rule(self, unchanged: bool = False) -> StopRule:
+        """What the probe's measurement stops at. A runtime alone on the ``unchanged`` model decides against the
+        best-scoring front trial only (its metric cannot beat that trial's, :func:`behind_front`): a fp32 runtime
+        tied with the baseline at 1.0x is not timed in full when the front is at 3x."""
+        if unchanged and self.top is not None:
+            return StopRule(references=(self.top[1],), min_effect=MIN_EFFECT)
         return StopRule(references=self.speedups, min_effect=MIN_EFFECT)
 
 

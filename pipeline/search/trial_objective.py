@@ -226,12 +226,13 @@ class TrialObjective:
             fn, staged = parts.runner.prepared_run(configs, runtime)
             paired_start = time.perf_counter()
             front = front_references(trial.study)
-            timing = parts.latency.probe(fn, runtime, front.stop_rule())
+            unchanged = all(config is None for config in model_configs(configs, self.exports))
+            timing = parts.latency.probe(fn, runtime, front.stop_rule(unchanged))
             paired = timing.paired
             paired_seconds = time.perf_counter() - paired_start
             seconds = {**staged.seconds, **({"screening": screened.seconds} if screened else {}),
                        "paired_latency": paired_seconds}
-            stopped = self.stop_early(trial, configs, runtime, draft, fn, staged, paired, front,
+            stopped = self.stop_early(trial, configs, runtime, draft, fn, staged, paired, front, unchanged,
                                       {**seconds, "trial": time.perf_counter() - start})
             if stopped is not None:
                 return stopped
@@ -264,12 +265,11 @@ class TrialObjective:
 
     def stop_early(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str, draft: Draft,
                    fn: Callable[..., Tensor], staged: RunResult, paired: PairedLatency, front: FrontReferences,
-                   seconds: dict[str, float]) -> TrialOutcome | None:
+                   unchanged: bool, seconds: dict[str, float]) -> TrialOutcome | None:
         """The outcome of a trial decided before its full evaluation (None: score it in full): far behind the front
         by its probe (not scored; its resolved recipe kept, so its params say what ran), or clearly over the allowed
-        drop on a subset of the evaluation data."""
+        drop on a subset of the evaluation data. ``unchanged``: a runtime alone on the unoptimized model."""
         parts = self.parts
-        unchanged = all(config is None for config in model_configs(configs, self.exports))
         if (behind := behind_front(paired, front, runtime, self.gains(trial.study).plain.get(runtime),
                                    unchanged=unchanged)) is not None:
             recipe = staged.recipe(parts.spec.name, deferred_exports={n: configs.get(n) for n in self.exports},

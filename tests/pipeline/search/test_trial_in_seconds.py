@@ -164,6 +164,15 @@ def test_the_probe_stops_only_a_trial_behind_the_front_and_its_own_runtime() -> 
     assert reason is not None and "a runtime alone on the unchanged model" in reason, "fp32 under compile at 1.0x"
 
 
+def test_a_runtime_alone_tied_with_the_baseline_is_decided_against_the_front_only() -> None:
+    front = FrontReferences((1.0, 3.34), top=(1, 3.34))
+    near_one = (0.92, 0.99)  # fp32 under compile: a tie with 1.0x, far below the front
+    assert not front.stop_rule().decided(near_one), "a changed model's tie with the baseline runs every round"
+    assert front.stop_rule(unchanged=True).decided(near_one), "the unchanged model: only the front's speed-up counts"
+    assert not front.stop_rule(unchanged=True).decided((3.2, 3.5)), "a tie with the front still runs every round"
+    assert FrontReferences().stop_rule(unchanged=True).references == (1.0,), "no front yet: the baseline"
+
+
 def record(number: int, runtime: str, speedup: float, stages: dict[str, StageConfig | None]) -> TrialRecord:
     return TrialRecord(number=number, state="PRUNED", runtime=runtime, configs=stages, metrics={"speedup": speedup})
 
