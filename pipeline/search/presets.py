@@ -17,8 +17,8 @@ registers later (OpenVINO, a dynamic-shape compile) gets its presets with no cha
 
 The study enqueues these right after the baseline and before the config's ``seeds`` (which may hold a
 costly stage, such as distillation), so a search has the one-line paths' level within its first trials.
-Where the machine probe finds int8 that pays, only those int8 presets come first; the cheap seeds (no costly
-stage: depth pruning) follow at once, so the first compositions (``prune depth + int8s | ov``) are measured
+Where the machine probe finds int8 that pays, only those int8 presets and the structural ones (float32 ``pack``,
+which multiplies with int8) come first; the cheap seeds (no costly stage: depth pruning) follow at once, so the first compositions (``prune depth + int8s | ov``) are measured
 within minutes, and the other presets and the costly seeds wait (:func:`initial_queue`: they are enqueued when
 the queue runs dry, :mod:`pipeline.search.proposals`).
 """
@@ -108,9 +108,16 @@ def preset_seeds(presets: Sequence[Preset], runtimes: Sequence[str], skip: SkipR
             plan.seeds.append(SeedRecipe(name=name, runtime=runtime, stages=preset.stages))
     paying = [s for s in plan.seeds if probe is not None and stage_precision(s.stages) == "int8"
               and probe.pays(s.runtime, "int8")]
-    if paying:  # int8 pays here: those first, the rest after the cheap seeds' first compositions
-        plan = PresetPlan(paying, plan.skipped, [s for s in plan.seeds if s not in paying])
+    if paying:  # int8 pays here: those first (with the structural presets), the rest after the first compositions
+        first = [s for s in plan.seeds if s in paying or structural(s)]
+        plan = PresetPlan(first, plan.skipped, [s for s in plan.seeds if s not in first])
     return plan
+
+
+def structural(seed: SeedRecipe) -> bool:
+    """Whether a preset changes the model's structure in float32 (``pack``): a building block that multiplies with
+    the int8 that pays (MiniLM on a CPU: ``pack + int8d | compile``), so it is measured with the first presets."""
+    return bool(seed.stages) and stage_precision(seed.stages) == "fp32"
 
 
 def repeats(study: optuna.Study, seed: SeedRecipe) -> bool:

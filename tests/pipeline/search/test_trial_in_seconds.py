@@ -235,6 +235,14 @@ def test_where_int8_pays_the_cheap_seeds_come_before_the_other_presets_and_the_c
     now, later = initial_queue(presets, [distill, depth])
     assert [s.name for s in now] == ["preset-int8-static@onnxruntime", "prune-depth"]
     assert [s.name for s in later][-1] == "prune-distill" and "preset-int8-static@openvino" in {s.name for s in later}
+    packed = (Preset(name="fp32-packed", stages=({"stage": "pack"},), runtimes=("compile",)),
+              Preset(name="bf16-packed", stages=({"stage": "pack"}, {"stage": "amp", "dtype": "bfloat16"}),
+                     runtimes=("compile",)))
+    compiled = preset_seeds((*PRESETS, *packed), ["eager", "compile", "onnxruntime"], lambda stages, runtime: None,
+                            probe)
+    first = [s.name for s in compiled.seeds]
+    assert "preset-fp32-packed@compile" in first, "pack (float32, structural) multiplies with int8: measured first"
+    assert not {"preset-bf16-packed@compile", "preset-fp32@compile"} & set(first), "precision and runtime alone wait"
     no_int8 = probe_machine(torch.device("cpu"), engines={"torch": lambda: {"bf16": 3.0, "int8": 0.9},
                                                          "onnxruntime": lambda: {"int8": 0.9},
                                                          "openvino": lambda: {"bf16": 1.15, "int8": 0.8}})
