@@ -65,13 +65,26 @@ def choose_kernel(requested: str, device: torch.device, dtype: torch.dtype) -> A
     return requested  # type: ignore[return-value]
 
 
+def flex_length(tokens: int) -> int:
+    """The length FlexAttention runs ``tokens`` packed tokens at: the next multiple of its block, the tail padded
+    with tokens of the dummy sequence (they stay inside the last block, so the block ranges do not change).
+    Compiled under CUDA graphs on an H200 (torch 2.11, MiniLM bf16), an unpadded 24- or 26-token bucket (one row,
+    shorter than one block) gave embeddings 0.3 off fp32 (max abs); padded, 0.0012. An unpadded 224-token bucket
+    (8 rows) was right (0.0018): seen wrong below one block only, padded at every length."""
+    return -(-tokens // FLEX_BLOCK) * FLEX_BLOCK
+
+
 def document_blocks(layout: PackedLayout) -> BlockMask:
-    """FlexAttention's mask of a packed batch, from static-size operations on the layout: query block ``i``
-    visits the key blocks from the start of its first token's sequence to the end of its last token's (one
-    contiguous range), and within them a token attends to its own sequence's tokens only."""
+    """FlexAttention's mask of a packed batch at :func:`flex_length`, from static-size operations on the layout:
+    query block ``i`` visits the key blocks from the start of its first token's sequence to the end of its last
+    token's (one contiguous range), and within them a token attends to its own sequence's tokens only (the
+    padding tail: to the dummy sequence, row ``B``)."""
     rows, starts = layout.rows, layout.sequence_starts.long()
     tokens = int(rows.shape[0])
     blocks = -(-tokens // FLEX_BLOCK)
+    length = flex_length(tokens)
+    if length != tokens:
+        rows = torch.cat([rows, rows.new_full((length - tokens,), int(layout.lengths.shape[0]))])
     index = torch.arange(blocks, device=rows.device)
     first = index * FLEX_BLOCK
     low = starts.index_select(0, rows.index_select(0, first)) // FLEX_BLOCK
@@ -83,7 +96,7 @@ def document_blocks(layout: PackedLayout) -> BlockMask:
         return rows[query] == rows[key]
 
     return BlockMask.from_kv_blocks((high - low + 1).to(torch.int32)[None, None], visited.to(torch.int32)[None, None],
-                                    BLOCK_SIZE=FLEX_BLOCK, mask_mod=same_sequence, seq_lengths=(tokens, tokens))
+                                    BLOCK_SIZE=FLEX_BLOCK, mask_mod=same_sequence, seq_lengths=(length, length))
 
 
 def packed_attention(kind: AttentionKind, query: Tensor, key: Tensor, value: Tensor, layout: PackedLayout,
@@ -94,11 +107,13 @@ def packed_attention(kind: AttentionKind, query: Tensor, key: Tensor, value: Ten
     if kind == "varlen":
         return _varlen(query, key, value, layout, scale).reshape(tokens, -1)
     if kind == "flex":
-        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))  # strided views, no copy
+        tail = flex_length(tokens) - tokens  # padded to whole blocks (flex_length says why); none at b256 x 68
+        q, k, v = ((functional.pad(t, (0, 0, 0, 0, 0, tail)) if tail else t).transpose(0, 1).unsqueeze(0)
+                   for t in (query, key, value))  # strided views, no copy (a whole-block length)
         if query.device.type != "cuda":  # torch's CPU lowering of flex_attention unpacks a dense 4-D input only
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = flex_attention(q, k, v, block_mask=blocks if blocks is not None else document_blocks(layout), scale=scale)
-        return out.squeeze(0).transpose(0, 1).reshape(tokens, -1)  # type: ignore[union-attr]
+        return out.squeeze(0)[:, :tokens].transpose(0, 1).reshape(tokens, -1)  # type: ignore[union-attr]
     if kind == "nested":
         return _nested(query, key, value, layout, scale).reshape(tokens, -1)
     return _padded(query, key, value, layout, scale)

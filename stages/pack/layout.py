@@ -9,8 +9,8 @@ The layout is built in two parts, so that nothing inside a call reads device mem
   static shapes). From token id lists (:func:`pack_token_lists`: the packed ids and the starts
   in one int64 buffer, one copy to the device) or from a padded host batch (:func:`pack_padded`)
   this is host work on the user's data before the copy; from a padded batch already on the
-  device (:func:`host_starts`) it is one read of its ``B`` row lengths, the one step a
-  device-resident padded batch cannot avoid (the token count decides the shape). A one-row
+  device (:func:`host_sizes`) it is one read of two integers (the token count and the longest row),
+  the one step a device-resident padded batch cannot avoid (they decide the shapes). A one-row
   padded batch needs no read (:func:`single_row_starts`).
 * **on the device, with static-size operations** (:func:`device_layout`): every index tensor from
   the starts (a cumulative sum of the row ends), inside the compiled graph, so a token bucket is one
@@ -126,17 +126,30 @@ def pack_padded(input_ids: Tensor, attention_mask: Tensor, bucket: bool,
 
 
 @torch.compiler.disable
+def host_sizes(attention_mask: Tensor, bucket: bool, buckets: tuple[int, ...] = TOKEN_BUCKETS) -> tuple[int, int]:
+    """For a padded batch on the mask's device: ``T`` and the attention width, from two integers read to the
+    host (the real-token count and the longest row: a device-to-host copy on an accelerator). Outside compiled
+    graphs (its results are shapes); the starts are then built on the device (:func:`device_starts`)."""
+    if attention_mask.dim() != 2:
+        raise ValueError(f"the padding mask must be (batch, sequence), got shape {tuple(attention_mask.shape)}")
+    lengths = attention_mask.ne(0).sum(dim=1)
+    total, longest = torch.stack([lengths.sum(), lengths.max()]).tolist()
+    return packed_length(total, bucket, buckets), attention_width(longest, bucket, buckets)
+
+
+def device_starts(lengths: Tensor, tokens: int) -> Tensor:
+    """The ``(B + 2,)`` starts (:func:`starts_of`) of rows of ``lengths`` (int64, on their device) in a packed
+    sequence of ``tokens`` tokens, by static-size operations (a part of the compiled graph)."""
+    ends = lengths.cumsum(0)
+    return torch.cat([ends.new_zeros(1), ends, ends.new_full((1,), tokens)])
+
+
 def host_starts(attention_mask: Tensor, bucket: bool,
                 buckets: tuple[int, ...] = TOKEN_BUCKETS) -> tuple[Tensor, int, int]:
     """For a padded batch on the mask's device: the sequence starts there (int64), ``T`` and the attention
-    width. Reads the ``B`` row lengths to the host (a device-to-host copy on an accelerator) and copies
-    the ``B + 2`` starts back: outside compiled graphs (its results are shapes)."""
-    if attention_mask.dim() != 2:
-        raise ValueError(f"the padding mask must be (batch, sequence), got shape {tuple(attention_mask.shape)}")
-    lengths = attention_mask.ne(0).sum(dim=1).tolist()
-    tokens = packed_length(sum(lengths), bucket, buckets)
-    starts = torch.tensor(starts_of(lengths, tokens), dtype=torch.int64)
-    return starts.to(attention_mask.device, non_blocking=True), tokens, attention_width(max(lengths), bucket, buckets)
+    width (:func:`host_sizes`, then :func:`device_starts`)."""
+    tokens, width = host_sizes(attention_mask, bucket, buckets)
+    return device_starts(attention_mask.ne(0).sum(dim=1), tokens), tokens, width
 
 
 def single_row_starts(attention_mask: Tensor) -> tuple[Tensor, int, int]:

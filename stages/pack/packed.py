@@ -8,7 +8,7 @@ what pruning, quantization and mixed precision see are unchanged) and runs them 
 (their own ``forward``s), attention per sequence (:mod:`stages.pack.attention`), then the
 wrapper's pooling or classifier. Pruned heads, FFN widths and layers are read from the modules.
 
-Two inputs: a padded batch (``forward``, the pipeline's interface: the row lengths are read once, a
+Two inputs: a padded batch (``forward``, the pipeline's interface: its token count and longest row are read once, a
 one-row batch runs at its padded width with no read) and a batch packed on the host
 (``forward_packed``: what :class:`stages.pack.deploy.PackedEncoder` feeds it from token id lists, with
 no read at all). Either way the index tensors are built on the device inside the call
@@ -27,7 +27,14 @@ from torch.nn import functional
 from stages.pack.attention import choose_kernel, document_blocks, packed_attention
 from stages.pack.bert import PackablePaths
 from stages.pack.buckets import TOKEN_BUCKETS
-from stages.pack.layout import PackedLayout, device_layout, host_starts, input_index, single_row_starts
+from stages.pack.layout import (
+    PackedLayout,
+    device_layout,
+    device_starts,
+    host_sizes,
+    input_index,
+    single_row_starts,
+)
 
 
 class PackedBert(nn.Module):
@@ -52,7 +59,7 @@ class PackedBert(nn.Module):
         return f"packs={self.wrapped_type}, head={self.paths.head}, attention={self.attention}"
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """The wrapper's output for a padded ``(B, W)`` batch: its row lengths read once to the host, the
+        """The wrapper's output for a padded ``(B, W)`` batch: its token count and longest row read to the host, the
         layout and the packing built inside the graph. A one-row batch reads nothing: compiled, it runs the
         unpacked computation (:meth:`padded`); eager, the packed one at its padded width."""
         if int(input_ids.shape[0]) == 1:
@@ -60,7 +67,8 @@ class PackedBert(nn.Module):
                 return self.padded(input_ids, attention_mask)
             starts, tokens, width = single_row_starts(attention_mask)
         else:
-            starts, tokens, width = host_starts(attention_mask, torch.compiler.is_compiling(), self.buckets)
+            tokens, width = host_sizes(attention_mask, torch.compiler.is_compiling(), self.buckets)
+            starts = device_starts(attention_mask.ne(0).sum(dim=1), tokens)  # in the graph: no copy back
         layout = device_layout(starts, tokens, width)
         ids = input_ids.reshape(-1).index_select(0, input_index(layout, int(input_ids.shape[1])))
         return self.head(self.encode(ids, layout), layout)

@@ -12,9 +12,17 @@ import copy
 import pytest
 import torch
 
-from stages.pack.attention import FLEX_BLOCK, choose_kernel, document_blocks
+from stages.pack.attention import FLEX_BLOCK, choose_kernel, document_blocks, flex_length
 from stages.pack.bert import find_packable
-from stages.pack.layout import device_layout, host_starts
+from stages.pack.layout import (
+    attention_width,
+    device_layout,
+    device_starts,
+    host_sizes,
+    host_starts,
+    packed_length,
+    starts_of,
+)
 from stages.pack.packed import PackedBert
 from tests.stages.test_pack import (
     CPU,
@@ -67,3 +75,27 @@ def test_auto_is_flex_only_inside_a_compiled_graph_on_cuda() -> None:
 
     torch.compile(probe, backend="eager")(torch.zeros(2))
     assert seen == ["flex"]
+
+
+@pytest.mark.parametrize("lengths", [[5], [5, 3], LENGTHS], ids=["one-row", "under-one-block", "three-blocks"])
+def test_flex_runs_whole_blocks_with_the_tail_in_the_dummy_sequence(lengths: list[int]) -> None:
+    # compiled on CUDA, a bucket shorter than one block gave wrong outputs unpadded (flex_length's docstring)
+    _, mask = batch(lengths)
+    layout = device_layout(*host_starts(mask, bucket=True))
+    tokens = int(layout.rows.shape[0])
+    length = flex_length(tokens)
+    assert length % FLEX_BLOCK == 0 and tokens <= length < tokens + FLEX_BLOCK
+    blocks = document_blocks(layout)
+    assert tuple(blocks.seq_lengths) == (length, length)
+    dense = blocks.to_dense()[0, 0].bool()  # the block ranges are those of the unpadded length
+    assert dense.shape == (-(-tokens // FLEX_BLOCK),) * 2
+    rows = torch.cat([layout.rows, layout.rows.new_full((length - tokens,), len(lengths))])
+    query, key = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    assert torch.equal(blocks.mask_mod(0, 0, query, key), rows[:, None] == rows[None, :])
+
+
+def test_the_padded_batch_path_reads_two_integers_and_builds_the_starts_on_the_device() -> None:
+    _, mask = batch(LENGTHS)
+    tokens, width = host_sizes(mask, bucket=True)
+    assert (tokens, width) == (packed_length(sum(LENGTHS), True), attention_width(max(LENGTHS), True))
+    assert device_starts(mask.ne(0).sum(dim=1), tokens).tolist() == starts_of(LENGTHS, tokens)
