@@ -97,5 +97,9 @@ def test_flex_runs_whole_blocks_with_the_tail_in_the_dummy_sequence(lengths: lis
 def test_the_padded_batch_path_reads_two_integers_and_builds_the_starts_on_the_device() -> None:
     _, mask = batch(LENGTHS)
     tokens, width = host_sizes(mask, bucket=True)
-    assert (tokens, width) == (packed_length(sum(LENGTHS), True), attention_width(max(LENGTHS), True))
+    assert (tokens, width) == (packed_length(sum(LENGTHS), True), attention_width(mask.shape[1], True)), (
+        "static shapes: the batch's own width (one graph per token bucket)")
+    assert host_sizes(mask, bucket=False) == (sum(LENGTHS), max(LENGTHS)), "eager: the exact count and longest row"
+    wider = torch.cat([mask, mask.new_zeros(mask.shape[0], 40)], dim=1)
+    assert host_sizes(wider, bucket=True)[1] == attention_width(wider.shape[1], True)
     assert device_starts(mask.ne(0).sum(dim=1), tokens).tolist() == starts_of(LENGTHS, tokens)
