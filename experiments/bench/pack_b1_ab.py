@@ -152,7 +152,8 @@ def main() -> None:
               f"kernels {row['kernels_per_call']:5.1f}  GPU {row['gpu_kernel_us_per_call']:6.1f} us  "
               f"diff {row['max_abs_diff_vs_fp32']:.4f}")
     for entry in result["pairs"]:
-        print(f"{entry['a']:>10} / {entry['b']:<26} {entry['a_over_b']:.3f} [{entry['ci'][0]:.3f}, {entry['ci'][1]:.3f}]"
+        low, high = entry["ci"]
+        print(f"{entry['a']:>10} / {entry['b']:<26} {entry['a_over_b']:.3f} [{low:.3f}, {high:.3f}]"
               f"  {entry['a_ms']:.3f} vs {entry['b_ms']:.3f} ms")
 
 
