@@ -2,6 +2,7 @@
 fp32 eager in one process (issue 24's rows).
 
     python -m experiments.bench.gpu_rows --device cuda [--batch-sizes 1 256] [--held-out sts-dev.tsv] [--out F]
+        [--rounds N]
 
 Every row is timed in alternating rounds against fp32 eager on the same inputs (the spec's fixed latency
 batch, padded to its longest sentence as a user's serving code pads it; :func:`pipeline.core.paired.
@@ -36,6 +37,7 @@ import platform
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +144,7 @@ def score(model: nn.Module, spec: ModelSpec, device: torch.device, held: ModelSp
 
 def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
         compiled: tuple[str, ...] = ("compile", "compile_cudagraphs"), only: Sequence[str] = (),
-        end_to_end_rows: bool = True) -> dict[str, Any]:
+        end_to_end_rows: bool = True, rounds: int | None = None) -> dict[str, Any]:
     spec = minilm_spec()
     held = with_task_data(spec, load_task_data(str(held_out))) if held_out is not None else None
     mask = spec.padding_mask
@@ -153,7 +155,8 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
     scores = {name: score(model, spec, device, held) for name, model in models}
     baseline_model = models[0][1]
     runtimes = [r for r in compiled if r in available_runtimes(device)]
-    timer = DeviceTimer(device, BENCH_LATENCY)
+    settings = BENCH_LATENCY if rounds is None else replace(BENCH_LATENCY, rounds=rounds)
+    timer = DeviceTimer(device, settings)
 
     def timed(batch: int, tokens: list[int], input_kind: str, runtime: str, name: str, baseline: Any, trial: Any,
               real: float, padded_flops: float, reference: Tensor, **extra: Any) -> None:
@@ -165,7 +168,7 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
             extra["max_abs_diff_vs_eager"] = float((output - reference).abs().max())
             extra["max_abs_diff_vs_fp32"] = float((output - references["fp32"]).abs().max())
             started = time.perf_counter()
-            paired = measure_paired(baseline, trial, timer, BENCH_LATENCY)
+            paired = measure_paired(baseline, trial, timer, settings)
         seconds = paired.trial_ms / 1000.0
         rows.append({
             "batch": batch, "tokens": tokens, "real_token_fraction": real, "input": input_kind,
@@ -215,7 +218,8 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
                           (end_to_end(fn, device), (lists,)), real, padded_flops, reference)
     return {"device": torch.cuda.get_device_name() if device.type == "cuda" else device.type,
             "torch": torch.__version__, "python": platform.python_version(), "load": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "baseline_scores": scores["fp32"], "rows": rows}
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "baseline_scores": scores["fp32"],
+            "rounds": settings.rounds, "rows": rows}
 
 
 def main() -> None:
@@ -228,9 +232,11 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[],
                         help="rows whose name contains one of these words (fp32 always runs: it is the baseline)")
     parser.add_argument("--no-end-to-end", action="store_true", help="device-resident rows only")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"paired rounds per row (default {BENCH_LATENCY.rounds}: more narrow the intervals)")
     args = parser.parse_args()
     result = run(torch.device(args.device), args.batch_sizes, args.held_out, tuple(args.runtimes), args.only,
-                 not args.no_end_to_end)
+                 not args.no_end_to_end, args.rounds)
     text = json.dumps(result, indent=1)
     if args.out is not None:
         args.out.write_text(text)

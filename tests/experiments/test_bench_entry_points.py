@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = ("experiments.bench", "experiments.bench.ort_rows", "experiments.bench.gpu_rows",
-            "experiments.bench.peers", "experiments.bench.pack_agreement")
+            "experiments.bench.peers", "experiments.bench.pack_agreement", "experiments.bench.pack_b1_ab")
 
 
 @pytest.mark.parametrize("module", COMMANDS)

@@ -311,3 +311,28 @@ def test_compiled_packed_model_compiles_once_per_token_bucket() -> None:
         for lengths in ([16, 12, 9, 3], [16, 12, 9, 2], [5, 5, 5, 5], [6, 4, 5, 5], [16, 16, 16, 16]):
             assert max_diff(compiled(*batch(lengths)), packed(*batch(lengths))) < FP32_TOLERANCE
     assert counter.frame_count == 3  # 40 and 39 tokens share bucket 40, 20 and 20 bucket 20, 64 its own
+
+
+def test_compiled_one_row_call_traces_the_amp_stage_graph() -> None:
+    """A one-row batch compiled runs the unpacked graph: op for op the graph of the amp stage's whole-model bf16 on
+    the padded model (no layout, flex mask or float32 pooling). On an H200 (issue 33, MiniLM b1 under
+    compile_cudagraphs) the two ran the same 67 kernels and the same compiled graph, paired 0.993x apart."""
+    model = tiny_pooled(normalize=True)
+    spec = tiny_spec(model)
+    full = AmpConfig(dtype="bfloat16", fp32_layers=())
+    amp = apply(copy.deepcopy(model), full, StageContext(spec=spec, device=CPU))
+    packed = apply(copy.deepcopy(model), PackConfig(), StageContext(spec=spec, device=CPU))
+    pack_amp = apply(packed, full, StageContext(spec=spec, device=CPU))
+    assert isinstance(pack_amp, PackedBert)
+    traced = []
+    for candidate in (amp, pack_amp):
+        torch.compiler.reset()
+        explanation = torch._dynamo.explain(candidate)(*batch([11]))
+        assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+        nodes = explanation.graphs[0].graph.nodes
+        calls = ("call_function", "call_method", "call_module")
+        traced.append([str(node.target) for node in nodes if node.op in calls])
+    assert traced[0] == traced[1]
+    assert not any(word in op for op in traced[1] for word in ("index_add", "cumsum", "flex"))
+    with torch.inference_mode():
+        assert max_diff(pack_amp(*batch([11])), amp(*batch([11]))) < 5e-2
