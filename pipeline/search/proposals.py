@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.core.stage import StageConfig, config_from_dict
 from pipeline.search.compose import Composition, composed_count, compositions, measured
-from pipeline.search.config import Preset, SearchConfig, SeedRecipe
+from pipeline.search.config import SearchConfig, SeedRecipe
 from pipeline.search.dead_ends import RuntimeGains
 from pipeline.search.objectives import Baseline, Objectives
 from pipeline.search.presets import ATTR_LATER_SEEDS, is_preset
@@ -57,7 +57,7 @@ class Proposals:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
         index = self.sweep_index(study)
-        index.add(record, self.feasible_latency(record), runtimes_chosen(record, self.config.presets))
+        index.add(record, self.feasible_latency(record), is_preset(record.seed))
         self.gains(study).add(record, self.feasible_latency(record) is not None)
         for proposal in index.proposals(self.runtimes, self.config.sweep_top, self.runnable, self.sweep_worth):
             self.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
@@ -129,7 +129,7 @@ class Proposals:
             self._sweep = RuntimeSweepIndex()
             for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
                 record = TrialRecord.from_trial(done)
-                self._sweep.add(record, self.feasible_latency(record), runtimes_chosen(record, self.config.presets))
+                self._sweep.add(record, self.feasible_latency(record), is_preset(record.seed))
         return self._sweep
 
     def feasible_latency(self, record: TrialRecord) -> float | None:
@@ -140,14 +140,3 @@ class Proposals:
             return None
         verdict = self.objectives.verdict(self.baseline, value, record.latency_unstable, record.metrics)
         return float(latency) if verdict.feasible and verdict.unstable is None else None
-
-
-def runtimes_chosen(record: TrialRecord, presets: Sequence[Preset]) -> bool:
-    """Whether a trial's stage list has its runtimes chosen, so the sweep leaves it: a preset's (it names the
-    runtimes where it can pay), and the unchanged model's where a preset runs it alone (``fp32``: those pairs are
-    its trials, and wait with it where int8 pays; swept, MiniLM's baseline ran under compile, a dynamic compile,
-    ONNX Runtime and OpenVINO at 0.98-1.17x right after the first presets, 326 s on a quiet core)."""
-    if is_preset(record.seed):
-        return True
-    unchanged = record.recipe is not None and not list(record.recipe.model_stages())
-    return unchanged and any(not preset.stages for preset in presets)

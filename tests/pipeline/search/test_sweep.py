@@ -6,8 +6,6 @@ from collections.abc import Sequence
 
 from pipeline.core.stage import StageConfig, config_from_dict
 from pipeline.engine.recipe import Recipe
-from pipeline.search.config import Preset
-from pipeline.search.proposals import runtimes_chosen
 from pipeline.search.record import COMPLETE, TrialRecord
 from pipeline.search.sweep import RuntimeSweepIndex
 
@@ -81,17 +79,3 @@ def test_a_preset_stage_list_is_not_swept_and_leaves_its_place_to_the_next() -> 
     assert index.fastest == 1.0, "a preset still counts as the fastest so far"
     index.add(record(3, [BF16], "eager"), 2.0)  # the same stages from another trial: still the preset's choice
     assert all(p.stages != (BF16.to_dict(),) for p in index.proposals(RUNTIMES, 10))
-
-
-def test_the_unchanged_model_is_left_to_the_float32_preset() -> None:
-    """The baseline's empty stage list under other runtimes is what the ``fp32`` preset runs: the sweep leaves it to
-    that preset (which waits where int8 pays), and sweeps it only when no preset runs a runtime alone."""
-    baseline = TrialRecord(number=0, state=COMPLETE, runtime="eager", recipe=Recipe(stages=(), runtime="eager"),
-                           seed="baseline")
-    fp32 = Preset(name="fp32", stages=())
-    bf16 = Preset(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16"},))
-    assert runtimes_chosen(baseline, [bf16, fp32])
-    assert not runtimes_chosen(baseline, [bf16]), "no fp32 preset: the sweep tries the runtimes on the baseline"
-    assert not runtimes_chosen(record(1, [INT8]), [fp32]), "a stage list of the sampler's is swept"
-    assert runtimes_chosen(TrialRecord(number=2, state=COMPLETE, runtime="compile", seed="preset-bf16@compile",
-                                       recipe=Recipe(stages=(BF16,), runtime="compile")), [])
