@@ -9,6 +9,7 @@ rows). :data:`LATENCY_BUDGETS` names the three settings a user chooses from (``-
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -38,6 +39,10 @@ class LatencySettings:
     rounds: int = 10
     round_runs: int = 3
     round_seconds: float = 0.05
+    #: A paired side's warm-up, and its calls in one round, stop at the first call that ends past this many seconds:
+    #: a model many times slower than the baseline is timed on fewer of its calls (MiniLM under MLX's CPU backend,
+    #: 0.03x: 20 s a b32 call, so 3 warm-up and 3 round calls made its probe take 176 s before this cap).
+    call_cap_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         if self.rounds < 2 or self.rounds % 2:
@@ -79,24 +84,31 @@ class LatencyStats:
         return 100.0 * (self.p90_ms - self.p50_ms) / self.p50_ms if self.p50_ms > 0 else 0.0
 
 
-def warm_up(fn: Callable[..., Tensor], inputs: Batch, device: torch.device, runs: int) -> None:
-    """Call ``fn(*inputs)`` ``runs`` times, untimed, and wait for the device."""
+def warm_up(fn: Callable[..., Tensor], inputs: Batch, device: torch.device, runs: int,
+            max_seconds: float = math.inf) -> None:
+    """Call ``fn(*inputs)`` ``runs`` times, untimed (fewer once the calls have run ``max_seconds``: at least one),
+    and wait for the device."""
     with torch.no_grad():
+        start = time.perf_counter()
         for _ in range(runs):
             fn(*inputs)
+            if time.perf_counter() - start >= max_seconds:
+                break
     synchronize(device)
 
 
 def time_calls(fn: Callable[..., Tensor], inputs: Batch, device: torch.device, min_runs: int,
-               min_seconds: float = 0.0, max_runs: int = 2000) -> list[float]:
+               min_seconds: float = 0.0, max_runs: int = 2000, max_seconds: float = math.inf) -> list[float]:
     """Milliseconds of each call of ``fn(*inputs)``, until both ``min_runs`` and ``min_seconds`` are
-    reached (at most ``max_runs``). No warm-up; the loop records timing events and never
-    synchronizes inside; results are read once at the end."""
+    reached (at most ``max_runs``; none after the calls have run ``max_seconds`` of host time: at least one).
+    No warm-up; the loop records timing events and never synchronizes inside; results are read once at the end."""
     watches: list[Stopwatch] = []
     with torch.no_grad():
         loop_start = time.perf_counter()
         while len(watches) < max_runs and (len(watches) < min_runs
                                            or time.perf_counter() - loop_start < min_seconds):
+            if watches and time.perf_counter() - loop_start >= max_seconds:
+                break
             watch = Stopwatch(device)
             watch.start()
             fn(*inputs)

@@ -78,12 +78,12 @@ class DeviceTimer:
 
     def warm_up(self, sides: Sequence[Timed]) -> None:
         for fn, inputs in sides:
-            warm_up(fn, inputs, self.device, self.settings.warmup_runs)
+            warm_up(fn, inputs, self.device, self.settings.warmup_runs, self.settings.call_cap_seconds)
 
     def __call__(self, sides: Sequence[Timed]) -> list[float]:
         settings = self.settings
         return [statistics.median(time_calls(fn, inputs, self.device, settings.round_runs, settings.round_seconds,
-                                             settings.max_runs)) for fn, inputs in sides]
+                                             settings.max_runs, settings.call_cap_seconds)) for fn, inputs in sides]
 
 
 def process_clock() -> tuple[float, float]:

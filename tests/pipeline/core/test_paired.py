@@ -4,6 +4,7 @@ order alternates, so whatever the first place in a round costs lands on both sid
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
@@ -160,6 +161,27 @@ def test_the_real_clock_times_the_rounds_the_budget_asks_for() -> None:
                             max_width=float("inf"), cpu_clock=None)
     assert calls == {"baseline": 2 + 4 * 3, "trial": 2 + 4 * 3} and result.rounds == 4
     assert result.speedup > 0 and result.baseline_ms > 0
+
+
+def test_a_slow_side_is_warmed_up_and_timed_on_fewer_calls() -> None:
+    """Past the call cap a side's warm-up and each of its rounds stop at the call that crossed it (one call here,
+    each sleeping past the cap); the fast side keeps the budget's calls."""
+    calls = {"baseline": 0, "trial": 0}
+
+    def fast(x: torch.Tensor) -> torch.Tensor:
+        calls["baseline"] += 1
+        return x * 2
+
+    def slow(x: torch.Tensor) -> torch.Tensor:
+        calls["trial"] += 1
+        time.sleep(0.02)
+        return x * 2
+
+    settings = LatencySettings(warmup_runs=2, rounds=4, round_runs=3, round_seconds=0.0, call_cap_seconds=0.01)
+    timer = DeviceTimer(torch.device("cpu"), settings)
+    result = measure_paired((fast, INPUTS), (slow, INPUTS), timer, settings, max_width=float("inf"), cpu_clock=None)
+    assert calls == {"baseline": 2 + 4 * 3, "trial": 1 + 4 * 1} and result.rounds == 4
+    assert result.speedup < 1.0
 
 
 @pytest.mark.parametrize("name", ["quick", "normal", "thorough"])
