@@ -18,9 +18,10 @@ registers later (OpenVINO, a dynamic-shape compile) gets its presets with no cha
 The study enqueues these right after the baseline and before the config's ``seeds`` (which may hold a
 costly stage, such as distillation), so a search has the one-line paths' level within its first trials.
 Where the machine probe finds int8 that pays, only those int8 presets and the structural ones (float32 ``pack``,
-which multiplies with int8) come first; the cheap seeds (no costly stage: depth pruning) follow at once, so the first compositions (``prune depth + int8s | ov``) are measured
-within minutes, and the other presets and the costly seeds wait (:func:`initial_queue`: they are enqueued when
-the queue runs dry, :mod:`pipeline.search.proposals`).
+which multiplies with int8) come first; the cheap seeds (no costly stage: depth pruning) follow at once, so
+the first compositions (``prune depth + int8s | ov``) are measured within minutes, and the other presets and the
+costly seeds wait (:func:`initial_queue`: they are enqueued when the queue runs dry,
+:mod:`pipeline.search.proposals`).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ RAGGED = {"ragged": [16, 12, 1, 9, 3, 16, 5, 7], "one-token": [1], "one-row": [1
 
 def test_the_guard_catches_a_host_read() -> None:
     _, mask = batch([5, 3])
-    with NoHostReads(), pytest.raises(HostReadError, match="tolist|item"):
+    with NoHostReads(), pytest.raises(HostReadError, match=r"tolist|item"):
         host_starts(mask, bucket=True)  # the padded batch's path reads its lengths: the guard sees it
 
 
