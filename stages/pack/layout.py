@@ -9,8 +9,9 @@ The layout is built in two parts, so that nothing inside a call reads device mem
   static shapes). From token id lists (:func:`pack_token_lists`: the packed ids and the starts
   in one int64 buffer, one copy to the device) or from a padded host batch (:func:`pack_padded`)
   this is host work on the user's data before the copy; from a padded batch already on the
-  device (:func:`host_sizes`) it is one read of two integers (the token count and the longest row),
-  the one step a device-resident padded batch cannot avoid (they decide the shapes). A one-row
+  device (:func:`host_sizes`) it is one read of its token count (and, eager, its longest row; under
+  static shapes the width is the batch's own), the one step a device-resident padded batch cannot
+  avoid (it decides the shape). A one-row
   padded batch needs no read (:func:`single_row_starts`).
 * **on the device, with static-size operations** (:func:`device_layout`): every index tensor from
   the starts (a cumulative sum of the row ends), inside the compiled graph, so a token bucket is one

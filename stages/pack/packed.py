@@ -8,7 +8,7 @@ what pruning, quantization and mixed precision see are unchanged) and runs them 
 (their own ``forward``s), attention per sequence (:mod:`stages.pack.attention`), then the
 wrapper's pooling or classifier. Pruned heads, FFN widths and layers are read from the modules.
 
-Two inputs: a padded batch (``forward``, the pipeline's interface: its token count and longest row are read once, a
+Two inputs: a padded batch (``forward``, the pipeline's interface: its token count is read once, a
 one-row batch runs at its padded width with no read) and a batch packed on the host
 (``forward_packed``: what :class:`stages.pack.deploy.PackedEncoder` feeds it from token id lists, with
 no read at all). Either way the index tensors are built on the device inside the call
@@ -59,8 +59,8 @@ class PackedBert(nn.Module):
         return f"packs={self.wrapped_type}, head={self.paths.head}, attention={self.attention}"
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """The wrapper's output for a padded ``(B, W)`` batch: its token count and longest row read to the host, the
-        layout and the packing built inside the graph. A one-row batch reads nothing: compiled, it runs the
+        """The wrapper's output for a padded ``(B, W)`` batch: its token count read to the host (:func:`host_sizes`),
+        the layout and the packing built inside the graph. A one-row batch reads nothing: compiled, it runs the
         unpacked computation (:meth:`padded`); eager, the packed one at its padded width."""
         if int(input_ids.shape[0]) == 1:
             if torch.compiler.is_compiling():  # one row has nothing to skip: the unpacked graph, never slower
