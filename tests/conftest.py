@@ -33,7 +33,7 @@ from pipeline.core.device import CPU_BF16_ENV_VAR, capabilities
 from pipeline.core.paths import RESULTS_ENV_VAR
 from pipeline.core.runtimes import registry as runtime_registry
 from pipeline.core.spec import ACCURACY, ModelSpec
-from pipeline.core.stage import load_entry_points, registered_stages
+from pipeline.core.stage import load_entry_points, registered_stages, unregister_stage
 
 #: Process-wide compiler settings that runtimes change (``freezing``, the recompile limit): restored after each test.
 #: Imported here (about 1 s), so that every test starts from their defaults, whichever test imported them first.
@@ -128,6 +128,28 @@ def toy_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if _TOY_SITE:
         return _TOY_SITE[0] / "site"
     return install_toy_plugin(tmp_path_factory.mktemp("toy_plugin"))
+
+
+@pytest.fixture(scope="module")
+def toy_plugins_loaded(toy_plugin_site: Path) -> Iterator[None]:
+    """The toy stage and toy runtime, registered through their entry points (as a user's installed package would
+    be) for one test module, and both removed after it (one package site holds both, so loading either entry
+    point group can register the other's plugin too). Under ``--toy-plugin`` they stay for the whole run."""
+    if _TOY_SITE:
+        yield
+        return
+    sys.path.insert(0, str(toy_plugin_site))
+    importlib.invalidate_caches()
+    try:
+        load_entry_points()
+        runtime_registry.load_entry_points()
+        yield
+    finally:
+        unregister_stage(TOY_STAGE)
+        runtime_registry.unregister_runtime(TOY_RUNTIME)
+        sys.path.remove(str(toy_plugin_site))
+        for module in ("toy_paretorch_stage", "toy_paretorch_runtime"):
+            sys.modules.pop(module, None)
 
 
 def default_stage_names() -> tuple[list[str], list[str]]:

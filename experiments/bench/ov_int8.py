@@ -45,6 +45,7 @@ from torch import Tensor
 from experiments.bench.peers import cpu_description
 from experiments.models import minilm
 from pipeline.core.latency import LATENCY_BUDGETS
+from pipeline.core.ov_core import shared_core
 from pipeline.core.ov_session import InferencePrecision, open_ir
 from pipeline.core.padding import latency_inputs
 from pipeline.core.paired import DeviceTimer, measure_paired, process_clock
@@ -72,7 +73,7 @@ def _rt(model: openvino.Model, path: list[str]) -> str | None:
 
 def ir_facts(xml: Path) -> dict[str, Any]:
     """What NNCF did to the IR at ``xml``: op counts, MatMuls by precision, the recorded NNCF parameters."""
-    model = openvino.Core().read_model(str(xml))
+    model = shared_core().read_model(str(xml))
     fake_quantize, int8_constants = count_int8(model)
     matmuls = matmul_precision(model)
     advanced = _rt(model, ["nncf", "quantization", "advanced_parameters"]) or ""
@@ -111,7 +112,7 @@ class PlainIr:
         config = {"INFERENCE_NUM_THREADS": str(threads), "NUM_STREAMS": "1"}
         if precision is not None:
             config["INFERENCE_PRECISION_HINT"] = precision
-        self.compiled = openvino.Core().compile_model(str(xml), "CPU", config)
+        self.compiled = shared_core().compile_model(str(xml), "CPU", config)
         self.request = self.compiled.create_infer_request()
         self.names = [inp.get_any_name() for inp in self.compiled.inputs]
         self.precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))

@@ -23,6 +23,7 @@ import torch
 
 from pipeline.core.errors import DeviceError, InfeasibleConfig
 from pipeline.core.names import AUTO_ORDER, device_name
+from pipeline.core.ov_core import shared_core
 from pipeline.core.paths import results_dir
 
 
@@ -110,12 +111,13 @@ def ov_device_note(device: str) -> str | None:
 
 
 def openvino_devices() -> tuple[str, ...]:
-    """The devices of the installed openvino (``openvino.Core().available_devices``; none without openvino)."""
+    """The devices of the installed openvino (``available_devices`` of the process's one ``Core``; none
+    without openvino)."""
     try:
-        import openvino
+        core = shared_core()
     except ImportError:  # openvino is a pinned dependency; a trimmed install just has no such runtime
         return ()
-    return tuple(openvino.Core().available_devices)
+    return tuple(core.available_devices)
 
 
 def installed_ov_devices(kind: str) -> tuple[str, ...]:

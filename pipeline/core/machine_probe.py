@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from pipeline.core.device import synchronize
+from pipeline.core.ov_core import shared_core
 
 #: The product timed: (m, k) @ (k, n), a transformer layer's projection at batch 32 x 16 tokens.
 SHAPE = (512, 384, 1536)
@@ -167,7 +168,7 @@ def _openvino_gains() -> dict[str, float]:
         y = ops.matmul(x, quantized(w, -4.0, 4.0, 255) if int8 else w, False, False)
         return ov.Model([y], [a], "probe")
 
-    core = ov.Core()
+    core = shared_core()
 
     def median_ms(model: Any, hint: str) -> float | None:
         config = {"INFERENCE_NUM_THREADS": str(torch.get_num_threads()), "NUM_STREAMS": "1",

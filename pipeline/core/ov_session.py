@@ -25,6 +25,7 @@ from torch import Tensor
 
 from pipeline.core.device import capabilities, ov_device_note
 from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.ov_core import shared_core
 from pipeline.core.spec import Batch
 
 if TYPE_CHECKING:
@@ -109,10 +110,8 @@ def default_precision(device: torch.device) -> InferencePrecision:
     """The inference precision OpenVINO picks by itself on ``device``'s first OpenVINO device (what a plain
     ``compile_model`` gets, e.g. sentence-transformers' OpenVINO backend): ``bf16`` where its plugin chooses
     bf16, else ``f32`` (its f16 on ARM CPUs is no precision the export records)."""
-    import openvino
-
     settings = ov_settings(device, "f32")
-    chosen = openvino.Core().get_property(settings.device, "INFERENCE_PRECISION_HINT")
+    chosen = shared_core().get_property(settings.device, "INFERENCE_PRECISION_HINT")
     name = chosen.to_string() if hasattr(chosen, "to_string") else str(chosen)
     return "bf16" if name in ("bf16", "bfloat16") else "f32"
 
@@ -137,9 +136,7 @@ def open_ir(path: Path, device: torch.device, threads: int | None = None,
     """The IR at ``path`` (``.xml``, or the export's directory) compiled with :func:`ov_settings` and the
     precision the export recorded (or ``precision``); a file OpenVINO cannot load or compile is an
     infeasible config with its message. The compile time is kept on the model (not latency)."""
-    import openvino
-
-    core = openvino.Core()
+    core = shared_core()
     xml = ir_file(path)
     start = time.perf_counter()
     try:

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -34,9 +33,7 @@ from pipeline.core.stage import (
     StageContext,
     apply_stage,
     config_from_dict,
-    load_entry_points,
     registered_stages,
-    unregister_stage,
 )
 from pipeline.engine.graph import default_pipeline
 
@@ -45,29 +42,10 @@ TOY_STAGE = "toy.scale_bias"
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def plugin_site(toy_plugin_site: Path) -> Path:
-    """The toy stage package, installed by pip (offline, no build isolation) into a folder (conftest.py)."""
-    return toy_plugin_site
-
-
 @pytest.fixture(scope="module")
-def toy_stage(plugin_site: Path) -> Iterator[Stage]:
-    """The toy stage, registered through its entry point (as a user's installed package would be).
-
-    Under ``--toy-plugin`` it is registered for the whole run already, and stays."""
-    if TOY_STAGE in registered_stages():
-        yield registered_stages()[TOY_STAGE]
-        return
-    sys.path.insert(0, str(plugin_site))
-    importlib.invalidate_caches()
-    try:
-        load_entry_points()
-        yield registered_stages()[TOY_STAGE]
-    finally:
-        unregister_stage(TOY_STAGE)
-        sys.path.remove(str(plugin_site))
-        sys.modules.pop("toy_paretorch_stage", None)
+def toy_stage(toy_plugins_loaded: None) -> Stage:
+    """The toy stage, registered through its entry point (``toy_plugins_loaded`` in conftest.py)."""
+    return registered_stages()[TOY_STAGE]
 
 
 def _stage_names(exports: bool = True) -> list[str]:
@@ -227,10 +205,10 @@ def test_toy_stage_sits_where_it_says_in_the_default_pipeline(
     assert all(pipeline.node(name).inputs == (chain[-1],) for name in exports), "exports read the last model stage"
 
 
-def test_toy_stage_runs_through_optimize(plugin_site: Path, tmp_path: Path) -> None:
+def test_toy_stage_runs_through_optimize(toy_plugin_site: Path, tmp_path: Path) -> None:
     """``python -m pipeline optimize`` finds the installed toy stage, searches it (on/off and its integer are the
     study's params) and runs it: a recipe with it is enqueued, so the test does not hang on the sampler's draws."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_site), str(REPO)]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(toy_plugin_site), str(REPO)]),
            "PARETORCH_RESULTS_DIR": str(tmp_path)}
     recipe = tmp_path / "toy-twice.json"
     recipe.write_text(json.dumps({"stages": [{"stage": TOY_STAGE, "repeats": 2}], "runtime": "eager"}))

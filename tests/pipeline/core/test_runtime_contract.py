@@ -5,9 +5,6 @@ special case here: what differs between runtimes is what each declares (its expo
 
 from __future__ import annotations
 
-import importlib
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,6 @@ from torch import nn
 
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.mirror import ExportMirror, MirrorFacts, Need
-from pipeline.core.runtimes import registry
 from pipeline.core.runtimes.base import NoExport, Runtime
 from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime, registered_runtimes
 from pipeline.core.runtimes.reproduces import TORCHSCRIPT
@@ -32,28 +28,11 @@ TOY_RUNTIME = "inference_mode"
 NAMES = sorted({*registered_runtimes(), TOY_RUNTIME})
 
 
-@pytest.fixture(scope="module")
-def toy_runtime_installed(toy_plugin_site: Path) -> Iterator[None]:
-    """The toy runtime, registered through its entry point (as a user's installed package would be)."""
-    if TOY_RUNTIME in registered_runtimes():
-        yield
-        return
-    sys.path.insert(0, str(toy_plugin_site))
-    importlib.invalidate_caches()
-    try:
-        registry.load_entry_points()
-        yield
-    finally:
-        registry.unregister_runtime(TOY_RUNTIME)
-        sys.path.remove(str(toy_plugin_site))
-        sys.modules.pop("toy_paretorch_runtime", None)
-
-
 @pytest.fixture(params=NAMES)
 def name(request: pytest.FixtureRequest) -> str:
     """Each runtime's name, the toy plugin's registered through its entry point first."""
     if request.param == TOY_RUNTIME:
-        request.getfixturevalue("toy_runtime_installed")
+        request.getfixturevalue("toy_plugins_loaded")
     return str(request.param)
 
 
