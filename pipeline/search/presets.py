@@ -17,11 +17,12 @@ registers later (OpenVINO, a dynamic-shape compile) gets its presets with no cha
 
 The study enqueues these right after the baseline and before the config's ``seeds`` (which may hold a
 costly stage, such as distillation), so a search has the one-line paths' level within its first trials.
-Where the machine probe finds int8 that pays, only those int8 presets and the structural ones (float32 ``pack``,
-which multiplies with int8) come first; the cheap seeds (no costly stage: depth pruning) follow at once, so
-the first compositions (``prune depth + int8s | ov``) are measured within minutes, and the other presets and the
-costly seeds wait (:func:`initial_queue`: they are enqueued when the queue runs dry,
-:mod:`pipeline.search.proposals`).
+Where the machine probe finds int8 that pays, only each such int8 preset under its first runtime (the preset's
+own order: static int8 under OpenVINO) and the structural presets (float32 ``pack``, which multiplies with int8)
+come first; the cheap seeds (no costly stage: depth pruning) follow at once, so the first compositions
+(``prune depth + int8s | ov``) are measured within minutes, and the other presets (int8 under its other runtimes
+among them) and the costly seeds wait (:func:`initial_queue`: they are enqueued when the queue runs dry and the
+compositions and the runtime sweep have nothing to add, :mod:`pipeline.search.proposals`).
 """
 
 from __future__ import annotations
@@ -109,10 +110,17 @@ def preset_seeds(presets: Sequence[Preset], runtimes: Sequence[str], skip: SkipR
             plan.seeds.append(SeedRecipe(name=name, runtime=runtime, stages=preset.stages))
     paying = [s for s in plan.seeds if probe is not None and stage_precision(s.stages) == "int8"
               and probe.pays(s.runtime, "int8")]
-    if paying:  # int8 pays here: those first (with the structural presets), the rest after the first compositions
-        first = [s for s in plan.seeds if s in paying or structural(s)]
+    if paying:  # int8 pays here: each such preset under its first runtime (with the structural presets) first,
+        # the rest after the first compositions
+        leaders = {preset_of(s): s for s in reversed(paying)}.values()
+        first = [s for s in plan.seeds if s in leaders or structural(s)]
         plan = PresetPlan(first, plan.skipped, [s for s in plan.seeds if s not in first])
     return plan
+
+
+def preset_of(seed: SeedRecipe) -> str:
+    """The preset a preset seed runs (``int8-static`` of ``preset-int8-static@openvino``)."""
+    return seed.name.removeprefix(PRESET_PREFIX).rpartition("@")[0]
 
 
 def structural(seed: SeedRecipe) -> bool:

@@ -1,11 +1,14 @@
-"""What the search proposes after each trial, besides its sampler: the runtime sweep, then compositions.
+"""What the search proposes after each trial, besides its sampler: compositions, then the runtime sweep.
 
 :class:`Proposals` is a study callback ``(study, trial, record)`` (the trial loop hands it the record the
-trial objective returned). It enqueues the ``sweep_top`` fastest feasible stage lists (resolved: a
-calibrated AMP policy replays, with no calibration) under each runtime not yet tried with them
-(:mod:`pipeline.search.sweep`; a runtime that cannot run a stage list, ``runs``, takes the next fastest
-it can), then, once no enqueued trial waits, the compositions of the measured
-winners (:mod:`pipeline.search.compose`). Feasible means :meth:`Objectives.verdict
+trial objective returned). Once no enqueued trial waits, it enqueues, in this order, the first of these that
+has anything: the compositions of the measured winners (:mod:`pipeline.search.compose`); the ``sweep_top``
+fastest feasible stage lists (resolved: a calibrated AMP policy replays, with no calibration) under each
+runtime not yet tried with them (:mod:`pipeline.search.sweep`; a runtime that cannot run a stage list,
+``runs``, takes the next fastest it can); the seeds the study held back (:func:`Proposals.release_later`).
+Compositions come before the sweep: where int8 pays, ``prune depth + int8s | ov`` is worth more than
+``prune depth`` under four more runtimes (the MiniLM CPU search reached the peer's level at trial 18, 955 s,
+while the sweep of the first seeds ran first). Feasible means :meth:`Objectives.verdict
 <pipeline.search.objectives.Objectives.verdict>` says so: the one verdict behind the trial's tag, its
 Optuna constraint and these proposals.
 """
@@ -56,22 +59,28 @@ class Proposals:
         self._gains: RuntimeGains | None = None
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
-        index = self.sweep_index(study)
-        index.add(record, self.feasible_latency(record), is_preset(record.seed))
+        self.sweep_index(study).add(record, self.feasible_latency(record), is_preset(record.seed))
         self.gains(study).add(record, self.feasible_latency(record) is not None)
-        for proposal in index.proposals(self.runtimes, self.config.sweep_top, self.runnable, self.sweep_worth):
-            self.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
-                                           runtime=proposal.runtime, stages=proposal.stages,
-                                           estimate=self.sweep_estimate(proposal)))
-        if not self.compose(study):
+        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return
+        if not self.compose(study) and not self.sweep(study):
             self.release_later(study)
 
+    def sweep(self, study: optuna.Study) -> int:
+        """Enqueue the runtime sweep's proposals; how many were enqueued."""
+        proposals = self.sweep_index(study).proposals(self.runtimes, self.config.sweep_top, self.runnable,
+                                                      self.sweep_worth)
+        return sum(self.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
+                                                  runtime=proposal.runtime, stages=proposal.stages,
+                                                  estimate=self.sweep_estimate(proposal)))
+                   for proposal in proposals)
+
     def release_later(self, study: optuna.Study) -> int:
-        """When no enqueued trial waits, enqueue the seeds the study held back for the first compositions (the
-        presets that do not pay first, the costly seeds: :func:`pipeline.search.presets.initial_queue`); how many
-        were enqueued (a seed already tried is skipped)."""
+        """Enqueue the seeds the study held back for the first compositions and the sweep (the presets that do not
+        pay first, the costly seeds: :func:`pipeline.search.presets.initial_queue`); how many were enqueued (a seed
+        already tried is skipped)."""
         later = study.user_attrs.get(ATTR_LATER_SEEDS) or []
-        if not later or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if not later:
             return 0
         return sum(self.enqueue(study, SeedRecipe(**raw)) for raw in later)
 
@@ -80,11 +89,11 @@ class Proposals:
         return self.runs([config_from_dict(dict(s)) for s in stages], runtime)
 
     def compose(self, study: optuna.Study) -> int:
-        """When no enqueued trial waits, enqueue compositions of the measured winners up to the config's
-        ``compose`` cap; how many were enqueued."""
+        """Enqueue compositions of the measured winners up to the config's ``compose`` cap; how many were
+        enqueued."""
         trials = study.get_trials(deepcopy=False)
         room = self.config.compose - composed_count(trials)
-        if room <= 0 or any(t.state == TrialState.WAITING for t in trials):
+        if room <= 0:
             return 0
         records = [TrialRecord.from_trial(t) for t in trials if t.state == TrialState.COMPLETE]
         winners = [m for r in records

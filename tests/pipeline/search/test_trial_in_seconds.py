@@ -251,6 +251,15 @@ def test_where_int8_pays_the_cheap_seeds_come_before_the_other_presets_and_the_c
     assert later == [] and [s.name for s in now][-2:] == ["prune-distill", "prune-depth"], "nothing waits: config order"
 
 
+def test_where_int8_pays_under_several_runtimes_its_first_runtime_alone_comes_before_the_compositions() -> None:
+    probe = probe_machine(torch.device("cpu"), engines={"torch": lambda: {"bf16": 3.0, "int8": 2.8},
+                                                       "onnxruntime": lambda: {"int8": 1.9},
+                                                       "openvino": lambda: {"bf16": 1.15, "int8": 1.6}})
+    presets = preset_seeds(PRESETS, ["eager", "onnxruntime", "openvino"], lambda stages, runtime: None, probe)
+    assert [s.name for s in presets.seeds] == ["preset-int8-static@openvino"], "the preset's own runtime order"
+    assert "preset-int8-static@onnxruntime" in {s.name for s in presets.later}, "its other runtimes wait"
+
+
 def test_the_machine_probe_orders_and_prunes_the_presets() -> None:
     avx512 = probe_machine(torch.device("cpu"), engines={
         "torch": lambda: {"bf16": 3.0, "int8": 2.8}, "onnxruntime": lambda: {"int8": 1.9},
