@@ -7,7 +7,6 @@ torch takes 3 to 6 s of CPU); the structural test checks that torch is not impor
 
 from __future__ import annotations
 
-import resource
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ from pipeline.cli.main import EXIT_USER_ERROR
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.names import LATENCY_BUDGET_NAMES, runtime_names
 from pipeline.core.runtimes.registry import registered_runtimes
+from tests.cpu_seconds import children_cpu_seconds
 
 #: Each argument error a user can make, and the start of its last stderr line.
 BAD_ARGUMENTS = [
@@ -36,16 +36,11 @@ BAD_ARGUMENTS = [
 CPU_BOUND_S = 1.0
 
 
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 @pytest.mark.parametrize(("argv", "message"), BAD_ARGUMENTS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_an_argument_error_costs_under_a_second_of_cpu(argv: list[str], message: str) -> None:
-    before = _children_cpu_s()
+    before = children_cpu_seconds()
     result = subprocess.run([sys.executable, "-m", "pipeline", *argv], capture_output=True, text=True, timeout=120)
-    cpu = _children_cpu_s() - before
+    cpu = children_cpu_seconds() - before
     assert result.returncode == EXIT_USER_ERROR, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
     assert "Traceback" not in result.stderr
