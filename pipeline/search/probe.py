@@ -23,6 +23,10 @@ import optuna
 from pipeline.core.paired import PairedLatency, StopRule
 from pipeline.search.front_rule import MIN_EFFECT, candidates, front_groups
 
+#: The ends of a paired measurement whose interval the probe may judge: decided by the stop rule, stopped at its cost
+#: cap, or settled (its full rounds, a narrow 95 % interval: the int8 stage list swept under eager at 0.90x
+#: [0.86, 0.93] was scored in full because it settled instead of deciding); not a round limit's wide interval.
+DECIDING = ("decided", "cost cap", "settled")
 #: How a trial stopped by the probe starts its reason (a pruned trial: it was measured, and is behind the front).
 BEHIND_FRONT = "stopped by the latency probe"
 
@@ -63,7 +67,7 @@ def behind_front(paired: PairedLatency, front: FrontReferences, runtime: str, pl
     model (a runtime alone) has no stages to build on: slower than the best-scoring front trial is enough (its
     metric is the unoptimized model's, which that trial's already matches; its speed-up is recorded for the
     runtime estimates of :mod:`pipeline.search.dead_ends` all the same)."""
-    if front.top is None or paired.unstable is not None or paired.stopped not in ("decided", "cost cap"):
+    if front.top is None or paired.unstable is not None or paired.stopped not in DECIDING:
         return None
     number, speedup = front.top
     own = 0.0 if unchanged else max(1.0, plain or 0.0)

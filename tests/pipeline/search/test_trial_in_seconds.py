@@ -156,7 +156,8 @@ def test_the_probe_stops_only_a_trial_behind_the_front_and_its_own_runtime() -> 
     assert behind_front(paired(0.07, (0.06, 0.08)), front, "eager") is not None
     assert behind_front(paired(1.35, (1.3, 1.4)), front, "eager") is None, "pruning that pays under eager: scored"
     assert behind_front(paired(2.0, (1.9, 2.1)), front, "onnxruntime", plain=3.5) is not None
-    assert behind_front(paired(0.07, (0.06, 0.08), stopped="settled"), front, "eager") is None, "not decided"
+    assert behind_front(paired(0.9, (0.86, 0.93), stopped="settled"), front, "eager") is not None, "settled, clear"
+    assert behind_front(paired(0.07, (0.06, 0.08), stopped="round limit"), front, "eager") is None, "not decided"
     assert behind_front(paired(0.07, (0.06, 0.08)), FrontReferences(), "eager") is None, "no front yet"
     tied = paired(1.0, (0.97, 1.02))
     assert behind_front(tied, front, "compile") is None, "stages that cost nothing under compile: scored"
