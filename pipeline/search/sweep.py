@@ -7,11 +7,14 @@ stages, yet a sampler needs many trials to pair good stages with a good runtime 
 H200, a 20-trial TPE search never tried bf16 AMP under CUDA graphs while it swept only the single
 fastest stage list). A preset's stage list is not swept: the preset names the runtimes where it can pay (the
 CPU MiniLM search spent 6 of 30 trials sweeping presets into runtimes they had left out, e.g. static int8 under
-eager at 0.86x).
+eager at 0.86x), nor a stage list that a list built on it dominates (faster with no larger drop: ``prune depth
+0.1`` once ``prune depth 0.1 + int8s`` was measured; the MiniLM CPU search of 2026-11-29 swept ``prune depth 0.1``
+under three runtimes after its composition with static int8 had beaten it at 4.11x).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -32,6 +35,14 @@ class SweptStages:
     stages: tuple[dict[str, Any], ...]
     #: The runtime it ran under.
     runtime: str = "eager"
+    #: Its metric drop (positive: worse than the unoptimized model; NaN: not known, never dominated).
+    drop: float = math.nan
+
+    def dominated_by(self, other: SweptStages) -> bool:
+        """Whether ``other`` builds on these stages (holds each of them, and more) and is faster with no larger
+        drop: whatever a faster runtime gives these stages, it gives ``other`` too."""
+        return (other.stages != self.stages and all(stage in other.stages for stage in self.stages)
+                and other.latency < self.latency and other.drop <= self.drop)
 
 
 @dataclass(frozen=True)
@@ -78,7 +89,8 @@ class RuntimeSweepIndex:
         current = self.best.get(key)
         if latency is not None and (current is None or (latency, record.number) < (current.latency, current.number)):
             stages = tuple(c.to_dict() for c in record.recipe.model_stages())
-            self.best[key] = SweptStages(latency, record.number, stages, record.runtime)
+            self.best[key] = SweptStages(latency, record.number, stages, record.runtime,
+                                         float(record.metrics.get("metric_drop", math.nan)))
         return latency
 
     def top(self, count: int) -> list[tuple[str, SweptStages]]:
@@ -91,10 +103,14 @@ class RuntimeSweepIndex:
         """For each of ``runtimes``, the ``top`` fastest feasible stage lists it can run (``runnable``;
         None: all) and that can still win under it (``worth``: not a measured dead end,
         :mod:`pipeline.search.dead_ends`), but not those whose runtimes were chosen, that have not run under it,
-        fastest stage list first (nothing when there is one runtime)."""
+        fastest stage list first (nothing when there is one runtime), nor those a stage list built on them
+        dominates (:meth:`SweptStages.dominated_by`; the unoptimized model's, once a faster feasible list with
+        no larger drop was measured: the runtimes alone on it are the float32 presets' work, which wait in the
+        queue)."""
         if len(runtimes) < 2:
             return []
-        ranked = self.top(len(self.best))
+        ranked = [(key, best) for key, best in self.top(len(self.best))
+                  if not any(best.dominated_by(other) for other in self.best.values())]
         chosen: dict[tuple[str, str], SweepProposal] = {}
         for runtime in runtimes:
             runs = ((key, best) for key, best in ranked

@@ -79,3 +79,22 @@ def test_a_preset_stage_list_is_not_swept_and_leaves_its_place_to_the_next() -> 
     assert index.fastest == 1.0, "a preset still counts as the fastest so far"
     index.add(record(3, [BF16], "eager"), 2.0)  # the same stages from another trial: still the preset's choice
     assert all(p.stages != (BF16.to_dict(),) for p in index.proposals(RUNTIMES, 10))
+
+
+def dropped(number: int, stages: Sequence[StageConfig], drop: float) -> TrialRecord:
+    done = record(number, stages)
+    return TrialRecord(number=done.number, state=done.state, runtime=done.runtime, recipe=done.recipe,
+                       metrics={"metric_drop": drop})
+
+
+def test_a_stage_list_a_faster_composition_of_it_dominates_is_not_swept() -> None:
+    """``prune`` alone once ``prune + int8`` ran faster with no larger drop: the sweep tries the composition."""
+    index = RuntimeSweepIndex()
+    index.add(dropped(0, [], 0.0), 10.0)
+    index.add(dropped(1, [PRUNE], -2.5), 8.0)
+    index.add(dropped(2, [PRUNE, INT8], -2.8), 2.5)
+    index.add(dropped(3, [BF16], -0.1), 5.0)
+    assert proposed(index, 3) == [(2, "compile"), (2, "compile_cudagraphs"), (3, "compile"),
+                                  (3, "compile_cudagraphs")], "bf16 holds no prune: still swept"
+    index.add(dropped(4, [PRUNE, INT8, FP16], -1.0), 2.0)  # faster, but a larger drop: both stay
+    assert {number for number, _ in proposed(index, 3)} == {2, 3, 4}
