@@ -241,6 +241,7 @@ def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: L
     stopped = "round limit"
     with torch.no_grad():
         while len(base) < limit:
+            before_pair = cost
             for _ in range(2):  # rounds in pairs: each side first in half of them
                 order = round_order(2, len(base))
                 times = dict(zip(order, timer([(baseline, trial)[i] for i in order]), strict=True))
@@ -254,7 +255,7 @@ def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: L
                 if len(ratios) >= stop.first_look and stop.decided(median_ci(ratios, stop.confidence)):
                     stopped = "decided"
                     break
-                if cost >= budget:
+                if cost + (cost - before_pair) > budget:  # another pair like the last one would pass the cap
                     stopped = "cost cap"
                     break
             if len(ratios) >= settings.rounds and _width(ratios) <= max_width:
