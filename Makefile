@@ -35,7 +35,7 @@ help:
 	@echo "make dashboard               optuna-dashboard over the studies (http://127.0.0.1:$(DASHBOARD_PORT))"
 	@echo "make screenshots             headless-Chromium PNGs of both UIs over the results (needs chromium)"
 	@echo "make bench                   baseline vs single techniques vs search; BENCHMARKS.md"
-	@echo "make test                    the test suite (prints its 15 slowest tests)"
+	@echo "make test                    the test suite in the rotated shuffled order (prints its 15 slowest tests)"
 	@echo "make test-shuffled SEED=N    the test suite in a seeded random order (order dependence fails)"
 	@echo "make lint                    ruff + import-linter layer contracts + mypy"
 	@echo "make clean                   remove results and caches (keeps .venv)"
@@ -105,8 +105,11 @@ bench: $(STAMP)
 # The suite, with its 15 slowest tests at the end; test-shuffled: the same suite in a seeded random order
 # (modules and the tests in each; SEED=N repeats an order), which fails where a test depends on another's leftovers.
 SEED ?= 20261128
+# The suite runs in a shuffled order (an order dependence fails), with a seed a maintainer rotates once a run with
+# the new seed passed (last: 7, on 2026-11-29); `make test TEST_SEED=` runs it in file order.
+TEST_SEED   ?= 7
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q --durations=15 $(if $(TEST_SEED),--shuffle $(TEST_SEED)) tests
 
 test-shuffled: $(STAMP)
 	$(PY) -m pytest -q --durations=15 --shuffle $(SEED) tests

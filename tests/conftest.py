@@ -115,6 +115,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The order the run used (under ``-q`` too, where the header is not shown): what repeats a failure."""
+    if (seed := config.getoption("--shuffle")) is not None:
+        terminalreporter.write_line(f"shuffled order: --shuffle {seed} (make test-shuffled SEED={seed} repeats it)")
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [f"toy plugin installed: {TOY_STAGE}, {TOY_RUNTIME} ({_TOY_SITE[0]})"] if _TOY_SITE else []
     if (seed := config.getoption("--shuffle")) is not None:

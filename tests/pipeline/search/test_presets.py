@@ -136,11 +136,16 @@ def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seed
         assert {seed.name for seed in later} >= {"preset-fp32@no_amp_test", "prune-0.3-distill"}
         assert f"{len([s for s in later if s.name.startswith(PRESET_PREFIX)])} more after the cheap seeds" in (
             presets_line)
-    order = [n.removeprefix(PRESET_PREFIX).split("@")[0] for n in names if n.startswith(PRESET_PREFIX)]
     ranks = {p.name: preset_rank(p, search.runtimes, search.machine) for p in config.presets}
     config_order = [p.name for p in shipped.presets]
-    assert order == sorted(order, key=lambda name: (ranks[name], config_order.index(name))), (
-        "preset-major, in the config's order after the machine probe's (int8 first where it pays)")
+    enqueued_names = [t.user_attrs[ATTR_SEED] for t in waiting]
+    for wave in (enqueued_names, [seed.name for seed in later]):  # the first presets, then those that wait
+        order = [n.removeprefix(PRESET_PREFIX).split("@")[0] for n in wave if n.startswith(PRESET_PREFIX)]
+        assert order == sorted(order, key=lambda name: (ranks[name], config_order.index(name))), (
+            "preset-major, in the config's order after the machine probe's (int8 first where it pays)")
+    if later:
+        first_int8 = [n for n in enqueued_names if n.startswith(PRESET_PREFIX + "int8")]
+        assert len(first_int8) == len({n.split("@")[0] for n in first_int8}), "each int8 preset once, first"
 
 
 def test_the_waiting_seeds_run_once_the_queue_runs_dry(residual_spec: ModelSpec, tmp_path: Path) -> None:
