@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     optimize.add_argument("--trials", type=int, default=20, help="total finished trials of the study (default 20)")
     optimize.add_argument("--timeout", type=float, default=None, help="stop starting trials after this many seconds")
     optimize.add_argument("--enqueue", action="append", default=[], metavar="RECIPE",
-                          help="run this recipe file as a trial first (repeatable; skipped if already run)")
+                          help="queue this recipe file as a trial, after the baseline, the first presets and the "
+                               "config's seeds (repeatable; skipped if already run)")
     optimize.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     optimize.add_argument("--workers", type=int, default=1,
                           help="run the study in this many processes on this machine (default 1); more machines: "
