@@ -59,8 +59,9 @@ class Proposals:
         self._gains: RuntimeGains | None = None
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
-        self.sweep_index(study).add(record, self.feasible_latency(record), is_preset(record.seed))
-        self.gains(study).add(record, self.feasible_latency(record) is not None)
+        latency = self.feasible_latency(record)
+        self.sweep_index(study).add(record, latency, is_preset(record.seed))
+        self.gains(study).add(record, latency is not None)
         if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return
         if not self.compose(study) and not self.sweep(study):
