@@ -42,6 +42,7 @@ from stages.export.layer_filter import untraced_protected
 from stages.export.metadata import artifact_metadata
 from stages.export.onnx_fusions import transformer_fusions
 from stages.export.onnx_int8 import count_int8_ops, int8_plan, quantize_int8, select_nodes
+from stages.export.onnx_residual_order import residual_before_bias
 
 if TYPE_CHECKING:
     import onnx
@@ -71,6 +72,8 @@ def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -
             graph, fusion_note = transformer_fusions(float_path)
             _drop_initializer_value_info(graph)
             notes.append(fusion_note)
+        if reordered := residual_before_bias(graph):
+            notes.append(f"{reordered} residual add(s) before their bias (keeps ORT's slow SkipLayerNormalization off)")
         quantized = False
         if plan.layer_filter is not None:
             selected, skipped = select_nodes(graph, plan.layer_filter)
