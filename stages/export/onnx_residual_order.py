@@ -27,8 +27,9 @@ NORMALIZATION = "LayerNormalization"
 
 def residual_before_bias(model: onnx.ModelProto) -> int:
     """Rewrite each ``LayerNormalization(Add(Add(y, bias), residual))`` (``bias`` a 1-D initializer, the inner
-    ``Add`` read by nothing else, not a graph output) as ``LayerNormalization(Add(Add(y, residual), bias))`` in place, the inner
-    ``Add`` moved just before the outer one (the residual may be computed after it); returns how many."""
+    ``Add`` read by nothing else, not a graph output) as ``LayerNormalization(Add(Add(y, residual), bias))`` in
+    place, the inner ``Add`` moved just before the outer one (the residual may be computed after it); returns
+    how many."""
     graph = model.graph
     nodes = list(graph.node)
     biases = {init.name for init in graph.initializer if len(init.dims) == 1}
