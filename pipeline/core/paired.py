@@ -230,7 +230,9 @@ def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: L
     ``max_width`` of the ratio, it goes on, up to ``retries`` more blocks of rounds (a busy machine is measured
     longer, never judged on its narrowest block); ``unstable`` says why when even all of them are too wide.
     ``stop`` (the search): it may stop earlier, once the answer is known (:class:`StopRule`), and its rounds
-    never cost more than ``stop.max_cost`` baseline measurements; :attr:`PairedLatency.stopped` says why."""
+    never cost more than ``stop.max_cost`` baseline measurements (it stops before a round like its last would pass
+    that cap: a model whose one round costs over half of it is timed in one round, MLX's CPU backend on MiniLM);
+    :attr:`PairedLatency.stopped` says why."""
     timer.warm_up((baseline, trial))
     before = cpu_clock() if cpu_clock is not None else None
     base: list[float] = []
@@ -241,23 +243,25 @@ def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: L
     stopped = "round limit"
     with torch.no_grad():
         while len(base) < limit:
-            before_pair = cost
             for _ in range(2):  # rounds in pairs: each side first in half of them
                 order = round_order(2, len(base))
                 times = dict(zip(order, timer([(baseline, trial)[i] for i in order]), strict=True))
                 base.append(times[0])
                 mine.append(times[1])
-                cost += _round_cost(times[0], settings) + _round_cost(times[1], settings)
+                last = _round_cost(times[0], settings) + _round_cost(times[1], settings)
+                cost += last
+                if stop is not None:
+                    if budget is None:
+                        budget = stop.max_cost * 2 * settings.rounds * _round_cost(times[0], settings)
+                    if cost + last > budget:  # another round like the last one would pass the cap
+                        stopped = "cost cap"
+                        break
+            if stopped == "cost cap":
+                break
             ratios = _ratios(base, mine)
-            if stop is not None:
-                if budget is None:
-                    budget = stop.max_cost * 2 * settings.rounds * _round_cost(statistics.median(base), settings)
-                if len(ratios) >= stop.first_look and stop.decided(median_ci(ratios, stop.confidence)):
-                    stopped = "decided"
-                    break
-                if cost + (cost - before_pair) > budget:  # another pair like the last one would pass the cap
-                    stopped = "cost cap"
-                    break
+            if stop is not None and len(ratios) >= stop.first_look and stop.decided(median_ci(ratios, stop.confidence)):
+                stopped = "decided"
+                break
             if len(ratios) >= settings.rounds and _width(ratios) <= max_width:
                 stopped = "settled"
                 break
