@@ -15,6 +15,8 @@ from experiments.bench.busy import BUSY_PREFIX
 from experiments.bench.busy import render as render_busy
 from experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
 from experiments.bench.fidelity_check import render as render_fidelity_check
+from experiments.bench.length_groups import LENGTH_GROUPS_PREFIX
+from experiments.bench.length_groups import render as render_length_groups
 from experiments.bench.ort_rows import ORT_ROWS_PREFIX
 from experiments.bench.ort_rows import render as render_ort_rows
 from experiments.bench.pack_agreement import PACK_AGREEMENT_PREFIX
@@ -176,7 +178,7 @@ SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     (MLX_CUDA_PREFIX, render_mlx_cuda), (COMPILE_SHAPES_PREFIX, render_compile_shapes),
     (RECOVERY_PREFIX, render_recovery), (FIDELITY_CHECK_PREFIX, render_fidelity_check), (BUSY_PREFIX, render_busy),
     (SEARCH_QUALITY_PREFIX, render_search_quality), (PACK_AGREEMENT_PREFIX, render_pack_agreement),
-    (PROXY_VERDICT_PREFIX, render_proxy_verdict))
+    (PROXY_VERDICT_PREFIX, render_proxy_verdict), (LENGTH_GROUPS_PREFIX, render_length_groups))
 
 
 def render_markdown(folder: Path = RESULTS_DIR) -> str:
