@@ -16,6 +16,7 @@ import importlib
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -224,8 +225,13 @@ def same_global_state() -> Iterator[None]:
     * the environment (``main([... "--results-dir", X])`` points every later test at X);
     * torch's thread count (``optimize`` without ``--threads`` picks one from the machine's load);
     * Python's and torch's global random generators, seeded;
-    * dynamo's compiled code and the dynamo and inductor settings (``freezing``, the recompile limit)."""
+    * dynamo's compiled code and the dynamo and inductor settings (``freezing``, the recompile limit);
+    * Ctrl-C: Python's own SIGINT handler, as in a terminal. A suite started in the background (``make test &``,
+      ``nohup``) inherits SIGINT ignored, and the Ctrl-C tests (in this process, or in subprocesses, which inherit
+      it) then saw no Ctrl-C at all (in one shuffled order; in another some earlier test had installed a handler)."""
     environ = dict(os.environ)
+    sigint = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threads = torch.get_num_threads()
     configs = [config.get_config_copy() for config in COMPILER_CONFIGS]
     random.seed(TEST_SEED)
@@ -235,6 +241,7 @@ def same_global_state() -> Iterator[None]:
         del os.environ[key]
     os.environ.update(environ)
     torch.set_num_threads(threads)
+    signal.signal(signal.SIGINT, sigint)
     torch._dynamo.reset()
     for config, saved in zip(COMPILER_CONFIGS, configs, strict=True):
         changed = {key: value for key, value in saved.items() if getattr(config, key) != value}
