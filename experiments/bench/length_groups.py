@@ -27,13 +27,12 @@ from torch import Tensor
 
 from experiments.bench.isa import isa_info
 from experiments.bench.paths import RESULTS_DIR
+from experiments.bench.recipe_rows import replay
 from experiments.bench.settings import BENCH_LATENCY
 from pipeline.core.device import resolve_device
-from pipeline.core.padding import latency_sample, trim_to_longest
+from pipeline.core.padding import cut_to, latency_sample, longest, trim_to_longest
 from pipeline.core.paired import DeviceTimer, measure_paired, process_clock
-from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
-from pipeline.engine.runner import Runner
 from pipeline.sources.resolve import resolve_spec
 
 LENGTH_GROUPS_PREFIX = "length-groups-"
@@ -48,8 +47,8 @@ def grouped_call(fn: Callable[..., Tensor], groups: int, mask_index: int) -> Cal
         order = torch.argsort(lengths, stable=True)
         parts: list[Tensor] = []
         for rows in torch.tensor_split(order, groups):
-            longest = max(1, int(lengths[rows].max()))
-            parts.append(fn(*(t[rows, :longest] if t.dim() >= 2 else t[rows] for t in inputs)))
+            group = tuple(t[rows] for t in inputs)
+            parts.append(fn(*cut_to(group, longest(group, mask_index), mask_index)))
         out = torch.cat(parts)
         return out[torch.argsort(order)]
 
@@ -66,8 +65,9 @@ def measure(recipe_path: Path, groups: Sequence[int], batch: int, device_name: s
     if spec.padding_mask is None:
         raise SystemExit(f"error: {spec.name} takes no padding mask: length groups do not apply")
     device = resolve_device(device_name)
-    fn = Runner(recipe_pipeline(recipe.model_stages()), spec, device).prepare({}, recipe.runtime)
+    fn = replay(recipe, spec, device)
     inputs = trim_to_longest(latency_sample(spec, batch), spec.padding_mask)
+    lengths = inputs[spec.padding_mask].ne(0).sum(dim=1)
     timer = DeviceTimer(device, BENCH_LATENCY)
     with torch.no_grad():
         padded = fn(*inputs)
@@ -82,7 +82,6 @@ def measure(recipe_path: Path, groups: Sequence[int], batch: int, device_name: s
                      "unstable": paired.unstable, "machine": paired.machine.describe()})
         print(f"{k} groups: {paired.speedup:.2f}x [{paired.ci[0]:.2f}, {paired.ci[1]:.2f}] over the padded call "
               f"({paired.trial_ms:.1f} vs {paired.baseline_ms:.1f} ms), largest output change {change:.2g}", flush=True)
-    lengths = inputs[spec.padding_mask].ne(0).sum(dim=1)
     return {"recipe": recipe.describe(brief=True), "runtime": recipe.runtime, "model": spec.name, "batch": batch,
             "longest": int(lengths.max()), "mean_tokens": float(lengths.float().mean()), "rows": rows}
 

@@ -243,21 +243,20 @@ def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: L
     stopped = "round limit"
     with torch.no_grad():
         while len(base) < limit:
-            for _ in range(2):  # rounds in pairs: each side first in half of them
-                order = round_order(2, len(base))
-                times = dict(zip(order, timer([(baseline, trial)[i] for i in order]), strict=True))
-                base.append(times[0])
-                mine.append(times[1])
-                last = _round_cost(times[0], settings) + _round_cost(times[1], settings)
-                cost += last
-                if stop is not None:
-                    if budget is None:
-                        budget = stop.max_cost * 2 * settings.rounds * _round_cost(times[0], settings)
-                    if cost + last > budget:  # another round like the last one would pass the cap
-                        stopped = "cost cap"
-                        break
-            if stopped == "cost cap":
-                break
+            order = round_order(2, len(base))  # each side first in every other round
+            times = dict(zip(order, timer([(baseline, trial)[i] for i in order]), strict=True))
+            base.append(times[0])
+            mine.append(times[1])
+            last = _round_cost(times[0], settings) + _round_cost(times[1], settings)
+            cost += last
+            if stop is not None:
+                if budget is None:
+                    budget = stop.max_cost * 2 * settings.rounds * _round_cost(times[0], settings)
+                if cost + last > budget:  # another round like the last one would pass the cap
+                    stopped = "cost cap"
+                    break
+            if len(base) % 2:  # the rounds are judged in pairs, each side first in one of them
+                continue
             ratios = _ratios(base, mine)
             if stop is not None and len(ratios) >= stop.first_look and stop.decided(median_ci(ratios, stop.confidence)):
                 stopped = "decided"

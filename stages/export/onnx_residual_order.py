@@ -16,6 +16,7 @@ three float additions changes.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,12 +35,8 @@ def residual_before_bias(model: onnx.ModelProto) -> int:
     nodes = list(graph.node)
     biases = {init.name for init in graph.initializer if len(init.dims) == 1}
     producer = {output: index for index, node in enumerate(nodes) for output in node.output}
-    readers: dict[str, int] = {}
-    for node in nodes:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    for output in graph.output:  # a graph output is read by the caller: its value must not change
-        readers[output.name] = readers.get(output.name, 0) + 1
+    # a graph output is read by the caller: its value must not change
+    readers = Counter([name for node in nodes for name in node.input] + [output.name for output in graph.output])
     inner_of: dict[int, int] = {}  # outer Add's index -> the inner Add's index, which now runs just before it
     for norm in nodes:
         outer = producer.get(norm.input[0], -1) if norm.op_type == NORMALIZATION else -1

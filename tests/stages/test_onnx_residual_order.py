@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 from stages.export.onnx_residual_order import residual_before_bias
+from tests.ort_graphs import session_ops
 
 HIDDEN = 16
 
@@ -32,15 +31,6 @@ def _block() -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], inits)
     return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
-
-
-def session_ops(model: onnx.ModelProto, tmp_path: Path) -> tuple[Counter[str], onnxruntime.InferenceSession]:
-    """The op types of the graph a plain session (``ORT_ENABLE_ALL``) runs, and that session."""
-    options = onnxruntime.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
-    return Counter(node.op_type for node in optimized.graph.node), session
 
 
 def test_ort_fuses_the_usual_order_into_skip_layer_normalization(tmp_path: Path) -> None:
