@@ -36,7 +36,7 @@ from pipeline.core.spec import ModelSpec, load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, is_export
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.deliver import deliver
-from pipeline.engine.deployment import deploy_stage, load_weights, read_deployment, rebuild_configs
+from pipeline.engine.deployment import deploy_stage, load_weights, open_file, read_deployment, rebuild_configs
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
@@ -100,14 +100,24 @@ def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.
     ``spec``: the model's spec (its ``build`` makes the unoptimized structure); ``runtime``: the recipe's when
     None. The recipe's stages are replayed for structure only (no fine-tuning, no distillation, no export), the
     saved weights loaded strictly over the result (:mod:`pipeline.engine.deployment`: no file in the folder
-    runs code on load), then the stage's ``deploy`` builds the callable."""
-    recipe, weights = read_deployment(directory)
+    runs code on load), then the stage's ``deploy`` builds the callable. A folder of a recipe whose runtime runs
+    a file (``onnxruntime``, ``openvino``) holds that file instead: it is opened in the recipe's runtime and called
+    per length group (a :class:`pipeline.core.length_groups.GroupedEncoder`, the same token-list contract)."""
+    deployment = read_deployment(directory)
+    recipe = deployment.recipe
     stage = deploy_stage(recipe.stages)
     if stage is None or stage.deploy is None:
         raise ConfigError(f"{directory}: recipe '{recipe.describe()}' has no stage that builds a deployable callable")
     if recipe.model and recipe.model != spec.name:
         raise ConfigError(f"{directory} holds a model of '{recipe.model}', not of '{spec.name}': give its spec")
     device = torch.device(device)
+    if deployment.weights is None:
+        if runtime not in (None, recipe.runtime):
+            raise ConfigError(f"{directory} holds the file runtime {recipe.runtime} ran: load it without runtime= "
+                              f"(or with runtime={recipe.runtime!r})")
+        mask = deployment.grouped_mask_input or 0
+        return open_file(deployment, int(spec.example_inputs(1)[mask].shape[1]), device)
+    weights = deployment.weights
     model = run_chain(load_model(spec), rebuild_configs(recipe.stages), StageContext(spec, device)).model
     load_weights(model, weights, device)
     return stage.deploy(model.eval(), device, runtime or recipe.runtime)

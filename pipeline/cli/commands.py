@@ -223,8 +223,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
         exports[name] = {"path": str(export.path), "size_bytes": export.size_bytes, "validation": export.validation,
                          **export.metrics}
     deploy = output / DEPLOY_DIR
-    deployment = ({"path": str(deploy), **save_deployment(result.model, result.recipe(spec.name), deploy)}
-                  if deploy_stage(recipe.stages) is not None else None)
+    deployment = None
+    if deploy_stage(recipe.stages) is not None:
+        shipped = runner.runtime_file({}, recipe.runtime)
+        deployment = {"path": str(deploy), **save_deployment(result.model, result.recipe(spec.name), deploy, shipped)}
     measured = recipe.metadata.get(RECORDED)
     summary = {"model": spec.name, "recipe": recipe.describe(), "device": result.report.device,
                "metrics": result.report.as_metrics(), "exports": exports, "deployment": deployment,
@@ -243,7 +245,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     for name, info in exports.items():
         console.print(f"{name}: {info['path']} ({format_bytes(info['size_bytes'])}; {info['validation']})")
     if deployment is not None:
-        console.print(f"deployment: {deploy} ({deployment['weights']} + {deployment['recipe']}; "
+        held = deployment.get("weights") or deployment["file"]
+        console.print(f"deployment: {deploy} ({held} + {deployment['recipe']}; "
                       "pipeline.api.load_deployment rebuilds its callable)", highlight=False)
     console.print(f"written: {output / 'apply.json'}")
     return 0

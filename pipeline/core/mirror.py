@@ -29,7 +29,8 @@ from typing import Literal, TypeVar
 #: The axes a runtime declares what it reproduces on: compute precisions (``float32``, ``bfloat16``, ``float16``,
 #: ``auto``: the device's preferred reduced dtype, ``mixed``: float32 layers kept beside a reduced dtype),
 #: quantization schemes (:func:`quant_scheme`) and the group sizes of per-group ones (:func:`quant_group`), stages
-#: whose output no export mirrors (by stage name), and model forms (``torchscript``).
+#: (by name) whose output no export mirrors or that a runtime reproduces its own way (``pack``),
+#: and model forms (``torchscript``).
 NeedKind = Literal["precision", "quantization", "group", "stage", "output"]
 
 

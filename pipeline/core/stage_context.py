@@ -34,6 +34,9 @@ class ExportResult:
     #: (predict needs macOS)" or "onnxruntime matches torch (max abs err 2e-6)".
     validation: str
     metrics: dict[str, float] = field(default_factory=dict)
+    #: A pack recipe's file (the padded graph): the padding-mask input a runtime groups rows by, calling the file
+    #: once per group of similar-length rows (:mod:`pipeline.core.length_groups`); None: called as it is.
+    grouped_mask_input: int | None = None
 
 
 @dataclass

@@ -3,22 +3,28 @@
 ``pipeline apply --recipe R --output X`` writes them to ``X/deploy/`` for a recipe holding a stage with a
 ``deploy`` callable (:attr:`pipeline.core.stage.Stage.deploy`; pack's token-id-list encoder):
 
-* ``weights.safetensors``: the final model's state dict (safetensors holds tensors only, no code); or
-  ``weights.pt`` when the model holds tensor subclasses safetensors cannot store (torchao's int8 weights),
-  a ``torch.save`` state dict read back with ``torch.load(weights_only=True)``, which unpickles tensors and
-  the allow-listed tensor classes only and refuses anything else;
+* under a runtime that runs the torch model: ``weights.safetensors``, the final model's state dict (safetensors
+  holds tensors only, no code); or ``weights.pt`` when the model holds tensor subclasses safetensors cannot store
+  (torchao's int8 weights), a ``torch.save`` state dict read back with ``torch.load(weights_only=True)``, which
+  unpickles tensors and the allow-listed tensor classes only and refuses anything else;
+* under a runtime that runs a file (``onnxruntime``, ``openvino``): that file (``.onnx``; an IR's ``.xml`` +
+  ``.bin``), the one the trial ran, which the runtime calls once per length group of rows
+  (:mod:`pipeline.core.length_groups`); ONNX and OpenVINO IR files hold graphs and tensors, no code;
 * ``recipe.json``: the resolved recipe (stage configs, runtime), plain JSON;
 * ``deployment.json``: what the folder holds and how to load it.
 
-:func:`pipeline.api.load_deployment` rebuilds the callable: the spec's model (the user's own code, as every
-command runs it), the recipe's stages replayed for structure only (:meth:`StageConfig.structure_only`: no
-fine-tuning, no distillation), the saved weights loaded strictly over it, then the stage's ``deploy``.
+:func:`pipeline.api.load_deployment` rebuilds the callable: for weights, the spec's model (the user's own code, as
+every command runs it), the recipe's stages replayed for structure only (:meth:`StageConfig.structure_only`: no
+fine-tuning, no distillation), the saved weights loaded strictly over it, then the stage's ``deploy``; for a file,
+the file opened in its runtime (:func:`open_file`) behind the same token-list contract
+(:class:`pipeline.core.length_groups.GroupedEncoder`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +33,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from pipeline.core.errors import ConfigError
-from pipeline.core.stage import Stage, StageConfig, is_export, stage_for
+from pipeline.core.length_groups import GroupedEncoder, LengthGrouped
+from pipeline.core.runtimes.base import GivenExport
+from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
+from pipeline.core.stage import ExportResult, Stage, StageConfig, is_export, stage_for
+from pipeline.engine.deliver import deliver
 from pipeline.engine.recipe import Recipe
 
 #: The folder under ``apply``'s output.
@@ -37,6 +47,18 @@ PICKLED_WEIGHTS = "weights.pt"
 RECIPE = "recipe.json"
 MANIFEST = "deployment.json"
 FORMAT = "paretorch-deployment/1"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A folder :func:`save_deployment` wrote: its recipe and either the weights or the runtime's file (with the
+    padding-mask input its calls group by and the longest token list the model takes)."""
+
+    recipe: Recipe
+    weights: Path | None = None
+    file: Path | None = None
+    grouped_mask_input: int | None = None
+    max_length: int | None = None
 
 
 def deploy_stage(configs: Sequence[StageConfig]) -> Stage[StageConfig] | None:
@@ -51,12 +73,37 @@ def rebuild_configs(configs: Sequence[StageConfig]) -> list[StageConfig]:
             if (rebuilt := config.structure_only()) is not None]
 
 
-def save_deployment(model: nn.Module, recipe: Recipe, directory: Path) -> dict[str, Any]:
-    """Write ``model``'s weights, ``recipe`` and the manifest to ``directory``; returns the manifest."""
+def save_deployment(model: nn.Module, recipe: Recipe, directory: Path,
+                    runtime_file: ExportResult | None = None) -> dict[str, Any]:
+    """Write ``model``'s weights (or, under a runtime that runs a file, ``runtime_file``: the file the trial ran),
+    ``recipe`` and the manifest to ``directory``; returns the manifest."""
     stage = deploy_stage(recipe.stages)
     if stage is None:
         raise ConfigError(f"recipe '{recipe.describe()}' has no stage that builds a deployable callable")
     directory.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, Any] = {"format": FORMAT, "model": recipe.model, "callable": stage.name,
+                                "runtime": recipe.runtime, "recipe": RECIPE,
+                                "load": "pipeline.api.load_deployment(<this folder>, <the model's spec>, device, "
+                                        "runtime=None)"}
+    if get_runtime(recipe.runtime).export is None:
+        manifest["weights"] = _save_weights(model, directory)
+    else:
+        if runtime_file is None or runtime_file.grouped_mask_input is None:
+            raise ConfigError(f"runtime {recipe.runtime} deploys the file it ran, called per length group: give the "
+                              "recipe's runtime file (Runner.runtime_file) of a pack recipe")
+        for stale in (SAFE_WEIGHTS, PICKLED_WEIGHTS):
+            (directory / stale).unlink(missing_ok=True)
+        shipped = deliver(runtime_file, directory)
+        manifest |= {"file": Path(shipped.path).name, "format_of_file": shipped.format,
+                     "grouped_mask_input": shipped.grouped_mask_input,
+                     "max_length": getattr(model, "max_length", None)}
+    recipe.save(directory / RECIPE)
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def _save_weights(model: nn.Module, directory: Path) -> str:
+    """``model``'s state dict in ``directory``: safetensors where it holds plain tensors only; the file's name."""
     state = {name: tensor.detach().to("cpu").clone() for name, tensor in model.state_dict().items()}
     plain = all(type(tensor) in (Tensor, nn.Parameter) for tensor in state.values())
     weights = SAFE_WEIGHTS if plain else PICKLED_WEIGHTS
@@ -66,26 +113,45 @@ def save_deployment(model: nn.Module, recipe: Recipe, directory: Path) -> dict[s
         save_file({name: tensor.contiguous() for name, tensor in state.items()}, directory / weights)
     else:
         torch.save(state, directory / weights)
-    recipe.save(directory / RECIPE)
-    manifest = {"format": FORMAT, "model": recipe.model, "callable": stage.name, "runtime": recipe.runtime,
-                "weights": weights, "recipe": RECIPE,
-                "load": "pipeline.api.load_deployment(<this folder>, <the model's spec>, device, runtime=None)"}
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    return manifest
+    return weights
 
 
-def read_deployment(directory: str | Path) -> tuple[Recipe, Path]:
-    """The recipe and the weights file of a folder :func:`save_deployment` wrote."""
+def read_deployment(directory: str | Path) -> Deployment:
+    """What a folder :func:`save_deployment` wrote holds (its files checked to be there)."""
     directory = Path(directory)
     if not (directory / MANIFEST).is_file():
         raise ConfigError(f"{directory} holds no {MANIFEST}: give the deploy/ folder `pipeline apply` wrote")
     manifest = json.loads((directory / MANIFEST).read_text())
     if manifest.get("format") != FORMAT:
         raise ConfigError(f"{directory / MANIFEST} is not a {FORMAT} manifest: write it again with `pipeline apply`")
-    weights = directory / str(manifest["weights"])
+    recipe = Recipe.load(directory / str(manifest["recipe"]))
+    if manifest.get("file") is not None:
+        file = directory / Path(str(manifest["file"])).name
+        if not file.exists() or not isinstance(manifest.get("grouped_mask_input"), int):
+            raise ConfigError(f"{file} is missing or the manifest lacks its padding mask: write the folder again "
+                              "with `pipeline apply`")
+        max_length = manifest.get("max_length")
+        return Deployment(recipe, file=file, grouped_mask_input=manifest["grouped_mask_input"],
+                          max_length=max_length if isinstance(max_length, int) else None)
+    weights = directory / str(manifest.get("weights"))
     if weights.name not in (SAFE_WEIGHTS, PICKLED_WEIGHTS) or not weights.is_file():
         raise ConfigError(f"{weights} is missing: write the folder again with `pipeline apply`")
-    return Recipe.load(directory / str(manifest["recipe"])), weights
+    return Deployment(recipe, weights=weights)
+
+
+def open_file(deployment: Deployment, max_length: int, device: torch.device) -> GroupedEncoder:
+    """A file deployment opened in its recipe's runtime, called per length group behind the token-list contract
+    (``max_length``: the longest token list, when the manifest does not say)."""
+    if deployment.file is None or deployment.grouped_mask_input is None:
+        raise ConfigError("this deployment holds weights, not a file: load it with pipeline.api.load_deployment")
+    runtime = deployment.recipe.runtime
+    result = ExportResult(format=get_runtime(runtime).name, path=deployment.file, size_bytes=0,
+                          validation="a deployment's file", grouped_mask_input=deployment.grouped_mask_input)
+    grouped = prepare_runtime(nn.Identity(), runtime, device, GivenExport(result))
+    if not isinstance(grouped, LengthGrouped):
+        raise ConfigError(f"runtime {runtime} does not call its file per length group: load the folder with a "
+                          "runtime that does (onnxruntime, openvino)")
+    return GroupedEncoder(grouped, deployment.max_length or max_length)
 
 
 def load_weights(model: nn.Module, weights: Path, device: torch.device) -> None:

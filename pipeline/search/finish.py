@@ -173,7 +173,8 @@ def trial_deployment(parts: StudyParts, record: TrialRecord, folder: Path) -> tu
         return None
     try:
         model = parts.runner.run(record.configs, record.runtime, exports=False, evaluate=False).model
-        save_deployment(model, record.recipe, folder / DEPLOY_DIR)
+        shipped = parts.runner.runtime_file(record.configs, record.runtime)
+        save_deployment(model, record.recipe, folder / DEPLOY_DIR, shipped)
     except Exception as exc:  # recorded on the trial's run like a failed export; the exports stand
         traceback.print_exc()
         return [], plain(f"failed: {type(exc).__name__}: {exc}")

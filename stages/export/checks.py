@@ -12,8 +12,10 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.mirror import ExportMirror
 from pipeline.core.spec import Batch, ModelSpec
 from pipeline.core.stage import StageContext
+from stages.common.mirror_facts import PaddingFree
 
 CPU = torch.device("cpu")
 #: Exact exports (same float32 graph): max abs error <= this x max(1, max |reference|).
@@ -109,3 +111,16 @@ def short_error(exc: BaseException) -> str:
 def converter_failure(what: str, exc: BaseException) -> InfeasibleConfig:
     """An :class:`InfeasibleConfig` that quotes a converter's error briefly."""
     return InfeasibleConfig(f"{what} failed: {short_error(exc)}")
+
+
+def grouped_mask_input(upstream: ExportMirror, spec: ModelSpec) -> int | None:
+    """A pack recipe's file (the padded graph) is called once per length group of rows: the padding-mask input
+    the groups are cut by (:attr:`ExportResult.grouped_mask_input`); None for any other recipe."""
+    return spec.padding_mask if upstream.of(PaddingFree) is not None else None
+
+
+def grouped_note(mask_input: int | None) -> list[str]:
+    """The validation note of a file a runtime calls per length group (none for one called as it is)."""
+    if mask_input is None:
+        return []
+    return [f"pack: the padded graph, called once per group of similar-length rows (padding mask: input {mask_input})"]

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.spec import Batch
 from pipeline.core.stage import ExportResult, StageContext, export_mirror
-from stages.common.mirror_facts import ReducedPrecision
+from stages.common.mirror_facts import PaddingFree, ReducedPrecision
 from stages.export.atomic import artifact_size_bytes, atomic_artifact
 from stages.export.checks import (
     OutputComparison,
@@ -69,6 +69,9 @@ def export_coreml(model: nn.Module, config: CoreMLExportConfig, ctx: StageContex
             raise converter_failure("Core ML weight compression", exc) from exc
         notes += compression_notes
         notes += [f"not mirrored: {note}" for note in upstream.not_mirrored]
+        if upstream.of(PaddingFree) is not None:
+            notes.append("not mirrored: pack: the padded graph, computing every padding token (no per-length-group "
+                         "call for Core ML here)")
         compressed = compressed_weight_ops(mlmodel)
         notes.append(f"compressed weight ops: {_describe_counts(compressed)}")
         metadata = artifact_metadata(ctx.upstream, "coremltools")

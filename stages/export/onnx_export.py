@@ -35,6 +35,8 @@ from stages.export.checks import (
     converter_failure,
     cpu_inputs,
     float_graph_on_cpu,
+    grouped_mask_input,
+    grouped_note,
     require_close,
     run_reference,
 )
@@ -61,7 +63,8 @@ def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -
     plan = int8_plan(config, upstream, ctx.spec.protected_layers)
     shape_note = "dynamic batch" if fixed_batch is None else f"fixed batch {fixed_batch}"
     notes = [f"exported with torch.onnx (dynamo), opset {config.opset}, {shape_note}"]
-    notes += _unmirrored_notes(upstream)
+    grouped_input = grouped_mask_input(upstream, ctx.spec)
+    notes += _unmirrored_notes(upstream) + grouped_note(grouped_input)
     name = f"{ctx.spec.name}.onnx"
     with atomic_artifact(output_dir, name) as staged:
         float_path = staged.with_name("float.onnx")
@@ -105,6 +108,7 @@ def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -
         size_bytes=artifact_size_bytes(path),
         validation="; ".join(notes),
         metrics=metrics,
+        grouped_mask_input=grouped_input,
     )
 
 

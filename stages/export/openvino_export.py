@@ -38,6 +38,8 @@ from stages.export.checks import (
     converter_failure,
     cpu_inputs,
     float_graph_on_cpu,
+    grouped_mask_input,
+    grouped_note,
     require_close,
     run_reference,
 )
@@ -152,8 +154,10 @@ def export_openvino(model: nn.Module, config: OpenVINOExportConfig, ctx: StageCo
         metrics = {f"{PREFIX}_max_abs_error": worst.max_abs_error, f"{PREFIX}_cosine": worst.cosine}
         metrics.update(_measure(runner, ctx, config))
     path = output_dir / name
+    grouped_input = grouped_mask_input(upstream, ctx.spec)
     return ExportResult(format="openvino", path=path, size_bytes=artifact_size_bytes(path),
-                        validation="; ".join(notes), metrics=metrics)
+                        validation="; ".join([*notes, *grouped_note(grouped_input)]), metrics=metrics,
+                        grouped_mask_input=grouped_input)
 
 
 def check_inputs(spec: ModelSpec) -> tuple[Batch, Batch]:

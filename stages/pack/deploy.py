@@ -21,17 +21,18 @@ copied back.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from pipeline.core.length_groups import check_token_lists
 from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
 from stages.pack.layout import HostPacked, pack_padded, pack_token_lists
 from stages.pack.packed import PackedBert
 
-#: Runtimes that run the packed torch module (the others run a file an export wrote: the padded model, or mark
-#: the sequence dim dynamic, which the packed buffer does not have).
+#: Runtimes that run the packed torch module (``onnxruntime`` and ``openvino`` deploy their file, called per length
+#: group: :func:`pipeline.api.load_deployment`; ``compile_dynamic`` marks the sequence dim dynamic, which the packed
+#: buffer does not have).
 DEPLOY_RUNTIMES = ("eager", "compile", "compile_cudagraphs")
 
 
@@ -59,7 +60,8 @@ class PackedEncoder:
                             "apply a recipe with the pack stage first")
         self.device = torch.device(device)
         if runtime not in DEPLOY_RUNTIMES:
-            raise ValueError(f"PackedEncoder runs under {', '.join(DEPLOY_RUNTIMES)}; {runtime!r} is not one of them")
+            raise ValueError(f"PackedEncoder runs under {', '.join(DEPLOY_RUNTIMES)}; {runtime!r} is not one of them "
+                             "(onnxruntime and openvino deploy their file: pipeline.api.load_deployment)")
         if runtime not in available_runtimes(self.device):
             raise ValueError(f"runtime {runtime!r} does not run on {self.device.type} here: use eager")
         self.model = model.to(self.device).eval()
@@ -67,15 +69,12 @@ class PackedEncoder:
         #: Static-shape runtimes compile one graph per token bucket; eager runs the exact count.
         self.bucket = get_runtime(runtime).static_shapes
         self.fn: Callable[..., Tensor] = prepare_runtime(PackedTokens(self.model), runtime, self.device)
-        embeddings: Any = self.model.get_submodule(self.model.paths.bert).embeddings
         #: The longest token list the model takes (its position embeddings).
-        self.max_length = int(embeddings.position_embeddings.num_embeddings)
+        self.max_length = self.model.max_length
 
     def __call__(self, token_lists: Sequence[Sequence[int]]) -> Tensor:
         """One output row per list of token ids, ``(B, dim)`` float32 on the host."""
-        if not token_lists or any(not 1 <= len(ids) <= self.max_length for ids in token_lists):
-            raise ValueError(f"give one or more token id lists of 1 to {self.max_length} ids each "
-                             "(a tokenizer's input_ids, without padding)")
+        check_token_lists(token_lists, self.max_length)
         return self.run(pack_token_lists(token_lists, self.bucket, self.model.buckets))
 
     def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

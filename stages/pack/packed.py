@@ -55,6 +55,12 @@ class PackedBert(nn.Module):
         self.buckets = buckets
         self.wrapped_type = type(wrapper).__name__
 
+    @property
+    def max_length(self) -> int:
+        """The longest token list the model takes (its position embeddings)."""
+        bert: Any = self.get_submodule(self.paths.bert)
+        return int(bert.embeddings.position_embeddings.num_embeddings)
+
     def extra_repr(self) -> str:
         return f"packs={self.wrapped_type}, head={self.paths.head}, attention={self.attention}"
 

@@ -7,9 +7,11 @@ layers, norms and activations, and runs attention per sequence (:mod:`stages.pac
 It reuses the model's own modules, so the stages after it (quantize, amp) see the same layers.
 
 Exports keep the padded graph: the stage is ``numeric`` in the registry's sense (exports convert
-the model before it, ``ctx.float_model``) and marked not mirrored, so every export's validation
-text says that its file runs the padded model, and a runtime that runs an exported file
-(onnxruntime) rules a packed recipe out (it would measure the padded model under the packed name).
+the model before it, ``ctx.float_model``) and its mirror is :class:`~stages.common.mirror_facts.PaddingFree`: a
+runtime that runs a file reproduces it by calling the padded file once per group of similar-length rows
+(``onnxruntime`` and ``openvino`` declare so: :mod:`pipeline.core.length_groups`), and the export records the
+padding-mask input those calls group by; a runtime that declares nothing of the kind (MLX) rules a packed recipe
+out before it runs.
 The packing layout is built inside the graph from the sequence starts, which come from the host where
 the lengths are known (:mod:`stages.pack.layout`); under ``torch.compile`` the packed length is bucketed
 (static shapes). A deployment runs the packed model from token id lists: :mod:`stages.pack.deploy` (the record's
@@ -26,9 +28,10 @@ from torch import nn
 
 from pipeline.core.device import move_module
 from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.mirror import NotMirrored
+from pipeline.core.mirror import ExportMirror
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import Stage, StageConfig, StageContext
+from stages.common.mirror_facts import PaddingFree
 from stages.pack.bert import MASK_INPUT, find_packable
 from stages.pack.deploy import PackedEncoder
 from stages.pack.packed import PackedBert
@@ -130,9 +133,10 @@ def apply_pack(model: nn.Module, config: PackConfig, ctx: StageContext) -> nn.Mo
     return packed
 
 
-#: Exports convert the padded model; what they say about it.
-PADDED_EXPORTS = NotMirrored("exports convert the padded model (packing is how torch runs it, not part of the "
-                             "graph): the file computes every padding token, with the same outputs")
+def mirror(config: PackConfig) -> ExportMirror:
+    """Exports convert the padded model; a file runtime calls it per length group (:class:`PaddingFree`)."""
+    return ExportMirror((PaddingFree(),))
 
-STAGE = Stage(PackConfig, apply_pack, numeric=True, mirror=PADDED_EXPORTS, order=25, facts=read_facts, traceable=False,
+
+STAGE = Stage(PackConfig, apply_pack, numeric=True, mirror=mirror, order=25, facts=read_facts, traceable=False,
               rules_out=rules_out, deploy=PackedEncoder)

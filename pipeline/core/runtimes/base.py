@@ -106,6 +106,16 @@ class Runtime(ABC):
         return "the torch model: `python -m pipeline apply --recipe recipe.json` rebuilds it"
 
 
+class GivenExport:
+    """The handle to a file written before (a deployment's): the runtime opens it as it opened its trial's."""
+
+    def __init__(self, result: ExportResult) -> None:
+        self.given = result
+
+    def result(self) -> ExportResult:
+        return self.given
+
+
 class NoExport:
     """The handle outside the engine (a torch model prepared on its own): a runtime that reads its export must
     run through the Runner, which makes it."""

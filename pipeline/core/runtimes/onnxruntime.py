@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.device import capabilities, ort_provider_note
+from pipeline.core.length_groups import PACK, length_grouped
 from pipeline.core.mirror import quant_scheme
 from pipeline.core.ort_session import open_session
 from pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
@@ -30,7 +31,7 @@ REPRODUCES = Reproduces(
     precisions=frozenset({"float32"}),
     quantization=frozenset({quant_scheme(8, "dynamic"), quant_scheme(8, "static")}),
     groups=frozenset(),  # int8 per output channel only
-    stages=frozenset(),
+    stages=frozenset({PACK}),  # the padded file called once per length group (pipeline.core.length_groups)
     outputs=frozenset(),
     notes={
         "bfloat16": _FLOAT32_GRAPH, "float16": _FLOAT32_GRAPH, "auto": _FLOAT32_GRAPH, "mixed": _FLOAT32_GRAPH,
@@ -59,7 +60,8 @@ class OnnxRuntime(Runtime):
         return f"{self.name} ({providers[0]}{f', {note}' if note else ''})"
 
     def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
-        return open_session(Path(export.result().path), device)
+        result = export.result()
+        return length_grouped(open_session(Path(result.path), device), result.grouped_mask_input)
 
     def deploys(self) -> str:
         return "the .onnx file (open it with onnxruntime.InferenceSession)"

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.device import capabilities, ov_device_note
+from pipeline.core.length_groups import PACK, length_grouped
 from pipeline.core.mirror import quant_scheme
 from pipeline.core.ov_session import open_ir
 from pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
@@ -32,7 +33,7 @@ REPRODUCES = Reproduces(
     precisions=frozenset({"float32", "bfloat16", "auto"}),
     quantization=frozenset({quant_scheme(8, "float"), quant_scheme(8, "static")}),
     groups=frozenset(),  # int8 per output channel only
-    stages=frozenset(),
+    stages=frozenset({PACK}),  # the padded file called once per length group (pipeline.core.length_groups)
     outputs=frozenset(),
     notes={
         "float16": "OpenVINO's CPU plugin runs f16 only on CPUs with native fp16 arithmetic, not wired here "
@@ -66,7 +67,8 @@ class OpenVINORuntime(Runtime):
         return f"{self.name} ({devices[0]}{f', {note}' if note else ''})"
 
     def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
-        return open_ir(Path(export.result().path), device)
+        result = export.result()
+        return length_grouped(open_ir(Path(result.path), device), result.grouped_mask_input)
 
     def deploys(self) -> str:
         return ("the IR directory (.xml + .bin): openvino.Core().compile_model(xml, 'CPU', "

@@ -76,7 +76,7 @@ def test_search_config_validation_names_the_field(tmp_path: Path) -> None:
     assert SearchConfig.load(own, max_drop="2%").max_drop == AllowedDrop("relative", 0.02)  # the flag wins
     assert [s.name for s in shipped.seeds] == ["prune-depth", "prune-0.3", "prune-0.3-distill"]
     assert [p.name for p in shipped.presets] == ["int8-static", "bf16", "fp16", "bf16-packed", "fp16-packed",
-                                                 "int8-dynamic", "fp32", "fp32-packed"]
+                                                 "int8-dynamic", "int8-dynamic-packed", "fp32", "fp32-packed"]
     assert shipped.costly_share == 0.25
 
 
