@@ -1,22 +1,24 @@
-"""Length-grouped calls of an exported model: what packing could buy OpenVINO and ONNX Runtime (not in the product).
+"""Length-grouped calls of an exported model, padded against grouped: what packing buys OpenVINO and ONNX Runtime.
 
-    taskset -c 1 python -m experiments.bench.length_groups --recipe runs/bench/best-minilm-cpu.json [--groups 2 4 8]
+    taskset -c 1 python -m experiments.bench.length_groups --recipe runs/bench/best-minilm-cpu.json [--rows 4 8 16]
+    taskset -c 1 python -m experiments.bench.length_groups --peer-ir PEER.xml   # the peer's IR, grouped the same way
 
 A padded batch computes every padding token: MiniLM's latency batch (32 sentences, 61 tokens at the longest, 32.2
 on average) is half padding. torch's ``pack`` stage drops it inside the model (varlen attention), which an exported
-graph cannot. The same saving is open to any runtime at the *call*: sort the batch's rows by length, cut them into
-``k`` groups, trim each group to its own longest row and call the model once per group, the outputs put back in the
-rows' order (per-row outputs only: a pooled embedding). Padding is masked, so outputs change only by the kernels'
-rounding at other shapes. This bench replays a recipe with the engine's runner (its runtime's prepared call: an
-OpenVINO or ONNX Runtime session), and times the plain padded call against the grouped one, paired in alternating
-rounds in one process (:func:`pipeline.core.paired.measure_paired`), on the latency batch the search times. The
-product does not do this yet: a recipe's deployable call would have to group the same way.
+graph cannot; ``onnxruntime`` and ``openvino`` reproduce it at the call (:mod:`pipeline.core.length_groups`: rows
+sorted by length, groups of ``rows`` rows, each trimmed to its own longest row). This bench times a file's plain
+padded call against that grouped call, paired in alternating rounds in one process
+(:func:`pipeline.core.paired.measure_paired`), on the latency batch the search times, for several group sizes:
+a recipe replayed with the engine's runner (its runtime's prepared call, recipe without ``pack``: padded), or
+``--peer-ir``: a peer's OpenVINO IR (sentence-transformers' NNCF int8, compiled the peer's way, pooled as
+sentence-transformers pools), which says what the peer would gain from the same grouping.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,81 +28,81 @@ import torch
 from torch import Tensor
 
 from experiments.bench.isa import isa_info
+from experiments.bench.ov_int8 import PlainIr
 from experiments.bench.paths import RESULTS_DIR
 from experiments.bench.recipe_rows import replay
 from experiments.bench.settings import BENCH_LATENCY
 from pipeline.core.device import resolve_device
-from pipeline.core.padding import cut_to, latency_sample, longest, trim_to_longest
+from pipeline.core.length_groups import LengthGrouped
+from pipeline.core.padding import latency_sample, trim_to_longest
 from pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from pipeline.core.spec import ModelSpec
 from pipeline.engine.recipe import Recipe
 from pipeline.sources.resolve import resolve_spec
 
 LENGTH_GROUPS_PREFIX = "length-groups-"
 
 
-def grouped_call(fn: Callable[..., Tensor], groups: int, mask_index: int) -> Callable[..., Tensor]:
-    """``fn`` called once per group of rows of similar length, each group trimmed to its own longest row; the
-    per-row outputs are put back in the batch's order."""
-
-    def call(*inputs: Tensor) -> Tensor:
-        lengths = inputs[mask_index].ne(0).sum(dim=1)
-        order = torch.argsort(lengths, stable=True)
-        parts: list[Tensor] = []
-        for rows in torch.tensor_split(order, groups):
-            group = tuple(t[rows] for t in inputs)
-            parts.append(fn(*cut_to(group, longest(group, mask_index), mask_index)))
-        out = torch.cat(parts)
-        return out[torch.argsort(order)]
-
-    return call
-
-
-def measure(recipe_path: Path, groups: Sequence[int], batch: int, device_name: str) -> dict[str, Any]:
-    """The recipe's prepared call, padded and grouped: paired speed-up of each grouping and its largest output
-    change."""
-    recipe = Recipe.load(recipe_path)
-    if recipe.model is None:
-        raise SystemExit(f"error: {recipe_path} names no model: give a study's recipe.json")
-    spec = resolve_spec(recipe.model)
+def measure(fn: Callable[..., Tensor], spec: ModelSpec, rows: Sequence[int], batch: int,
+            device: torch.device) -> dict[str, Any]:
+    """``fn`` padded and grouped in groups of each of ``rows``: paired speed-up and largest output change."""
     if spec.padding_mask is None:
         raise SystemExit(f"error: {spec.name} takes no padding mask: length groups do not apply")
-    device = resolve_device(device_name)
-    fn = replay(recipe, spec, device)
     inputs = trim_to_longest(latency_sample(spec, batch), spec.padding_mask)
     lengths = inputs[spec.padding_mask].ne(0).sum(dim=1)
     timer = DeviceTimer(device, BENCH_LATENCY)
     with torch.no_grad():
         padded = fn(*inputs)
-    rows = []
-    for k in groups:
-        call = grouped_call(fn, k, spec.padding_mask)
+    measured = []
+    for size in rows:
+        call = LengthGrouped(fn, spec.padding_mask, size)
         with torch.no_grad():
             change = float((call(*inputs) - padded).abs().max())
         paired = measure_paired((fn, inputs), (call, inputs), timer, BENCH_LATENCY, cpu_clock=process_clock)
-        rows.append({"groups": k, "speedup_over_padded": paired.speedup, "ci": list(paired.ci),
-                     "grouped_ms": paired.trial_ms, "padded_ms": paired.baseline_ms, "max_abs_change": change,
-                     "unstable": paired.unstable, "machine": paired.machine.describe()})
-        print(f"{k} groups: {paired.speedup:.2f}x [{paired.ci[0]:.2f}, {paired.ci[1]:.2f}] over the padded call "
-              f"({paired.trial_ms:.1f} vs {paired.baseline_ms:.1f} ms), largest output change {change:.2g}", flush=True)
-    return {"recipe": recipe.describe(brief=True), "runtime": recipe.runtime, "model": spec.name, "batch": batch,
-            "longest": int(lengths.max()), "mean_tokens": float(lengths.float().mean()), "rows": rows}
+        groups = math.ceil(batch / size)
+        measured.append({"rows_per_group": size, "groups": groups, "speedup_over_padded": paired.speedup,
+                         "ci": list(paired.ci), "grouped_ms": paired.trial_ms, "padded_ms": paired.baseline_ms,
+                         "max_abs_change": change, "unstable": paired.unstable, "machine": paired.machine.describe()})
+        print(f"groups of {size} ({groups} calls): {paired.speedup:.2f}x [{paired.ci[0]:.2f}, {paired.ci[1]:.2f}] "
+              f"over the padded call ({paired.trial_ms:.1f} vs {paired.baseline_ms:.1f} ms), largest output change "
+              f"{change:.2g}", flush=True)
+    return {"model": spec.name, "batch": batch, "longest": int(lengths.max()),
+            "mean_tokens": float(lengths.float().mean()), "rows": measured}
+
+
+def recipe_call(recipe_path: Path, device: torch.device) -> tuple[Callable[..., Tensor], ModelSpec, dict[str, str]]:
+    """A recipe's prepared call (its runtime's), its spec, and what the result names it by."""
+    recipe = Recipe.load(recipe_path)
+    if recipe.model is None:
+        raise SystemExit(f"error: {recipe_path} names no model: give a study's recipe.json")
+    spec = resolve_spec(recipe.model)
+    return replay(recipe, spec, device), spec, {"recipe": recipe.describe(brief=True), "runtime": recipe.runtime}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench.length_groups",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", type=Path, required=True, help="a recipe file (runs/bench/best-minilm-cpu.json)")
-    parser.add_argument("--groups", type=int, nargs="+", default=[2, 4, 8])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--recipe", type=Path, help="a recipe file (runs/bench/best-minilm-cpu.json)")
+    source.add_argument("--peer-ir", type=Path, help="a peer's OpenVINO IR .xml (MiniLM's token embeddings)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16], help="rows per length group")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
-    if not args.recipe.is_file():
-        parser.exit(2, f"error: --recipe {args.recipe} does not exist: give a study's recipe.json\n")
+    given = args.recipe or args.peer_ir
+    if not given.is_file():
+        parser.exit(2, f"error: {given} does not exist: give a study's recipe.json or a peer's .xml\n")
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    result = measure(args.recipe, args.groups, args.batch, args.device)
+    device = resolve_device(args.device)
+    if args.recipe is not None:
+        fn, spec, names = recipe_call(args.recipe, device)
+    else:
+        fn, spec = PlainIr(args.peer_ir, args.threads, None), resolve_spec("minilm")
+        names = {"recipe": f"peer IR {args.peer_ir.name}", "runtime": "peer-openvino"}
+    result = names | measure(fn, spec, args.rows, args.batch, device)
     result |= {"threads": args.threads, "isa": isa_info(), "seconds": time.perf_counter() - started,
                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -116,13 +118,15 @@ def render(result: dict[str, Any]) -> str:
              f"`python -m experiments.bench.length_groups` ({result['date']}, {result['threads']} thread(s)): the "
              f"recipe's {result['runtime']} call on the latency batch ({result['longest']} tokens at the longest, "
              f"{result['mean_tokens']:.1f} on average), padded against grouped by length, paired in alternating "
-             "rounds in one process. Not in the product yet: a measurement of what packing could buy this runtime.",
-             "", "| groups | speed-up over the padded call [95% CI] | p50 ms (grouped / padded) "
+             "rounds in one process. The product calls a pack recipe's file under onnxruntime and openvino in "
+             "groups of 8 rows (pipeline/core/length_groups.py).",
+             "", "| rows per group (calls) | speed-up over the padded call [95% CI] | p50 ms (grouped / padded) "
              "| largest output change |",
              "| --- | --- | --- | --- |"]
     for row in result["rows"]:
         speed = f"{row['speedup_over_padded']:.2f}x [{row['ci'][0]:.2f}, {row['ci'][1]:.2f}]"
-        lines.append(f"| {row['groups']} | {speed} | {row['grouped_ms']:.1f} / {row['padded_ms']:.1f} | "
+        size = f"{row['rows_per_group']} ({row['groups']})" if "rows_per_group" in row else f"- ({row['groups']})"
+        lines.append(f"| {size} | {speed} | {row['grouped_ms']:.1f} / {row['padded_ms']:.1f} | "
                      f"{row['max_abs_change']:.2g} |")
     return "\n".join(lines)
 

@@ -1,27 +1,31 @@
-"""Length-grouped calls (experiments/bench/length_groups.py): each group trimmed, the rows back in their order."""
+"""The length-groups bench (experiments/bench/length_groups.py): the product's grouped call timed against the padded
+one on a recipe's or a peer's file; its rendering."""
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-from experiments.bench.length_groups import grouped_call
-
-
-def masked_mean(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """A per-row output that padding does not change (a masked mean of the ids), and the widths it was called at."""
-    masked_mean.widths.append(int(ids.shape[1]))  # type: ignore[attr-defined]
-    return (ids.float() * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True)
+from experiments.bench.length_groups import measure, render
+from tests.stages.test_pack_apply import SPEC_SOURCE
 
 
-def test_groups_are_trimmed_to_their_own_longest_row_and_rows_keep_their_order() -> None:
-    lengths = torch.tensor([7, 2, 5, 3, 9, 1])
-    mask = (torch.arange(9)[None, :] < lengths[:, None]).long()
-    ids = torch.randint(1, 50, (6, 9)) * mask
-    masked_mean.widths = []  # type: ignore[attr-defined]
-    expected = masked_mean(ids, mask)
+def test_a_grouped_call_is_timed_against_the_padded_one_and_rendered() -> None:
+    namespace: dict[str, object] = {}
+    exec(compile(SPEC_SOURCE, "tiny_bert.py", "exec"), namespace)  # the tiny BERT spec of the pack tests
+    spec = namespace["spec"]()  # type: ignore[operator]
+    model = spec.build()
+    widths: list[int] = []
 
-    masked_mean.widths = []  # type: ignore[attr-defined]
-    got = grouped_call(masked_mean, 3, mask_index=1)(ids, mask)
+    def fn(ids: Tensor, mask: Tensor) -> Tensor:
+        widths.append(int(ids.shape[1]))
+        return model(ids, mask)
 
-    assert torch.equal(got, expected)
-    assert masked_mean.widths == [2, 5, 9]  # type: ignore[attr-defined]  # (1, 2), (3, 5), (7, 9)
+    result = measure(fn, spec, [2, 8], batch=8, device=torch.device("cpu"))
+    assert [row["rows_per_group"] for row in result["rows"]] == [2, 8]
+    assert [row["groups"] for row in result["rows"]] == [4, 1]
+    assert result["longest"] == 16 and min(widths) < 16, "groups of 2 ran narrower than the batch"
+    assert all(row["max_abs_change"] < 1e-4 for row in result["rows"])
+    result |= {"recipe": "pack | ort", "runtime": "onnxruntime", "date": "today", "threads": 1}
+    table = render(result)
+    assert "| 2 (4) |" in table and "| 8 (1) |" in table
