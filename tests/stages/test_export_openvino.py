@@ -28,6 +28,7 @@ from stages.amp.stage import AmpConfig
 from stages.common.mirror_facts import WeightQuantization
 from stages.export.openvino import OpenVINOExportConfig
 from stages.export.openvino_nncf import calibration_samples, matmul_precision, weighted_ops
+from stages.pack.stage import PackConfig
 from stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
@@ -57,7 +58,8 @@ def test_each_exported_runtime_declares_what_it_reproduces_and_refuses_the_rest(
     assert kept == ["AMP keeps 1 layer(s) in float32: OpenVINO's inference precision applies to the whole model "
                     "(the IR's disable_fp16_compression marks did not keep ops in float32 under the CPU's bf16)"]
     assert ov_unmirrored(ExportMirror(not_mirrored=("prune: why",))) == ["prune: why: not declared (its stage "
-                                                                         "values: none)"]
+                                                                         "values: pack)"]
+    assert ov_unmirrored(export_mirror([PackConfig()])) == ort_unmirrored(export_mirror([PackConfig()])) == []
     # quantize="none": the export leaves the quantization's needs out, the AMP ones stay
     both = export_mirror([QuantizeConfig(method="int8_weight_only"), AmpConfig(dtype="bfloat16")])
     assert len(ort_unmirrored(both)) == 2
