@@ -269,9 +269,10 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"| {row['name']} | {row['inputs']} | did not run | - | - | - | - | {row['error']} |")
             continue
         longest = max(row["longest"])
+        name = row["name"].replace("|", "\\|")  # a recipe's `| runtime` inside a table cell
         held = f"{row['held_out']:.2f} ({row['baseline_held_out']:.2f})" if row.get("held_out") is not None else "-"
         lines.append(
-            f"| {row['name']} | {row['inputs']} ({longest} / {row['mean_tokens']:.1f}) | {row['speedup']:.2f}x "
+            f"| {name} | {row['inputs']} ({longest} / {row['mean_tokens']:.1f}) | {row['speedup']:.2f}x "
             f"[{row['ci'][0]:.2f}, {row['ci'][1]:.2f}] | {row['peer_ms']:.1f} / {row['baseline_ms']:.1f} | "
             f"{row['metric']:.2f} ({row['baseline_metric']:.2f}) | {held} | {row.get('precision') or '-'} | "
             f"`{row['how']}` |")
