@@ -3,7 +3,8 @@
 A model spec (:func:`resolve_spec` takes every ``MODEL=`` form; :class:`ModelSpec`, :class:`Metric` and
 :data:`ACCURACY` to write one), the stage configs, one stage (:func:`apply_stage`) or a chain of them and a
 recipe (:func:`run_chain`, :class:`Recipe`), the task metric (:func:`compute_metric`) and the packed encoder a
-pack recipe deploys as (:class:`PackedEncoder`, rebuilt from ``apply``'s files by :func:`load_deployment`). Each
+pack recipe deploys as (:class:`PackedEncoder`, or over an ONNX / OpenVINO file a ``GroupedEncoder``; rebuilt
+from ``apply``'s files by :func:`load_deployment`). Each
 name is the one defined under ``pipeline`` or ``stages``; this module only gathers them under the one import name.
 """
 

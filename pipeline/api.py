@@ -95,7 +95,8 @@ def run_chain(
 def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.device = "cpu",
                     runtime: str | None = None) -> Callable[..., Any]:
     """The callable a deployment runs, from the ``deploy/`` folder ``pipeline apply`` wrote for a recipe whose
-    stage builds one (pack: a :class:`stages.pack.deploy.PackedEncoder`, token id lists in, embeddings out).
+    stage builds one (pack: a :class:`stages.pack.deploy.PackedEncoder`, token id lists in, embeddings out; under
+    ``onnxruntime`` / ``openvino`` a :class:`pipeline.core.length_groups.GroupedEncoder` over the file).
 
     ``spec``: the model's spec (its ``build`` makes the unoptimized structure); ``runtime``: the recipe's when
     None. The recipe's stages are replayed for structure only (no fine-tuning, no distillation, no export), the

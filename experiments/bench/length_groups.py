@@ -76,7 +76,11 @@ def recipe_call(recipe_path: Path, device: torch.device) -> tuple[Callable[..., 
     if recipe.model is None:
         raise SystemExit(f"error: {recipe_path} names no model: give a study's recipe.json")
     spec = resolve_spec(recipe.model)
-    return replay(recipe, spec, device), spec, {"recipe": recipe.describe(brief=True), "runtime": recipe.runtime}
+    fn = replay(recipe, spec, device)
+    if isinstance(fn, LengthGrouped):
+        raise SystemExit(f"error: {recipe_path} has the pack stage: its {recipe.runtime} call is grouped already; "
+                         "give the same recipe without pack to compare padded and grouped calls")
+    return fn, spec, {"recipe": recipe.describe(brief=True), "runtime": recipe.runtime}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.padding import cut_to, longest
 from pipeline.core.spec import Batch
 
@@ -51,7 +52,12 @@ def grouped_outputs(call: Callable[[Batch], list[Tensor]], inputs: Batch, mask_i
     parts: list[list[Tensor]] = []
     for group_rows in groups_of(order, rows):
         group = tuple(t[group_rows] for t in inputs)
-        parts.append(call(cut_to(group, longest(group, mask_index), mask_index)))
+        outputs = call(cut_to(group, longest(group, mask_index), mask_index))
+        if any(out.dim() == 0 or int(out.shape[0]) != len(group_rows) for out in outputs):
+            shapes = ", ".join(str(tuple(out.shape)) for out in outputs)
+            raise InfeasibleConfig(f"length-grouped calls need one output row per input row: {len(group_rows)} rows "
+                                   f"gave outputs of shape {shapes} (pack reproduces pooled or per-row outputs only)")
+        parts.append(outputs)
     restore = torch.argsort(order).to(parts[0][0].device)
     return [torch.cat(outputs)[restore] for outputs in zip(*parts, strict=True)]
 

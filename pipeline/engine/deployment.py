@@ -23,6 +23,7 @@ the file opened in its runtime (:func:`open_file`) behind the same token-list co
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from pipeline.core.length_groups import GroupedEncoder, LengthGrouped
 from pipeline.core.runtimes.base import GivenExport
 from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
 from pipeline.core.stage import ExportResult, Stage, StageConfig, is_export, stage_for
-from pipeline.engine.deliver import deliver
+from pipeline.engine.deliver import companions, deliver
 from pipeline.engine.recipe import Recipe
 
 #: The folder under ``apply``'s output.
@@ -81,6 +82,7 @@ def save_deployment(model: nn.Module, recipe: Recipe, directory: Path,
     if stage is None:
         raise ConfigError(f"recipe '{recipe.describe()}' has no stage that builds a deployable callable")
     directory.mkdir(parents=True, exist_ok=True)
+    _remove_previous(directory)
     manifest: dict[str, Any] = {"format": FORMAT, "model": recipe.model, "callable": stage.name,
                                 "runtime": recipe.runtime, "recipe": RECIPE,
                                 "load": "pipeline.api.load_deployment(<this folder>, <the model's spec>, device, "
@@ -91,8 +93,6 @@ def save_deployment(model: nn.Module, recipe: Recipe, directory: Path,
         if runtime_file is None or runtime_file.grouped_mask_input is None:
             raise ConfigError(f"runtime {recipe.runtime} deploys the file it ran, called per length group: give the "
                               "recipe's runtime file (Runner.runtime_file) of a pack recipe")
-        for stale in (SAFE_WEIGHTS, PICKLED_WEIGHTS):
-            (directory / stale).unlink(missing_ok=True)
         shipped = deliver(runtime_file, directory)
         manifest |= {"file": Path(shipped.path).name, "format_of_file": shipped.format,
                      "grouped_mask_input": shipped.grouped_mask_input,
@@ -102,13 +102,28 @@ def save_deployment(model: nn.Module, recipe: Recipe, directory: Path,
     return manifest
 
 
+def _remove_previous(directory: Path) -> None:
+    """The model files an earlier deployment wrote to ``directory`` (its manifest's weights or file), removed: a folder
+    holds one deployment."""
+    for stale in (SAFE_WEIGHTS, PICKLED_WEIGHTS):
+        (directory / stale).unlink(missing_ok=True)
+    if not (directory / MANIFEST).is_file():
+        return
+    named = json.loads((directory / MANIFEST).read_text()).get("file")
+    if isinstance(named, str) and named:
+        old = directory / Path(named).name
+        for path in companions(old):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+
+
 def _save_weights(model: nn.Module, directory: Path) -> str:
     """``model``'s state dict in ``directory``: safetensors where it holds plain tensors only; the file's name."""
     state = {name: tensor.detach().to("cpu").clone() for name, tensor in model.state_dict().items()}
     plain = all(type(tensor) in (Tensor, nn.Parameter) for tensor in state.values())
     weights = SAFE_WEIGHTS if plain else PICKLED_WEIGHTS
-    for stale in {SAFE_WEIGHTS, PICKLED_WEIGHTS} - {weights}:
-        (directory / stale).unlink(missing_ok=True)
     if plain:
         save_file({name: tensor.contiguous() for name, tensor in state.items()}, directory / weights)
     else:

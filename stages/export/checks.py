@@ -123,4 +123,5 @@ def grouped_note(mask_input: int | None) -> list[str]:
     """The validation note of a file a runtime calls per length group (none for one called as it is)."""
     if mask_input is None:
         return []
-    return [f"pack: the padded graph, called once per group of similar-length rows (padding mask: input {mask_input})"]
+    return [f"pack: the padded graph (a whole batch computes every padding token; the onnxruntime and openvino "
+            f"runtimes call it once per group of similar-length rows, by the padding mask, input {mask_input})"]

@@ -82,6 +82,9 @@ def test_apply_measures_the_grouped_call_and_deploys_the_file(spec_file: Path, t
     assert torch.equal(encoder(lists), encoder.padded(ids, mask))
     with pytest.raises(ConfigError, match="load it without runtime="):
         load_deployment(deploy, spec, runtime="eager")
+    # the same folder written again for a torch runtime holds that deployment only (the file is gone)
+    assert apply(spec_file, "eager", [{"stage": "pack"}], out) == 0
+    assert sorted(p.name for p in deploy.iterdir()) == sorted([MANIFEST, "recipe.json", SAFE_WEIGHTS])
 
 
 def test_int8_pack_under_onnxruntime_groups_and_a_broken_folder_says_what_to_do(

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.length_groups import (
     GroupedEncoder,
     LengthGrouped,
@@ -93,3 +94,12 @@ def test_the_encoder_takes_token_lists_or_a_padded_batch() -> None:
             encoder(bad)
     with pytest.raises(ValueError, match="padding mask must be input 1"):
         GroupedEncoder(LengthGrouped(Recording(), mask_index=0), max_length=12)
+
+
+def test_outputs_that_are_not_one_row_per_input_row_are_an_error_not_a_wrong_answer() -> None:
+    ids, mask = padded_batch([3, 9, 5, 1, 7, 2, 8, 4, 6, 10], width=12)
+    fixed_size, one_row, scalar = (lambda i, m: torch.zeros(32)), (lambda i, m: i.float()[:1]), \
+        (lambda i, m: i.float().sum())
+    for output in (fixed_size, one_row, scalar):
+        with pytest.raises(InfeasibleConfig, match="one output row per input row"):
+            LengthGrouped(output, mask_index=1, rows=4)(ids, mask)
