@@ -138,14 +138,22 @@ def test_bad_deployment_folders_say_what_to_give(spec_file: Path, tmp_path: Path
         save_deployment(model, Recipe((QuantizeConfig(method="int8_dynamic"),), model=spec.name), tmp_path / "q")
 
 
+def pareto_trial(spec: ModelSpec, recipe: Recipe, folder: Path) -> tuple[Any, Any, Recipe, dict[str, list[Path]],
+                                                                          dict[str, str]]:
+    """What finish_study runs for a Pareto trial of ``recipe`` into ``folder``: the study parts and trial record it
+    read, and export_trial's final recipe, files and statuses."""
+    runner = Runner(recipe_pipeline(recipe.stages), spec, CPU)
+    parts: Any = SimpleNamespace(pipeline=runner.pipeline, runner=runner)
+    record: Any = SimpleNamespace(recipe=recipe, configs={}, runtime=recipe.runtime, number=1)
+    final, files, _, status = export_trial(parts, record, folder)
+    return parts, record, final, files, status
+
+
 def test_a_pareto_pack_trials_folder_holds_its_deployment(spec_file: Path, tmp_path: Path) -> None:
     spec = resolve_spec(f"{spec_file}:spec")
     recipe = Recipe((PackConfig(),), runtime="eager", model=spec.name)
-    runner = Runner(recipe_pipeline(recipe.stages), spec, CPU)
-    parts: Any = SimpleNamespace(pipeline=runner.pipeline, runner=runner)
-    record: Any = SimpleNamespace(recipe=recipe, configs={}, runtime="eager", number=1)
     folder = tmp_path / "trial-001"
-    final, files, _, status = export_trial(parts, record, folder)  # what finish_study runs for a Pareto trial
+    parts, record, final, files, status = pareto_trial(spec, recipe, folder)
     assert status == {"deploy": "ok"} and final.metadata["exports"] == status
     assert [path.name for path in files["deploy"]] == sorted([MANIFEST, "recipe.json", SAFE_WEIGHTS])
     ids, mask = batch([7, 16, 1], seed=4)

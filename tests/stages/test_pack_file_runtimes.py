@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
@@ -23,15 +21,12 @@ from pipeline.core.length_groups import GroupedEncoder
 from pipeline.core.runtimes.registry import get_runtime, registered_runtimes
 from pipeline.core.stage import export_mirror
 from pipeline.engine.deployment import MANIFEST, SAFE_WEIGHTS
-from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
-from pipeline.engine.runner import Runner
-from pipeline.search.finish import export_trial
 from pipeline.sources.resolve import resolve_spec
 from stages.common.mirror_facts import PaddingFree
 from stages.pack.stage import PackConfig
-from tests.stages.test_pack import CPU, batch, max_diff, one_thread  # noqa: F401  (autouse)
-from tests.stages.test_pack_apply import SPEC_SOURCE
+from tests.stages.test_pack import batch, max_diff, one_thread  # noqa: F401  (autouse)
+from tests.stages.test_pack_apply import SPEC_SOURCE, pareto_trial
 from tests.stages.test_pack_deploy import token_lists
 
 #: The file each runtime deploys (under ``--output``, named after the spec).
@@ -111,11 +106,8 @@ def test_int8_pack_under_onnxruntime_groups_and_a_broken_folder_says_what_to_do(
 def test_a_pareto_pack_trial_under_onnxruntime_ships_the_file_it_ran(spec_file: Path, tmp_path: Path) -> None:
     spec = resolve_spec(f"{spec_file}:spec")
     recipe = Recipe((PackConfig(),), runtime="onnxruntime", model=spec.name)
-    runner = Runner(recipe_pipeline(recipe.stages), spec, CPU)
-    parts: Any = SimpleNamespace(pipeline=runner.pipeline, runner=runner)
-    record: Any = SimpleNamespace(recipe=recipe, configs={}, runtime="onnxruntime", number=1)
     folder = tmp_path / "trial-001"
-    _, files, _, status = export_trial(parts, record, folder)  # what finish_study runs for a Pareto trial
+    *_, files, status = pareto_trial(spec, recipe, folder)
     assert status["deploy"] == "ok"
     assert [path.name for path in files["deploy"]] == sorted([MANIFEST, "recipe.json", FILES["onnxruntime"]])
     encoder = load_deployment(folder / "deploy", spec)
