@@ -116,8 +116,7 @@ def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.
         if runtime not in (None, recipe.runtime):
             raise ConfigError(f"{directory} holds the file runtime {recipe.runtime} ran: load it without runtime= "
                               f"(or with runtime={recipe.runtime!r})")
-        mask = deployment.grouped_mask_input or 0
-        return open_file(deployment, int(spec.example_inputs(1)[mask].shape[1]), device)
+        return open_file(deployment, spec, device)
     weights = deployment.weights
     model = run_chain(load_model(spec), rebuild_configs(recipe.stages), StageContext(spec, device)).model
     load_weights(model, weights, device)

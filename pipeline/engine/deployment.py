@@ -37,6 +37,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.length_groups import GroupedEncoder, LengthGrouped
 from pipeline.core.runtimes.base import GivenExport
 from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
+from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import ExportResult, Stage, StageConfig, is_export, stage_for
 from pipeline.engine.deliver import companions, deliver
 from pipeline.engine.recipe import Recipe
@@ -58,6 +59,7 @@ class Deployment:
     recipe: Recipe
     weights: Path | None = None
     file: Path | None = None
+    file_format: str = ""
     grouped_mask_input: int | None = None
     max_length: int | None = None
 
@@ -146,7 +148,8 @@ def read_deployment(directory: str | Path) -> Deployment:
             raise ConfigError(f"{file} is missing or the manifest lacks its padding mask: write the folder again "
                               "with `pipeline apply`")
         max_length = manifest.get("max_length")
-        return Deployment(recipe, file=file, grouped_mask_input=manifest["grouped_mask_input"],
+        return Deployment(recipe, file=file, file_format=str(manifest.get("format_of_file", "")),
+                          grouped_mask_input=manifest["grouped_mask_input"],
                           max_length=max_length if isinstance(max_length, int) else None)
     weights = directory / str(manifest.get("weights"))
     if weights.name not in (SAFE_WEIGHTS, PICKLED_WEIGHTS) or not weights.is_file():
@@ -154,19 +157,20 @@ def read_deployment(directory: str | Path) -> Deployment:
     return Deployment(recipe, weights=weights)
 
 
-def open_file(deployment: Deployment, max_length: int, device: torch.device) -> GroupedEncoder:
+def open_file(deployment: Deployment, spec: ModelSpec, device: torch.device) -> GroupedEncoder:
     """A file deployment opened in its recipe's runtime, called per length group behind the token-list contract
-    (``max_length``: the longest token list, when the manifest does not say)."""
+    (the longest token list: the manifest's, else the width of ``spec``'s inputs)."""
     if deployment.file is None or deployment.grouped_mask_input is None:
         raise ConfigError("this deployment holds weights, not a file: load it with pipeline.api.load_deployment")
     runtime = deployment.recipe.runtime
-    result = ExportResult(format=get_runtime(runtime).name, path=deployment.file, size_bytes=0,
+    result = ExportResult(format=deployment.file_format, path=deployment.file, size_bytes=0,
                           validation="a deployment's file", grouped_mask_input=deployment.grouped_mask_input)
     grouped = prepare_runtime(nn.Identity(), runtime, device, GivenExport(result))
     if not isinstance(grouped, LengthGrouped):
         raise ConfigError(f"runtime {runtime} does not call its file per length group: load the folder with a "
                           "runtime that does (onnxruntime, openvino)")
-    return GroupedEncoder(grouped, deployment.max_length or max_length)
+    max_length = deployment.max_length or int(spec.example_inputs(1)[deployment.grouped_mask_input].shape[1])
+    return GroupedEncoder(grouped, max_length)
 
 
 def load_weights(model: nn.Module, weights: Path, device: torch.device) -> None:

@@ -172,10 +172,11 @@ class Runner:
     def runtime_file(self, configs: Mapping[str, StageConfig | None], runtime: str) -> ExportResult | None:
         """The export ``runtime`` declares for ``configs`` (from the export cache where it is there), the one its
         trial ran; None for a runtime that declares none. Outside a run: the caller counts its seconds."""
+        if get_runtime(runtime).export is None:
+            return None
         result = self.run(configs, runtime, exports=False, evaluate=False)
         parent = result.nodes[self.pipeline.objective_node().inputs[0]]
-        handle = self._export_handle(get_runtime(runtime), parent, configs)
-        return handle.result() if handle.config is not None else None
+        return self._export_handle(get_runtime(runtime), parent, configs).result()
 
     # ------------------------------------------------------------------ nodes
 

@@ -28,6 +28,7 @@ from torch import nn
 
 from pipeline.core.device import move_module
 from pipeline.core.errors import InfeasibleConfig
+from pipeline.core.length_groups import PACK
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import Stage, StageConfig, StageContext
@@ -52,7 +53,7 @@ class PackConfig(StageConfig):
     ``varlen``, ``flex`` (FlexAttention with a document mask over the packed sequence), ``nested`` (nested jagged
     tensors + SDPA) or ``padded`` (the padded layout for attention only)."""
 
-    stage = "pack"
+    stage = PACK
 
     attention: Literal["auto", "varlen", "flex", "nested", "padded"] = "auto"
 
