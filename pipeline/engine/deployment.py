@@ -92,9 +92,11 @@ def save_deployment(model: nn.Module, recipe: Recipe, directory: Path,
     if get_runtime(recipe.runtime).export is None:
         manifest["weights"] = _save_weights(model, directory)
     else:
-        if runtime_file is None or runtime_file.grouped_mask_input is None:
-            raise ConfigError(f"runtime {recipe.runtime} deploys the file it ran, called per length group: give the "
-                              "recipe's runtime file (Runner.runtime_file) of a pack recipe")
+        if runtime_file is None:
+            raise ConfigError(f"runtime {recipe.runtime} deploys the file it ran: give it (Runner.runtime_file)")
+        if runtime_file.grouped_mask_input is None:
+            raise ConfigError(f"{recipe.model or 'this model'} has no padding mask for {recipe.runtime} to group rows "
+                              "by, so the pack stage changes nothing here: drop pack from the recipe")
         shipped = deliver(runtime_file, directory)
         manifest |= {"file": Path(shipped.path).name, "format_of_file": shipped.format,
                      "grouped_mask_input": shipped.grouped_mask_input,

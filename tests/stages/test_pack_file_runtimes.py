@@ -19,8 +19,8 @@ from pipeline.cli.main import main
 from pipeline.core.errors import ConfigError
 from pipeline.core.length_groups import GroupedEncoder
 from pipeline.core.runtimes.registry import get_runtime, registered_runtimes
-from pipeline.core.stage import export_mirror
-from pipeline.engine.deployment import MANIFEST, SAFE_WEIGHTS
+from pipeline.core.stage import ExportResult, export_mirror
+from pipeline.engine.deployment import MANIFEST, SAFE_WEIGHTS, save_deployment
 from pipeline.engine.recipe import Recipe
 from pipeline.sources.resolve import resolve_spec
 from stages.common.mirror_facts import PaddingFree
@@ -116,3 +116,10 @@ def test_a_pareto_pack_trial_under_onnxruntime_ships_the_file_it_ran(spec_file: 
         padded = spec.build()(ids, mask)
     assert isinstance(encoder, GroupedEncoder)
     assert max_diff(encoder(token_lists(ids, mask)), padded) < 1e-4 * max(1.0, float(padded.abs().max()))
+
+
+def test_a_file_without_a_padding_mask_to_group_by_is_not_deployed_as_packed(tmp_path: Path) -> None:
+    recipe = Recipe((PackConfig(),), runtime="onnxruntime", model="digits")
+    padded_file = ExportResult(format="onnx", path=tmp_path / "digits.onnx", size_bytes=0, validation="")
+    with pytest.raises(ConfigError, match=r"digits has no padding mask .* drop pack from the recipe"):
+        save_deployment(torch.nn.Linear(1, 1), recipe, tmp_path / "deploy", padded_file)
