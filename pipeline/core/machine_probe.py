@@ -1,17 +1,30 @@
-"""What pays on this machine: a few seconds of matrix products in float32, bfloat16 and int8 per engine.
+"""What pays on this machine: matrix products in float32 and each reduced precision, per engine, paired.
 
 A CPU without AVX512-BF16 or AMX runs torch's bfloat16 matmul through a slow path (749 ms against 16 ms for
 float32, a 512 x 384 x 1536 product on one thread with ``ATEN_CPU_CAPABILITY=avx2``), and one without VNNI gets
 little from int8 (15.7 ms against 16.2 ms). The search reads this once per study (:func:`probe_machine`, stored on
-the study so a resumed one reads the same) and orders its presets by it: a reduced precision that does not pay
-under an engine is not a preset trial there, and int8 comes first only where it pays
-(:mod:`pipeline.search.presets`).
+the study so a resumed one reads the same) and orders its presets by it (:mod:`pipeline.search.presets`).
 
-Engines: ``torch`` (eager and every ``torch.compile`` runtime: the same aten and oneDNN kernels),
-``onnxruntime`` (``MatMul`` against ``MatMulInteger`` on its CPU provider) and ``openvino`` (its CPU plugin's
-``MatMul`` in float32, under the bfloat16 precision hint, and behind ``FakeQuantize``: on an AVX2 CPU without
-VNNI its int8 product runs 0.92x float32, which is why its static int8 preset ran slower than fp32 there).
-Accelerators probe torch only.
+How a precision is timed (:func:`paired_gain`), so that no single call decides:
+
+* both products are **warmed** first (:data:`WARM_CALLS` each: a GPU's first bfloat16 product pays for library
+  handles, workspaces and kernel selection, and read 0.00x float32 when it was timed);
+* then **paired rounds**: per round one block of float32 products and one block of the precision's, the order
+  alternating, each block timed on the device's own clock (:class:`~pipeline.core.device.Stopwatch`: events on an
+  accelerator, ``perf_counter_ns`` on the CPU) and long enough to load the device (an accelerator runs the
+  product at :data:`ACCELERATOR_SHAPE`, a batch of 256 x 32 tokens, several times a block);
+* the gain is the median of the per-round ratios, its spread their range: with :data:`MIN_ROUNDS` rounds, about
+  a 98 % interval of that median. Rounds go on, up to :data:`MAX_ROUNDS`, while the range straddles
+  :data:`PAYS`, and stop early (at :data:`MIN_ROUNDS`) only when a precision is so slow that its rounds pass
+  :data:`PRECISION_SECONDS`.
+
+A gain whose range clears :data:`PAYS` **decides** (:meth:`MachineProbe.pays`); one whose range straddles it
+orders the presets by its median but never drops one: a measured trial decides (:func:`probe_reason`).
+
+Which engine a runtime runs, and that engine's probe, are the runtime's own declaration
+(:attr:`pipeline.core.runtimes.base.Runtime.engine`, :meth:`~pipeline.core.runtimes.base.Runtime.probe`): torch
+here (eager and every ``torch.compile`` runtime share aten's kernels), ONNX Runtime's and OpenVINO's beside their
+runtimes.
 """
 
 from __future__ import annotations
@@ -22,183 +35,201 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
-from pipeline.core.device import synchronize
-from pipeline.core.ov_core import shared_core
+from pipeline.core.device import Stopwatch, synchronize
 
-#: The product timed: (m, k) @ (k, n), a transformer layer's projection at batch 32 x 16 tokens.
+#: The product timed on a CPU: (m, k) @ (k, n), a transformer layer's projection at batch 32 x 16 tokens.
 SHAPE = (512, 384, 1536)
-#: Timed calls per precision (after one untimed call); the median counts.
-CALLS = 5
-#: A first call this many times slower than float32's median decides a precision without more calls.
-SLOW = 10.0
+#: The product timed on an accelerator: the same layer at batch 256 x 32 tokens (a small one times launches).
+ACCELERATOR_SHAPE = (8192, 384, 1536)
+#: Untimed calls of each product before any is timed.
+WARM_CALLS = 3
+#: A timed block runs products until it has lasted at least this long (one product at least).
+BLOCK_MS = {"cpu": 20.0, "accelerator": 5.0}
+#: Paired rounds per precision: at least, and at most while the spread straddles :data:`PAYS`.
+MIN_ROUNDS = 7
+MAX_ROUNDS = 15
+#: A precision's rounds stop at :data:`MIN_ROUNDS` once they have run this long (a precision 40x slower).
+PRECISION_SECONDS = 2.0
 #: A reduced precision pays when its product runs at least this much faster than float32.
 PAYS = 1.15
-#: Which engine's kernels a runtime runs (the ones not named run torch's).
-#: The ONNX IR version of the probe graphs (the newest onnx writes one the pinned onnxruntime may not read).
-IR_VERSION = 8
-RUNTIME_ENGINES: Mapping[str, str] = {"onnxruntime": "onnxruntime", "openvino": "openvino"}
+#: The engine of a runtime that declares none, and of a stored probe that recorded none.
+DEFAULT_ENGINE = "torch"
+
+
+@dataclass(frozen=True)
+class Gain:
+    """A precision's speed against float32: the median of per-round ratios and their range."""
+
+    ratio: float
+    low: float
+    high: float
+    rounds: int = 0
+
+    @classmethod
+    def exact(cls, ratio: float) -> Gain:
+        """A gain known without spread (a precision that cannot run here: 0; an injected one in tests)."""
+        return cls(ratio, ratio, ratio)
+
+    def decided(self) -> bool | None:
+        """Whether it pays (the whole range at or above :data:`PAYS`), does not (all below), or None (it
+        straddles :data:`PAYS`: not decided)."""
+        if self.low >= PAYS:
+            return True
+        if self.high < PAYS:
+            return False
+        return None
+
+
+#: An engine's probe: each reduced precision's gain (a float is an exact gain: tests inject them).
+EngineProbe = Callable[[], Mapping[str, "Gain | float"]]
 
 
 @dataclass(frozen=True)
 class MachineProbe:
-    """Per engine, each reduced precision's speed against float32 (``{"torch": {"bf16": 2.5, "int8": 4.5}}``);
-    a missing entry was not measured (no kernel, another device)."""
+    """Per engine, each reduced precision's median speed against float32 (``{"torch": {"bf16": 2.5}}``) and its
+    range (``spreads``, ``[low, high]``); which engine each runtime runs. A missing entry was not measured (no
+    kernel, another device); a gain without a range (a probe stored before ranges) orders but decides nothing."""
 
     gains: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: float = 0.0
+    spreads: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    runtime_engines: dict[str, str] = field(default_factory=dict)
+
+    def engine(self, runtime: str) -> str:
+        """The engine whose kernels ``runtime`` runs (as its declaration said when the probe ran)."""
+        return self.runtime_engines.get(runtime, DEFAULT_ENGINE)
 
     def gain(self, runtime: str, precision: str) -> float | None:
-        """``precision``'s measured speed against float32 under ``runtime``'s engine (None: not measured)."""
+        """``precision``'s median speed against float32 under ``runtime``'s engine (None: not measured)."""
         if precision == "fp32":
             return 1.0
-        return self.gains.get(engine_of(runtime), {}).get(precision)
+        return self.gains.get(self.engine(runtime), {}).get(precision)
 
-    def pays(self, runtime: str, precision: str) -> bool | None:
-        """Whether ``precision`` pays under ``runtime`` here (None: not measured, so not known)."""
+    def likely_pays(self, runtime: str, precision: str) -> bool | None:
+        """Whether the median says ``precision`` pays under ``runtime`` (None: not measured): for ordering."""
         gain = self.gain(runtime, precision)
         return None if gain is None else gain >= PAYS
 
+    def pays(self, runtime: str, precision: str) -> bool | None:
+        """Whether ``precision`` pays under ``runtime`` here with confidence (None: not measured, or its range
+        straddles :data:`PAYS`, or no range was stored): for dropping."""
+        if precision == "fp32":
+            return None
+        spread = self.spreads.get(self.engine(runtime), {}).get(precision)
+        gain = self.gain(runtime, precision)
+        if spread is None or gain is None:
+            return None
+        return Gain(gain, *spread).decided()
+
     def describe(self) -> str:
-        """``machine probe (1.9 s): torch bf16 2.49x, int8 4.49x fp32; onnxruntime int8 3.10x``."""
-        parts = [f"{engine} " + ", ".join(f"{p} {g:.2f}x" for p, g in gains.items())
-                 for engine, gains in self.gains.items() if gains]
-        return (f"machine probe ({self.seconds:.1f} s, matmul speed vs fp32): "
+        """``machine probe (1.9 s, warmed, paired rounds; matmul speed vs fp32): torch bf16 2.49x [2.41, 2.55],
+        int8 4.49x [4.30, 4.61]; onnxruntime int8 3.10x [2.2, 3.4] (not decided)``."""
+        parts = []
+        for engine, gains in self.gains.items():
+            if not gains:
+                continue
+            cells = []
+            for precision, ratio in gains.items():
+                spread = self.spreads.get(engine, {}).get(precision)
+                cell = f"{precision} {ratio:.2f}x"
+                if spread is not None and spread[0] != spread[1]:
+                    cell += f" [{spread[0]:.2f}, {spread[1]:.2f}]"
+                if spread is not None and Gain(ratio, *spread).decided() is None:
+                    cell += " (not decided: trials decide)"
+                cells.append(cell)
+            parts.append(f"{engine} " + ", ".join(cells))
+        return (f"machine probe ({self.seconds:.1f} s, warmed, paired rounds; matmul speed vs fp32): "
                 + ("; ".join(parts) if parts else "nothing measured"))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def engine_of(runtime: str) -> str:
-    """The engine whose kernels ``runtime`` runs."""
-    return RUNTIME_ENGINES.get(runtime, "torch")
-
-
-def _median_ms(call: Callable[[], object], limit_ms: float = float("inf")) -> float:
-    """The median of :data:`CALLS` timed calls after an untimed one; the first call alone when it took longer than
-    ``limit_ms`` (a precision many times slower than float32 is decided by one call)."""
-    start = time.perf_counter()
-    call()
-    first = 1000.0 * (time.perf_counter() - start)
-    if first > limit_ms:
-        return first
-    times = []
-    for _ in range(CALLS):
-        start = time.perf_counter()
+def _block(call: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Milliseconds of ``calls`` calls on ``device``'s clock."""
+    watch = Stopwatch(device)
+    watch.start()
+    for _ in range(calls):
         call()
-        times.append(1000.0 * (time.perf_counter() - start))
-    return statistics.median(times)
+    watch.stop()
+    elapsed = watch.elapsed_ms()
+    synchronize(device)
+    return elapsed
 
 
-def _torch_gains(device: torch.device) -> dict[str, float]:
-    m, k, n = SHAPE
+def _calls_per_block(call: Callable[[], object], device: torch.device) -> int:
+    """How many calls make a block of at least :data:`BLOCK_MS` on this device (timed once, warm)."""
+    target = BLOCK_MS["cpu" if device.type == "cpu" else "accelerator"]
+    one = max(_block(call, device, 1), 1e-3)
+    return max(1, min(1000, int(target / one) + 1))
+
+
+def paired_gain(reference: Callable[[], object], candidate: Callable[[], object], device: torch.device,
+                clock: Callable[[Callable[[], object], torch.device, int], float] = _block) -> Gain:
+    """``candidate``'s speed against ``reference`` (float32) on ``device``: both warmed, then paired rounds of
+    equal-length blocks, each side first in half of them (see the module docstring). ``clock`` times a block
+    (tests inject slow first calls through it)."""
+    for call in (reference, candidate):
+        for _ in range(WARM_CALLS):
+            call()
+    synchronize(device)
+    calls = _calls_per_block(reference, device)
+    ratios: list[float] = []
+    started = time.perf_counter()
+    while len(ratios) < MAX_ROUNDS:
+        pair = (reference, candidate) if len(ratios) % 2 == 0 else (candidate, reference)
+        times = {id(call): clock(call, device, calls) for call in pair}
+        ratios.append(times[id(reference)] / max(times[id(candidate)], 1e-9))
+        if len(ratios) < MIN_ROUNDS:
+            continue
+        gain = Gain(statistics.median(ratios), min(ratios), max(ratios), len(ratios))
+        if gain.decided() is not None or time.perf_counter() - started > PRECISION_SECONDS:
+            return gain
+    return Gain(statistics.median(ratios), min(ratios), max(ratios), len(ratios))
+
+
+def torch_gains(device: torch.device) -> dict[str, Gain]:
+    """aten's (and oneDNN's) products on ``device``: bfloat16, float16 on CUDA, int8 where ``torch._int_mm``
+    has a kernel (left unmeasured where it has none, not guessed)."""
+    m, k, n = SHAPE if device.type == "cpu" else ACCELERATOR_SHAPE
     a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
 
-    def timed(x: torch.Tensor, y: torch.Tensor, op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-              limit_ms: float = float("inf")) -> float:
-        def call() -> None:
-            op(x, y)
-            synchronize(device)
-        return _median_ms(call, limit_ms)
+    def product(x: torch.Tensor, y: torch.Tensor,
+                op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.mm) -> Callable[[], object]:
+        return lambda: op(x, y)
 
-    fp32 = timed(a, b, torch.mm)
-    slow = SLOW * fp32 + 1.0  # a first call past this decides the precision alone
-    gains = {"bf16": fp32 / timed(a.bfloat16(), b.bfloat16(), torch.mm, slow)}
-    if device.type == "cuda":
-        gains["fp16"] = fp32 / timed(a.half(), b.half(), torch.mm, slow)
-    try:
+    with torch.no_grad():
+        fp32 = product(a, b)
+        gains = {"bf16": paired_gain(fp32, product(a.bfloat16(), b.bfloat16()), device)}
+        if device.type == "cuda":
+            gains["fp16"] = paired_gain(fp32, product(a.half(), b.half()), device)
         qa = torch.randint(-127, 127, (m, k), dtype=torch.int8, device=device)
         qb = torch.randint(-127, 127, (k, n), dtype=torch.int8, device=device)
-        gains["int8"] = fp32 / timed(qa, qb, torch._int_mm, slow)
-    except RuntimeError:  # no int8 matmul kernel on this device: int8 is left unmeasured, not guessed
-        pass
+        try:
+            torch._int_mm(qa, qb)
+        except RuntimeError:  # no int8 matmul kernel on this device: int8 is left unmeasured, not guessed
+            return gains
+        gains["int8"] = paired_gain(fp32, product(qa, qb, torch._int_mm), device)
     return gains
 
 
-def _onnxruntime_gains() -> dict[str, float]:
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
-    m, k, n = SHAPE
-
-    def session(node: Any, a_type: int, b_type: int, out_type: int) -> Any:
-        graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("a", a_type, [m, k]),
-                                                    helper.make_tensor_value_info("b", b_type, [k, n])],
-                                  [helper.make_tensor_value_info("y", out_type, [m, n])])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        onnx.checker.check_model(model)
-        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-    float_session = session(helper.make_node("MatMul", ["a", "b"], ["y"]), TensorProto.FLOAT, TensorProto.FLOAT,
-                            TensorProto.FLOAT)
-    int_session = session(helper.make_node("MatMulInteger", ["a", "b"], ["y"]), TensorProto.UINT8, TensorProto.INT8,
-                          TensorProto.INT32)
-    rng = np.random.default_rng(0)
-    floats = {"a": rng.standard_normal((m, k), dtype=np.float32), "b": rng.standard_normal((k, n), dtype=np.float32)}
-    ints = {"a": rng.integers(0, 255, (m, k), dtype=np.uint8), "b": rng.integers(-127, 127, (k, n), dtype=np.int8)}
-    fp32 = _median_ms(lambda: float_session.run(None, floats))
-    return {"int8": fp32 / _median_ms(lambda: int_session.run(None, ints))}
-
-
-def _openvino_gains() -> dict[str, float]:
-    """The CPU plugin's float32 ``MatMul`` against the same product in bfloat16 (the precision hint) and in int8
-    (both inputs behind ``FakeQuantize``, the pattern NNCF writes and the plugin's low-precision pass runs as
-    int8). A precision the plugin cannot compile here counts as not paying (0)."""
-    import openvino as ov
-    import openvino.opset13 as ops
-
-    m, k, n = SHAPE
-    rng = np.random.default_rng(0)
-    weights = rng.standard_normal((k, n), dtype=np.float32)
-    activations = np.abs(rng.standard_normal((m, k), dtype=np.float32))
-
-    def quantized(node: Any, low: float, high: float, levels: int) -> Any:
-        low_c, high_c = ops.constant(np.float32(low)), ops.constant(np.float32(high))
-        return ops.fake_quantize(node, low_c, high_c, low_c, high_c, levels)
-
-    def product(int8: bool) -> Any:
-        a, w = ops.parameter([m, k], np.float32, name="a"), ops.constant(weights)
-        x = quantized(a, 0.0, 4.0, 256) if int8 else a
-        y = ops.matmul(x, quantized(w, -4.0, 4.0, 255) if int8 else w, False, False)
-        return ov.Model([y], [a], "probe")
-
-    core = shared_core()
-
-    def median_ms(model: Any, hint: str) -> float | None:
-        config = {"INFERENCE_NUM_THREADS": str(torch.get_num_threads()), "NUM_STREAMS": "1",
-                  "INFERENCE_PRECISION_HINT": hint}
-        try:
-            request = core.compile_model(model, "CPU", config).create_infer_request()
-        except RuntimeError:  # e.g. bf16 declared by the CPU's flags, but oneDNN capped below it
-            return None
-        return _median_ms(lambda: request.infer({0: activations}))
-
-    fp32 = median_ms(product(False), "f32")
-    assert fp32 is not None, "OpenVINO's CPU plugin compiles a float32 MatMul on every CPU it runs on"
-    bf16, int8 = median_ms(product(False), "bf16"), median_ms(product(True), "f32")
-    return {"bf16": fp32 / bf16 if bf16 else 0.0, "int8": fp32 / int8 if int8 else 0.0}
-
-
-def probe_machine(device: torch.device, engines: Mapping[str, Callable[[], dict[str, float]]] | None = None,
-                  ) -> MachineProbe:
-    """Time the products on ``device`` (the CPU's engines too when it is the CPU); ``engines``: replaces the
-    measurements (tests inject throughputs)."""
+def probe_machine(device: torch.device, engines: Mapping[str, EngineProbe] | None = None,
+                  runtime_engines: Mapping[str, str] | None = None) -> MachineProbe:
+    """Run each engine's probe (``engines``: the study's runtimes' declared probes, one per engine; torch's alone
+    when None) and record which engine each runtime runs (``runtime_engines``)."""
     start = time.perf_counter()
     if engines is None:
-        engines = {"torch": lambda: _torch_gains(device)}
-        if device.type == "cpu":
-            engines = {**engines, "onnxruntime": _onnxruntime_gains, "openvino": _openvino_gains}
+        engines = {DEFAULT_ENGINE: lambda: torch_gains(device)}
     gains: dict[str, dict[str, float]] = {}
+    spreads: dict[str, dict[str, list[float]]] = {}
     with torch.no_grad():
         for engine, measure in engines.items():
-            gains[engine] = {p: round(g, 3) for p, g in measure().items()}
-    return MachineProbe(gains, time.perf_counter() - start)
+            measured = {p: g if isinstance(g, Gain) else Gain.exact(float(g)) for p, g in measure().items()}
+            gains[engine] = {p: round(g.ratio, 3) for p, g in measured.items()}
+            spreads[engine] = {p: [round(g.low, 3), round(g.high, 3)] for p, g in measured.items()}
+    return MachineProbe(gains, time.perf_counter() - start, spreads, dict(runtime_engines or {}))
 
 
 def stage_precision(stages: tuple[Mapping[str, Any], ...]) -> str:
@@ -215,11 +246,13 @@ def stage_precision(stages: tuple[Mapping[str, Any], ...]) -> str:
 
 def probe_reason(probe: MachineProbe, stages: tuple[Mapping[str, Any], ...], runtime: str) -> str | None:
     """Why a stage list (as dicts) is not worth a trial under ``runtime`` on this machine: it reduces the float
-    precision (bf16, fp16) to one the probe found does not pay there. None otherwise (int8 that does not pay is
-    tried later, not dropped: its layers are not all matmuls)."""
+    precision (bf16, fp16) to one the probe found, with confidence, does not pay there. None otherwise: a probe
+    that did not decide never drops a trial, and int8 that does not pay is tried later, not dropped (its layers
+    are not all matmuls)."""
     precision = stage_precision(stages)
     if precision not in ("bf16", "fp16") or probe.pays(runtime, precision) is not False:
         return None
     gain = probe.gain(runtime, precision)
-    return (f"the machine probe: {precision} matmul runs {gain:.2f}x float32 under {engine_of(runtime)} here "
-            f"(it pays from {PAYS:.2f}x)")
+    high = probe.spreads[probe.engine(runtime)][precision][1]
+    return (f"the machine probe: {precision} matmul runs {gain:.2f}x float32 under {probe.engine(runtime)} here, "
+            f"at most {high:.2f}x over its paired rounds (it pays from {PAYS:.2f}x)")

@@ -17,12 +17,14 @@ registers later (OpenVINO, a dynamic-shape compile) gets its presets with no cha
 
 The study enqueues these right after the baseline and before the config's ``seeds`` (which may hold a
 costly stage, such as distillation), so a search has the one-line paths' level within its first trials.
-Where the machine probe finds int8 that pays, only each such int8 preset under its first runtime (the preset's
-own order: static int8 under OpenVINO) and the structural presets (float32 ``pack``, which multiplies with int8)
-come first; the cheap seeds (no costly stage: depth pruning) follow at once, so the first compositions
-(``prune depth + int8s | ov``) are measured within minutes, and the other presets (int8 under its other runtimes
-among them) and the costly seeds wait (:func:`initial_queue`: they are enqueued when the queue runs dry and the
-compositions and the runtime sweep have nothing to add, :mod:`pipeline.search.proposals`).
+Where the machine probe finds a reduced precision that pays (its median: a probe that did not decide orders but
+never drops), only each such preset under its first runtime (the preset's own order: static int8 under OpenVINO;
+bfloat16 and float16 alike: on a GPU ``pack + bf16 | compile_cudagraphs`` is among the first trials) and the
+structural presets (float32 ``pack``, which multiplies with a reduced precision) come first; the cheap seeds (no
+costly stage: depth pruning) follow at once, so the first compositions (``prune depth + int8s | ov``) are measured
+within minutes, and the other presets (int8 under its other runtimes among them) and the costly seeds wait
+(:func:`initial_queue`: they are enqueued when the queue runs dry and the compositions and the runtime sweep have
+nothing to add, :mod:`pipeline.search.proposals`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from pipeline.search.objectives import ATTR_SEED_RECIPE
 PRESET_PREFIX = "preset-"
 #: Study user attr: the seeds that wait until the queue runs dry (:func:`initial_queue`), as SeedRecipe dicts.
 ATTR_LATER_SEEDS = "paretorch.later_seeds"
+#: The precisions the machine probe times against float32.
+REDUCED = ("int8", "bf16", "fp16")
 #: The baseline's runtime: last within each preset.
 REFERENCE_RUNTIME = "eager"
 
@@ -55,7 +59,8 @@ class PresetPlan:
 
     seeds: list[SeedRecipe] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
-    #: The presets that wait for the first compositions (int8 pays here, and these are not int8 that pays).
+    #: The presets that wait for the first compositions (a reduced precision pays here, and these are not the
+    #: first runtime of a preset that pays).
     later: list[SeedRecipe] = field(default_factory=list)
 
     def describe(self, enqueued: Sequence[SeedRecipe], waiting: Sequence[SeedRecipe] = ()) -> str | None:
@@ -83,20 +88,33 @@ def preset_name(preset: str, runtime: str) -> str:
     return f"{PRESET_PREFIX}{preset}@{runtime}"
 
 
+def reduced(seed_stages: tuple[dict[str, Any], ...]) -> str | None:
+    """The reduced precision a preset's stages run in (``int8``, ``bf16``, ``fp16``; None: float32 or a
+    quantization the probe does not time)."""
+    precision = stage_precision(seed_stages)
+    return precision if precision in REDUCED else None
+
+
 def preset_rank(preset: Preset, runtimes: Sequence[str], probe: MachineProbe | None) -> int:
-    """Where the machine probe puts a preset: int8 that pays under one of its runtimes first (0), then the others
-    (1), int8 that pays under none of them last (2); without a probe, the config's order (all 1)."""
-    if probe is None or stage_precision(preset.stages) != "int8":
+    """Where the machine probe puts a preset: a reduced precision whose median pays under one of its runtimes
+    first (0), then the others (1), a reduced precision that pays under none of them last (2); without a probe,
+    the config's order (all 1)."""
+    precision = reduced(preset.stages)
+    if probe is None or precision is None:
         return 1
     mine = runtimes if preset.runtimes is None else [r for r in preset.runtimes if r in runtimes]
-    return 0 if any(probe.pays(r, "int8") for r in mine) else 2
+    verdicts = [probe.likely_pays(r, precision) for r in mine]
+    if any(verdicts):
+        return 0
+    return 2 if any(v is False for v in verdicts) else 1
 
 
 def preset_seeds(presets: Sequence[Preset], runtimes: Sequence[str], skip: SkipReason,
                  probe: MachineProbe | None = None) -> PresetPlan:
     """Each preset under its runtimes among the study's ``runtimes`` (preset-major; a preset's own order, else
     the study's with :data:`REFERENCE_RUNTIME` last), minus the pairs ``skip`` gives a reason for; the presets
-    ordered by the machine ``probe`` (:func:`preset_rank`: int8 first where it pays), else as configured."""
+    ordered by the machine ``probe`` (:func:`preset_rank`: a reduced precision first where it pays), else as
+    configured."""
     plan = PresetPlan()
     ordered = sorted(runtimes, key=lambda runtime: runtime == REFERENCE_RUNTIME)  # stable: the rest keep their order
     for preset in sorted(presets, key=lambda p: preset_rank(p, runtimes, probe)):
@@ -108,10 +126,10 @@ def preset_seeds(presets: Sequence[Preset], runtimes: Sequence[str], skip: SkipR
                 plan.skipped[name] = reason
                 continue
             plan.seeds.append(SeedRecipe(name=name, runtime=runtime, stages=preset.stages))
-    paying = [s for s in plan.seeds if probe is not None and stage_precision(s.stages) == "int8"
-              and probe.pays(s.runtime, "int8")]
-    if paying:  # int8 pays here: each such preset under its first runtime (with the structural presets) first,
-        # the rest after the first compositions
+    paying = [s for s in plan.seeds if probe is not None and (precision := reduced(s.stages)) is not None
+              and probe.likely_pays(s.runtime, precision)]
+    if paying:  # a reduced precision pays here: each such preset under its first runtime (with the structural
+        # presets) first, the rest after the first compositions
         leaders = {preset_of(s): s for s in reversed(paying)}.values()
         first = [s for s in plan.seeds if s in leaders or structural(s)]
         plan = PresetPlan(first, plan.skipped, [s for s in plan.seeds if s not in first])

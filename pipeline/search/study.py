@@ -23,7 +23,7 @@ from pipeline.core.evaluate import Known
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason
 from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtimes.registry import available_runtimes
+from pipeline.core.runtimes.registry import available_runtimes, declared_probes
 from pipeline.core.secrets import mask_secrets
 from pipeline.core.self_check import SelfCheck, lazy_reference, require_stable, self_check
 from pipeline.core.spec import ModelSpec
@@ -323,7 +323,7 @@ class Search:
         stored = study.user_attrs.get(ATTR_MACHINE_PROBE)
         if stored is not None:
             return MachineProbe(**stored)
-        probe = probe_machine(self.device)
+        probe = probe_machine(self.device, *declared_probes(self.runtimes, self.device))
         study.set_user_attr(ATTR_MACHINE_PROBE, probe.to_dict())
         return probe
 

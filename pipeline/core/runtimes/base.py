@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.machine_probe import DEFAULT_ENGINE, EngineProbe, torch_gains
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.runtimes.reproduces import Reproduces
 from pipeline.core.spec import Batch
@@ -79,6 +80,13 @@ class Runtime(ABC):
     export: ClassVar[RuntimeExport | None] = None
     #: What it (and its export) reproduces of a recipe; the default, everything: it runs the built torch model.
     reproduces: ClassVar[Reproduces] = Reproduces()
+    #: Whose kernels it runs: runtimes of one engine share one machine probe (:mod:`pipeline.core.machine_probe`).
+    engine: ClassVar[str] = DEFAULT_ENGINE
+
+    def probe(self, device: torch.device) -> EngineProbe:
+        """Its engine's machine probe on ``device``: each reduced precision's matmul against float32, paired
+        (the default: aten's products, which eager and every ``torch.compile`` runtime run)."""
+        return lambda: torch_gains(device)
 
     @abstractmethod
     def available(self, device: torch.device) -> bool:

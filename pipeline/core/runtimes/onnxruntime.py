@@ -18,9 +18,11 @@ from torch import Tensor, nn
 
 from pipeline.core.device import capabilities, ort_provider_note
 from pipeline.core.length_groups import PACK, length_grouped
+from pipeline.core.machine_probe import EngineProbe
 from pipeline.core.mirror import quant_scheme
 from pipeline.core.ort_session import open_session
 from pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
+from pipeline.core.runtimes.onnxruntime_probe import onnxruntime_gains
 from pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
 
 _FLOAT32_GRAPH = "ONNX Runtime runs the exported float32 graph: the recipe's reduced precision is not mirrored"
@@ -49,6 +51,10 @@ class OnnxRuntime(Runtime):
     name = "onnxruntime"
     export = RuntimeExport("export.onnx", {"measure_latency": False, "unmirrored": "infeasible"})
     reproduces = REPRODUCES
+    engine = "onnxruntime"
+
+    def probe(self, device: torch.device) -> EngineProbe:
+        return onnxruntime_gains
 
     def available(self, device: torch.device) -> bool:
         return bool(capabilities(device).ort_providers)

@@ -19,9 +19,11 @@ from torch import Tensor, nn
 
 from pipeline.core.device import capabilities, ov_device_note
 from pipeline.core.length_groups import PACK, length_grouped
+from pipeline.core.machine_probe import EngineProbe
 from pipeline.core.mirror import quant_scheme
 from pipeline.core.ov_session import open_ir
 from pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
+from pipeline.core.runtimes.openvino_probe import openvino_gains
 from pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
 
 _INT8_ONLY = ("only int8 methods have an OpenVINO mirror here (NNCF's 4-bit weight compression is not wired to "
@@ -56,6 +58,10 @@ class OpenVINORuntime(Runtime):
     name = "openvino"
     export = RuntimeExport("export.openvino", {"measure_latency": False, "unmirrored": "infeasible"})
     reproduces = REPRODUCES
+    engine = "openvino"
+
+    def probe(self, device: torch.device) -> EngineProbe:
+        return openvino_gains
 
     def available(self, device: torch.device) -> bool:
         return bool(capabilities(device).ov_devices)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import ConfigError, InfeasibleConfig
+from pipeline.core.machine_probe import EngineProbe
 from pipeline.core.names import BUILT_IN_RUNTIMES, RUNTIME_ENTRY_POINT_GROUP
 from pipeline.core.plugins import load_group
 from pipeline.core.runtimes.base import ExportHandle, NoExport, Runtime
@@ -105,6 +106,20 @@ def check_runtime_names(names: Iterable[str], where: str = "") -> tuple[str, ...
 def available_runtimes(device: torch.device) -> list[str]:
     """Names of the runtimes that run on ``device`` here."""
     return [name for name, runtime in registered_runtimes().items() if runtime.available(device)]
+
+
+def declared_probes(names: Iterable[str], device: torch.device) -> tuple[dict[str, EngineProbe], dict[str, str]]:
+    """The machine probes the runtimes ``names`` declare on ``device``, one per engine (the first runtime of an
+    engine gives it), and which engine each runtime runs: :func:`pipeline.core.machine_probe.probe_machine`'s
+    arguments."""
+    probes: dict[str, EngineProbe] = {}
+    engines: dict[str, str] = {}
+    for name in names:
+        runtime = get_runtime(name)
+        engines[name] = runtime.engine
+        if runtime.engine not in probes:
+            probes[runtime.engine] = runtime.probe(device)
+    return probes, engines
 
 
 def prepare_runtime(model: nn.Module, name: str, device: torch.device,

@@ -1,0 +1,61 @@
+"""The machine probe run again and again on one machine: the preset order it gives must be the same each time.
+
+    taskset -c 1 .venv/bin/python -m experiments.bench.probe_stability --device cpu --threads 1 --repeats 10 \
+        --out experiments/bench/results/probe-stability-cpu.json
+
+Each repeat runs :func:`pipeline.core.machine_probe.probe_machine` over the runtimes available on the device (their
+declared probes, as a study does) and orders the default search config's presets with it
+(:func:`pipeline.search.presets.preset_seeds`; a pair the probe drops is left out, as the study drops it). The
+JSON holds each repeat's gains, ranges, seconds and preset order, the distinct orders, the ISA, the threads and
+the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from experiments.bench.isa import isa_info
+from pipeline.core.machine_probe import probe_machine, probe_reason
+from pipeline.core.runtimes.registry import available_runtimes, declared_probes
+from pipeline.search.config import SearchConfig
+from pipeline.search.presets import preset_seeds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    runtimes = available_runtimes(device)
+    presets = SearchConfig.load().presets
+    load_before = os.getloadavg()
+    repeats = []
+    for index in range(args.repeats):
+        probe = probe_machine(device, *declared_probes(runtimes, device))
+        plan = preset_seeds(presets, runtimes, lambda stages, runtime, p=probe: probe_reason(p, stages, runtime),
+                            probe)
+        order = [s.name for s in (*plan.seeds, *plan.later)]
+        repeats.append({"gains": probe.gains, "spreads": probe.spreads, "seconds": round(probe.seconds, 2),
+                        "first": [s.name for s in plan.seeds], "order": order, "dropped": sorted(plan.skipped)})
+        print(f"[{index + 1}/{args.repeats}] {probe.describe()}\n    first: {', '.join(repeats[-1]['first'])}")
+    orders = sorted({json.dumps(r["order"]) for r in repeats})
+    result = {"device": str(device), "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "",
+              "isa": isa_info(), "threads": args.threads, "runtimes": runtimes, "torch": torch.__version__,
+              "load_before": load_before, "load_after": os.getloadavg(), "repeats": repeats,
+              "distinct_orders": len(orders), "same_order_every_time": len(orders) == 1}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{len(orders)} distinct preset order(s) in {args.repeats} repeats -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
