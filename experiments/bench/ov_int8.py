@@ -34,16 +34,19 @@ import platform
 import subprocess
 import time
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import openvino
 import torch
 from torch import Tensor
 
 from experiments.bench.peers import cpu_description
 from experiments.models import minilm
+
+if TYPE_CHECKING:
+    import openvino
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.ov_core import shared_core
 from pipeline.core.ov_session import InferencePrecision, open_ir
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     measured = rows(ours, args.peer_ir, args.threads, args.budget)
     result = {"cpu": cpu_description(), "emulation": emulated(), "threads": args.threads, "affinity": affinity,
               "budget": args.budget, "uptime_before": before, "uptime_after": _uptime(),
-              "openvino": openvino.__version__, "torch": torch.__version__, "python": platform.python_version(),
+              "openvino": metadata.version("openvino"), "torch": torch.__version__, "python": platform.python_version(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "ir": facts, "rows": measured}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{OV_INT8_PREFIX}minilm-{'avx2-emulated' if emulated() else 'native'}.json"
