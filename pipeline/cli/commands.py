@@ -162,7 +162,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     console.print(f"time: {outcome.times.describe()}")
     console.print(f"cache: {outcome.cache}")
     console.print(f"study {outcome.study_name} in {search.storage_label}")
-    for line in front_files(outcome.recipes):
+    for line in front_files(outcome.recipes, outcome.best):
         say(console, line)
     if outcome.tracking_uri:
         local = outcome.tracking_uri.startswith("sqlite:")

@@ -10,8 +10,9 @@ objective values of the complete trials alone (``optuna_dashboard/_app.py``, the
 Pareto front of ``get_pareto_front_trials``), and no attribute changes that. A trial over
 the allowed drop that is fast enough still gets the badge. What the dashboard does show
 is a note (Markdown) per trial and per study: :func:`note_infeasible` explains the badge on
-each infeasible trial's page, :func:`note_study` lists the real front and the badged
-infeasible trials on the study's Note page.
+each infeasible trial's page, :func:`note_study` names paretorch's best trials (the front's
+leads in the console table's order, :mod:`pipeline.search.best`) first on the study's Note page,
+says why the badge differs and why each badged trial that is not among them is not.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from collections.abc import Mapping, Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from pipeline.search.best import BestTrial, best_numbers
 from pipeline.search.explain import dominates
+from pipeline.search.front_rule import RULE
+from pipeline.search.objectives import ATTR_REASON
+from pipeline.tracking.columns import RANK_METRIC
 
 #: The system attribute optuna-dashboard 0.21 reads (a list of floats, feasible when all <= 0).
 LEGACY_CONSTRAINTS_ATTR = "constraints"
@@ -52,31 +57,51 @@ def infeasible(trial: FrozenTrial) -> bool:
     return any(v > 0 for v in trial.system_attrs.get(LEGACY_CONSTRAINTS_ATTR, []))
 
 
+def badged(trials: Sequence[FrozenTrial], directions: Sequence[optuna.study.StudyDirection]) -> list[FrozenTrial]:
+    """The trials optuna-dashboard 0.21 marks "Best Trial": complete trials no other complete trial dominates on
+    the objective values, constraints ignored."""
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
+    return [t for t in complete if not any(dominates(o.values, t.values, directions) for o in complete)]
+
+
 def badged_infeasible(trials: Sequence[FrozenTrial], directions: Sequence[optuna.study.StudyDirection]
                       ) -> list[FrozenTrial]:
-    """The infeasible trials optuna-dashboard 0.21 marks "Best Trial": complete trials no other complete
-    trial dominates, constraints ignored."""
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
-    front = [t for t in complete if not any(dominates(o.values, t.values, directions) for o in complete)]
-    return [t for t in front if infeasible(t)]
+    """The badged trials (:func:`badged`) over a constraint: each one's note says why."""
+    return [t for t in badged(trials, directions) if infeasible(t)]
 
 
-def study_dashboard_note(study: optuna.Study, front: Sequence[int], allowed_drop: str) -> str:
-    """The study's note: the feasible front, and which "Best Trial" badges to ignore. ``allowed_drop``:
-    the allowed drop in words (:meth:`pipeline.search.objectives.Objectives.describe_drop`)."""
-    badged = badged_infeasible(study.get_trials(deepcopy=False), study.directions)
-    lines = [f"**Pareto front** (within the allowed drop of {allowed_drop}): "
-             f"trial{'s' if len(front) != 1 else ''} {', '.join(map(str, front)) or 'none'}."]
-    if badged:
-        numbers = ", ".join(str(t.number) for t in badged)
-        lines.append(f'**Ignore the "Best Trial" badge on trial{"s" if len(badged) != 1 else ""} {numbers}**: '
-                     "over the allowed drop (each one's note says by how much).")
-    lines.append(BADGE_CAVEAT + " Its Pareto-front plot does read the constraints: infeasible trials are grey.")
+def badge_reason(trial: FrozenTrial) -> str:
+    """Why a badged trial is not one of paretorch's best: its stored reason (over the allowed drop, latency
+    unstable), else the front rule's (no more than a tie with, or beaten by, a front trial)."""
+    reason = trial.user_attrs.get(ATTR_REASON) or ("over the allowed drop" if infeasible(trial) else None)
+    return reason or "not faster or better than a front trial with confidence (its MLflow run's `tied_with` or " \
+                     "`dominated_by` tag names which)"
+
+
+def study_dashboard_note(study: optuna.Study, best: Sequence[BestTrial], allowed_drop: str,
+                         metric_name: str = "metric") -> str:
+    """The study's note: paretorch's best trials (:mod:`pipeline.search.best`, the table's order), and why the
+    dashboard's "Best Trial" badges differ. ``allowed_drop``: the allowed drop in words
+    (:meth:`pipeline.search.objectives.Objectives.describe_drop`); ``metric_name``: the task metric's."""
+    lines = [f"**paretorch's best trials: {best_numbers(best)}.** Its Pareto front within the allowed drop of "
+             f"{allowed_drop}, fastest first: the console's table lists the same trials in this order, its "
+             f"`time to result` line names the first, and the MLflow runs view (`make ui`) sorts them first by "
+             f"`{RANK_METRIC}`."]
+    lines += [f"{b.rank}. {b.describe(metric_name)}" for b in best]
+    mine = {b.number for b in best}
+    others = [t for t in badged(study.get_trials(deepcopy=False), study.directions) if t.number not in mine]
+    lines.append(f'**The "Best Trial" badge is optuna-dashboard\'s, not paretorch\'s.** {BADGE_CAVEAT} paretorch '
+                 f"counts a trial faster only when its speed-up's 95% interval clears the other's ({RULE}), so its "
+                 "best trials are the ones above, badged or not.")
+    if others:
+        lines.append("Badged here but not paretorch's best: "
+                     + "; ".join(f"trial {t.number} ({badge_reason(t)})" for t in others) + ".")
+    lines.append("Its Pareto-front plot does read the constraints: infeasible trials are grey.")
     return "\n\n".join(lines)
 
 
-def note_study(study: optuna.Study, front: Sequence[int], allowed_drop: str) -> None:
+def note_study(study: optuna.Study, best: Sequence[BestTrial], allowed_drop: str, metric_name: str = "metric") -> None:
     """Write :func:`study_dashboard_note` as the study's note (shown on the dashboard's Note page)."""
     from optuna_dashboard import save_note
 
-    save_note(study, study_dashboard_note(study, front, allowed_drop))
+    save_note(study, study_dashboard_note(study, best, allowed_drop, metric_name))

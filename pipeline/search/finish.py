@@ -1,9 +1,11 @@
 """The end of a study: the Pareto trials exported (a pack trial's deployable callable too: its ``deploy/`` folder),
-their recipes saved, tagged in MLflow; the parent run's note."""
+their recipes saved, tagged in MLflow (each lead of the front ranked: :mod:`pipeline.search.best`); the parent run's
+note."""
 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +20,14 @@ from pipeline.core.text import plain
 from pipeline.engine.deliver import companions, deliver, delivered
 from pipeline.engine.deployment import DEPLOY_DIR, deploy_stage, save_deployment
 from pipeline.engine.recipe import Recipe
+from pipeline.search.best import BestTrial, best_numbers
 from pipeline.search.explain import dominated_by, front_tags
 from pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
 from pipeline.search.pareto import distinct_front, export_attr, pareto_trials, table_columns
 from pipeline.search.profile import profile_calls
 from pipeline.search.record import TrialRecord
 from pipeline.search.study_parts import StudyParts
+from pipeline.tracking.columns import RANK_METRIC
 from pipeline.tracking.tracker import Tracker
 from pipeline.tracking.views import markdown_table
 
@@ -35,21 +39,34 @@ def study_dir(name: str) -> Path:
     return path
 
 
-def study_note(title: str, rows: list[Any], parts: StudyParts, baseline: Baseline) -> str:
-    """The parent run's Description: the Pareto table and where to look next."""
+def study_note(title: str, rows: list[Any], parts: StudyParts, baseline: Baseline, best: Sequence[BestTrial]) -> str:
+    """The parent run's Description: paretorch's best trials, the Pareto table and where to look next."""
     columns = table_columns(rows, parts.objectives)
     columns.pop("exports", None)
-    return (f"**{title}**\n\n{markdown_table(columns)}\n\n"
-            f"Plot: Artifacts > pareto.png (interactive: pareto.html). Every trial run is tagged `feasible`; "
-            f"`reason` says why a trial is infeasible, over the allowed drop "
+    return (f"**{title}**\n\n{best_line(best, parts.spec.metric.name)}\n\n{markdown_table(columns)}\n\n"
+            f"Plot: Artifacts > pareto.png (interactive: pareto.html). Every trial run not stopped is tagged "
+            f"`feasible`, every run `outcome` (complete, stopped: why, failed: why); `reason` says why a trial is not "
+            f"a result, "
+            f"over the allowed drop "
             f"({parts.objectives.describe_drop(baseline)}) or failed; `dominated_by` names the front trial that "
             f"beats it. Headline metrics are top-level, "
             f"the rest under `detail.`.")
 
 
-def finish_study(parts: StudyParts, study: optuna.Study, tracker: Tracker | None,
-                 console: Console) -> tuple[dict[int, Path], list[str]]:
-    """Export the Pareto trials (unless done before), save their recipes, tag them in MLflow."""
+def best_line(best: Sequence[BestTrial], metric_name: str) -> str:
+    """The notes' first line: paretorch's best trials in rank order, each with its numbers, the lead to take."""
+    if not best:
+        return "**paretorch's best trials: none** (no complete trial within the allowed drop yet)."
+    ranks = "; ".join(f"{b.rank}. {b.describe(metric_name)}" for b in best)
+    return (f"**paretorch's best trials: {best_numbers(best)}** (the Pareto front's leads, fastest first: the "
+            f"console's table, its time-to-result line, MLflow's `{RANK_METRIC}` and optuna-dashboard's study note "
+            f"list the same trials): {ranks}.")
+
+
+def finish_study(parts: StudyParts, study: optuna.Study, tracker: Tracker | None, console: Console,
+                 best: Sequence[BestTrial]) -> tuple[dict[int, Path], list[str]]:
+    """Export the Pareto trials (unless done before), save their recipes, tag them in MLflow and rank the ``best``
+    (:data:`RANK_METRIC`, the runs view's sort)."""
     distinct = distinct_front(study)
     dominated = dominated_by(study, pareto_trials(study))
     study.set_user_attr(ATTR_DOMINATED_BY, {str(k): v for k, v in dominated.items()})
@@ -58,6 +75,7 @@ def finish_study(parts: StudyParts, study: optuna.Study, tracker: Tracker | None
         tags = front_tags(study, distinct, dominated)
         for number in tracker.children:
             tracker.set_trial_tags(number, tags.get(number, {"pareto": "false"}))
+        tracker.set_trial_ranks(RANK_METRIC, {b.number: b.rank for b in best})
     recipes: dict[int, Path] = {}
     for trial, _repeats in distinct:
         folder = study_dir(parts.study_name) / f"trial-{trial.number:03d}"
@@ -90,11 +108,14 @@ def finish_study(parts: StudyParts, study: optuna.Study, tracker: Tracker | None
     return recipes, notes
 
 
-def front_files(recipes: dict[int, Path]) -> list[str]:
-    """The console's lines for the Pareto trials' folders: each trial's recipe and deployable files, full paths."""
+def front_files(recipes: dict[int, Path], best: Sequence[BestTrial]) -> list[str]:
+    """The console's lines for the Pareto trials' folders, paretorch's best first (rank order): each trial's recipe
+    and deployable files, full paths."""
+    rank = {b.number: b.rank for b in best}
     lines = []
-    for number, recipe in sorted(recipes.items()):
-        lines.append(f"Pareto trial {number}: {recipe}")
+    for number, recipe in sorted(recipes.items(), key=lambda item: (rank.get(item[0], len(rank) + 1), item[0])):
+        place = f" (best {rank[number]} of {len(rank)})" if number in rank else ""
+        lines.append(f"Pareto trial {number}{place}: {recipe}")
         lines.extend(f"  {path}" for path in delivered(recipe.parent))
     return lines
 

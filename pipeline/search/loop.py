@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from pipeline.core.fidelity import fidelity_note
 from pipeline.core.progress import progress_columns, say, sharing
 from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.secrets import mask_secrets
+from pipeline.search.best import BestTrial, best_trials
 from pipeline.search.compose import composed_note
 from pipeline.search.config import finished_states
 from pipeline.search.dashboard import note_study
@@ -33,7 +34,6 @@ from pipeline.search.objectives import (
 )
 from pipeline.search.pareto import (
     FRONT_NOTE,
-    distinct_front,
     pareto_rows,
     pareto_table,
     pareto_trials,
@@ -48,11 +48,11 @@ from pipeline.search.screening import screened_note
 from pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
 from pipeline.search.study import Prepared, Search, SearchTimes
 from pipeline.search.study_parts import StudyParts
-from pipeline.search.time_to_result import ResultPoint, best_so_far, found_line, trials_seconds
+from pipeline.search.time_to_result import ResultPoint, best_so_far, completed_after, found_line, trials_seconds
 from pipeline.search.trial_log import TrialLogger
 from pipeline.search.trial_objective import TrialObjective
 from pipeline.search.workers import Callback, run_trials
-from pipeline.tracking.columns import SORT_METRIC
+from pipeline.tracking.columns import RANK_METRIC, SORT_METRIC
 from pipeline.tracking.tracker import Tracker
 
 Launcher = Callable[[], tuple[bool, list[str]]]
@@ -80,8 +80,10 @@ class SearchOutcome:
     machine: str | None = None
     #: The best feasible speed-up against the study's wall time (:mod:`pipeline.search.time_to_result`).
     results: list[ResultPoint] = field(default_factory=list)
-    #: When the best was found, in one line (None: an interrupted run).
+    #: When the front's lead (paretorch's best trial) was found, in one line (None: an interrupted run).
     found: str | None = None
+    #: paretorch's best trials, the table's order (:func:`pipeline.search.best.best_trials`).
+    best: list[BestTrial] = field(default_factory=list)
 
 
 #: The per-study file that receives third-party warnings and progress bars (see :mod:`pipeline.search.quiet`).
@@ -153,12 +155,13 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     if tracker is not None:
         tracker.refresh_children()  # trials that other workers logged
     exported = export_outcomes(study)
-    recipes, finish_notes = finish_study(parts, study, tracker, console)
+    best = best_trials(study, search.objectives)  # the one list every surface below names
+    recipes, finish_notes = finish_study(parts, study, tracker, console, best)
     notes.extend(finish_notes)
     every = study.get_trials(deepcopy=False)
     notes.extend(line for line in (summarize_ruled_out(study), composed_note(every), screened_note(every),
                                    uncertain_note(every)) if line is not None)
-    note_study(study, [t.number for t, _ in distinct_front(study)], search.objectives.describe_drop(baseline))
+    note_study(study, best, search.objectives.describe_drop(baseline), search.spec.metric.name)
     # Nothing ran and nothing was missing (a child run, an export): what the last run stored stays as it is.
     changed = remaining > 0 or export_outcomes(study) != exported or (
         tracker is not None and (tracker.created or len(tracker.children) != children))
@@ -170,13 +173,15 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     times = spent(parts, time.perf_counter() - wall_start)
     results = best_so_far(every)
     if tracker is not None and changed:
-        log_study(tracker, study, parts, baseline, front, total, "; ".join([title, *table_notes]),
+        log_study(tracker, study, parts, baseline, front, best, total, "; ".join([title, *table_notes]),
                   times if remaining > 0 else None)  # the study's totals: a run that ran no trial adds nothing
         tracker.log_study_curve("time_to_result_speedup", [(p.seconds, p.speedup) for p in results])
+    lead = best[0] if best else None
+    found = found_line(results, lead, None if lead is None else completed_after(every, lead.number),
+                       trials_seconds(every))
     return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, times,
                          search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
-                         interrupted, notes, machine_line(study), results,
-                         found_line(results, trials_seconds(every)))
+                         interrupted, notes, machine_line(study), results, found, best)
 
 
 def running_line(search: Search, trials: int, remaining: int, done: int, device: str) -> str:
@@ -212,7 +217,7 @@ def spent(parts: StudyParts, wall: float = 0.0) -> SearchTimes:
 
 
 def log_study(tracker: Tracker, study: optuna.Study, parts: StudyParts, baseline: Baseline, front: Retimed,
-              total: int, note: str, times: SearchTimes | None) -> None:
+              best: Sequence[BestTrial], total: int, note: str, times: SearchTimes | None) -> None:
     """The study's parent run at the end: the front's table and plots, the summary metrics, this run's seconds
     added to the study's (``times``; None: none to add), its note, the trials' re-measured speed-ups; closed."""
     metrics = {"trials": float(total), "pareto_trials": float(len(front.rows)),
@@ -225,7 +230,7 @@ def log_study(tracker: Tracker, study: optuna.Study, parts: StudyParts, baseline
     if times is not None:
         tracker.add_study_seconds({"seconds_wall": times.wall,
                                    **{f"seconds_{k}": v for k, v in times.by_category.items()}})
-    tracker.set_study_note(study_note(note, front.rows, parts, baseline))
+    tracker.set_study_note(study_note(note, front.rows, parts, baseline, best))
     for number, speedup in front.speedups.items():
         tracker.log_trial_metrics(number, {"speedup_remeasured": speedup})
     tracker.close_study("FINISHED")
@@ -316,7 +321,7 @@ def open_search(search: Search, running: bool = True) -> tuple[optuna.Study, Pre
             running=running,
         )
         tracker.show_columns(search.objectives.headline_keys(),
-                             leading=(SORT_METRIC, search.spec.metric.name, "metric_drop"))
+                             leading=(RANK_METRIC, SORT_METRIC, search.spec.metric.name, "metric_drop"))
     return study, prepared, tracker
 
 

@@ -159,6 +159,17 @@ class TrialRecord:
                 f"over the allowed drop: {self.over_drop}")
         return self.latency_unstable
 
+    def outcome(self) -> str:
+        """How the trial ended, in words (MLflow's ``outcome`` tag): ``complete``, ``stopped: <why>`` for a pruned
+        trial (``stopped: by the latency probe: ...``, ``stopped: screened out ...``, a repeat, a configuration
+        that cannot run here: never a verdict on the allowed drop), ``failed: <the exception line>``."""
+        if self.state == COMPLETE:
+            return "complete"
+        if self.state == PRUNED:
+            why = self.infeasible or self.reason() or "?"
+            return f"stopped: {why.removeprefix('stopped ')}"
+        return self.reason() or "failed"
+
     @classmethod
     def from_trial(cls, trial: FrozenTrial) -> TrialRecord:
         """The record of a finished trial read back from storage (e.g. run by an earlier process)."""
@@ -229,7 +240,9 @@ class TrialRecord:
             tags["recipe"] = self.recipe.describe(exports=exports_ran)
         if self.infeasible is not None:
             tags["infeasible_reason"] = self.infeasible
-        tags["feasible"] = str(bool(self.feasible)).lower()
+        if self.state != PRUNED:  # a stopped trial was never judged against the allowed drop
+            tags["feasible"] = str(bool(self.feasible)).lower()
+        tags["outcome"] = self.outcome()
         reason = self.reason()
         if reason is not None:
             tags["reason"] = reason

@@ -1,10 +1,12 @@
 """Time to result: the best feasible speed-up a study had found against the wall time it had run.
 
 :func:`best_so_far` reads a study's trials (``datetime_start`` / ``datetime_complete``, the feasibility verdict,
-the paired speed-up): one point per feasible trial that raised the best. The study's last console lines say when
-its best was found (:func:`found_line`), its MLflow parent run keeps the curve as the metric
-``time_to_result_speedup`` (step = seconds), and the bench writes it as ``time_to_result`` (``[seconds, best]``
-pairs). Seconds count from the study's first trial's start: a resumed study's pause between runs counts too.
+the paired speed-up): one point per feasible trial that raised the best point speed-up. Its MLflow parent run keeps
+that curve as the metric ``time_to_result_speedup`` (step = seconds), and the bench writes it as ``time_to_result``
+(``[seconds, best]`` pairs). The study's last console line (:func:`found_line`) names paretorch's best trial, the
+front's lead (:mod:`pipeline.search.best`: the table's first row), and when it was found; where the curve's point
+values reach higher than that lead (a trial the front rule ties or beats: its interval, or its metric), the line says
+so. Seconds count from the study's first trial's start: a resumed study's pause between runs counts too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from datetime import datetime
 
 from optuna.trial import FrozenTrial, TrialState
 
+from pipeline.search.best import BestTrial
 from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS
 
 
@@ -62,15 +65,30 @@ def time_to_reach(points: Sequence[ResultPoint], speedup: float) -> float | None
     return next((p.seconds for p in points if p.speedup >= speedup), None)
 
 
-def found_line(points: Sequence[ResultPoint], total_seconds: float) -> str:
-    """``best 5.52x found after 45 s (trial 8) of 120 s; 90 % of it (4.97x) after 30 s``."""
-    if not points:
-        return f"time to result: no feasible trial in {total_seconds:.0f} s"
-    best = points[-1]
-    text = f"time to result: best {best.speedup:.2f}x found after {best.seconds:.0f} s (trial {best.trial})"
-    near = next(p for p in points if p.speedup >= 0.9 * best.speedup)
-    if near is not best:
-        text += f"; {near.speedup:.2f}x (90 % of it) after {near.seconds:.0f} s (trial {near.trial})"
+def completed_after(trials: Sequence[FrozenTrial], number: int, started: datetime | None = None) -> float | None:
+    """Seconds from ``started`` (default: the first trial's start) to trial ``number``'s completion (None: it has
+    not completed)."""
+    started = started or study_start(trials)
+    done = next((t.datetime_complete for t in trials if t.number == number), None)
+    return max(0.0, (done - started).total_seconds()) if done is not None and started is not None else None
+
+
+def found_line(points: Sequence[ResultPoint], lead: BestTrial | None, found_after: float | None,
+               total_seconds: float) -> str:
+    """``time to result: the front's lead, trial 4 (4.11x), found after 45 s; ...``: paretorch's best trial (``lead``,
+    the table's first row) and when it completed (``found_after``), the first feasible trial at 90 % of its
+    speed-up where that came earlier, and the curve's peak where a trial off the front reaches higher."""
+    if lead is None:
+        return f"time to result: no trial on the front in {total_seconds:.0f} s"
+    after = "" if found_after is None else f", found after {found_after:.0f} s"
+    text = f"time to result: the front's lead, trial {lead.number} ({lead.speedup:.2f}x){after}"
+    near = next((p for p in points if p.speedup >= 0.9 * lead.speedup), None)
+    if near is not None and near.trial != lead.number and (found_after is None or near.seconds < found_after):
+        text += f"; 90 % of its speed-up ({near.speedup:.2f}x, trial {near.trial}) after {near.seconds:.0f} s"
+    peak = points[-1] if points else None
+    if peak is not None and peak.trial != lead.number and peak.speedup > lead.speedup:
+        text += (f"; the curve of best point speed-ups reaches {peak.speedup:.2f}x (trial {peak.trial}), a trial "
+                 "off the front: tied with or beaten by a front trial (its MLflow tags say which)")
     return text + f"; the study's trials ran {total_seconds:.0f} s"
 
 

@@ -13,9 +13,8 @@ from rich.progress import Progress
 
 from pipeline.core.device import describe
 from pipeline.engine.short_recipe import short_recipe
+from pipeline.search.best import best_trials
 from pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
-from pipeline.search.objectives import ATTR_METRICS
-from pipeline.search.pareto import pareto_trials
 from pipeline.search.probe import BEHIND_FRONT
 from pipeline.search.record import TrialRecord
 from pipeline.search.screening import SCREENED_OUT
@@ -61,15 +60,14 @@ class TrialLogger:
                                name=record.run_name())
 
     def _update_best(self, study: optuna.Study) -> None:
-        front = pareto_trials(study)
-        if not front:
+        """The progress bar's note: the front's size and its lead (:func:`pipeline.search.best.best_trials`)."""
+        best = best_trials(study, self.parts.objectives)
+        if not best:
             self.best = "no feasible trial yet"
             return
-        metric = self.parts.spec.metric.name
-        fastest = max(front, key=lambda t: t.user_attrs.get(ATTR_METRICS, {}).get("speedup", 0.0))
-        values = fastest.user_attrs.get(ATTR_METRICS, {})
-        self.best = (f"front {len(front)} | best {values.get('speedup', 0):.2f}x at {metric} "
-                     f"{values.get(metric, float('nan')):.4f} (trial {fastest.number})")
+        lead = best[0].row
+        self.best = (f"front {len(best)} | lead {lead.speedup:.2f}x at {self.parts.spec.metric.name} "
+                     f"{lead.metric:.4f} (trial {lead.trial})")
 
     def _line(self, record: TrialRecord) -> str:
         return self._outcome(record) + (f" <- {record.seed}" if record.seed and record.repeat_of is None else "")

@@ -5,7 +5,11 @@
   logging under the same parent;
 * one child run per trial (tag ``paretorch.trial``): params = the flattened
   per-node configs, metrics = the trial's measurements, tags = device, library
-  versions, trial state, ``pareto``, the infeasibility reason;
+  versions, trial state, ``outcome``, ``pareto``, the infeasibility reason; its status is
+  FINISHED for a complete trial, KILLED (MLflow's "stopped before its end") for a pruned one
+  (stopped by the latency probe, screened out, a configuration that cannot run: its ``outcome``
+  tag says why), FAILED for a failed one; the front's leads carry their rank
+  (:meth:`Tracker.set_trial_ranks`), which the runs view sorts by;
 * Pareto trials carry their recipe JSON and exported files as artifacts;
 * the parent carries the Pareto table (``log_table``) and the Pareto plot (PNG and HTML).
 
@@ -58,6 +62,9 @@ _INVALID_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
 #: Task metrics, drops, speed-ups and sizes are logged as measured (the table's numbers, rounded there).
 _DISPLAY_ROUNDED = re.compile(r"(^|[._])(latency|seconds)|_ms(_|$)")
 DISPLAY_DIGITS = 4
+#: A child run's MLflow status per Optuna trial state (any other: FAILED). MLflow has no "pruned": KILLED is its
+#: status for a run stopped before its end, and the run's ``outcome`` tag says why.
+RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}
 
 
 def default_tracking_uri() -> str:
@@ -284,10 +291,24 @@ class Tracker:
         self._log(run_id, params=params, metrics=metrics)
         for artifact_file, text in (texts or {}).items():
             self._client.log_text(run_id, text, artifact_file)
-        status = {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED")
+        status = RUN_STATUS.get(state, "FAILED")
         self._client.set_terminated(run_id, status=status)
         self.children[number] = run_id
         return run_id
+
+    def set_trial_ranks(self, key: str, ranks: Mapping[int, int]) -> None:
+        """Log each ranked trial's rank as the metric ``key`` (trial number -> rank); a trial ranked before (a
+        resumed study) that no longer is gets NaN (MLflow deletes no metric; the UI sorts NaN after every rank)."""
+        if not self.parent_run_id:
+            return
+        ranked = {self.children[n]: float(r) for n, r in ranks.items() if n in self.children}
+        before = self._client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{self.parent_run_id}' and "
+                                                f"metrics.`{clean_key(key)}` > 0", max_results=1000)
+        for run_id in {r.info.run_id for r in before} - set(ranked):
+            self._log(run_id, metrics={key: math.nan})
+        for run_id, rank in ranked.items():
+            self._log(run_id, metrics={key: rank})
 
     def set_trial_tags(self, number: int, tags: Mapping[str, str]) -> None:
         if number in self.children:

@@ -4,11 +4,15 @@ changes nothing it computes (a no-op plugin stage), registered with :func:`pipel
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
+from typing import Any
+from wsgiref.util import setup_testing_defaults
 
 import optuna
 import pytest
 import torch
+from optuna_dashboard import wsgi
 from rich.console import Console
 from torch import nn
 
@@ -56,3 +60,14 @@ def run_on_fake_clock(spec: ModelSpec, config: SearchConfig, folder: Path, timer
 def trials_by_seed(search: Search) -> dict[str, optuna.trial.FrozenTrial]:
     """The trials of a search run by :func:`run_on_fake_clock`, by seed name."""
     return {t.user_attrs.get("paretorch.seed"): t for t in search.outcome.study.trials}  # type: ignore[attr-defined]
+
+
+def study_detail(storage: optuna.storages.BaseStorage, study_id: int) -> dict[str, Any]:
+    """optuna-dashboard's own JSON of one study (its best trials, trial and study notes), as its pages read it."""
+    environ: dict[str, Any] = {"PATH_INFO": f"/api/studies/{study_id}", "QUERY_STRING": "after=0",
+                               "wsgi.input": io.BytesIO()}
+    setup_testing_defaults(environ)
+    status: list[str] = []
+    body = b"".join(wsgi(storage)(environ, lambda s, headers, exc_info=None: status.append(s)))
+    assert status[0].startswith("200"), status
+    return dict(json.loads(body))

@@ -3,21 +3,22 @@ badges to ignore (read back through the dashboard's own JSON API)."""
 
 from __future__ import annotations
 
-import io
-import json
-from wsgiref.util import setup_testing_defaults
+import math
 
 import optuna
 import pytest
-from optuna_dashboard import wsgi
 
+from pipeline.search.best import BestTrial
 from pipeline.search.dashboard import (
+    badged,
     badged_infeasible,
     note_infeasible,
     note_study,
     set_constraints,
     study_dashboard_note,
 )
+from pipeline.search.pareto import ParetoRow
+from tests.pipeline.search.conftest import study_detail
 
 #: (accuracy, latency ms, drop): trial 1 is the fastest but over the allowed drop of 0.01.
 TRIALS = [(0.99, 1.0, 0.0), (0.80, 0.5, 0.19), (0.99, 2.0, 0.0), (0.985, 0.8, 0.005)]
@@ -32,23 +33,15 @@ def objective(trial: optuna.Trial) -> tuple[float, float]:
     return accuracy, latency
 
 
-def study_detail(storage: optuna.storages.BaseStorage, study_id: int) -> dict:
-    environ: dict = {"PATH_INFO": f"/api/studies/{study_id}", "QUERY_STRING": "after=0", "wsgi.input": io.BytesIO()}
-    setup_testing_defaults(environ)
-    status: list[str] = []
-    body = b"".join(wsgi(storage)(environ, lambda s, headers, exc_info=None: status.append(s)))
-    assert status[0].startswith("200"), status
-    return json.loads(body)
-
-
 def test_the_dashboard_badges_an_infeasible_trial_and_the_notes_say_so() -> None:
     storage = optuna.storages.InMemoryStorage()
     study = optuna.create_study(storage=storage, directions=["maximize", "minimize"])
     study.optimize(objective, n_trials=len(TRIALS))
     front = [t.number for t in study.best_trials]
     assert front == [0, 3], "Optuna's front honours the constraint"
+    assert [t.number for t in badged(study.trials, study.directions)] == [0, 1, 3]
     assert [t.number for t in badged_infeasible(study.trials, study.directions)] == [1]
-    note_study(study, front, str(MAX_DROP))
+    note_study(study, best_of(3, 0), str(MAX_DROP), "accuracy")
 
     detail = study_detail(storage, study._study_id)
     best = {t["number"] for t in detail["best_trials"]}
@@ -59,12 +52,22 @@ def test_the_dashboard_badges_an_infeasible_trial_and_the_notes_say_so() -> None
     assert "ignores constraints" in trials[1]["note"]["body"]
     assert trials[0]["note"]["body"] == "", "feasible trials get no note"
     note = detail["note"]["body"]
-    assert "trials 0, 3." in note and 'Ignore the "Best Trial" badge on trial 1**' in note
+    assert note.startswith("**paretorch's best trials: 3, then 0.**")
+    assert "\n\n1. trial 3: 1.25x, accuracy 0.9850, fast\n\n2. trial 0: 1.00x, accuracy 0.9900, baseline" in note
+    assert "Badged here but not paretorch's best: trial 1 (over the allowed drop)." in note
 
 
-def test_no_badge_warning_when_every_badged_trial_is_feasible() -> None:
+def best_of(*numbers: int) -> list[BestTrial]:
+    """paretorch's best trials of :data:`TRIALS` in this order (speed-up: 1 / latency)."""
+    return [BestTrial(rank, ParetoRow(trial=n, metric=TRIALS[n][0], drop=TRIALS[n][2], latency_ms=TRIALS[n][1],
+                                      speedup=1.0 / TRIALS[n][1], size_bytes=math.nan, exports="",
+                                      recipe="baseline" if n == 0 else "fast"))
+            for rank, n in enumerate(numbers, start=1)]
+
+
+def test_no_badge_list_when_every_badged_trial_is_among_the_best() -> None:
     study = optuna.create_study(directions=["maximize", "minimize"])
     study.optimize(objective, n_trials=1)
-    assert badged_infeasible(study.trials, study.directions) == []
-    note = study_dashboard_note(study, [0], str(MAX_DROP))
-    assert note.startswith("**Pareto front** (within the allowed drop of 0.01): trial 0.") and "Ignore" not in note
+    note = study_dashboard_note(study, best_of(0), str(MAX_DROP))
+    assert note.startswith("**paretorch's best trials: 0.** Its Pareto front within the allowed drop of 0.01")
+    assert "Badged here" not in note and 'The "Best Trial" badge is optuna-dashboard\'s' in note

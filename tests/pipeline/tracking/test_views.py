@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.tracking.columns import CREATED, DURATION, RUN_NAME, TABLE_WIDTH_1366, VIEW_TAG, headline_view
+from pipeline.tracking.columns import (
+    CREATED,
+    DURATION,
+    RANK_METRIC,
+    RUN_NAME,
+    SORT_METRIC,
+    TABLE_WIDTH_1366,
+    VIEW_TAG,
+    headline_view,
+)
 from pipeline.tracking.tracker import Tracker
 from pipeline.tracking.views import (
     experiment_links,
@@ -19,6 +28,9 @@ from pipeline.tracking.views import (
     runs_view_url,
     study_links,
 )
+
+#: The leading metrics a search shows (pipeline.search.loop.open_search): the rank, the speed-up, the metric, its drop.
+LEADING = (RANK_METRIC, SORT_METRIC, "accuracy", "metric_drop")
 
 
 def test_links_open_the_model_training_view() -> None:
@@ -49,22 +61,25 @@ def test_each_study_adds_its_headline_columns_to_the_experiments_view(tmp_path: 
     assert experiment_links(store, "http://h:1") == [
         ("paretorch/digits", f"http://h:1/#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning")]
     headline = ("accuracy", "metric_drop", "latency_ms_p50_b32", "speedup", "size_bytes")
-    tracker.show_columns(headline, leading=("speedup", "accuracy", "metric_drop"))
+    tracker.show_columns(headline, leading=LEADING)
     other = Tracker(store)
     other.open_study("digits", "study-b1", params={}, tags={})
-    other.show_columns(("accuracy", "metric_drop", "latency_ms_p50_b1", "speedup", "size_bytes"),
-                       leading=("speedup", "accuracy", "metric_drop"))
+    other.show_columns(("accuracy", "metric_drop", "latency_ms_p50_b1", "speedup", "size_bytes"), leading=LEADING)
     view = json.loads(MlflowClient(tracking_uri=tracker.uri).get_experiment(tracker.experiment_id).tags[VIEW_TAG])
-    leading = ["metrics.`speedup`", "metrics.`accuracy`", "metrics.`metric_drop`", "tags.`pareto`", "tags.`feasible`"]
+    leading = ["metrics.`front_rank`", "metrics.`speedup`", "metrics.`accuracy`", "metrics.`metric_drop`",
+               "tags.`feasible`"]
     assert view["selectedColumns"] == [
-        "metrics.`accuracy`", "metrics.`metric_drop`", "metrics.`latency_ms_p50_b32`", "metrics.`speedup`",
-        "metrics.`size_bytes`", "tags.`pareto`", "tags.`feasible`", "metrics.`latency_ms_p50_b1`"]
+        "metrics.`front_rank`", "metrics.`accuracy`", "metrics.`metric_drop`", "metrics.`latency_ms_p50_b32`",
+        "metrics.`speedup`", "metrics.`size_bytes`", "tags.`feasible`", "tags.`outcome`", "tags.`pareto`",
+        "metrics.`latency_ms_p50_b1`"]
     # the run name (the short recipe), then what a user reads first, then the rest
     assert view["columnOrder"] == [RUN_NAME, CREATED, DURATION, *leading, "metrics.`latency_ms_p50_b32`",
-                                   "metrics.`size_bytes`", "metrics.`latency_ms_p50_b1`"]
-    # every trial a row of its own (sorted by a metric, the UI does not fold children under the parent)
+                                   "metrics.`size_bytes`", "tags.`outcome`", "tags.`pareto`",
+                                   "metrics.`latency_ms_p50_b1`"]
+    # every trial a row of its own (sorted by a metric, the UI does not fold children under the parent), paretorch's
+    # best trial first (front_rank 1, the console table's first row)
     assert (view["searchFilter"], view["orderByKey"], view["orderByAsc"]) == (
-        "tags.`paretorch.role` = 'trial'", "metrics.`speedup`", False)
+        "tags.`paretorch.role` = 'trial'", "metrics.`front_rank`", True)
     [(name, url)] = experiment_links(store, "http://h:1")
     assert name == "paretorch/digits"
     assert url.endswith(f"/#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning"
@@ -72,12 +87,12 @@ def test_each_study_adds_its_headline_columns_to_the_experiments_view(tmp_path: 
 
 
 def test_the_leading_columns_fit_a_1366_px_screen_with_mlflows_assistant_open() -> None:
-    view = json.loads(headline_view(["accuracy", "latency_ms_p50_b1"], leading=("speedup", "accuracy", "metric_drop")))
+    view = json.loads(headline_view(["accuracy", "latency_ms_p50_b1"], leading=LEADING))
     widths = view["columnWidths"]
     assert list(widths) == view["columnOrder"][:8] and view["columnOrder"][3:8] == [
-        "metrics.`speedup`", "metrics.`accuracy`", "metrics.`metric_drop`", "tags.`pareto`", "tags.`feasible`"]
+        "metrics.`front_rank`", "metrics.`speedup`", "metrics.`accuracy`", "metrics.`metric_drop`", "tags.`feasible`"]
     assert sum(widths.values()) <= TABLE_WIDTH_1366
-    assert {"metrics.`speedup`", "metrics.`metric_drop`"} <= set(view["selectedColumns"])
+    assert {"metrics.`front_rank`", "metrics.`speedup`", "metrics.`metric_drop`"} <= set(view["selectedColumns"])
 
 
 def test_make_ui_links_each_studys_parent_run(tmp_path: Path) -> None:
