@@ -14,7 +14,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
-from pipeline.search.front_rule import beats, candidates, front_groups
+from pipeline.search.front_rule import candidates, first_beater, front_groups
 
 
 def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[StudyDirection]) -> bool:
@@ -30,18 +30,18 @@ def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[Study
 
 
 def dominated_by(study: optuna.Study, front: Sequence[FrozenTrial]) -> dict[int, int]:
-    """For each complete trial off ``front``: the front trial that beats it (the first by number, the front's
-    rule: :func:`pipeline.search.front_rule.beats`). A trial no front trial beats (one tied with a front trial,
-    an infeasible one that is better in some objective) is left out."""
+    """For each complete trial off ``front``: the front trial that beats it (the front's rule:
+    :func:`pipeline.search.front_rule.beats`), the first by number of ``front``, else the first by number of the
+    front trials listed with them (a front trial tied with a simpler one). A trial no front trial beats (one tied
+    with a front trial, an infeasible one that is better in some objective) is left out."""
     numbers = {t.number for t in front}
     pool = candidates(study)
-    leads = [c for c in pool if c.trial.number in numbers]
+    groups = [g for g in front_groups(pool) if g.lead.trial.number in numbers]
+    listed = sorted((c for g in groups for c in g.folded), key=lambda c: c.trial.number)
+    winners = [c for c in pool if c.trial.number in numbers] + listed
     result: dict[int, int] = {}
     for other in pool:
-        if other.trial.number in numbers:
-            continue
-        winner = next((lead for lead in leads if beats(lead, other)), None)
-        if winner is not None:
+        if other.trial.number not in numbers and (winner := first_beater(winners, other)) is not None:
             result[other.trial.number] = winner.trial.number
     return result
 

@@ -1,20 +1,42 @@
-"""Which trials the front holds: one trial beats another only with confidence; ties go to the simpler recipe.
+"""Which trials the front holds: one trial beats another only with confidence, on every objective alike.
 
-A speed-up is a measurement with a 95% interval (:mod:`pipeline.core.paired`), so ranking trials by
-their point values lets noise pick the winner: a stage that changes nothing measured 1.03x [1.02, 1.04]
-once and displaced the baseline. Here trial A is **faster** than trial B only when both hold:
+Every objective is a measurement with an interval: the speed-up its paired 95% interval
+(:mod:`pipeline.core.paired`), the task metric its paired bootstrap interval (:mod:`pipeline.core.bootstrap`; the
+stored interval of the drop, ``metric_drop_ci_low``/``_high``, turned into one of the metric: the drop is the
+baseline's value less the metric, signed so that positive is worse, so the metric's low end is its value less
+the drop's upper spread). The size, when it is an objective, is exact (a zero-width interval; compared where both
+trials have one: a study's trials all do, or none), and so is any value stored without an interval. Per
+objective, with each interval widened to hold its point:
 
-* A's speed-up interval clears B's (A's low end above B's high end; without intervals, the point values);
-* A's speed-up is more than :data:`MIN_EFFECT` (3 %) above B's.
+* A is **no worse** than B when A's low end, point and high end are each at least B's;
+* A is **better** than B when A's low end is above B's high end and, on the speed-up, A's point is more than
+  :data:`MIN_EFFECT` (3 %) above B's (:func:`faster`: a stage that changes nothing measured 1.03x [1.02, 1.04]
+  once and would have displaced the baseline).
 
-The metric (and the size, when it is an objective) compares by value: the evaluation is deterministic,
-so the same model scores the same. A **beats** B when it is no worse on any objective and better on one;
-A and B are **tied** when neither is better on any. The front is every feasible trial no feasible trial
-beats; among front trials that tie, the simplest recipe (:attr:`Candidate.simplicity`: fewest stages,
-counting a runtime other than eager as one, then eager before any other runtime, then the earlier trial)
-leads and the others are listed as tied with it, with every feasible trial off the front that ties it too
-(one that another trial beats, but this one does not). The baseline is the simplest recipe of all: a stage
-that changes nothing ties it and never displaces it.
+A **beats** B when it is no worse on every objective and better on one. That is a strict partial order: never
+A beats A (a low end above its own high end), and if A beats B and B beats C, A is no worse than C on every
+objective (each "no worse" compares three numbers by >=) and better on the objective where A is better than B
+(A's low end > B's high end >= C's high end; A's point > B's * 1.03 >= C's * 1.03). So the front, every feasible
+trial no feasible trial beats, is monotone: in a finite strict partial order every trial off the front is beaten
+by a front trial, and a trial leaves the front only when a front trial beats it. This "no worse" is the loosest
+that chains with a "better" read off cleared intervals whatever the trials: for every C that B is better than to
+be one A is better than, A's low end must be at least B's, and for every C better than A to be better than B, A's
+high end must be at least B's (the point carries the 3 %). The rule this replaced compared
+the metric by value and the speed-up by interval, with "no worse" meaning "not worse with confidence", which does
+not chain: a trial faster than a front trial dropped off the front once a third trial, tied with that front
+trial, beat it on the metric. Comparing all three numbers costs something: a trial whose metric interval is not
+at least as high at both ends (an equal accuracy but a wider interval, such as any trial against the baseline's
+zero-width one) is not no worse on the metric, so a faster speed-up does not beat it, and both stay on the front.
+
+A and B are **tied** when neither is better on any objective. Front trials are grouped by simplicity
+(:attr:`Candidate.simplicity`: fewest stages, counting a runtime other than eager as one, then eager before any
+other runtime, then the earlier trial): the simplest leads, and a front trial tied with a lead whose intervals
+**reach** its values (the lead's high end at or above its point on every objective: the lead could be as fast
+and as good) is listed after it; any other front trial leads a group of its own, so the fastest feasible trial
+is always shown, leading or tied with a lead whose interval reaches its speed-up. A feasible trial off the front
+tied with a lead that reaches it is listed with it too. The baseline is the simplest recipe of all: a stage that
+changes nothing (within 3 %) is never faster, so it ties the baseline and never displaces it (it is listed with the
+baseline where the baseline's interval reaches it, else it leads its own row beside it).
 """
 
 from __future__ import annotations
@@ -27,13 +49,43 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from pipeline.search.drop_text import stored_interval
 from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE, ATTR_RECIPE_LINE, ATTR_RUNTIME
 
 #: One trial is faster than another only when its speed-up is more than this share above the other's.
 MIN_EFFECT = 0.03
+#: No interval: a value compared as exact.
+NO_INTERVAL = (math.nan, math.nan)
 #: The rule in one line (the table's caption, the docs).
-RULE = (f"a trial is faster only when its speed-up interval clears the other's and it is more than "
-        f"{MIN_EFFECT:.0%} faster; ties go to the simplest recipe, the others listed after ~")
+RULE = (f"a trial beats another only when no worse on every objective (both ends of its 95% interval and its "
+        f"value) and better on one (its interval clear above; a speed-up also by more than {MIN_EFFECT:.0%}); ties "
+        f"go to the simplest recipe whose interval reaches them, the others listed after ~")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One objective of one trial, signed so that higher is better: its value and its interval, which holds it."""
+
+    point: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, point: float, interval: tuple[float, float] = NO_INTERVAL) -> Measure:
+        """``point`` with ``interval`` (missing ends: the point), widened to hold the point."""
+        low, high = (point if math.isnan(end) else end for end in interval)
+        return cls(point, min(low, point), max(high, point))
+
+    def no_worse(self, other: Measure) -> bool:
+        return self.low >= other.low and self.point >= other.point and self.high >= other.high
+
+    def better(self, other: Measure, min_effect: float = 0.0) -> bool:
+        """Above ``other`` with confidence: the intervals clear, and the point by more than ``min_effect``."""
+        return self.low > other.high and self.point > other.point * (1.0 + min_effect)
+
+    def reaches(self, other: Measure) -> bool:
+        """This interval's high end is at ``other``'s value or above: this could be as high."""
+        return self.high >= other.point
 
 
 @dataclass(frozen=True)
@@ -52,6 +104,8 @@ class Candidate:
     runtime: str
     recipe: str
     feasible: bool
+    #: The (signed) metric's 95% bootstrap interval (NaN where none was computed).
+    metric_ci: tuple[float, float] = NO_INTERVAL
 
     @property
     def simplicity(self) -> tuple[int, int, int]:
@@ -60,38 +114,49 @@ class Candidate:
         exotic = int(self.runtime != "eager")
         return self.stages + exotic, exotic, self.trial.number
 
+    @property
+    def speed(self) -> Measure:
+        return Measure.of(self.speedup, self.ci)
+
+    def measures(self, other: Candidate, min_effect: float = MIN_EFFECT) -> list[tuple[Measure, Measure, float]]:
+        """Per objective both trials have: this trial's measure, ``other``'s, and the share by which a point must
+        be above the other's to be better (``min_effect`` on the speed-up, none elsewhere)."""
+        pairs = [(Measure.of(self.metric, self.metric_ci), Measure.of(other.metric, other.metric_ci), 0.0),
+                 (self.speed, other.speed, min_effect)]
+        if self.size is not None and other.size is not None:
+            pairs.append((Measure.of(-self.size), Measure.of(-other.size), 0.0))
+        return pairs
+
 
 def faster(a: Candidate, b: Candidate, min_effect: float = MIN_EFFECT) -> bool:
-    """Whether ``a`` is faster than ``b`` with confidence (see the module docstring)."""
-    if not a.speedup > b.speedup * (1.0 + min_effect):
-        return False
-    if all(math.isfinite(v) for v in (*a.ci, *b.ci)):
-        return a.ci[0] > b.ci[1]
-    return True
+    """Whether ``a`` is faster than ``b`` with confidence: its speed-up interval clears ``b``'s and its speed-up is
+    more than ``min_effect`` above ``b``'s (without intervals: the speed-ups alone)."""
+    return a.speed.better(b.speed, min_effect)
 
 
-def _sign(x: float) -> int:
-    return (x > 0) - (x < 0)
-
-
-def compare(a: Candidate, b: Candidate, min_effect: float = MIN_EFFECT) -> tuple[int, ...]:
-    """Per objective: 1 where ``a`` is better than ``b``, -1 where worse, 0 where tied."""
-    axes = [_sign(a.metric - b.metric),
-            1 if faster(a, b, min_effect) else -1 if faster(b, a, min_effect) else 0]
-    if a.size is not None and b.size is not None:
-        axes.append(_sign(b.size - a.size))
-    return tuple(axes)
+def _better_on_one(a: Candidate, b: Candidate, min_effect: float) -> bool:
+    return any(x.better(y, effect) for x, y, effect in a.measures(b, min_effect))
 
 
 def beats(a: Candidate, b: Candidate, min_effect: float = MIN_EFFECT) -> bool:
-    """``a`` is no worse than ``b`` on any objective and better on one."""
-    axes = compare(a, b, min_effect)
-    return min(axes) >= 0 and max(axes) > 0
+    """``a`` is no worse than ``b`` on every objective and better with confidence on one (a strict partial order)."""
+    axes = a.measures(b, min_effect)
+    return all(x.no_worse(y) for x, y, _ in axes) and any(x.better(y, effect) for x, y, effect in axes)
 
 
 def tied(a: Candidate, b: Candidate, min_effect: float = MIN_EFFECT) -> bool:
-    """Neither is better on any objective."""
-    return not any(compare(a, b, min_effect))
+    """Neither is better with confidence on any objective."""
+    return not _better_on_one(a, b, min_effect) and not _better_on_one(b, a, min_effect)
+
+
+def reaches(lead: Candidate, other: Candidate) -> bool:
+    """``lead``'s intervals reach ``other``'s values on every objective (it could be as fast and as good)."""
+    return all(x.reaches(y) for x, y, _ in lead.measures(other))
+
+
+def joins(lead: Candidate, other: Candidate, min_effect: float = MIN_EFFECT) -> bool:
+    """Whether ``other`` is listed with ``lead``: tied with it, and reached by its intervals."""
+    return tied(lead, other, min_effect) and reaches(lead, other)
 
 
 @dataclass
@@ -101,9 +166,13 @@ class FrontGroup:
     lead: Candidate
     repeats: list[int] = field(default_factory=list)
     tied: list[int] = field(default_factory=list)
+    #: The front trials (no feasible trial beats them) among the repeats and the ties.
+    folded: list[Candidate] = field(default_factory=list)
 
-    def add(self, other: Candidate) -> None:
+    def add(self, other: Candidate, on_front: bool = False) -> None:
         (self.repeats if other.recipe == self.lead.recipe else self.tied).append(other.trial.number)
+        if on_front:
+            self.folded.append(other)
 
 
 def _kinds(study: optuna.Study) -> list[str]:
@@ -113,10 +182,20 @@ def _kinds(study: optuna.Study) -> list[str]:
     return ["latency" if n.startswith("latency") else "size" if n == "size_bytes" else "metric" for n in names]
 
 
+def metric_interval(metric: float, drop: float, drop_ci: tuple[float, float]) -> tuple[float, float]:
+    """The signed metric's interval from its drop's (the drop is a constant less the signed metric, whichever
+    way the metric points; NaN where the drop or its interval is missing)."""
+    low, high = drop_ci
+    if not all(math.isfinite(v) for v in (drop, low, high)):
+        return NO_INTERVAL
+    return metric - (high - drop), metric + (drop - low)
+
+
 def candidate(trial: FrozenTrial, kinds: Sequence[str], directions: Sequence[StudyDirection]) -> Candidate:
     """A complete trial with values, as the front rule reads it."""
     values = dict(zip(kinds, zip(trial.values, directions, strict=True), strict=True))
     metric, direction = values["metric"]
+    signed = metric if direction == StudyDirection.MAXIMIZE else -metric
     metrics = trial.user_attrs.get(ATTR_METRICS, {})
     latency = values["latency"][0] if "latency" in values else math.nan
     speedup = float(metrics.get("speedup", 1.0 / latency if latency > 0 else math.nan))
@@ -124,7 +203,7 @@ def candidate(trial: FrozenTrial, kinds: Sequence[str], directions: Sequence[Stu
     stages = sum(1 for raw in recipe.get("stages", ()) if not str(raw.get("stage", "")).startswith("export."))
     return Candidate(
         trial=trial,
-        metric=metric if direction == StudyDirection.MAXIMIZE else -metric,
+        metric=signed,
         speedup=speedup,
         ci=(float(metrics.get("speedup_ci_low", math.nan)), float(metrics.get("speedup_ci_high", math.nan))),
         size=values["size"][0] if "size" in values else None,
@@ -132,6 +211,7 @@ def candidate(trial: FrozenTrial, kinds: Sequence[str], directions: Sequence[Stu
         runtime=str(recipe.get("runtime", trial.user_attrs.get(ATTR_RUNTIME, "eager"))),
         recipe=str(trial.user_attrs.get(ATTR_RECIPE_LINE, trial.number)),
         feasible=all(v <= 0 for v in trial.constraints.values()),
+        metric_ci=metric_interval(signed, float(metrics.get("metric_drop", math.nan)), stored_interval(metrics)),
     )
 
 
@@ -143,36 +223,47 @@ def candidates(study: optuna.Study) -> list[Candidate]:
             if t.values is not None]
 
 
+def front_of(pool: Sequence[Candidate], min_effect: float = MIN_EFFECT) -> list[Candidate]:
+    """The feasible candidates no feasible candidate beats, in ``pool``'s order."""
+    feasible = [c for c in pool if c.feasible]
+    return [c for c in feasible if not any(beats(o, c, min_effect) for o in feasible if o is not c)]
+
+
+def _group_of(groups: Sequence[FrontGroup], other: Candidate, min_effect: float) -> FrontGroup | None:
+    """The first group whose lead ``other`` joins (:func:`joins`)."""
+    return next((g for g in groups if joins(g.lead, other, min_effect)), None)
+
+
 def front_groups(pool: Sequence[Candidate], min_effect: float = MIN_EFFECT) -> list[FrontGroup]:
     """The front of the feasible candidates in ``pool``, one group per lead, simplest lead first."""
-    feasible = [c for c in pool if c.feasible]
-    front = [c for c in feasible if not any(beats(o, c, min_effect) for o in feasible if o is not c)]
+    front = front_of(pool, min_effect)
     groups: list[FrontGroup] = []
     for member in sorted(front, key=lambda c: c.simplicity):
-        group = next((g for g in groups if tied(g.lead, member, min_effect)), None)
+        group = _group_of(groups, member, min_effect)
         if group is None:
             groups.append(FrontGroup(member))
         else:
-            group.add(member)
-    for other in feasible:
-        if other not in front:
-            group = next((g for g in groups if tied(g.lead, other, min_effect)), None)
-            if group is not None:
-                group.add(other)
+            group.add(member, on_front=True)
+    for other in pool:
+        if other.feasible and other not in front and (group := _group_of(groups, other, min_effect)) is not None:
+            group.add(other)
     return groups
+
+
+def first_beater(winners: Sequence[Candidate], other: Candidate, min_effect: float = MIN_EFFECT) -> Candidate | None:
+    """The first of ``winners`` that beats ``other`` (None: none does)."""
+    return next((w for w in winners if beats(w, other, min_effect)), None)
 
 
 def beaten_by(pool: Sequence[Candidate], groups: Sequence[FrontGroup],
               min_effect: float = MIN_EFFECT) -> dict[int, int]:
-    """For each candidate neither leading nor listed in a group: the first front trial that beats it
-    (a trial no front trial beats, an infeasible one better on some objective, is left out)."""
+    """For each candidate neither leading nor listed in a group: the first front trial that beats it, a lead before
+    a front trial listed with one (a trial no front trial beats, an infeasible one better on some objective, is
+    left out)."""
     listed = {n for g in groups for n in (g.lead.trial.number, *g.repeats, *g.tied)}
-    leads = [g.lead for g in groups]
+    winners = [g.lead for g in groups] + [c for g in groups for c in g.folded]
     result: dict[int, int] = {}
     for other in pool:
-        if other.trial.number in listed:
-            continue
-        winner = next((lead for lead in leads if beats(lead, other, min_effect)), None)
-        if winner is not None:
+        if other.trial.number not in listed and (winner := first_beater(winners, other, min_effect)) is not None:
             result[other.trial.number] = winner.trial.number
     return result
