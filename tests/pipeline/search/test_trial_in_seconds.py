@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 
 import optuna
@@ -19,8 +19,17 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import Tensor, nn
 
-from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason, stage_precision
+from pipeline.core.machine_probe import (
+    MIN_ROUNDS,
+    Gain,
+    MachineProbe,
+    paired_gain,
+    probe_machine,
+    probe_reason,
+    stage_precision,
+)
 from pipeline.core.paired import MachineLoad, PairedLatency, Timed
+from pipeline.core.runtimes.registry import declared_probes
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, StageConfig, StageContext, registered
 from pipeline.search import Search, SearchConfig
@@ -218,6 +227,15 @@ PRESETS = (Preset(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp
            Preset(name="fp32", stages=()))
 
 
+#: Which engine each runtime of these tests runs (what their declarations say: ``Runtime.engine``).
+RUNTIME_ENGINES = {"eager": "torch", "compile": "torch", "onnxruntime": "onnxruntime", "openvino": "openvino"}
+
+
+def cpu_probe(engines: dict[str, Callable[[], dict[str, float]]]) -> MachineProbe:
+    """A probe of injected (exact) gains, engines mapped as the built-in runtimes declare them."""
+    return probe_machine(torch.device("cpu"), engines, RUNTIME_ENGINES)
+
+
 def plan(probe: MachineProbe) -> list[str]:
     """The presets in the order they run: the first ones, then those that wait for the first compositions."""
     seeds = preset_seeds(PRESETS, ["eager", "onnxruntime", "openvino"],
@@ -226,9 +244,8 @@ def plan(probe: MachineProbe) -> list[str]:
 
 
 def test_where_int8_pays_the_cheap_seeds_come_before_the_other_presets_and_the_costly_seeds() -> None:
-    probe = probe_machine(torch.device("cpu"), engines={"torch": lambda: {"bf16": 3.0, "int8": 2.8},
-                                                       "onnxruntime": lambda: {"int8": 1.9},
-                                                       "openvino": lambda: {"bf16": 1.15, "int8": 0.8}})
+    probe = cpu_probe(engines={"torch": lambda: {"bf16": 0.9, "int8": 2.8}, "onnxruntime": lambda: {"int8": 1.9},
+                               "openvino": lambda: {"bf16": 1.0, "int8": 0.8}})
     presets = preset_seeds(PRESETS, ["eager", "onnxruntime", "openvino"], lambda stages, runtime: None, probe)
     assert [s.name for s in presets.seeds] == ["preset-int8-static@onnxruntime"], "int8 where it pays, alone first"
     depth = SeedRecipe(name="prune-depth", stages=({"stage": "prune", "method": "depth", "ratio": 0.1},))
@@ -245,41 +262,97 @@ def test_where_int8_pays_the_cheap_seeds_come_before_the_other_presets_and_the_c
     first = [s.name for s in compiled.seeds]
     assert "preset-fp32-packed@compile" in first, "pack (float32, structural) multiplies with int8: measured first"
     assert not {"preset-bf16-packed@compile", "preset-fp32@compile"} & set(first), "precision and runtime alone wait"
-    no_int8 = probe_machine(torch.device("cpu"), engines={"torch": lambda: {"bf16": 3.0, "int8": 0.9},
-                                                         "onnxruntime": lambda: {"int8": 0.9},
-                                                         "openvino": lambda: {"bf16": 1.15, "int8": 0.8}})
-    plain = preset_seeds(PRESETS, ["eager", "onnxruntime", "openvino"], lambda stages, runtime: None, no_int8)
+    nothing = cpu_probe(engines={"torch": lambda: {"bf16": 0.3, "int8": 0.9}, "onnxruntime": lambda: {"int8": 0.9},
+                                 "openvino": lambda: {"bf16": 1.0, "int8": 0.8}})
+    plain = preset_seeds(PRESETS, ["eager", "onnxruntime", "openvino"], lambda stages, runtime: None, nothing)
     now, later = initial_queue(plain, [distill, depth])
     assert later == [] and [s.name for s in now][-2:] == ["prune-distill", "prune-depth"], "nothing waits: config order"
 
 
 def test_where_int8_pays_under_several_runtimes_its_first_runtime_alone_comes_before_the_compositions() -> None:
-    probe = probe_machine(torch.device("cpu"), engines={"torch": lambda: {"bf16": 3.0, "int8": 2.8},
-                                                       "onnxruntime": lambda: {"int8": 1.9},
-                                                       "openvino": lambda: {"bf16": 1.15, "int8": 1.6}})
+    probe = cpu_probe(engines={"torch": lambda: {"bf16": 0.9, "int8": 2.8}, "onnxruntime": lambda: {"int8": 1.9},
+                               "openvino": lambda: {"bf16": 1.0, "int8": 1.6}})
     presets = preset_seeds(PRESETS, ["eager", "onnxruntime", "openvino"], lambda stages, runtime: None, probe)
     assert [s.name for s in presets.seeds] == ["preset-int8-static@openvino"], "the preset's own runtime order"
     assert "preset-int8-static@onnxruntime" in {s.name for s in presets.later}, "its other runtimes wait"
 
 
+def test_where_bf16_and_int8_both_pay_each_leads_under_its_first_paying_runtime() -> None:
+    """A GPU: bfloat16 pays as int8 does; the packed bf16 preset is among the first trials, not after the
+    compositions (it read 0.00x once a first call decided, and the search never ran ``pack + bf16``)."""
+    gpu = probe_machine(torch.device("cpu"), {"torch": lambda: {"bf16": 6.0, "fp16": 6.1, "int8": 9.0}},
+                        {"compile": "torch", "compile_cudagraphs": "torch", "eager": "torch"})
+    presets = (*PRESETS, Preset(name="bf16-packed", stages=({"stage": "pack"}, {"stage": "amp", "dtype": "bfloat16"}),
+                                runtimes=("compile_cudagraphs", "compile")),
+               Preset(name="int8-dynamic", stages=({"stage": "quantize", "method": "int8_dynamic"},),
+                      runtimes=("compile_cudagraphs",)))
+    first = [s.name for s in preset_seeds(presets, ["eager", "compile", "compile_cudagraphs"],
+                                          lambda stages, runtime: None, gpu).seeds]
+    assert first == ["preset-bf16@compile", "preset-bf16-packed@compile_cudagraphs",
+                     "preset-int8-dynamic@compile_cudagraphs"], "every paying precision, its first runtime"
+
+
 def test_the_machine_probe_orders_and_prunes_the_presets() -> None:
-    avx512 = probe_machine(torch.device("cpu"), engines={
-        "torch": lambda: {"bf16": 3.0, "int8": 2.8}, "onnxruntime": lambda: {"int8": 1.9},
-        "openvino": lambda: {"bf16": 1.15, "int8": 1.15}})
+    avx512 = cpu_probe(engines={
+        "torch": lambda: {"bf16": 0.9, "int8": 2.8}, "onnxruntime": lambda: {"int8": 1.9},
+        "openvino": lambda: {"bf16": 1.0, "int8": 1.15}})
     assert plan(avx512)[:2] == ["int8-static@openvino", "int8-static@onnxruntime"], "int8 first where it pays"
-    assert "bf16@eager" in plan(avx512) and "bf16@openvino" in plan(avx512)
-    avx2 = probe_machine(torch.device("cpu"), engines={
+    assert "bf16@eager" not in plan(avx512), "bf16 runs 0.9x float32 with confidence: dropped"
+    paying = cpu_probe(engines={"torch": lambda: {"bf16": 3.0, "int8": 2.8}, "onnxruntime": lambda: {"int8": 1.9},
+                                "openvino": lambda: {"bf16": 1.15, "int8": 1.15}})
+    assert plan(paying)[:2] == ["bf16@openvino", "int8-static@openvino"], "both pay: each, its first paying runtime"
+    assert "bf16@eager" in plan(paying) and "bf16@openvino" in plan(paying)
+    avx2 = cpu_probe(engines={
         "torch": lambda: {"bf16": 0.05, "int8": 1.0}, "onnxruntime": lambda: {"int8": 0.9},
         "openvino": lambda: {"bf16": 0.0, "int8": 1.15}})
     names = plan(avx2)
     assert "bf16@eager" not in names and "bf16@openvino" not in names, "bf16 does not pay there: no such trial"
     assert "bf16@onnxruntime" in names, "not measured under that engine: not judged (the rules judge it)"
     assert names[0] == "int8-static@openvino", "int8 pays under OpenVINO only: still first"
-    no_int8 = probe_machine(torch.device("cpu"), engines={"torch": lambda: {"bf16": 2.0, "int8": 0.9},
-                                                          "onnxruntime": lambda: {"int8": 0.8},
-                                                          "openvino": lambda: {"bf16": 1.15, "int8": 0.0}})
+    no_int8 = cpu_probe(engines={"torch": lambda: {"bf16": 2.0, "int8": 0.9}, "onnxruntime": lambda: {"int8": 0.8},
+                                 "openvino": lambda: {"bf16": 1.15, "int8": 0.0}})
     assert plan(no_int8)[-2:] == ["int8-static@openvino", "int8-static@onnxruntime"], "int8 that pays nowhere: last"
     assert "torch bf16 2.00x" in no_int8.describe()
+
+
+def test_a_probe_that_did_not_decide_orders_but_drops_nothing() -> None:
+    """bf16's rounds straddle the threshold: its median (0.9x) puts it last, but no trial is dropped for it."""
+    undecided = probe_machine(torch.device("cpu"), {"torch": lambda: {"bf16": Gain(0.9, 0.6, 1.8, 7)}},
+                              RUNTIME_ENGINES)
+    assert undecided.pays("eager", "bf16") is None and undecided.likely_pays("eager", "bf16") is False
+    assert probe_reason(undecided, ({"stage": "amp", "dtype": "bfloat16"},), "eager") is None
+    assert "bf16@eager" in plan(undecided) and "not decided" in undecided.describe()
+    decided = probe_machine(torch.device("cpu"), {"torch": lambda: {"bf16": Gain(0.9, 0.8, 1.0, 7)}},
+                            RUNTIME_ENGINES)
+    reason = probe_reason(decided, ({"stage": "amp", "dtype": "bfloat16"},), "eager")
+    assert reason is not None and "at most 1.00x" in reason and "bf16@eager" not in plan(decided)
+    legacy = MachineProbe(gains={"torch": {"bf16": 0.0}})  # stored before probes kept their rounds' range
+    assert probe_reason(legacy, ({"stage": "amp", "dtype": "bfloat16"},), "eager") is None, "orders only"
+
+
+def test_the_probe_warms_each_precision_so_a_slow_first_call_decides_nothing() -> None:
+    """A GPU's first bfloat16 product (library handles, kernel selection) is far slower than a warm float32
+    one: the old probe read 0.00x from it. Injected: 1,000 ms for the first call, then 1 ms against 4 ms."""
+    calls = {"fp32": 0, "bf16": 0}
+
+    def product(name: str, warm_ms: float, first_ms: float) -> Callable[[], float]:
+        def call() -> float:
+            calls[name] += 1
+            return first_ms if calls[name] == 1 else warm_ms
+        return call
+
+    def clock(call: Callable[[], object], device: torch.device, repeats: int) -> float:
+        return float(sum(call() for _ in range(repeats)))  # type: ignore[misc]
+
+    gain = paired_gain(product("fp32", 4.0, 4.0), product("bf16", 1.0, 1000.0), torch.device("cpu"), clock)
+    assert gain.ratio == pytest.approx(4.0) and gain.decided() is True and gain.rounds >= MIN_ROUNDS
+    assert calls["bf16"] > MIN_ROUNDS, "timed in rounds after its warm-up, never once"
+
+
+def test_the_probe_names_each_runtime_engine_from_its_declaration() -> None:
+    """The engines come from the runtimes' declarations (``Runtime.engine``), not from their names."""
+    probes, engines = declared_probes(["eager", "compile", "onnxruntime", "openvino"], torch.device("cpu"))
+    assert engines == RUNTIME_ENGINES and set(probes) == {"torch", "onnxruntime", "openvino"}
 
 
 def test_stage_precision_reads_the_lowest_precision() -> None:
