@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,6 +25,9 @@ from pipeline.core.machine_probe import probe_machine, probe_reason
 from pipeline.core.runtimes.registry import available_runtimes, declared_probes
 from pipeline.search.config import SearchConfig
 from pipeline.search.presets import preset_seeds
+
+#: Result files of this benchmark start with this (BENCHMARKS.md renders them: :func:`render`).
+PROBE_STABILITY_PREFIX = "probe-stability-"
 
 
 def main() -> None:
@@ -55,6 +59,29 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{len(orders)} distinct preset order(s) in {args.repeats} repeats -> {args.out}")
+
+
+def render(result: dict[str, Any]) -> str:
+    """The BENCHMARKS.md section of one result: per engine and precision, the medians' range over the repeats,
+    and whether every repeat gave the same preset order."""
+    repeats = result["repeats"]
+    where = result["device_name"] or f"{result['device']} ({result['isa'].get('torch_capability', '?')})"
+    lines = [f"### The machine probe, {len(repeats)} times on {where}, {result['threads']} thread(s)", "",
+             f"torch {result['torch']}; load average before {result['load_before'][0]:.2f}, after "
+             f"{result['load_after'][0]:.2f}; runtimes {', '.join(result['runtimes'])}. "
+             f"**{result['distinct_orders']} distinct preset order(s)**; first: {', '.join(repeats[0]['first'])}.", "",
+             "| engine | precision | median speed vs fp32 (lowest - highest of the repeats) | widest range |",
+             "| --- | --- | --- | --- |"]
+    for engine, gains in repeats[0]["gains"].items():
+        for precision in gains:
+            medians = [r["gains"][engine][precision] for r in repeats]
+            widest = max(repeats, key=lambda r: r["spreads"][engine][precision][1] - r["spreads"][engine][precision][0])
+            low, high = widest["spreads"][engine][precision]
+            lines.append(f"| {engine} | {precision} | {min(medians):.2f}x - {max(medians):.2f}x | "
+                         f"[{low:.2f}, {high:.2f}] |")
+    seconds = [r["seconds"] for r in repeats]
+    lines += ["", f"Each probe took {min(seconds):.1f}-{max(seconds):.1f} s."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

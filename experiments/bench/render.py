@@ -24,6 +24,8 @@ from experiments.bench.pack_agreement import render as render_pack_agreement
 from experiments.bench.paths import RESULTS_DIR
 from experiments.bench.peers import PEERS_PREFIX
 from experiments.bench.peers import render as render_peers
+from experiments.bench.probe_stability import PROBE_STABILITY_PREFIX
+from experiments.bench.probe_stability import render as render_probe_stability
 from experiments.bench.proxy_verdict import PROXY_VERDICT_PREFIX
 from experiments.bench.proxy_verdict import render as render_proxy_verdict
 from experiments.bench.recovery import RECOVERY_PREFIX
@@ -178,7 +180,8 @@ SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     (MLX_CUDA_PREFIX, render_mlx_cuda), (COMPILE_SHAPES_PREFIX, render_compile_shapes),
     (RECOVERY_PREFIX, render_recovery), (FIDELITY_CHECK_PREFIX, render_fidelity_check), (BUSY_PREFIX, render_busy),
     (SEARCH_QUALITY_PREFIX, render_search_quality), (PACK_AGREEMENT_PREFIX, render_pack_agreement),
-    (PROXY_VERDICT_PREFIX, render_proxy_verdict), (LENGTH_GROUPS_PREFIX, render_length_groups))
+    (PROXY_VERDICT_PREFIX, render_proxy_verdict), (LENGTH_GROUPS_PREFIX, render_length_groups),
+    (PROBE_STABILITY_PREFIX, render_probe_stability))
 
 
 def render_markdown(folder: Path = RESULTS_DIR) -> str:

@@ -24,3 +24,12 @@ def test_the_mlx_gpu_rows_render_with_their_parity(tmp_path: Path) -> None:
                                                              "date": "2026-11-28", "rows": [row]}))
     text = render_markdown(tmp_path)
     assert "### MLX on H200 (2026-11-28)" in text and "| digits | 1 | 0.325 | 0.750 | 0.324 | 3.8e-06 |" in text
+
+
+def test_the_probe_stability_runs_render_their_orders() -> None:
+    """Both probe runs kept in the repository (CPU and H200) render, with how many preset orders they gave."""
+    text = render_markdown(RESULTS_DIR)
+    for name in ("probe-stability-cpu.json", "probe-stability-cuda.json"):
+        result = json.loads((RESULTS_DIR / name).read_text())
+        assert f"**{result['distinct_orders']} distinct preset order(s)**" in text
+    assert "### The machine probe, 10 times on NVIDIA H200" in text
