@@ -21,6 +21,14 @@ rounds. A measurement whose interval is wider than :data:`MAX_CI_WIDTH` of its r
 *unstable*, with the reason why. In a search a measurement stops as soon as its answer is known
 (:class:`StopRule`: sequential stopping against the baseline and the front, and a cost cap).
 
+The unoptimized model timed against itself (``self_pair``: the study's baseline trial, no stage under the baseline's
+eager runtime) is 1.00x by construction, so its measurement checks the clock instead: it is never decided against
+1.0, it stops (decided against the front, or settled) only once its 95 % interval includes 1.00x (more rounds while
+it does not, within the same cap), and then reads 1.00x with that interval. One whose interval still excludes 1.00x
+is *unstable* ("the unchanged model timed against itself: ..."): kept off the front with that reason, never a lead
+with a speed-up of its own (under ``--latency-budget quick`` it read 1.21x [1.04, 1.88], decided faster than the
+baseline after 6 rounds).
+
 The clock is injectable: a :class:`RoundTimer` warms the sides up and times one round, so tests run on
 fake timings.
 """
@@ -209,10 +217,15 @@ class StopRule:
     max_cost: float = 3.0
 
     def decided(self, interval: tuple[float, float]) -> bool:
-        """Whether ``interval`` clears every reference (above or below it) by more than the minimum effect."""
+        """Whether ``interval`` clears every reference (above or below it) by more than the minimum effect (never,
+        with no reference)."""
         low, high = interval
-        return all(low > ref * (1.0 + self.min_effect) or high * (1.0 + self.min_effect) < ref
-                   for ref in self.references)
+        return bool(self.references) and all(low > ref * (1.0 + self.min_effect) or high * (1.0 + self.min_effect) < ref
+                                             for ref in self.references)
+
+    def without_baseline(self) -> StopRule:
+        """The rule for the unoptimized model timed against itself: nothing to decide against 1.0."""
+        return replace(self, references=tuple(ref for ref in self.references if ref != 1.0))
 
 
 def _round_cost(ms: float, settings: LatencySettings) -> float:
@@ -222,7 +235,8 @@ def _round_cost(ms: float, settings: LatencySettings) -> float:
 
 def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: LatencySettings,
                    max_width: float = MAX_CI_WIDTH, retries: int = RETRIES,
-                   cpu_clock: CpuClock | None = process_clock, stop: StopRule | None = None) -> PairedLatency:
+                   cpu_clock: CpuClock | None = process_clock, stop: StopRule | None = None,
+                   self_pair: bool = False) -> PairedLatency:
     """The trial's paired speed-up, each side warmed up once, then timed in rounds (the baseline first in even
     rounds, the trial in odd ones).
 
@@ -232,7 +246,10 @@ def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: L
     ``stop`` (the search): it may stop earlier, once the answer is known (:class:`StopRule`), and its rounds
     never cost more than ``stop.max_cost`` baseline measurements (it stops before a round like its last would pass
     that cap: a model whose one round costs over half of it is timed in one round, MLX's CPU backend on MiniLM);
-    :attr:`PairedLatency.stopped` says why."""
+    :attr:`PairedLatency.stopped` says why. ``self_pair``: ``trial`` is the unoptimized model itself (see the module
+    docstring): it stops only once its interval includes 1.0, and reads 1.00x or is unstable."""
+    if stop is not None and self_pair:
+        stop = stop.without_baseline()
     timer.warm_up((baseline, trial))
     before = cpu_clock() if cpu_clock is not None else None
     base: list[float] = []
@@ -258,6 +275,8 @@ def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: L
             if len(base) % 2:  # the rounds are judged in pairs, each side first in one of them
                 continue
             ratios = _ratios(base, mine)
+            if self_pair and not _covers(median_ci(ratios), 1.0):  # the clock is not settled yet: go on
+                continue
             if stop is not None and len(ratios) >= stop.first_look and stop.decided(median_ci(ratios, stop.confidence)):
                 stopped = "decided"
                 break
@@ -267,12 +286,34 @@ def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: L
     measured = _paired(base, mine, before, cpu_clock)
     attempts = -(-len(base) // settings.rounds)
     measured = replace(measured, attempts=attempts, stopped=stopped)
-    if stopped in ("decided", "settled") or measured.ci_width <= max_width:
+    if self_pair:
+        return _itself(measured, max_width)
+    return _judged(measured, max_width)
+
+
+def _judged(measured: PairedLatency, max_width: float) -> PairedLatency:
+    """``measured`` as it is, or unstable when it neither decided nor settled and its interval stayed too wide."""
+    if measured.stopped in ("decided", "settled") or measured.ci_width <= max_width:
         return measured
     why = (f"speed-up 95% CI [{measured.ci[0]:.2f}, {measured.ci[1]:.2f}] is {measured.ci_width:.0%} of "
-           f"{measured.speedup:.2f}x (more than {max_width:.0%}) over {len(base)} rounds ({stopped}); "
+           f"{measured.speedup:.2f}x (more than {max_width:.0%}) over {measured.rounds} rounds ({measured.stopped}); "
            f"{measured.machine.describe()}")
     return replace(measured, unstable=why)
+
+
+def _itself(measured: PairedLatency, max_width: float) -> PairedLatency:
+    """The unoptimized model timed against itself: 1.00x with its interval when that includes 1.0 (then judged as any
+    measurement), else unstable: the clock did not settle."""
+    if _covers(measured.ci, 1.0):
+        return _judged(replace(measured, speedup=1.0), max_width)
+    why = (f"the unchanged model timed against itself: {measured.speedup:.2f}x, 95% CI [{measured.ci[0]:.2f}, "
+           f"{measured.ci[1]:.2f}] excludes 1.00x over {measured.rounds} rounds; timing not settled; "
+           f"{measured.machine.describe()}")
+    return replace(measured, unstable=why)
+
+
+def _covers(interval: tuple[float, float], value: float) -> bool:
+    return interval[0] <= value <= interval[1]
 
 
 def _ratios(base: Sequence[float], mine: Sequence[float]) -> list[float]:

@@ -26,7 +26,7 @@ from pipeline.search.drop_text import uncertain_note
 from pipeline.search.duplicates import TrialBudget
 from pipeline.search.finish import finish_study, study_dir, study_note
 from pipeline.search.front import Retimed, machine_line, retime_front
-from pipeline.search.interrupt import stopping
+from pipeline.search.interrupt import release, stopping
 from pipeline.search.objectives import (
     ATTR_EXPORTS,
     ATTR_RECIPE,
@@ -43,6 +43,7 @@ from pipeline.search.pareto_figure import pareto_figure_html, pareto_figure_png
 from pipeline.search.proposals import Proposals
 from pipeline.search.quiet import stderr_to
 from pipeline.search.record import TrialRecord
+from pipeline.search.reruns import rerun_lines
 from pipeline.search.rule_out import summarize as summarize_ruled_out
 from pipeline.search.screening import screened_note
 from pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
@@ -120,7 +121,8 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
     study, prepared, tracker = open_search(search, running=finished is None)
     try:
         return _searched(search, study, prepared, tracker, trials, timeout, console, launch, wall_start)
-    except KeyboardInterrupt:  # outside a trial (a front export, the re-measure): record, then stop
+    except KeyboardInterrupt as exc:  # outside a trial (a front export, the re-measure): record, then stop
+        release(exc)
         stop_recorded(study, tracker)
         raise
 
@@ -142,6 +144,9 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     done = catch_up(search, study, tracker, logger)
     budget = TrialBudget(trials, finished_states())
     remaining = trials - budget.counted(study)
+    if remaining > 0:  # the interrupted or killed trials that run again first, and why
+        for line in rerun_lines(study.get_trials(deepcopy=False)):
+            say(console, line)
     interrupted = False
     notes: list[str] = []
     if remaining > 0 and launch is not None:

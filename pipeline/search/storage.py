@@ -7,7 +7,9 @@
 A trial whose process died is marked FAIL the next time any worker starts (heartbeats older than
 :data:`GRACE_S`, or a dead process id on this host) and its config is enqueued once more
 (:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback`); an interrupted trial's config is enqueued
-again every time (:func:`retry_trial`). Neither counts toward the study's trials (:func:`retried`).
+again every time (:func:`retry_trial`). Neither counts toward the study's trials (:func:`retried`). Each retry
+says why its configuration runs again (:data:`ATTR_RERUN`: :data:`INTERRUPTED` or :data:`DIED`), which a resumed
+study prints (:func:`pipeline.search.reruns.rerun_lines`).
 
 :func:`study_lock` is an exclusive lock per study: a file lock beside a local storage, a PostgreSQL
 advisory lock for a server. Workers hold it to create the schema and the study, and from "how many
@@ -16,6 +18,7 @@ trials are finished or running?" until their next trial is RUNNING, so a study n
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import socket
@@ -48,6 +51,11 @@ GRACE_S = 15
 #: User attribute: ``host:pid`` of the process that runs the trial.
 ATTR_WORKER = "paretorch.worker"
 SQLITE_TIMEOUT_S = 60
+#: User attribute of a retry: why its configuration runs again (the trial before it was interrupted, or its process
+#: died), one of :data:`INTERRUPTED` and :data:`DIED`.
+ATTR_RERUN = "paretorch.rerun"
+INTERRUPTED = "it was interrupted (Ctrl-C)"
+DIED = "its process died (left RUNNING)"
 
 
 @runtime_checkable
@@ -158,11 +166,25 @@ class StudyLock:
 # ------------------------------------------------------------------ dead workers
 
 
-def retry_callback() -> RetryHeartbeatStaleTrialCallback:
+class MarkedRetry(RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry of a failed trial (its params and user attributes, its seed, enqueued once more), the retry
+    marked with why it runs (:data:`ATTR_RERUN`)."""
+
+    def __init__(self, why: str, max_retry: int | None) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            super().__init__(max_retry=max_retry)
+        self.why = why
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        marked = copy.copy(trial)
+        marked.user_attrs = {**trial.user_attrs, ATTR_RERUN: self.why}
+        super().__call__(study, marked)
+
+
+def retry_callback() -> MarkedRetry:
     """Enqueue a dead trial's params and user attributes (its seed) once more, at most once per config."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RetryHeartbeatStaleTrialCallback(max_retry=1)
+    return MarkedRetry(DIED, max_retry=1)
 
 
 def worker_id() -> str:
@@ -240,9 +262,7 @@ def retry_trial(study: optuna.Study, number: int) -> None:
     if trial.state == TrialState.RUNNING:
         study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         trial = study._storage.get_trial(trial._trial_id)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        RetryHeartbeatStaleTrialCallback(max_retry=None)(study, trial)
+    MarkedRetry(INTERRUPTED, max_retry=None)(study, trial)
 
 
 def retried(trials: list[FrozenTrial]) -> set[int]:

@@ -9,7 +9,8 @@ round timer and the CPU clock (tests inject fakes for both).
 
 A trial is timed from its run's own result (:meth:`StudyLatency.measure`): the function its evaluation
 prepared and measured, else one prepared again from that run's configs and runtime, never a function
-prepared for another recipe.
+prepared for another recipe. The unoptimized model under :data:`BASELINE_RUNTIME` is the baseline itself: its pair
+is a self-pair (:func:`~pipeline.core.paired.measure_paired`'s ``self_pair``: 1.00x, or not settled).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from pipeline.core.spec import Batch, ModelSpec, move_batch
 from pipeline.core.stage import StageConfig
 from pipeline.engine.run_result import RunResult
 from pipeline.engine.runner import Runner
+
+#: The runtime the baseline is timed under: the unoptimized model under it is the baseline itself.
+BASELINE_RUNTIME = "eager"
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ class StudyLatency:
     def baseline(self) -> Callable[..., Tensor]:
         """The unoptimized model, eager, prepared once for the study."""
         if self._baseline is None:
-            self._baseline = self.function({}, "eager")
+            self._baseline = self.function({}, BASELINE_RUNTIME)
         return self._baseline
 
     def side(self, configs: Mapping[str, StageConfig | None], runtime: str) -> Timed:
@@ -97,7 +101,7 @@ class StudyLatency:
 
     def baseline_side(self) -> Timed:
         """The unoptimized model, eager, and its inputs."""
-        return self.baseline(), self.inputs("eager")
+        return self.baseline(), self.inputs(BASELINE_RUNTIME)
 
     def measure(self, result: RunResult) -> PairedLatency:
         """The trial that ``result`` evaluated (:meth:`measured`) timed in rounds alternating with the baseline;
@@ -108,23 +112,25 @@ class StudyLatency:
         finally:
             self.seconds += time.perf_counter() - start
 
-    def pair(self, fn: Callable[..., Tensor], runtime: str, stop: StopRule | None = None) -> PairedLatency:
+    def pair(self, fn: Callable[..., Tensor], runtime: str, stop: StopRule | None = None,
+             itself: bool = False) -> PairedLatency:
         """``fn`` (a model already prepared for ``runtime``) timed in rounds alternating with the baseline, on
         the inputs ``runtime`` is timed on (the bench's rows: the runner's own measured function); ``stop``: it may
-        stop once its answer is known (:class:`~pipeline.core.paired.StopRule`)."""
+        stop once its answer is known (:class:`~pipeline.core.paired.StopRule`); ``itself``: ``fn`` is the unoptimized
+        model under :data:`BASELINE_RUNTIME` (a self-pair: 1.00x, or not settled)."""
         baseline = self.baseline_side()
         return measure_paired(baseline, (fn, self.inputs(runtime)), self.timer, self.settings,
-                              cpu_clock=self.cpu_clock, stop=stop)
+                              cpu_clock=self.cpu_clock, stop=stop, self_pair=itself)
 
-    def probe(self, fn: Callable[..., Tensor], runtime: str, stop: StopRule) -> TrialTiming:
+    def probe(self, fn: Callable[..., Tensor], runtime: str, stop: StopRule, itself: bool = False) -> TrialTiming:
         """A trial's latency before its evaluation (:mod:`pipeline.search.probe`): its first call timed apart (a
-        compiled runtime compiles there), then paired with the baseline under ``stop``. Its seconds add to
-        :attr:`seconds`."""
+        compiled runtime compiles there), then paired with the baseline under ``stop`` (``itself``: see :meth:`pair`).
+        Its seconds add to :attr:`seconds`."""
         start = time.perf_counter()
         try:
             inputs = self.inputs(runtime)
             first_call_ms = self.first_call(fn, inputs)
-            paired = self.pair(fn, runtime, stop)
+            paired = self.pair(fn, runtime, stop, itself)
         finally:
             self.seconds += time.perf_counter() - start
         samples = paired.trial_samples or (paired.trial_ms,)

@@ -46,7 +46,9 @@ from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
 from pipeline.search.insight import sensitivity_tables
 from pipeline.search.interrupt import Interrupts
 from pipeline.search.objectives import (
+    ATTR_CONFIGS,
     ATTR_ESTIMATE,
+    ATTR_RUNTIME,
     ATTR_SEED,
     ATTR_SEED_PARAMS,
     ATTR_SEED_RECIPE,
@@ -59,6 +61,7 @@ from pipeline.search.recorded import RECORDED, recorded
 from pipeline.search.rule_out import study_choices
 from pipeline.search.screening import CostlyClock, Screened, Screening, record_screen
 from pipeline.search.seeding import stage_params
+from pipeline.search.study_latency import BASELINE_RUNTIME
 from pipeline.search.subset import SubsetJudge, subset_plan
 from pipeline.search.workers import claim_config
 
@@ -95,6 +98,7 @@ class TrialObjective:
         start = time.perf_counter()
         with self.interrupts.watch():
             configs, runtime = self.choose(trial)
+            self.announce(trial, configs, runtime)
             draft: Draft = self._draft(trial, configs, runtime)
             outcome = self.rule_out(trial, configs, runtime, draft)
             if outcome is None:
@@ -136,6 +140,14 @@ class TrialObjective:
             if config is not None and not exporting:
                 upstream.append(config)
         return configs, self._runtime(trial, seed, fixed)
+
+    @staticmethod
+    def announce(trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str) -> None:
+        """Store what the trial asked for as it starts (its record stores it again when it ends): a trial that never
+        ends (interrupted, its process killed) still names its recipe when a resumed study runs it again
+        (:mod:`pipeline.search.reruns`)."""
+        trial.set_user_attr(ATTR_CONFIGS, configs_to_json(configs))
+        trial.set_user_attr(ATTR_RUNTIME, runtime)
 
     def _runtime(self, trial: optuna.Trial, seed: dict[str, object] | None, fixed: dict[str, object]) -> str:
         # A study keeps the runtime choices it began with (Optuna cannot change them): one begun before a
@@ -227,7 +239,8 @@ class TrialObjective:
             paired_start = time.perf_counter()
             front = front_references(trial.study)
             unchanged = all(config is None for config in model_configs(configs, self.exports))
-            timing = parts.latency.probe(fn, runtime, front.stop_rule(unchanged))
+            timing = parts.latency.probe(fn, runtime, front.stop_rule(unchanged),
+                                         itself=unchanged and runtime == BASELINE_RUNTIME)
             paired = timing.paired
             paired_seconds = time.perf_counter() - paired_start
             seconds = {**staged.seconds, **({"screening": screened.seconds} if screened else {}),

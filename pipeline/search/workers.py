@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.core.names import WORKER_FLAG
 from pipeline.search.duplicates import TrialBudget
+from pipeline.search.interrupt import release, releasing
 from pipeline.search.objectives import ATTR_TRACEBACK, TRACEBACK_CHARS
 from pipeline.search.record import TrialOutcome, TrialRecord
 from pipeline.search.storage import ATTR_WORKER, StudyLock, fail_dead_trials, heartbeat, retry_trial, worker_id
@@ -91,7 +92,8 @@ def run_trials(objective: Objective, lock: StudyLock, study: optuna.Study, budge
             for callback in callbacks:
                 callback(study, finished, record)
             budget(study, finished)
-    except KeyboardInterrupt:  # a second Ctrl-C is held off meanwhile (interrupt.stopping, around the search)
+    except KeyboardInterrupt as exc:  # a second Ctrl-C is held off meanwhile (interrupt.stopping, around the search)
+        release(exc)  # a write it cut short (a callback's MLflow run) holds its database's lock until then
         if current is not None:
             retry_trial(study, current)
         return True
@@ -129,9 +131,10 @@ def run_trial(objective: Objective, study: optuna.Study, trial: optuna.Trial) ->
     """Run ``objective`` on ``trial`` (its heartbeat recorded meanwhile) and tell the study how it ended, as
     ``Study.optimize(catch=(Exception,))`` would: the outcome's values (COMPLETE), PRUNED or FAIL. An exception
     outside the objective's steps fails the trial and its record is read back from storage; ``KeyboardInterrupt``
-    fails it and is raised, so no trial is left RUNNING. The finished trial and its record."""
+    fails it and is raised, so no trial is left RUNNING (what the interrupted code held released first, before the
+    heartbeat thread's next write: :func:`~pipeline.search.interrupt.releasing`). The finished trial and its record."""
     try:
-        with heartbeat(study, trial):
+        with heartbeat(study, trial), releasing():
             outcome = objective(trial)
     except optuna.TrialPruned:
         finished = study.tell(trial, state=TrialState.PRUNED)

@@ -4,6 +4,7 @@ order alternates, so whatever the first place in a round costs lands on both sid
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -280,3 +281,53 @@ def test_the_decision_interval_is_wider_than_the_reported_one() -> None:
     paired = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, SETTINGS, cpu_clock=None,
                             stop=StopRule(references=(1.0, 2.0)))
     assert paired.stopped != "decided" or paired.rounds > 6, "1.2x in the first six rounds straddles the 2.0x front"
+
+
+# --------------------------------------------------------------------------- the self-pair rule
+
+
+QUICK = LATENCY_BUDGETS["quick"]
+
+
+def self_pair_clock(faster: Callable[[int], float]) -> FakeTimer:
+    """The unoptimized model timed against a copy of itself: the copy's side reads ``faster(round)`` times quicker
+    (a clock artifact: the same model cannot be faster than itself)."""
+    return fake_timer(lambda fn, i: 1.0 if fn is baseline else 1.0 / faster(i))
+
+
+def test_a_self_pair_that_looks_faster_at_first_is_timed_on_until_it_includes_one() -> None:
+    """Its first rounds read 1.06x (what the quick budget's first look decided: faster than the baseline); the
+    self-pair is never decided against 1.0, goes on, and reads 1.00x once its interval includes 1.0."""
+    early = self_pair_clock(lambda i: 1.06 if i < 6 else 1.0)
+    decided = measure_paired((baseline, INPUTS), (trial, INPUTS), early, QUICK, cpu_clock=None, stop=StopRule())
+    assert decided.stopped == "decided" and decided.speedup == pytest.approx(1.06), "a trial: faster, decided"
+    itself = measure_paired((baseline, INPUTS), (trial, INPUTS), self_pair_clock(lambda i: 1.06 if i < 6 else 1.0),
+                            QUICK, cpu_clock=None, stop=StopRule(), self_pair=True)
+    assert itself.stopped == "settled" and itself.unstable is None and itself.rounds == QUICK.rounds
+    assert itself.speedup == 1.0 and itself.ci[0] <= 1.0 <= itself.ci[1]
+
+
+def test_a_self_pair_whose_interval_excludes_one_is_not_settled_never_a_speedup() -> None:
+    """The copy reads 1.20x in every round: as a trial that is a narrow, settled 1.20x; as the baseline against
+    itself it is timed for every round the cap allows, then reported unstable (kept off the front), its reason said."""
+    stop = StopRule(references=(1.0, 1.1))
+    biased = measure_paired((baseline, INPUTS), (trial, INPUTS), self_pair_clock(lambda i: 1.2), QUICK,
+                            cpu_clock=None, stop=stop)
+    assert biased.unstable is None and biased.speedup == pytest.approx(1.2)
+    itself = measure_paired((baseline, INPUTS), (trial, INPUTS), self_pair_clock(lambda i: 1.2), QUICK,
+                            cpu_clock=None, stop=stop, self_pair=True)
+    assert itself.unstable is not None and itself.rounds == QUICK.rounds * 3 and itself.attempts == 3
+    assert itself.unstable.startswith("the unchanged model timed against itself: 1.20x, 95% CI [1.20, 1.20] "
+                                      "excludes 1.00x over 30 rounds; timing not settled; load ")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_noisy_self_pair_includes_one_or_is_unstable(seed: int) -> None:
+    """Whatever the noise (a random clock, each side's time drawn anew per round), a self-pair reads 1.00x with an
+    interval that includes 1.0, or is unstable: never a speed-up of its own."""
+    rng = random.Random(seed)
+    skew = rng.uniform(0.8, 1.25)  # a clock that favours one side, at most by this much
+    timer = fake_timer(lambda fn, i: rng.lognormvariate(0.0, 0.3) * (skew if fn is trial else 1.0))
+    itself = measure_paired((baseline, INPUTS), (trial, INPUTS), timer, QUICK, cpu_clock=None, stop=StopRule(),
+                            self_pair=True)
+    assert itself.unstable is not None or (itself.speedup == 1.0 and itself.ci[0] <= 1.0 <= itself.ci[1])
