@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,15 @@ def main() -> None:
     runtimes = available_runtimes(device)
     presets = SearchConfig.load().presets
     load_before = os.getloadavg()
-    repeats = []
+    repeats: list[dict[str, Any]] = []
     for index in range(args.repeats):
         probe = probe_machine(device, *declared_probes(runtimes, device))
-        plan = preset_seeds(presets, runtimes, lambda stages, runtime, p=probe: probe_reason(p, stages, runtime),
-                            probe)
-        order = [s.name for s in (*plan.seeds, *plan.later)]
+        plan = preset_seeds(presets, runtimes, partial(probe_reason, probe), probe)
+        first = [s.name for s in plan.seeds]
         repeats.append({"gains": probe.gains, "spreads": probe.spreads, "seconds": round(probe.seconds, 2),
-                        "first": [s.name for s in plan.seeds], "order": order, "dropped": sorted(plan.skipped)})
-        print(f"[{index + 1}/{args.repeats}] {probe.describe()}\n    first: {', '.join(repeats[-1]['first'])}")
+                        "first": first, "order": [*first, *(s.name for s in plan.later)],
+                        "dropped": sorted(plan.skipped)})
+        print(f"[{index + 1}/{args.repeats}] {probe.describe()}\n    first: {', '.join(first)}")
     orders = sorted({json.dumps(r["order"]) for r in repeats})
     result = {"device": str(device), "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "",
               "isa": isa_info(), "threads": args.threads, "runtimes": runtimes, "torch": torch.__version__,

@@ -121,7 +121,7 @@ class MachineProbe:
         gain = self.gain(runtime, precision)
         if spread is None or gain is None:
             return None
-        return Gain(gain, *spread).decided()
+        return Gain(gain, spread[0], spread[1]).decided()
 
     def describe(self) -> str:
         """``machine probe (1.9 s, warmed, paired rounds; matmul speed vs fp32): torch bf16 2.49x [2.41, 2.55],
@@ -136,7 +136,7 @@ class MachineProbe:
                 cell = f"{precision} {ratio:.2f}x"
                 if spread is not None and spread[0] != spread[1]:
                     cell += f" [{spread[0]:.2f}, {spread[1]:.2f}]"
-                if spread is not None and Gain(ratio, *spread).decided() is None:
+                if spread is not None and Gain(ratio, spread[0], spread[1]).decided() is None:
                     cell += " (not decided: trials decide)"
                 cells.append(cell)
             parts.append(f"{engine} " + ", ".join(cells))
