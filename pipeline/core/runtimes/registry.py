@@ -8,14 +8,14 @@ instance whose ``name`` is the entry point's). Nothing here imports a runtime mo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.machine_probe import EngineProbe
+from pipeline.core.machine_probe import EngineProbe, Gain
 from pipeline.core.names import BUILT_IN_RUNTIMES, RUNTIME_ENTRY_POINT_GROUP
 from pipeline.core.plugins import load_group
 from pipeline.core.runtimes.base import ExportHandle, NoExport, Runtime
@@ -108,18 +108,32 @@ def available_runtimes(device: torch.device) -> list[str]:
     return [name for name, runtime in registered_runtimes().items() if runtime.available(device)]
 
 
+#: What each engine's probe measured in this process, by (engine, device, torch threads): the hardware does not
+#: change while a process runs, so a second study (a test suite, a script that searches several models) reads it.
+_PROBED: dict[tuple[str, str, int], Mapping[str, Gain | float]] = {}
+
+
 def declared_probes(names: Iterable[str], device: torch.device) -> tuple[dict[str, EngineProbe], dict[str, str]]:
     """The machine probes the runtimes ``names`` declare on ``device``, one per engine (the first runtime of an
-    engine gives it), and which engine each runtime runs: :func:`pipeline.core.machine_probe.probe_machine`'s
-    arguments."""
+    engine gives it; each runs once per process, device and thread count), and which engine each runtime runs:
+    :func:`pipeline.core.machine_probe.probe_machine`'s arguments."""
     probes: dict[str, EngineProbe] = {}
     engines: dict[str, str] = {}
     for name in names:
         runtime = get_runtime(name)
         engines[name] = runtime.engine
         if runtime.engine not in probes:
-            probes[runtime.engine] = runtime.probe(device)
+            probes[runtime.engine] = _once((runtime.engine, str(device), torch.get_num_threads()),
+                                           runtime.probe(device))
     return probes, engines
+
+
+def _once(key: tuple[str, str, int], probe: EngineProbe) -> EngineProbe:
+    def measured() -> Mapping[str, Gain | float]:
+        if key not in _PROBED:
+            _PROBED[key] = probe()
+        return _PROBED[key]
+    return measured
 
 
 def prepare_runtime(model: nn.Module, name: str, device: torch.device,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
+from typing import ClassVar
 
 import optuna
 import pytest
@@ -29,7 +30,8 @@ from pipeline.core.machine_probe import (
     stage_precision,
 )
 from pipeline.core.paired import MachineLoad, PairedLatency, Timed
-from pipeline.core.runtimes.registry import declared_probes
+from pipeline.core.runtimes.base import ExportHandle, Runtime
+from pipeline.core.runtimes.registry import declared_probes, registered_runtime
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, StageConfig, StageContext, registered
 from pipeline.search import Search, SearchConfig
@@ -347,6 +349,34 @@ def test_the_probe_warms_each_precision_so_a_slow_first_call_decides_nothing() -
     gain = paired_gain(product("fp32", 4.0, 4.0), product("bf16", 1.0, 1000.0), torch.device("cpu"), clock)
     assert gain.ratio == pytest.approx(4.0) and gain.decided() is True and gain.rounds >= MIN_ROUNDS
     assert calls["bf16"] > MIN_ROUNDS, "timed in rounds after its warm-up, never once"
+
+
+class CountingRuntime(Runtime):
+    """A plugin's runtime with an engine of its own, whose probe counts its runs."""
+
+    name: ClassVar[str] = "counting_test"
+    engine: ClassVar[str] = "counting"
+    runs: ClassVar[int] = 0
+
+    def available(self, device: torch.device) -> bool:
+        return True
+
+    def probe(self, device: torch.device) -> Callable[[], dict[str, float]]:
+        def measure() -> dict[str, float]:
+            CountingRuntime.runs += 1
+            return {"int8": 3.0}
+        return measure
+
+    def prepare(self, model: nn.Module, export: ExportHandle, device: torch.device) -> Callable[..., Tensor]:
+        return model
+
+
+def test_a_plugin_engine_is_probed_through_its_declaration_once_per_process() -> None:
+    with registered_runtime(CountingRuntime()):
+        first = probe_machine(torch.device("cpu"), *declared_probes(["counting_test"], torch.device("cpu")))
+        again = probe_machine(torch.device("cpu"), *declared_probes(["counting_test"], torch.device("cpu")))
+    assert first.gain("counting_test", "int8") == 3.0 and first.engine("counting_test") == "counting"
+    assert again.gains == first.gains and CountingRuntime.runs == 1, "the hardware is probed once per process"
 
 
 def test_the_probe_names_each_runtime_engine_from_its_declaration() -> None:
