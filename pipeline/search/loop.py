@@ -316,18 +316,24 @@ def open_search(search: Search, running: bool = True) -> tuple[optuna.Study, Pre
     study, prepared = search.prepare()
     baseline = prepared.baseline
     if tracker is not None:
-        tracker.open_study(
-            search.spec.name, search.study_name,
-            params={**{"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
-                    "search.runtimes": search.runtimes,  # those the device offered, not every one the config names
-                    **search.objectives.drop_params(baseline)},
-            tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe(),
-                  **({FIDELITY_NOTE_TAG: note} if (note := fidelity_note(search.spec.metric)) else {})},
-            running=running,
-        )
+        with search.lock():  # two processes starting together: one parent run (its own-run check alone raced)
+            open_parent(search, tracker, baseline, running)
         tracker.show_columns(search.objectives.headline_keys(),
                              leading=(RANK_METRIC, SORT_METRIC, search.spec.metric.name, "metric_drop"))
     return study, prepared, tracker
+
+
+def open_parent(search: Search, tracker: Tracker, baseline: Baseline, running: bool) -> None:
+    """Find or create the study's MLflow parent run, with the search's params and tags."""
+    tracker.open_study(
+        search.spec.name, search.study_name,
+        params={**{"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
+                "search.runtimes": search.runtimes,  # those the device offered, not every one the config names
+                **search.objectives.drop_params(baseline)},
+        tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe(),
+              **({FIDELITY_NOTE_TAG: note} if (note := fidelity_note(search.spec.metric)) else {})},
+        running=running,
+    )
 
 
 def run_worker(search: Search, trials: int, timeout: float | None = None, console: Console | None = None) -> bool:
