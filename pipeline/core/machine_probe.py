@@ -179,9 +179,11 @@ def paired_gain(reference: Callable[[], object], candidate: Callable[[], object]
     ratios: list[float] = []
     started = time.perf_counter()
     while len(ratios) < MAX_ROUNDS:
-        pair = (reference, candidate) if len(ratios) % 2 == 0 else (candidate, reference)
-        times = {id(call): clock(call, device, calls) for call in pair}
-        ratios.append(times[id(reference)] / max(times[id(candidate)], 1e-9))
+        if len(ratios) % 2 == 0:
+            reference_ms, candidate_ms = clock(reference, device, calls), clock(candidate, device, calls)
+        else:
+            candidate_ms, reference_ms = clock(candidate, device, calls), clock(reference, device, calls)
+        ratios.append(reference_ms / max(candidate_ms, 1e-9))
         if len(ratios) < MIN_ROUNDS:
             continue
         gain = Gain(statistics.median(ratios), min(ratios), max(ratios), len(ratios))

@@ -164,7 +164,7 @@ def test_the_waiting_seeds_run_once_the_queue_runs_dry(residual_spec: ModelSpec,
     search.ensure_baseline(study)
     later = [raw["name"] for raw in study.user_attrs[ATTR_LATER_SEEDS]]
     if not later:
-        pytest.skip("int8 does not pay under torch on this CPU: nothing waits (the order is the config's)")
+        pytest.skip("no reduced precision pays under torch on this CPU: nothing waits (the order is the config's)")
     assert "prune-0.3-distill" in later, "the costly seed waits"
     probe = search.machine
     assert probe is not None
