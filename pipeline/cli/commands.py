@@ -110,7 +110,7 @@ def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True, 
         args.search_config, pipeline=args.pipeline, max_drop=args.max_drop, sampler=args.sampler, seed=args.seed,
         objectives=objectives, runtimes=split_list(args.runtimes), latency_budget=args.latency_budget,
         latency_batch=args.latency_batch, disabled=split_list(args.disable), exports=args.exports,
-        cache_mb=args.cache_mb,
+        cache_mb=args.cache_mb, tail_limit=args.tail_limit, tail_cosine=args.tail_cosine,
     )
     if args.storage:
         validate_storage_url(args.storage)

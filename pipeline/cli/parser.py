@@ -143,6 +143,12 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-drop", default=None, metavar="DROP",
                        help="allowed metric drop vs the unoptimized model: absolute (0.01) or a percentage of "
                        "the baseline metric (1%%) (default 1%%, or the search config's)")
+    group.add_argument("--tail-limit", default=None, metavar="SHARE",
+                       help="the tail guard: a trial is infeasible when more than this share of the evaluation "
+                       "inputs break against the unoptimized model (an embedding below --tail-cosine, a confident "
+                       "class flipped): 1%%, 0.02 or off (default 1%%)")
+    group.add_argument("--tail-cosine", type=float, default=None, metavar="COS",
+                       help="where an embedding input breaks: its cosine to the unoptimized output (default 0.9)")
     group.add_argument("--sampler", default=None, choices=("tpe", "nsga2", "random"))
     group.add_argument("--seed", type=int, default=None, help="sampler seed")
     group.add_argument("--objectives", default=None, help="comma list of metric,latency,size (default metric,latency)")

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.core.device import describe, move_module, peak_memory_bytes, reset_peak_memory
+from pipeline.core.input_agreement import Reference
 from pipeline.core.latency import LatencySettings, LatencyStats, measure_latency
 from pipeline.core.padding import LatencyInputs, pad_to, to_bucket, trim_to_longest
 from pipeline.core.padding import latency_inputs as choose_latency_inputs
@@ -45,6 +46,9 @@ class ModelReport:
     #: The metric on each fixed bootstrap resample of the evaluation units (:mod:`pipeline.core.bootstrap`;
     #: empty when the metric has none): paired with the baseline's, the interval of a trial's drop.
     metric_resamples: tuple[float, ...] = ()
+    #: The inputs that agree least with the unoptimized model, worst first (:meth:`InputAgreement.worst`; empty
+    #: when no reference was given): index, value, text where known.
+    worst_inputs: tuple[dict[str, object], ...] = ()
 
     def latency_p50(self, batch_size: int | None = None) -> float:
         """Median latency in ms at ``batch_size`` (default: the first measured)."""
@@ -244,11 +248,13 @@ class Known:
     (``fn``), its latency per batch size (``latency``: a search trial's paired rounds, one number per fact; the
     bucket's own cost is then not measured either), its evaluation outputs and targets (``outputs``: computed the
     way an eager evaluation would, at the evaluation's own batching: the unoptimized model's,
-    :func:`pipeline.core.self_check.reference_outputs`)."""
+    :func:`pipeline.core.self_check.reference_outputs`), and the unoptimized model's outputs to compare with input
+    by input (``reference``: :mod:`pipeline.core.input_agreement`; None: no per-input view)."""
 
     fn: Callable[..., Tensor] | None = None
     latency: Mapping[int, LatencyStats] = field(default_factory=dict)
     outputs: tuple[Tensor, Tensor] | None = None
+    reference: Reference | None = None
 
 
 def _latencies(fn: Callable[..., Tensor], spec: ModelSpec, device: torch.device, runtime: str,
@@ -304,6 +310,11 @@ def evaluate_model(
     values = {metric.name: float(metric.compute(outputs, targets).item())
               for metric in (spec.metric, *spec.extra_metrics)}
     metric_value = values.pop(spec.metric.name)
+    worst: tuple[dict[str, object], ...] = ()
+    if known.reference is not None:
+        agreement = known.reference.compare(outputs)
+        values.update(agreement.metrics())
+        worst = tuple(agreement.worst(texts=spec.evaluation_texts))
     macs = count_macs(model, move_batch(choose_latency_inputs(spec, 1, "eager")[0], device))
     return ModelReport(
         metric_name=spec.metric.name,
@@ -319,4 +330,5 @@ def evaluate_model(
         extra=values,
         latency_inputs=lengths,
         metric_resamples=metric_resamples(spec.metric, outputs, targets),
+        worst_inputs=worst,
     )

@@ -15,7 +15,7 @@ task's rows.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 
 import torch
@@ -46,11 +46,12 @@ def _rows_of(metric: Metric, part: Callable[[Tensor], Tensor]) -> Metric:
 
 
 def with_fidelity_floor(spec: ModelSpec, inputs: Batch, fidelity: Metric, name: str, floor: float, why: str,
-                        batch_size: int = 32, share: float = 0.01) -> ModelSpec:
+                        batch_size: int = 32, share: float = 0.01, texts: Sequence[str] = ()) -> ModelSpec:
     """``spec`` whose evaluation also runs ``inputs`` and reports ``fidelity`` on them, against the
     unoptimized model's outputs, as the extra metric ``name``, with the floor ``floor`` calibrated for an
     allowed drop of ``share`` of the baseline task metric (raised toward the metric's best value, its upper
-    bound, for a stricter one: :meth:`FidelityFloor.at`)."""
+    bound, for a stricter one: :meth:`FidelityFloor.at`). ``texts``: the text of each row of ``inputs`` (its rows are
+    named by them among a trial's worst inputs, after the task's own rows)."""
     if not fidelity.higher_is_better or fidelity.bounds is None:
         raise SpecError(f"model '{spec.name}': a fidelity floor needs a metric where higher is better with an upper "
                         f"bound (its value for an unchanged model); {fidelity.name} has none")
@@ -80,4 +81,5 @@ def with_fidelity_floor(spec: ModelSpec, inputs: Batch, fidelity: Metric, name: 
         extra_metrics=(*(_rows_of(m, task_part) for m in spec.extra_metrics),
                        dataclasses.replace(fidelity, name=name, compute=on_floor_rows, resampled=None)),
         fidelity_floors=(*spec.fidelity_floors, FidelityFloor(name, floor, why, share, perfect)),
+        evaluation_texts=(*spec.evaluation_texts, *texts) if len(spec.evaluation_texts) == task_rows else (),
     )

@@ -145,6 +145,9 @@ class ModelSpec:
     encode_text: Callable[[Sequence[str]], Batch] | None = None
     #: Class names in index order (a classifier's ``id2label``): labels in --eval-data may use them.
     label_names: tuple[str, ...] = ()
+    #: The text of each evaluation row, in row order, where the rows come from text (empty: not known): the
+    #: worst inputs of a trial are named by it (:mod:`pipeline.core.input_agreement`).
+    evaluation_texts: tuple[str, ...] = ()
     #: Further metrics on the same outputs and targets, reported (ModelReport.extra) but not optimized,
     #: e.g. KL divergence next to top-1 agreement (see pipeline.core.fidelity).
     extra_metrics: tuple[Metric, ...] = ()

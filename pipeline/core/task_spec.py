@@ -30,6 +30,8 @@ class TaskRows:
     inputs: Batch
     targets: Tensor
     metrics: tuple[Metric, ...]
+    #: The text of each row (empty: the rows are tensors).
+    texts: tuple[str, ...] = ()
 
 
 def distinct_texts(texts: Sequence[str]) -> tuple[list[str], list[int]]:
@@ -63,20 +65,22 @@ def task_rows(spec: ModelSpec, data: TaskData, label_names: Sequence[str] = ()) 
     if isinstance(data, ClassificationData):
         inputs = data.tensors if data.tensors is not None else _encode(spec, data.texts or (), data)
         classes = _classes(spec, inputs)
-        return TaskRows(inputs, resolve_labels(data, classes, label_names), classification_metrics(classes))
+        return TaskRows(inputs, resolve_labels(data, classes, label_names), classification_metrics(classes),
+                        tuple(data.texts or ()) if data.tensors is None else ())
     if isinstance(data, PairsData):
         texts, positions = distinct_texts([*data.first, *data.second])
         count = len(data)
         metric = pairs_metric(positions[:count], positions[count:], data.scores, len(texts))
-        return TaskRows(_encode(spec, texts, data), torch.arange(len(texts)), (metric,))
+        return TaskRows(_encode(spec, texts, data), torch.arange(len(texts)), (metric,), tuple(texts))
     if isinstance(data, RetrievalData):
         relevance = torch.zeros(len(data.queries), len(data.corpus))
         for query, judged in enumerate(data.relevant):
             for document, gain in judged.items():
                 relevance[query, document] = gain
         rows = len(data.queries) + len(data.corpus)
-        inputs = _encode(spec, [*data.queries, *data.corpus], data)
-        return TaskRows(inputs, torch.arange(rows), retrieval_metrics(len(data.queries), relevance))
+        texts = (*data.queries, *data.corpus)
+        return TaskRows(_encode(spec, texts, data), torch.arange(rows), retrieval_metrics(len(data.queries), relevance),
+                        texts)
     raise TypeError(f"unknown task data {type(data).__name__}")
 
 
@@ -116,6 +120,7 @@ def with_task_data(spec: ModelSpec, data: TaskData, label_names: Sequence[str] =
         extra_metrics=(*task_extras, *(against_reference(m, reference) for m in dict.fromkeys(fidelity)
                                        if m.name not in taken)),
         output_kind=spec.output_kind if spec.output_kind != "auto" else kind,
+        evaluation_texts=rows.texts,
         fidelity_floors=(),  # the spec's floors guarded its own scoring; the user's data replaces it
         caveat="",  # what the spec's own metric could not judge: the user's data judges it
         description=f"{spec.description}; scored on {data.task} data {data.source} ({len(data)} rows)",

@@ -27,6 +27,7 @@ script and a search trial run a recipe the same way.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
@@ -39,6 +40,7 @@ from torch import Tensor, nn
 from pipeline.core.device import move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.evaluate import Known, LatencySettings, evaluate_model
+from pipeline.core.input_agreement import Reference
 from pipeline.core.padding import LATENCY_INPUTS
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtimes.base import Runtime
@@ -67,8 +69,12 @@ class Runner:
         batch_sizes: tuple[int, ...] | None = None,
         work_dir: Path | None = None,
         model: nn.Module | None = None,
+        reference: Callable[[], Reference] | None = None,
     ) -> None:
         self.pipeline = pipeline
+        #: The unoptimized model's outputs on the evaluation (computed on first use, once): every evaluation is then
+        #: compared with them input by input (:mod:`pipeline.core.input_agreement`); None: no per-input view.
+        self.reference = reference
         self.spec = spec
         self.device = device
         self.cache = cache if cache is not None else NodeCache(export_dir=cache_dir("exports"))
@@ -250,12 +256,16 @@ class Runner:
         handle = self._export_handle(get_runtime(runtime), parent, configs)
         if handle.config is not None:
             settings["export"] = handle.config.to_dict()
+        if self.reference is not None:
+            settings["per_input_cosine_floor"] = self.reference().cosine_floor
         key = node_key("evaluate", settings, (parent.key,), self.device.type)
         cached = self.cache.get(key, "evaluation")
         if cached is not None:  # the export the runtime ran, as its stage resolved it (an ``auto`` decided)
             return NodeResult(name, "evaluate", key, cached.value, cached=True,
                               runtime_export=cached.resolved_config or handle.config)
         known = known or Known()
+        if self.reference is not None and known.reference is None:
+            known = dataclasses.replace(known, reference=self.reference())
         if get_runtime(runtime).compiles and known.fn is None:
             # Fresh dynamo state: many models of one class would otherwise hit the
             # recompile limit and silently run eager.

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, field_validator
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.input_agreement import COSINE_FLOOR, TAIL_LIMIT, TailGuard, parse_tail_limit
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
 from pipeline.core.runtimes.registry import check_runtime_names
@@ -96,6 +97,9 @@ class Preset(BaseModel):
 
 #: ``max_drop``: ``0.01`` (absolute) or ``"1%"`` (of the baseline metric); a bad value raises the flag's ConfigError.
 MaxDrop = Annotated[AllowedDrop, PlainValidator(AllowedDrop.parse), PlainSerializer(AllowedDrop.to_json)]
+#: ``tail_limit``: a share of the inputs (``"1%"``, ``0.02``) or ``"off"`` (None).
+TailLimit = Annotated[float | None, PlainValidator(parse_tail_limit),
+                      PlainSerializer(lambda share: "off" if share is None else share)]
 
 
 class SearchConfig(BaseModel):
@@ -127,6 +131,10 @@ class SearchConfig(BaseModel):
     #: Costly stages (distillation, calibration) may take at most this share of a run's wall time: past it, a
     #: costly trial stops at low fidelity (:mod:`pipeline.search.screening`).
     costly_share: float = Field(default=0.25, gt=0.0, le=1.0)
+    #: The tail guard (:mod:`pipeline.core.input_agreement`): at most this share of the inputs may break (``1%``,
+    #: ``0.02``; ``off``: no guard), an embedding input below ``tail_cosine`` to its unoptimized output.
+    tail_limit: TailLimit = TAIL_LIMIT
+    tail_cosine: float = Field(default=COSINE_FLOOR, gt=-1.0, le=1.0)
 
     #: Fields that do not change what a trial measures (left out of the study's name): where results go,
     #: and which trials the search proposes besides its sampler's (a resumed study may change them).
@@ -170,9 +178,18 @@ class SearchConfig(BaseModel):
             where = f"{', '.join(flags)}" if flags else f"invalid search config ({source.name})"
             raise ConfigError(f"{where}: {format_validation_error(exc)}") from exc
 
+    #: Fields a study's name hashes only when set away from their defaults (added after studies were named by
+    #: the others: a study begun before keeps its name under the defaults).
+    LATER_FIELDS: ClassVar[frozenset[str]] = frozenset({"tail_limit", "tail_cosine"})
+
     def identity(self) -> dict[str, Any]:
         """What a study's name hashes: every field that changes what a trial measures."""
-        return self.model_dump(mode="json", exclude=set(self.RUN_ONLY_FIELDS))
+        later = {name for name in self.LATER_FIELDS if getattr(self, name) == type(self).model_fields[name].default}
+        return self.model_dump(mode="json", exclude=set(self.RUN_ONLY_FIELDS) | later)
+
+    def tail_guard(self) -> TailGuard:
+        """The tail guard these fields set."""
+        return TailGuard(self.tail_limit, self.tail_cosine)
 
 
 def cli_flag(field_name: str) -> str:

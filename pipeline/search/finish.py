@@ -25,7 +25,7 @@ from pipeline.search.explain import dominated_by, front_tags
 from pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
 from pipeline.search.pareto import distinct_front, export_attr, pareto_trials, table_columns
 from pipeline.search.profile import profile_calls
-from pipeline.search.record import TrialRecord
+from pipeline.search.record import WORST_INPUTS_FILE, TrialRecord, worst_inputs_text
 from pipeline.search.study_parts import StudyParts
 from pipeline.tracking.columns import RANK_METRIC
 from pipeline.tracking.tracker import Tracker
@@ -98,6 +98,8 @@ def finish_study(parts: StudyParts, study: optuna.Study, tracker: Tracker | None
         elif export_attr(trial.number) not in study.user_attrs:
             study.set_user_attr(export_attr(trial.number), {})
         recipes[trial.number] = recipe.save(recipe_path)
+        if record.worst_inputs:  # beside the recipe: which inputs moved most (MLflow's run holds it too)
+            (folder / WORST_INPUTS_FILE).write_text(worst_inputs_text(record.worst_inputs), encoding="utf-8")
         profile = profile_calls(parts.latency.function(record.configs, record.runtime), parts.latency.inputs(),
                                 parts.device, folder / "profile")
         if tracker is not None:

@@ -22,6 +22,7 @@ from pipeline.core.bootstrap import drop_interval
 from pipeline.core.errors import ConfigError
 from pipeline.core.evaluate import ModelReport
 from pipeline.core.fidelity_floor import floor_failures
+from pipeline.core.input_agreement import HEADLINE_INPUT_METRICS, TailGuard
 from pipeline.core.paired import PairedLatency
 from pipeline.core.spec import ModelSpec
 from pipeline.search.allowed_drop import FLAG, AllowedDrop
@@ -62,6 +63,8 @@ ATTR_REMEASURED = "paretorch.remeasured"  # {trial: re-measured speed-up}, the f
 UNSTABLE_CONSTRAINT = 1.0
 #: How a trial's reason starts when its metric is within the drop but a fidelity floor is not met.
 FLOOR_REASON = "below the fidelity floor: "
+#: How the reason of a trial within the drop whose inputs broke past the tail guard's limit starts.
+TAIL_REASON = "tail: "
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,12 @@ class Objectives:
     names: tuple[ObjectiveName, ...]
     latency_batch: int
     allowed_drop: AllowedDrop
+    #: How many inputs may break against the unoptimized model (:mod:`pipeline.core.input_agreement`).
+    tail: TailGuard = TailGuard()
 
     @classmethod
     def create(cls, spec: ModelSpec, names: Sequence[str], max_drop: AllowedDrop | str | float,
-               latency_batch: int | None = None) -> Objectives:
+               latency_batch: int | None = None, tail: TailGuard = TailGuard()) -> Objectives:
         unknown = [n for n in names if n not in OBJECTIVE_NAMES]
         if unknown or not names or len(set(names)) != len(names):
             raise ConfigError(f"objectives must be distinct names from {', '.join(OBJECTIVE_NAMES)}; got {list(names)}")
@@ -129,7 +134,7 @@ class Objectives:
                               f"or a relative one such as 1%")
         batch = latency_batch if latency_batch is not None else spec.latency_batch_sizes[0]
         return cls(spec=spec, names=tuple(names), latency_batch=batch,  # type: ignore[arg-type]
-                   allowed_drop=allowed)
+                   allowed_drop=allowed, tail=tail)
 
     @property
     def latency_key(self) -> str:
@@ -167,7 +172,7 @@ class Objectives:
         """The metrics a user reads first: the task metric, its drop, the objective latency,
         the speed-up and the size (MLflow logs the others under ``detail.``)."""
         return (self.spec.metric.name, "metric_drop", "metric_drop_ci_low", "metric_drop_ci_high",
-                "metric_drop_relative", self.latency_key, "speedup", "size_bytes")
+                "metric_drop_relative", *HEADLINE_INPUT_METRICS, self.latency_key, "speedup", "size_bytes")
 
     def values(self, report: ModelReport, latency_ms: float | None = None) -> tuple[float, ...]:
         """The objective values; ``latency_ms``: the latency objective (the paired one, see :meth:`trial_metrics`)."""
@@ -218,8 +223,9 @@ class Objectives:
         check uses (the trial's tag, the Optuna constraint, the runtime sweep). ``unstable``: why the
         trial's paired latency is not trusted (:mod:`pipeline.core.paired`). ``extras``: the trial's
         extra metrics, checked against the spec's fidelity floors (:mod:`pipeline.core.fidelity_floor`) at
-        this drop's share of the baseline metric (a stricter drop, a higher floor); a trial below one is
-        infeasible with the floor as its reason, its constraint positive. A trial within the drop whose latency is
+        this drop's share of the baseline metric (a stricter drop, a higher floor) and against the tail guard (the
+        share of inputs that broke, :mod:`pipeline.core.input_agreement`); a trial that fails one is
+        infeasible with the floor or the tail as its reason, its constraint positive. A trial within the drop whose latency is
         unstable is *feasible* (its metric is fine; the verdict's ``unstable`` says why it is kept off the front)
         while its Optuna constraint is positive, so ``study.best_trials`` leaves it out."""
         drop = self.drop(baseline, metric_value)
@@ -227,10 +233,12 @@ class Objectives:
         constraint = drop - allowed
         share = allowed / abs(baseline.metric_value) if baseline.metric_value else None
         floors = floor_failures(self.spec, extras or {}, share) if self.spec.fidelity_floors else []
-        if floors and constraint <= 0:
-            return DropVerdict(False, max(constraint, 0.0) + UNSTABLE_CONSTRAINT,
-                               FLOOR_REASON + "; ".join(floors), unstable and f"latency unstable: {unstable}",
-                               -constraint)
+        guards = [FLOOR_REASON + "; ".join(floors)] if floors else []
+        if (tail := self.tail.failure(extras or {})) is not None:
+            guards.append(TAIL_REASON + tail)
+        if guards and constraint <= 0:
+            return DropVerdict(False, max(constraint, 0.0) + UNSTABLE_CONSTRAINT, "; ".join(guards),
+                               unstable and f"latency unstable: {unstable}", -constraint)
         if constraint <= 0 and unstable is None:
             return DropVerdict(True, constraint, None, headroom=-constraint)
         unstable = f"latency unstable: {unstable}" if unstable is not None else None

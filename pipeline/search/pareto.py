@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from pipeline.core.input_agreement import cell as inputs_cell
 from pipeline.core.report import format_bytes
 from pipeline.core.word_table import WordTable
 from pipeline.engine.recipe import Recipe
@@ -69,6 +70,9 @@ class ParetoRow:
     #: 95% paired bootstrap interval of the metric drop (NaN: not computed), and whether it straddles the allowed drop.
     drop_ci: tuple[float, float] = (math.nan, math.nan)
     uncertain: bool = False
+    #: Its inputs against the unoptimized model's, short (:func:`pipeline.core.input_agreement.cell`; empty: not
+    #: measured).
+    inputs: str = ""
 
     @property
     def outside(self) -> bool:
@@ -109,6 +113,7 @@ def trial_row(trial: FrozenTrial, objectives: Objectives, exports: str = "") -> 
         short=short_recipe(recipe.stages, recipe.runtime) if recipe is not None else "",
         drop_ci=stored_interval(metrics),
         uncertain=bool(trial.user_attrs.get(ATTR_UNCERTAIN)),
+        inputs=inputs_cell(metrics),
     )
 
 
@@ -202,6 +207,9 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
     table.add_column("trial", justify="right")
     table.add_column(metric.replace("_", " "), justify="right")
     table.add_column("drop [95% CI]", justify="right")
+    inputs = any(row.inputs for row in rows)
+    if inputs:
+        table.add_column("inputs vs unoptimized", justify="right")
     table.add_column(f"p50 ms b{objectives.latency_batch}", justify="right")
     table.add_column("speed-up [95% CI] ~ tied with", justify="right")
     table.add_column("re-timed", justify="right")
@@ -211,13 +219,14 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
     if baseline is not None:
         timed_again = any(math.isfinite(r.remeasured) for r in rows)
         table.add_row("-" if baseline.trial is None else str(baseline.trial), f"{baseline.metric_value:.4f}",
-                      f"{0.0:+.4f}", f"{baseline.latency_ms:.3f}", "1.00x", "1.00x" if timed_again else "-",
-                      format_bytes(baseline.size_bytes), "baseline", "", style="dim")
+                      f"{0.0:+.4f}", *(["-"] if inputs else []), f"{baseline.latency_ms:.3f}", "1.00x",
+                      "1.00x" if timed_again else "-", format_bytes(baseline.size_bytes), "baseline", "", style="dim")
     for row in rows:
         table.add_row(
             str(row.trial),
             f"{row.metric:.4f}",
             drop_text(row.drop, row.drop_ci) + (f" {UNCERTAIN}" if row.uncertain else ""),
+            *([row.inputs or "-"] if inputs else []),
             f"{row.latency_ms:.3f}",
             speedup_cell(row) + (f" ~ {', '.join(map(str, row.ties))}" if row.ties else ""),
             remeasured_cell(row),
@@ -236,6 +245,7 @@ def table_columns(rows: Sequence[ParetoRow], objectives: Objectives) -> dict[str
         "metric_drop": [round(r.drop, 4) for r in rows],
         "metric_drop_95ci": [drop_text(r.drop, r.drop_ci).partition(" ")[2] for r in rows],
         "uncertain": [r.uncertain for r in rows],
+        "inputs": [r.inputs for r in rows],
         objectives.latency_key: [round(r.latency_ms, 3) for r in rows],
         "latency_95ci": [latency_cell(replace(r, ties=())).partition(" ")[2] for r in rows],
         "tied_with": [", ".join(map(str, r.ties)) for r in rows],

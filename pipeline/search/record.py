@@ -38,6 +38,7 @@ from pipeline.search.objectives import (
     ATTR_TRACEBACK,
     ATTR_UNCERTAIN,
     FLOOR_REASON,
+    TAIL_REASON,
     TRACEBACK_CHARS,
     DropVerdict,
 )
@@ -47,10 +48,21 @@ from pipeline.search.screening import SCREENED_OUT
 from pipeline.tracking.views import namespace_metrics
 
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
+#: How the reason of a trial within the drop that a guard rules out starts (a fidelity floor, the tail guard).
+GUARD_REASONS = (FLOOR_REASON, TAIL_REASON)
 #: What decided a trial (its line says it): the latency probe alone (not scored), a subset of the evaluation
 #: data, or the full evaluation.
 PROBE_FIDELITY, FULL_FIDELITY = "latency probe", "full evaluation"
 ATTR_FIDELITY = "paretorch.fidelity"
+#: The trial's worst inputs against the unoptimized model (a list of ``{index, cosine | flip | abs_error, broken,
+#: text}``), and the file that holds them in its MLflow run and its front folder.
+ATTR_WORST_INPUTS = "paretorch.worst_inputs"
+WORST_INPUTS_FILE = "worst_inputs.json"
+
+
+def worst_inputs_text(rows: Collection[Mapping[str, Any]]) -> str:
+    """:data:`WORST_INPUTS_FILE`'s text: the rows, worst first, one JSON list."""
+    return json.dumps(list(rows), indent=1, ensure_ascii=False) + "\n"
 #: The MLflow param beside a resolved one that keeps what the trial asked for (``export.onnx.fusions.requested``).
 REQUESTED_SUFFIX = ".requested"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
@@ -96,6 +108,8 @@ class TrialRecord:
     tables: dict[str, str] = field(default_factory=dict)
     #: What decided it: :data:`PROBE_FIDELITY`, a subset (``subset 256 of 1797 rows``) or :data:`FULL_FIDELITY`.
     fidelity: str | None = None
+    #: The inputs that agree least with the unoptimized model, worst first (:mod:`pipeline.core.input_agreement`).
+    worst_inputs: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         # Reasons and tracebacks quote third-party messages (a compiler's coloured error): stored and printed plain.
@@ -137,6 +151,8 @@ class TrialRecord:
             attrs[ATTR_UNCERTAIN] = True
         if self.fidelity is not None:
             attrs[ATTR_FIDELITY] = self.fidelity
+        if self.worst_inputs:
+            attrs[ATTR_WORST_INPUTS] = list(self.worst_inputs)
         attrs[ATTR_FEASIBLE] = bool(self.feasible)
         reason = self.reason()
         if reason is not None:
@@ -155,7 +171,7 @@ class TrialRecord:
         if self.state == FAIL:
             return f"failed: {failure_line(self.error or '?')[:300]}"
         if self.over_drop is not None:
-            return self.over_drop if self.over_drop.startswith(FLOOR_REASON) else (
+            return self.over_drop if self.over_drop.startswith(GUARD_REASONS) else (
                 f"over the allowed drop: {self.over_drop}")
         return self.latency_unstable
 
@@ -196,6 +212,7 @@ class TrialRecord:
             latency_unstable=attrs.get(ATTR_LATENCY_UNSTABLE),
             uncertain=bool(attrs.get(ATTR_UNCERTAIN, False)),
             fidelity=attrs.get(ATTR_FIDELITY),
+            worst_inputs=tuple(attrs.get(ATTR_WORST_INPUTS, ())),
         )
 
     # ------------------------------------------------------------------ MLflow
@@ -260,6 +277,8 @@ class TrialRecord:
 
     def texts(self) -> dict[str, str]:
         texts = dict(self.tables)
+        if self.worst_inputs:
+            texts[WORST_INPUTS_FILE] = worst_inputs_text(self.worst_inputs)
         if self.state == FAIL and self.error:
             texts["traceback.txt"] = self.error
         return texts
@@ -289,6 +308,6 @@ class TrialOutcome:
 
 def _over_drop(reason: str | None) -> str | None:
     prefix = "over the allowed drop: "
-    if reason and reason.startswith(FLOOR_REASON):
+    if reason and reason.startswith(GUARD_REASONS):
         return reason
     return reason.removeprefix(prefix) if reason and reason.startswith(prefix) else None

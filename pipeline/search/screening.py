@@ -36,10 +36,19 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from pipeline.core.input_agreement import SCREEN_FACTOR
 from pipeline.core.evaluate import ModelReport
 from pipeline.core.stage import StageConfig
 from pipeline.engine.recipe import configs_to_json
-from pipeline.search.objectives import ATTR_CONFIGS, ATTR_FEASIBLE, ATTR_METRICS, ATTR_RECIPE, Baseline, Objectives
+from pipeline.search.objectives import (
+    ATTR_CONFIGS,
+    ATTR_FEASIBLE,
+    ATTR_METRICS,
+    ATTR_RECIPE,
+    TAIL_REASON,
+    Baseline,
+    Objectives,
+)
 
 #: Trial user attr: what the screen measured and decided (:meth:`Screened.attrs`).
 ATTR_SCREEN = "paretorch.screen"
@@ -255,6 +264,8 @@ class Screening:
         latency = report.latency_p50(self.objectives.latency_batch) if runtime == SCREEN_RUNTIME else None
         margin = self.policy.margin(allowed, recoveries(trials, plan.key))
         reason = self.policy.reason(drop, latency, allowed, margin, front_points(trials, self.objectives.measured_key))
+        if reason is None and (tail := self.objectives.tail.failure(report.extra, SCREEN_FACTOR)) is not None:
+            reason = f"{TAIL_REASON}{tail}"
         if reason is None and self.clock is not None and (capped := self.clock.over(stages)) is not None:
             reason = f"{capped}; the full cost is not paid"
         return Screened(plan.key, report.metric_value, drop, latency, margin, seconds, reason)

@@ -20,6 +20,9 @@ from torch import Tensor
 from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.evaluate import Known
+from pipeline.core.fidelity import infer_output_kind
+from pipeline.core.input_agreement import Reference
+from pipeline.core.noise_floor import NoiseFloor, noise_floor
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason
 from pipeline.core.paths import cache_dir, results_dir
@@ -69,6 +72,8 @@ from pipeline.search.study_parts import StudyParts
 
 #: Study user attr: the unoptimized model's self-check (pipeline.core.self_check), measured once per study.
 ATTR_SELF_CHECK = "self_check"
+#: Study user attr: the metric's noise floor (:class:`pipeline.core.noise_floor.NoiseFloor`), measured once.
+ATTR_NOISE_FLOOR = "paretorch.noise_floor"
 #: Study user attr: what pays on this machine (pipeline.core.machine_probe), measured once per study.
 ATTR_MACHINE_PROBE = "machine_probe"
 
@@ -107,11 +112,14 @@ class Prepared:
     presets_line: str | None = None
     #: What pays on this machine (:mod:`pipeline.core.machine_probe`).
     probe_line: str | None = None
+    #: The metric at its noise floor (:mod:`pipeline.core.noise_floor`; None: it is not).
+    noise_line: str | None = None
 
     def lines(self) -> list[str]:
-        """The lines to print, in order: the self-check, the stages' changes, the machine probe, the presets."""
-        return [line for line in (self.self_check_line, self.stages_line, self.probe_line, self.presets_line)
-                if line]
+        """The lines to print, in order: the self-check, the noise floor, the stages' changes, the machine probe, the
+        presets."""
+        return [line for line in (self.self_check_line, self.noise_line, self.stages_line, self.probe_line,
+                                  self.presets_line) if line]
 
 
 class Search:
@@ -134,7 +142,8 @@ class Search:
         unknown = sorted(set(config.disabled) - stage_names)
         if unknown:
             raise ConfigError(f"cannot disable {unknown}: the pipeline's stage nodes are {sorted(stage_names)}")
-        self.objectives = Objectives.create(spec, config.objectives, config.max_drop, config.latency_batch)
+        self.objectives = Objectives.create(spec, config.objectives, config.max_drop, config.latency_batch,
+                                            config.tail_guard())
         possible = available_runtimes(device)
         self.runtimes = possible if config.runtimes == ALL_RUNTIMES else [r for r in config.runtimes if r in possible]
         if not self.runtimes:
@@ -272,8 +281,22 @@ class Search:
                 latency=self.latency.settings,  # the settings the paired rounds use: one budget
                 batch_sizes=self.latency_batch_sizes(),
                 work_dir=results_dir() / "work" / self.study_name,
+                reference=lambda: self.input_reference,
             )
         return self._runner
+
+    @cached_property
+    def reference(self) -> Callable[[], tuple[Tensor, Tensor]]:
+        """The unoptimized model's outputs and the targets over the evaluation, computed on first use and kept: the
+        self-check, the baseline and every trial's per-input view read this one pass."""
+        return lazy_reference(self.runner.model, self.spec, self.device)
+
+    @cached_property
+    def input_reference(self) -> Reference:
+        """What every trial is compared with input by input (:mod:`pipeline.core.input_agreement`)."""
+        outputs, _ = self.reference()
+        kind = self.spec.output_kind if self.spec.output_kind != "auto" else infer_output_kind(outputs)
+        return Reference(outputs, kind, self.config.tail_cosine)
 
     @cached_property
     def rules(self) -> RuleOut:
@@ -293,7 +316,7 @@ class Search:
         the self-check and of the presets enqueued (None where there were none)."""
         presets_line: str | None = None
         with self.lock():  # workers starting together measure and enqueue once
-            reference = lazy_reference(self.runner.model, self.spec, self.device)
+            reference = self.reference
             self_check_line = self.check_model(study, reference)
             stored = study.user_attrs.get(ATTR_BASELINE)
             if stored is not None:
@@ -303,6 +326,7 @@ class Search:
                 baseline = self.objectives.baseline_from(result.report, trial=None)
                 study.set_user_attr(ATTR_BASELINE, json.loads(baseline.to_json()))
             self.objectives.threshold(baseline)  # a relative drop of a baseline <= 0 fails here, before any trial
+            noise_line = self.check_noise_floor(study, baseline)
             self.machine = self.probe_machine(study)
             if not study.trials:
                 self.enqueue(study, SeedRecipe(name="baseline"))
@@ -316,7 +340,23 @@ class Search:
             for seed in self.extra_seeds:
                 self.enqueue(study, seed)
         return Prepared(baseline, self_check_line=self_check_line, presets_line=presets_line,
-                        probe_line=self.machine.describe())
+                        probe_line=self.machine.describe(), noise_line=noise_line)
+
+    def check_noise_floor(self, study: optuna.Study, baseline: Baseline) -> str | None:
+        """The stored noise floor of the study's metric, or measure it now (:mod:`pipeline.core.noise_floor`): its
+        warning line, None when the metric is above it."""
+        stored = study.user_attrs.get(ATTR_NOISE_FLOOR)
+        if stored is not None:
+            floor = NoiseFloor(**stored)
+        else:
+            check = study.user_attrs.get(ATTR_SELF_CHECK)
+            spread = SelfCheck(**check).spread if check is not None else 0.0
+            floor = noise_floor(self.runner.model, self.spec.evaluation(), self.spec.metric, self.device,
+                                self.reference(), self.input_reference.output_kind, spread,
+                                self.objectives.threshold(baseline),
+                                lambda: torch.bfloat16 in capabilities(self.device).reduced_dtypes)
+            study.set_user_attr(ATTR_NOISE_FLOOR, floor.to_dict())
+        return floor.line(self.spec.metric.name)
 
     def probe_machine(self, study: optuna.Study) -> MachineProbe:
         """What pays here (:mod:`pipeline.core.machine_probe`), stored on the study: a resumed one reads the same."""

@@ -3,8 +3,9 @@
 For a metric whose rows are units of their own (:attr:`pipeline.core.spec.Metric.rowwise`: accuracy), the
 first evaluation batches holding :data:`SUBSET_SHARE` of the rows (at least :data:`SUBSET_MIN_ROWS`) score the
 trial and the unoptimized model alike, and the paired bootstrap (:mod:`pipeline.core.bootstrap`) gives the drop's
-95 % interval on them. A trial whose interval lies wholly above the allowed drop cannot be feasible: it ends
-there, pruned with its subset drop and the rows that decided it, and never gets the full evaluation. Every other
+95 % interval on them. A trial whose interval lies wholly above the allowed drop cannot be feasible, nor one whose
+inputs broke past the tail guard's limit with confidence (:meth:`pipeline.core.input_agreement.TailGuard.subset_failure`):
+it ends there, pruned with its subset drop and the rows that decided it, and never gets the full evaluation. Every other
 trial is scored in full, so a front trial always is. An evaluation set smaller than :data:`SUBSET_MIN_ROWS` /
 :data:`SUBSET_SHARE` rows is scored in full at once (the subset would save little). The unoptimized model's
 subset outputs are computed once per process.
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from pipeline.core.bootstrap import drop_interval
 from pipeline.core.evaluate import evaluation_outputs, scoring_chunks
+from pipeline.core.input_agreement import COSINE_FLOOR, InputAgreement, TailGuard
 from pipeline.core.spec import LabelledBatch, ModelSpec
 
 #: The share of the evaluation rows a subset holds.
@@ -76,27 +78,33 @@ class SubsetJudge:
     """Scores trials on one study's subset (see the module docstring)."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, plan: SubsetPlan,
-                 baseline: Callable[..., Tensor]) -> None:
+                 baseline: Callable[..., Tensor], tail: TailGuard | None = None,
+                 output_kind: Callable[[], str] = lambda: "logits", cosine_floor: float = COSINE_FLOOR) -> None:
         self.spec = spec
         self.device = device
         self.plan = plan
         self._baseline = baseline
-        self._reference: tuple[float, Sequence[float]] | None = None
+        #: The tail guard, checked on the subset too (None: not checked); ``output_kind``: the study's, resolved.
+        self.tail = tail
+        self._kind = output_kind
+        self._floor = cosine_floor
+        self._reference: tuple[float, Sequence[float], Tensor] | None = None
 
-    def _score(self, fn: Callable[..., Tensor], runtime: str, batch_size: int) -> tuple[float, list[float]]:
+    def _score(self, fn: Callable[..., Tensor], runtime: str, batch_size: int) -> tuple[float, list[float], Tensor]:
         chunk, mask = scoring_chunks(self.spec, runtime, (batch_size,))
         outputs, targets = evaluation_outputs(fn, self.plan.batches, self.device, chunk, mask)
         metric = self.spec.metric
         assert metric.resampled is not None  # subset_plan checked it
-        return float(metric.compute(outputs, targets).item()), metric.resampled(outputs, targets).tolist()
+        return (float(metric.compute(outputs, targets).item()), metric.resampled(outputs, targets).tolist(),
+                outputs)
 
     def judge(self, fn: Callable[..., Tensor], runtime: str, batch_size: int, allowed: float) -> SubsetVerdict:
         """``fn`` (prepared for ``runtime``) against the unoptimized model on the subset, judged against the
-        ``allowed`` absolute drop."""
+        ``allowed`` absolute drop, and by the tail guard: its inputs against the unoptimized model's."""
         if self._reference is None:
             self._reference = self._score(self._baseline, "eager", batch_size)
-        base_value, base_resamples = self._reference
-        value, resamples = self._score(fn, runtime, batch_size)
+        base_value, base_resamples, base_outputs = self._reference
+        value, resamples, outputs = self._score(fn, runtime, batch_size)
         metric = self.spec.metric
         drop = metric.drop(base_value, value)
         interval = drop_interval(base_resamples, resamples, metric.higher_is_better)
@@ -104,4 +112,7 @@ class SubsetJudge:
         if interval is not None and interval[0] > allowed:
             over = (f"{OVER_ON_SUBSET} ({self.plan.fidelity}): drop {drop:.4f} [{interval[0]:+.4f}, "
                     f"{interval[1]:+.4f}] > allowed {allowed:.4g}; not scored in full")
+        elif self.tail is not None:
+            agreement = InputAgreement.of(outputs, base_outputs, self._kind(), self._floor)
+            over = self.tail.subset_failure(agreement, self.plan.fidelity)
         return SubsetVerdict(drop, interval, self.plan.fidelity, over)

@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.progress import Progress
 
+from pipeline.core.input_agreement import describe as describe_inputs
 from pipeline.core.device import describe
 from pipeline.engine.short_recipe import short_recipe
 from pipeline.search.best import best_trials
@@ -84,7 +85,8 @@ class TrialLogger:
             unstable = f" | {record.latency_unstable} (off the front)" if record.latency_unstable else ""
             drop = drop_text(values.get("metric_drop", 0), stored_interval(values))
             uncertain = f" {UNCERTAIN}" if record.uncertain else ""
-            return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {drop}){uncertain} | "
+            inputs = f" | {text}" if (text := describe_inputs(values)) else ""
+            return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {drop}){uncertain}{inputs} | "
                     f"{speedup_text(values)} | {self._recipe(record)} [{record.seconds.get('trial', 0.0):.1f} s, "
                     f"{self._decided(record)}cache {record.cache.get('hits', 0)} hit(s)]{unstable}")
         asked = short_recipe(list(record.configs.values()), record.runtime)  # what it tried: the recipe it named

@@ -88,8 +88,11 @@ class TrialObjective:
                             lambda: {name: tally.seconds for name, tally in parts.runner.stage_tallies.items()})
         plan = subset_plan(parts.spec)
         #: Scores a trial on a subset of the evaluation first (pipeline.search.subset); None: always in full.
-        self.subset = None if plan is None else SubsetJudge(parts.spec, parts.device, plan,
-                                                             lambda *inputs: parts.latency.baseline()(*inputs))
+        self.subset = None if plan is None else SubsetJudge(
+            parts.spec, parts.device, plan, lambda *inputs: parts.latency.baseline()(*inputs),
+            None if parts.runner.reference is None else parts.objectives.tail,
+            lambda: parts.runner.reference().output_kind if parts.runner.reference else "logits",
+            parts.config.tail_cosine)
         self.screening = Screening(parts.objectives, lambda configs, runtime: parts.runner.run(
             configs, runtime, exports=False).report, self.exports, clock=clock)
 
@@ -272,6 +275,7 @@ class TrialObjective:
             cache={"hits": result.cache_hits + staged.cache_hits, "misses": result.cache_misses + staged.cache_misses},
             feasible=verdict.feasible, over_drop=verdict.reason, latency_unstable=verdict.unstable,
             uncertain=verdict.uncertain, tables=sensitivity_tables(result.nodes), fidelity=FULL_FIDELITY,
+            worst_inputs=report.worst_inputs,
         )
         values = parts.objectives.values(report, metrics[parts.objectives.latency_key])
         return TrialOutcome(record, values=values, verdict=verdict)
