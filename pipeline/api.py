@@ -34,6 +34,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, is_export
+from pipeline.core.text_batches import TextBatches
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.deliver import deliver
 from pipeline.engine.deployment import deploy_stage, load_weights, open_file, read_deployment, rebuild_configs
@@ -103,7 +104,9 @@ def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.
     saved weights loaded strictly over the result (:mod:`pipeline.engine.deployment`: no file in the folder
     runs code on load), then the stage's ``deploy`` builds the callable. A folder of a recipe whose runtime runs
     a file (``onnxruntime``, ``openvino``) holds that file instead: it is opened in the recipe's runtime and called
-    per length group (a :class:`pipeline.core.length_groups.GroupedEncoder`, the same token-list contract)."""
+    per length group (a :class:`pipeline.core.length_groups.GroupedEncoder`, the same token-list contract). Either
+    takes strings too: ``encoder.encode(texts, batch_size=32)`` tokenizes with the spec's ``encode_text``, sorts a
+    corpus by length, tokenizes a batch ahead while the model runs, and returns the rows in input order."""
     deployment = read_deployment(directory)
     recipe = deployment.recipe
     stage = deploy_stage(recipe.stages)
@@ -116,8 +119,16 @@ def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.
         if runtime not in (None, recipe.runtime):
             raise ConfigError(f"{directory} holds the file runtime {recipe.runtime} ran: load it without runtime= "
                               f"(or with runtime={recipe.runtime!r})")
-        return open_file(deployment, spec, device)
+        return with_tokenizer(open_file(deployment, spec, device), spec)
     weights = deployment.weights
     model = run_chain(load_model(spec), rebuild_configs(recipe.stages), StageContext(spec, device)).model
     load_weights(model, weights, device)
-    return stage.deploy(model.eval(), device, runtime or recipe.runtime)
+    return with_tokenizer(stage.deploy(model.eval(), device, runtime or recipe.runtime), spec)
+
+
+def with_tokenizer(encoder: Any, spec: ModelSpec) -> Any:
+    """``encoder`` with the spec's text encoder set, so that ``encoder.encode(texts)`` takes strings
+    (:class:`pipeline.core.text_batches.TextBatches`; an encoder of another kind is returned as it is)."""
+    if isinstance(encoder, TextBatches) and spec.encode_text is not None:
+        encoder.encode_text = spec.encode_text
+    return encoder

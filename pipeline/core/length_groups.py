@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from pipeline.core.text_batches import TextBatches
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.padding import cut_to, longest
 from pipeline.core.spec import Batch
@@ -95,11 +96,12 @@ def check_token_lists(token_lists: Sequence[Sequence[int]], max_length: int) -> 
                          "(a tokenizer's input_ids, without padding)")
 
 
-class GroupedEncoder:
+class GroupedEncoder(TextBatches):
     """A pack recipe's exported file as a deployment calls it, with :class:`stages.pack.deploy.PackedEncoder`'s
     contract: ``encoder(token_lists)`` (token id lists without padding, each 1 to ``max_length`` ids) or
     ``encoder.padded(input_ids, attention_mask)`` (a right-padded host batch); one ``(B, dim)`` float32 host row per
-    text. The file takes ``(input_ids, attention_mask)`` and runs per length group (``grouped``)."""
+    text. The file takes ``(input_ids, attention_mask)`` and runs per length group (``grouped``). Strings in:
+    :meth:`~pipeline.core.text_batches.TextBatches.encode`, once ``encode_text`` is set."""
 
     def __init__(self, grouped: LengthGrouped, max_length: int, pad_id: int = 0) -> None:
         if grouped.mask_index != 1:

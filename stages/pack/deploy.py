@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from pipeline.core.length_groups import check_token_lists
 from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
+from pipeline.core.text_batches import TextBatches
 from stages.pack.layout import HostPacked, pack_padded, pack_token_lists
 from stages.pack.packed import PackedBert
 
@@ -48,11 +49,13 @@ class PackedTokens(nn.Module):
         return self.packed.forward_packed(buffer, tokens, width)
 
 
-class PackedEncoder:
+class PackedEncoder(TextBatches):
     """A pack recipe's model as a deployment calls it (the module docstring has the input contract).
 
     ``model``: the recipe's model (a :class:`PackedBert`, e.g. ``run_chain(model, recipe.stages, ctx).model``);
-    ``runtime``: the recipe's runtime (:data:`DEPLOY_RUNTIMES`)."""
+    ``runtime``: the recipe's runtime (:data:`DEPLOY_RUNTIMES`). Strings in: :meth:`~TextBatches.encode` (a corpus
+    sorted by length, tokenized a batch ahead, rows in input order) once ``encode_text`` is set, as
+    :func:`pipeline.api.load_deployment` does."""
 
     def __init__(self, model: nn.Module, device: torch.device | str, runtime: str = "eager") -> None:
         if not isinstance(model, PackedBert):

@@ -53,10 +53,18 @@ def build():
     return PooledEmbedding(BertModel(config), pooling="mean").eval()
 
 
+def encode_text(texts):
+    """A toy tokenizer: one id per character (1-99), [CLS]-like 1 first, padded to the longest text."""
+    lists = [[1, *(2 + ord(c) % 97 for c in text[:15])] for text in texts]
+    width = max(len(ids) for ids in lists)
+    ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in lists])
+    return ids, (ids > 0).long()
+
+
 def spec():
     return fidelity_spec("tiny_bert", build, lambda rows: (IDS[:rows] * MASK[:rows], MASK[:rows]),
                          lambda: [(IDS * MASK, MASK)], lambda: [(IDS * MASK, MASK)], latency_batch_sizes=(4,),
-                         padding_mask=1)
+                         padding_mask=1, encode_text=encode_text)
 '''
 
 
@@ -101,6 +109,20 @@ def test_apply_writes_what_load_deployment_rebuilds(spec_file: Path, tmp_path: P
     assert torch.equal(encoder(lists), replayed(lists)), "the saved weights are the applied model's"
     tolerance = FP32_TOLERANCE if len(stages) == 1 else 0.1 * float(padded.abs().max())
     assert max_diff(encoder(lists), padded) < tolerance
+
+
+def test_a_deployment_encodes_strings_in_input_order(spec_file: Path, tmp_path: Path) -> None:
+    """``encode(texts)``: the spec's tokenizer, the corpus sorted by length and batched, rows back in input order,
+    each the row its text gets alone."""
+    spec: ModelSpec = resolve_spec(f"{spec_file}:spec")
+    recipe = Recipe((PackConfig(),), runtime="eager", model=spec.name)
+    save_deployment(run_chain(spec.build(), recipe.stages, StageContext(spec, CPU)).model, recipe, tmp_path / "d")
+    encoder = load_deployment(tmp_path / "d", spec)
+    texts = ["a much longer sentence", "hi", "medium one", "x", "another long sentence here", "abc", "q"]
+    alone = torch.cat([encoder.padded(*spec.encode_text([text])) for text in texts])  # type: ignore[misc]
+    for batch_size in (1, 2, 3, 16):
+        assert max_diff(encoder.encode(texts, batch_size=batch_size), alone) < FP32_TOLERANCE, batch_size
+    assert max_diff(encoder.encode(texts, batch_size=2, sort=False, overlap=False), alone) < FP32_TOLERANCE
 
 
 def test_the_saved_weights_not_the_replay_make_the_rebuilt_model(spec_file: Path, tmp_path: Path) -> None:

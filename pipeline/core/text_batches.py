@@ -1,0 +1,74 @@
+"""Strings in, outputs out, for a whole corpus: what a deployed text encoder's ``encode`` does.
+
+:class:`TextBatches` is the base of the deployments' encoders (:class:`stages.pack.deploy.PackedEncoder`,
+:class:`pipeline.core.length_groups.GroupedEncoder`). Given the model's text encoder (the spec's ``encode_text``: its
+fast tokenizer's batch call, padded to each batch's longest text; :func:`pipeline.api.load_deployment` sets it),
+:meth:`TextBatches.encode`:
+
+* sorts the corpus by length, longest first (characters, as sentence-transformers' ``encode`` does), so each batch
+  pads little, and returns one output row per input **in the input's order**;
+* tokenizes a batch ahead in a worker thread while the model runs the current one (the fast tokenizer and torch
+  both release the GIL), so a batch costs about the longer of the two, not their sum;
+* copies each batch's outputs to the host as float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import Tensor
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.spec import Batch
+
+#: Texts per batch when the caller does not say (sentence-transformers' default).
+BATCH_SIZE = 32
+
+
+class TextBatches:
+    """The ``encode`` of a deployed encoder whose ``padded(input_ids, attention_mask)`` runs one host batch."""
+
+    #: texts -> the model's ``(input_ids, attention_mask)`` host batch, padded to its longest text (None: unknown).
+    encode_text: Callable[[Sequence[str]], Batch] | None = None
+
+    def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def encode(self, texts: Sequence[str], batch_size: int = BATCH_SIZE, *, sort: bool = True,
+               overlap: bool = True) -> Tensor:
+        """One ``(len(texts), dim)`` float32 host row per text, in the order given. ``sort``: batch the texts
+        longest first (off: in the order given); ``overlap``: tokenize the next batch while the model runs."""
+        if self.encode_text is None:
+            raise ConfigError("this encoder has no tokenizer: load it with pipeline.api.load_deployment(folder, spec), "
+                              "whose spec sets encode_text")
+        if isinstance(texts, str):
+            raise TypeError("encode takes a sequence of texts, not one string: encode([text])")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        texts = list(texts)
+        if not texts:
+            raise ValueError("encode needs at least one text")
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i])) if sort else list(range(len(texts)))
+        chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        encode_text = self.encode_text
+
+        def tokenized(chunk: list[int]) -> Batch:
+            return encode_text([texts[i] for i in chunk])
+
+        outputs: list[Tensor] = []
+        if overlap and len(chunks) > 1:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="paretorch-tokenize") as pool:
+                ahead = pool.submit(tokenized, chunks[0])
+                for number in range(len(chunks)):
+                    batch = ahead.result()
+                    if number + 1 < len(chunks):
+                        ahead = pool.submit(tokenized, chunks[number + 1])
+                    outputs.append(self.padded(batch[0], batch[1]))
+        else:
+            outputs = [self.padded(*tokenized(chunk)[:2]) for chunk in chunks]
+        ordered = torch.cat(outputs)
+        result = torch.empty_like(ordered)
+        result[torch.tensor(order)] = ordered
+        return result

@@ -1,0 +1,95 @@
+"""A deployed encoder's ``encode`` (pipeline.core.text_batches): rows back in input order, a batch tokenized ahead
+while the model runs (injected delays on both sides), and one clear error without a tokenizer."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+import torch
+from torch import Tensor
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.text_batches import TextBatches
+
+DELAY_S = 0.04
+
+
+class Recorded(TextBatches):
+    """Output row = (text length, sum of its ids); each side sleeps :data:`DELAY_S` and records when it ran."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.spans: dict[str, list[tuple[float, float]]] = {"tokenize": [], "model": []}
+        self.encode_text = self.tokenize
+        self.widths: list[int] = []
+
+    def tokenize(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        start = time.perf_counter()
+        time.sleep(self.delay)
+        width = max(len(t) for t in texts)
+        ids = torch.tensor([[1 + ord(c) for c in t] + [0] * (width - len(t)) for t in texts])
+        self.spans["tokenize"].append((start, time.perf_counter()))
+        return ids, (ids > 0).long()
+
+    def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        start = time.perf_counter()
+        time.sleep(self.delay)
+        self.widths.append(int(input_ids.shape[1]))
+        out = torch.stack([attention_mask.sum(1).float(), (input_ids * attention_mask).sum(1).float()], dim=1)
+        self.spans["model"].append((start, time.perf_counter()))
+        return out
+
+
+TEXTS = ["a fairly long sentence", "b", "ccc", "a sentence", "dd", "the longest sentence of them all", "e", "ffff"]
+
+
+def expected(texts: Sequence[str]) -> Tensor:
+    return torch.tensor([[len(t), sum(1 + ord(c) for c in t)] for t in texts], dtype=torch.float32)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8, 32])
+def test_a_sorted_corpus_comes_back_in_input_order(batch_size: int) -> None:
+    encoder = Recorded()
+    assert torch.equal(encoder.encode(TEXTS, batch_size=batch_size), expected(TEXTS))
+
+
+def test_sorting_batches_similar_lengths_together() -> None:
+    sorted_widths, given_widths = Recorded(), Recorded()
+    sorted_widths.encode(TEXTS, batch_size=2)
+    given_widths.encode(TEXTS, batch_size=2, sort=False)
+    assert sorted_widths.widths == sorted(sorted_widths.widths, reverse=True), "longest first"
+    assert sum(sorted_widths.widths) < sum(given_widths.widths), "less padding than in the given order"
+
+
+def test_the_next_batch_is_tokenized_while_the_model_runs() -> None:
+    encoder = Recorded(DELAY_S)
+    start = time.perf_counter()
+    out = encoder.encode(TEXTS, batch_size=1)
+    wall = time.perf_counter() - start
+    assert torch.equal(out, expected(TEXTS))
+    overlapping = sum(1 for t0, t1 in encoder.spans["tokenize"] for m0, m1 in encoder.spans["model"]
+                      if t0 < m1 and m0 < t1)
+    assert overlapping >= len(TEXTS) - 2, "every tokenization but the first ran beside a model call"
+    assert wall < 2 * DELAY_S * len(TEXTS), "below the sum of both sides' delays"
+    serial = Recorded(DELAY_S)
+    serial.encode(TEXTS, batch_size=1, overlap=False)
+    assert not any(t0 < m1 and m0 < t1 for t0, t1 in serial.spans["tokenize"] for m0, m1 in serial.spans["model"])
+
+
+def test_the_worker_thread_is_gone_after_encode() -> None:
+    Recorded().encode(TEXTS, batch_size=2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("paretorch-tokenize")]
+
+
+def test_without_a_tokenizer_or_with_bad_input_one_clear_error() -> None:
+    bare = Recorded()
+    bare.encode_text = None
+    with pytest.raises(ConfigError, match="load_deployment"):
+        bare.encode(TEXTS)
+    with pytest.raises(TypeError, match="not one string"):
+        Recorded().encode("one text")
+    with pytest.raises(ValueError, match="at least one text"):
+        Recorded().encode([])
