@@ -39,6 +39,8 @@ from experiments.bench.render_extra import (
     render_mlx_cuda,
 )
 from experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
+from experiments.bench.tail_guard import TAIL_GUARD_PREFIX
+from experiments.bench.tail_guard import render as render_tail_guard
 from experiments.bench.search_quality import render as render_search_quality
 from experiments.bench.timeline import render as render_timeline
 from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
@@ -181,7 +183,7 @@ SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     (RECOVERY_PREFIX, render_recovery), (FIDELITY_CHECK_PREFIX, render_fidelity_check), (BUSY_PREFIX, render_busy),
     (SEARCH_QUALITY_PREFIX, render_search_quality), (PACK_AGREEMENT_PREFIX, render_pack_agreement),
     (PROXY_VERDICT_PREFIX, render_proxy_verdict), (LENGTH_GROUPS_PREFIX, render_length_groups),
-    (PROBE_STABILITY_PREFIX, render_probe_stability))
+    (PROBE_STABILITY_PREFIX, render_probe_stability), (TAIL_GUARD_PREFIX, render_tail_guard))
 
 
 def render_markdown(folder: Path = RESULTS_DIR) -> str:

@@ -83,6 +83,8 @@ class TrialLogger:
             values = record.metrics
             metric = self.parts.spec.metric.name
             unstable = f" | {record.latency_unstable} (off the front)" if record.latency_unstable else ""
+            if record.feasible is False and record.over_drop:  # over the drop, under a floor, or a broken tail
+                unstable = f" | infeasible: {record.reason()}{unstable}"
             drop = drop_text(values.get("metric_drop", 0), stored_interval(values))
             uncertain = f" {UNCERTAIN}" if record.uncertain else ""
             inputs = f" | {text}" if (text := describe_inputs(values)) else ""

@@ -128,6 +128,7 @@ def test_every_trial_shows_its_inputs_on_its_line_and_names_its_worst(guarded: S
     line = next(line for line in output.splitlines() if line.startswith(f"trial {tail.number:3d} COMPLETE"))
     share = 100 * tail.user_attrs[ATTR_METRICS]["inputs_broken_share"]
     assert f"| inputs: flips {share:.1f} %, confident {share:.1f} % |" in line, line
+    assert f"| infeasible: {tail.user_attrs[ATTR_REASON]} <- tail" in line, "the line says why it is off the front"
     baseline_line = next(line for line in output.splitlines() if line.startswith("trial   0 COMPLETE"))
     assert "| inputs: flips 0.0 %, confident 0.0 % |" in baseline_line
     worst = tail.user_attrs[ATTR_WORST_INPUTS]
