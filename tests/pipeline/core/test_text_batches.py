@@ -3,6 +3,7 @@ while the model runs (injected delays on both sides), and one clear error withou
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -67,7 +68,7 @@ def test_sorting_batches_similar_lengths_together() -> None:
 def test_the_next_batch_is_tokenized_while_the_model_runs() -> None:
     encoder = Recorded(DELAY_S)
     start = time.perf_counter()
-    out = encoder.encode(TEXTS, batch_size=1)
+    out = encoder.encode(TEXTS, batch_size=1, overlap=True)
     wall = time.perf_counter() - start
     assert torch.equal(out, expected(TEXTS))
     overlapping = sum(1 for t0, t1 in encoder.spans["tokenize"] for m0, m1 in encoder.spans["model"]
@@ -79,8 +80,20 @@ def test_the_next_batch_is_tokenized_while_the_model_runs() -> None:
     assert not any(t0 < m1 and m0 < t1 for t0, t1 in serial.spans["tokenize"] for m0, m1 in serial.spans["model"])
 
 
+def test_overlap_by_default_only_where_a_core_is_spare(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert not Recorded().overlap_pays(), "one core for the model and the tokenizer: no overlap"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert Recorded().overlap_pays()
+    on_gpu = Recorded()
+    on_gpu.device = torch.device("cuda")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert on_gpu.overlap_pays(), "the accelerator runs the model"
+
+
 def test_the_worker_thread_is_gone_after_encode() -> None:
-    Recorded().encode(TEXTS, batch_size=2)
+    Recorded().encode(TEXTS, batch_size=2, overlap=True)
     assert not [t for t in threading.enumerate() if t.name.startswith("paretorch-tokenize")]
 
 
