@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.bench.busy import BUSY_PREFIX
+from experiments.bench.corpus import CORPUS_PREFIX
+from experiments.bench.corpus import render as render_corpus
 from experiments.bench.busy import render as render_busy
 from experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
 from experiments.bench.fidelity_check import render as render_fidelity_check
@@ -183,7 +185,8 @@ SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     (RECOVERY_PREFIX, render_recovery), (FIDELITY_CHECK_PREFIX, render_fidelity_check), (BUSY_PREFIX, render_busy),
     (SEARCH_QUALITY_PREFIX, render_search_quality), (PACK_AGREEMENT_PREFIX, render_pack_agreement),
     (PROXY_VERDICT_PREFIX, render_proxy_verdict), (LENGTH_GROUPS_PREFIX, render_length_groups),
-    (PROBE_STABILITY_PREFIX, render_probe_stability), (TAIL_GUARD_PREFIX, render_tail_guard))
+    (PROBE_STABILITY_PREFIX, render_probe_stability), (TAIL_GUARD_PREFIX, render_tail_guard),
+    (CORPUS_PREFIX, render_corpus))
 
 
 def render_markdown(folder: Path = RESULTS_DIR) -> str:
