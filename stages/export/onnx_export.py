@@ -97,8 +97,7 @@ def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -
         runner = _session(staged)
         runner.fixed_batch = fixed_batch
         comparison = compare_outputs(reference, runner.outputs(inputs))
-        require_close(comparison, lossy=quantized, what="onnxruntime output")
-        notes.append(f"onnxruntime (CPU) matches torch: {comparison.describe()}")
+        notes.append(require_close(comparison, lossy=quantized, what="onnxruntime (CPU)", spec=ctx.spec))
         metrics = {"onnx_max_abs_error": comparison.max_abs_error, "onnx_cosine": comparison.cosine}
         metrics.update(_measure(runner, ctx, config, fixed_batch))
     path = output_dir / name

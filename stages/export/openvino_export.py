@@ -149,8 +149,8 @@ def export_openvino(model: nn.Module, config: OpenVINOExportConfig, ctx: StageCo
         comparisons = [compare_outputs(ref, runner.outputs(inputs)) for ref, inputs in zip(references, (traced, other),
                                                                                          strict=True)]
         worst = min(comparisons, key=lambda c: c.cosine) if lossy else max(comparisons, key=lambda c: c.max_abs_error)
-        require_close(worst, lossy=lossy, what="OpenVINO output")
-        notes.append(f"OpenVINO ({runner.describe()}) matches torch at 2 shapes: {worst.describe()}")
+        notes.append(require_close(worst, lossy=lossy, what=f"OpenVINO ({runner.describe()}), at 2 shapes,",
+                                   spec=ctx.spec))
         metrics = {f"{PREFIX}_max_abs_error": worst.max_abs_error, f"{PREFIX}_cosine": worst.cosine}
         metrics.update(_measure(runner, ctx, config))
     path = output_dir / name

@@ -49,6 +49,7 @@ from torch import nn
 
 from pipeline.core.device import Capabilities, move_module
 from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
+from pipeline.core.length_groups import PACK
 from pipeline.core.mirror import ExportMirror
 from pipeline.core.model_facts import ModelFacts
 from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext, stage_for
@@ -161,11 +162,17 @@ PT2E_HINT = ("PT2E quantization traces the whole model with torch.export, which 
              "outside the graph (the pack stage's packing): quantize before it, or use int8_dynamic")
 
 
-def _quantize_error(config: QuantizeConfig, what: str, exc: Exception) -> InfeasibleConfig:
-    """One line: the library's first line (torch.export's errors run to dozens), with what to do for PT2E."""
+def _quantize_error(config: QuantizeConfig, what: str, exc: Exception,
+                    upstream: tuple[StageConfig, ...] = ()) -> InfeasibleConfig:
+    """One line: the library call that failed and its first line (torch.export's errors run to dozens); the PT2E
+    hint about packing only where the recipe packs before quantizing (``upstream``: the stages before this one)."""
     first = next((line for line in str(exc).splitlines() if line.strip()), "")
-    hint = f" ({PT2E_HINT})" if method(config.method).is_static and what == "quantization" else ""
-    return InfeasibleConfig(f"{config.method}: {what} failed: {type(exc).__name__}: {first}{hint}")
+    static = method(config.method).is_static
+    call = ("torch.export + the x86 inductor quantizer (prepare, calibrate, convert)" if static
+            else "torchao's quantize_") if what == "quantization" else "the quantized model's forward"
+    packed = any(c.stage == PACK for c in upstream)
+    hint = f" ({PT2E_HINT})" if static and what == "quantization" and packed else ""
+    return InfeasibleConfig(f"{config.method}: {what} failed in {call}: {type(exc).__name__}: {first}{hint}")
 
 
 def _select(model: nn.Module, config: QuantizeConfig, ctx: StageContext) -> LayerSelection:
@@ -216,14 +223,14 @@ def apply(model: nn.Module, config: QuantizeConfig, ctx: StageContext) -> nn.Mod
     except PipelineError:
         raise
     except Exception as exc:  # torchao / torch.export raise many types for unsupported models
-        raise _quantize_error(config, "quantization", exc) from exc
+        raise _quantize_error(config, "quantization", exc, ctx.upstream) from exc
     if not layers:
         raise InfeasibleConfig(f"{config.method}: every layer stays float: {_why_all_float(selection, config)}")
     try:
         with torch.no_grad():
             model(*ctx.example_inputs())
     except Exception as exc:  # a quantized model whose forward fails is an infeasible trial
-        raise _quantize_error(config, "forward of the quantized model", exc) from exc
+        raise _quantize_error(config, "forward of the quantized model", exc, ctx.upstream) from exc
     ctx.record("quantize.layers", layers)
     ctx.record("quantize.skipped", dict(selection.skipped))
     if calibrating:

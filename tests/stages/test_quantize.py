@@ -17,6 +17,7 @@ from pipeline.core.errors import ConfigError, InfeasibleConfig
 from pipeline.core.evaluate import compute_metric, serialized_size_bytes
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import StageContext, apply, config_from_dict
+from stages.pack.stage import PackConfig
 from stages.quantize import stage as quantize_stage
 from stages.quantize.layers import LayerSelection
 from stages.quantize.methods import METHODS, methods_on
@@ -244,7 +245,8 @@ def test_torchao_error_becomes_infeasible(
 
     monkeypatch.setattr(quantize_stage, "quantize_linear_layers", broken)
     with pytest.raises(
-        InfeasibleConfig, match="int8_dynamic: quantization failed: RuntimeError: no kernel for this shape"
+        InfeasibleConfig, match="int8_dynamic: quantization failed in torchao's quantize_: RuntimeError: no kernel "
+                                "for this shape"
     ):
         apply(residual_model, QuantizeConfig(method="int8_dynamic"), _ctx(residual_spec))
 
@@ -259,12 +261,30 @@ def test_a_model_torch_export_cannot_trace_is_one_line_with_what_to_do(
                            "Caused by: ...\nFor more information, run with TORCH_LOGS=dynamic")
 
     monkeypatch.setattr(quantize_stage, "quantize_static_pt2e", untraceable)
+    packed = dataclasses.replace(_ctx(residual_spec), upstream=(PackConfig(),))
+    with pytest.raises(InfeasibleConfig) as caught:
+        apply(residual_model, QuantizeConfig(method="int8_static_pt2e"), packed)
+    reason = str(caught.value)
+    assert "\n" not in reason and "TORCH_LOGS" not in reason
+    assert reason.startswith("int8_static_pt2e: quantization failed in torch.export + the x86 inductor quantizer "
+                             "(prepare, calibrate, convert): RuntimeError: Could not extract specialized")
+    assert "quantize before it, or use int8_dynamic" in reason
+
+
+def test_the_hint_names_only_stages_the_recipe_holds(
+    monkeypatch: pytest.MonkeyPatch, residual_model: nn.Module, residual_spec: ModelSpec
+) -> None:
+    """A recipe without pack (``int8s | ov`` on an encoder whose calibration fails) is not told to move the pack
+    stage: the reason names the library call that failed, and no stage the recipe does not hold."""
+    def calibration_fails(*_args: object) -> None:
+        raise RuntimeError("\"histogram_cpu\" not implemented for 'Int'")
+
+    monkeypatch.setattr(quantize_stage, "quantize_static_pt2e", calibration_fails)
     with pytest.raises(InfeasibleConfig) as caught:
         apply(residual_model, QuantizeConfig(method="int8_static_pt2e"), _ctx(residual_spec))
     reason = str(caught.value)
-    assert "\n" not in reason and "TORCH_LOGS" not in reason
-    assert reason.startswith("int8_static_pt2e: quantization failed: RuntimeError: Could not extract specialized")
-    assert "quantize before it, or use int8_dynamic" in reason
+    assert "pack" not in reason, reason
+    assert "torch.export + the x86 inductor quantizer" in reason and "histogram_cpu" in reason
 
 
 def test_int8_weight_only_shrinks_serialized_size(digits_model: nn.Module, digits_spec: ModelSpec) -> None:
