@@ -24,7 +24,7 @@ from pipeline.core.noise import median_ci
 from pipeline.core.paired import noise_line
 from pipeline.core.progress import phase
 from pipeline.core.stage import StageConfig
-from pipeline.search.objectives import ATTR_LATENCY_UNSTABLE, ATTR_METRICS, ATTR_REMEASURED
+from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS, ATTR_REMEASURED
 from pipeline.search.pareto import ParetoRow, distinct_front, pareto_rows
 from pipeline.search.record import TrialRecord
 from pipeline.search.study_parts import StudyParts
@@ -81,9 +81,10 @@ def with_remeasured(rows: Sequence[ParetoRow], measured: Mapping[int, Remeasured
 
 def machine_line(study: optuna.Study) -> str | None:
     """How noisy the study's machine was, from its complete trials' paired measurements
-    (:func:`pipeline.core.paired.noise_line`)."""
+    (:func:`pipeline.core.paired.noise_line`). Only a trial within the allowed drop (feasible) counts as kept off the
+    front by its timing: one over the drop is off it for its metric, whatever its timing."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    unstable = sum(1 for t in done if ATTR_LATENCY_UNSTABLE in t.user_attrs)
+    unstable = sum(1 for t in done if ATTR_LATENCY_UNSTABLE in t.user_attrs and t.user_attrs.get(ATTR_FEASIBLE))
     return noise_line([t.user_attrs.get(ATTR_METRICS, {}) for t in done], unstable)
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 import itertools
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
+import optuna
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -25,6 +27,7 @@ from pipeline.search.objectives import (
     ATTR_REMEASURED,
     CONSTRAINT_NAME,
 )
+from pipeline.search.front import machine_line
 from pipeline.search.pareto import pareto_rows, pareto_trials, table_columns
 from pipeline.tracking.tracker import TRIAL_TAG, experiment_name
 from tests.pipeline.search.conftest import run_on_fake_clock, trials_by_seed
@@ -128,3 +131,22 @@ def test_one_speedup_reaches_line_table_report_and_mlflow(paired_search: Search,
     assert len(runs) == 1
     assert runs[0].data.metrics["speedup"] == pytest.approx(stored)
     assert runs[0].data.metrics["speedup_remeasured"] == pytest.approx(2.0)
+
+
+def test_the_machine_line_counts_only_trials_within_the_drop_as_kept_off_for_timing(tmp_path: Path) -> None:
+    """A trial over the allowed drop whose timing was unstable is off the front for its metric: the machine line
+    does not say its "metric is within the drop" (issue 46: `prune sparse 0.1 | ort`, drop 0.078 over 0.01)."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'm.db'}", directions=["maximize", "minimize"])
+    paired = {"speedup_ci_width_pct": 10.0, "machine_load": 1.0, "machine_cores": 2.0}
+    for feasible in (False, False):
+        study.add_trial(optuna.trial.create_trial(
+            values=[0.9, 1.0], user_attrs={ATTR_METRICS: paired, ATTR_FEASIBLE: feasible,
+                                           ATTR_LATENCY_UNSTABLE: "timing not settled"}))
+    line = machine_line(study)
+    assert line is not None and "0 kept off the front (latency unstable)" in line
+    assert UNSTABLE_ADVICE not in line
+    study.add_trial(optuna.trial.create_trial(
+        values=[0.99, 1.0], user_attrs={ATTR_METRICS: paired, ATTR_FEASIBLE: True,
+                                        ATTR_LATENCY_UNSTABLE: "timing not settled"}))
+    line = machine_line(study)
+    assert line is not None and line.endswith("1 kept off the front (latency unstable)" + UNSTABLE_ADVICE)
