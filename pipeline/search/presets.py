@@ -29,6 +29,8 @@ nothing to add, :mod:`pipeline.search.proposals`).
 
 from __future__ import annotations
 
+from collections import Counter
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +51,10 @@ REDUCED = ("int8", "bf16", "fp16")
 #: The baseline's runtime: last within each preset.
 REFERENCE_RUNTIME = "eager"
 
+#: How many distinct skip reasons the presets' line names, and how long each may be.
+REASONS_SHOWN, REASON_CHARS = 3, 160
+#: Study user attr: every skipped preset pair with its reason.
+ATTR_SKIPPED_PRESETS = "paretorch.skipped_presets"
 #: Why a seed's stages (as dicts) cannot be a trial under a runtime here; None: they can.
 SkipReason = Callable[[tuple[dict[str, Any], ...], str], str | None]
 
@@ -74,8 +80,21 @@ class PresetPlan:
             line += (f"; {len(waiting)} more after the cheap seeds and the first compositions: "
                      + ", ".join(s.name.removeprefix(PRESET_PREFIX) for s in waiting))
         if self.skipped:
-            line += f"; {len(self.skipped)} pair(s) skipped as they cannot run here"
+            line += f"; {len(self.skipped)} pair(s) skipped as they cannot run here: {self.skip_reasons()}"
         return line
+
+    def skip_reasons(self) -> str:
+        """Each distinct reason a pair was skipped, once, with its count, the commonest first (at most
+        :data:`REASONS_SHOWN`; each cut to :data:`REASON_CHARS`): a stage that cannot apply to this model says why
+        at the start of the study, not per trial."""
+        counted = Counter(self.skipped.values()).most_common()
+        shown = [f"{_cut(reason)} ({count})" for reason, count in counted[:REASONS_SHOWN]]
+        more = len(counted) - REASONS_SHOWN
+        return "; ".join(shown) + (f"; {more} other reason(s) (Optuna attr {ATTR_SKIPPED_PRESETS})" if more > 0 else "")
+
+
+def _cut(reason: str) -> str:
+    return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 3] + "..."
 
 
 def is_preset(seed: str | None) -> bool:

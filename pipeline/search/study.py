@@ -54,7 +54,14 @@ from pipeline.search.objectives import (
     Baseline,
     Objectives,
 )
-from pipeline.search.presets import ATTR_LATER_SEEDS, initial_queue, is_preset, preset_seeds, repeats
+from pipeline.search.presets import (
+    ATTR_LATER_SEEDS,
+    ATTR_SKIPPED_PRESETS,
+    initial_queue,
+    is_preset,
+    preset_seeds,
+    repeats,
+)
 from pipeline.search.rule_out import RuleOut
 from pipeline.search.seeding import merge_params, runtime_params, stage_params
 from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
@@ -331,6 +338,7 @@ class Search:
             if not study.trials:
                 self.enqueue(study, SeedRecipe(name="baseline"))
                 plan = preset_seeds(self.config.presets, self.runtimes, self.preset_skip, self.machine)
+                study.set_user_attr(ATTR_SKIPPED_PRESETS, plan.skipped)
                 now, later = initial_queue(plan, self.config.seeds)
                 enqueued = [seed for seed in now if self.enqueue(study, seed)]
                 later = [seed for seed in later if not repeats(study, seed)]

@@ -57,7 +57,21 @@ def test_presets_are_preset_major_and_skip_what_cannot_run() -> None:
     assert plan.describe(plan.seeds[2:4]) == (
         "presets first (2 trial(s), each alone, before costly stages): int8-dynamic@compile, "
         "int8-dynamic@openvino; "
-        "1 pair(s) skipped as they cannot run here")
+        "1 pair(s) skipped as they cannot run here: no amp here (1)")
+
+
+def test_the_presets_line_names_each_skip_reason_once_with_its_count() -> None:
+    """A stage that cannot apply to this model (pack on a non-BERT encoder) says why once, at the start."""
+    def skip(stages: tuple[dict[str, Any], ...], runtime: str) -> str | None:
+        if any(s["stage"] == "amp" for s in stages):
+            return "pack: embeddings are not BERT's (MPNetEmbeddings)"
+        return "no such runtime here" if runtime == "openvino" else None
+
+    plan = preset_seeds([BF16, INT8, FP32], ["eager", "compile", "openvino"], skip)
+    line = plan.describe(plan.seeds) or ""
+    assert line.endswith("5 pair(s) skipped as they cannot run here: pack: embeddings are not BERT's "
+                         "(MPNetEmbeddings) (3); no such runtime here (2)"), line
+    assert line.count("MPNetEmbeddings") == 1
 
 
 def test_a_preset_runs_under_its_own_runtimes_in_its_order() -> None:
