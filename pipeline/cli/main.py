@@ -8,6 +8,7 @@ an argument error costs a fraction of a second. Every :class:`PipelineError` is 
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +34,18 @@ def run(argv: Sequence[str] | None = None, started: float | None = None) -> NoRe
     sys.exit(code)
 
 
+#: Loggers that warn about optional kernels they cannot load on this machine (torchao's ``_C_mxfp8`` / CUDA ``.so``
+#: files on a CPU-only or other-Python install): nothing a command uses, so not the console's business.
+OPTIONAL_KERNEL_LOGGERS = ("torchao",)
+
+
+def quiet_optional_kernels() -> None:
+    """Raise :data:`OPTIONAL_KERNEL_LOGGERS` to errors only, before anything imports them (the ``hf:`` path imports
+    torchao while resolving the model, before a study points standard error at its third-party log)."""
+    for name in OPTIONAL_KERNEL_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
     """Run one command; ``started``: its ``time.perf_counter()`` start (default: now), for its ``time:`` line."""
     started = time.perf_counter() if started is None else started
@@ -43,6 +56,7 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         check_args(args)
         if getattr(args, "results_dir", None):
             set_results_dir(args.results_dir)
+        quiet_optional_kernels()
         # Imported only now, with the command line checked: it loads torch, Optuna and MLflow (seconds of CPU).
         from pipeline.cli.commands import COMMANDS
 
