@@ -96,7 +96,8 @@ def render(result: dict[str, Any]) -> str:
              f"every variant once a round, order rotated; load {result['load_start'][0]:.1f} before, "
              f"{result['load_end'][0]:.1f} after ({result['note']}). Wall time per corpus, strings to normalized "
              "float32 host embeddings, tokenization included.", "",
-             "| variant | median s / corpus | sentences/s | vs the one-liner [range] | lowest cosine to its embeddings |",
+             "| variant | median s / corpus | sentences/s | vs the one-liner [range] "
+             "| lowest cosine to its embeddings |",
              "| --- | --- | --- | --- | --- |"]
     for name, row in result["rows"].items():
         low, high = row["speedup_range"]

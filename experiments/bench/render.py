@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from experiments.bench.busy import BUSY_PREFIX
+from experiments.bench.busy import render as render_busy
 from experiments.bench.corpus import CORPUS_PREFIX
 from experiments.bench.corpus import render as render_corpus
-from experiments.bench.busy import render as render_busy
 from experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
 from experiments.bench.fidelity_check import render as render_fidelity_check
 from experiments.bench.length_groups import LENGTH_GROUPS_PREFIX
@@ -41,9 +41,9 @@ from experiments.bench.render_extra import (
     render_mlx_cuda,
 )
 from experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
+from experiments.bench.search_quality import render as render_search_quality
 from experiments.bench.tail_guard import TAIL_GUARD_PREFIX
 from experiments.bench.tail_guard import render as render_tail_guard
-from experiments.bench.search_quality import render as render_search_quality
 from experiments.bench.timeline import render as render_timeline
 from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 

@@ -64,11 +64,11 @@ def minilm_rows(pairs_path: Path, distill_steps: int, cache: Path, log: Any) -> 
     model = load_model(spec)
     tokenizer, news = minilm._tokenizer(), news_sentences.load()
     nodes = NodeCache()
-    chosen = [v for v in variants(distill_steps) if v.name in KEPT or "distill" in v.name and "depth 0.1" in v.name]
+    chosen = [v for v in variants(distill_steps) if v.name in KEPT or ("distill" in v.name and "depth 0.1" in v.name)]
     entries = [*chosen, *EXTRA]
     outputs = [build_outputs(e, model, spec, tokenizer, pairs, news, cache, nodes, log) for e in entries]
     reference = outputs[0]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for entry, own in zip(entries, outputs, strict=True):
         task = InputAgreement.of(own["task"], reference["task"], "embedding")
         sts = InputAgreement.of(own["sts"], reference["sts"], "embedding")

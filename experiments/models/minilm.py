@@ -196,7 +196,8 @@ def spec() -> ModelSpec:
         encode_text=encode_text,
         description="all-MiniLM-L6-v2 sentence embeddings (latency: pydoc sentences, each batch padded to its longest)",
     )
-    # The word score is a proxy of the user's sentence task: a rise over fp32 is not credited (pipeline.core.proxy_metric).
+    # The word score is a proxy of the user's sentence task: a rise over fp32 is not credited
+    # (pipeline.core.proxy_metric).
     scored = with_proxy_metric(with_task_data(model, word_similarity.load()))
     news = news_sentences.load()
     floored = with_fidelity_floor(scored, encode_text(news), PAIRWISE_RANK_CORRELATION, NEWS_FLOOR_METRIC,

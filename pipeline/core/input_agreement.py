@@ -146,11 +146,12 @@ class InputAgreement:
 
     def worst(self, k: int = WORST_SHOWN, texts: Sequence[str] = ()) -> list[dict[str, object]]:
         """The ``k`` inputs that agree least (broken first), worst first: index, value, and text where known."""
-        order = self.values.argsort(descending=self.measure == "abs_error", stable=True)
         if self.measure == "flip":  # the confident flips first, then the other flips
             order = sorted(range(self.count), key=lambda i: (not bool(self.broken[i]), float(self.values[i]), i))
+        else:
+            order = self.values.argsort(descending=self.measure == "abs_error", stable=True).tolist()
         rows: list[dict[str, object]] = []
-        for index in [int(i) for i in order][:k]:
+        for index in order[:k]:
             if self.measure == "flip" and self.values[index] == 1.0:
                 break  # only flips are worth naming
             row: dict[str, object] = {"index": index, self.measure: round(float(self.values[index]), 6),
@@ -227,7 +228,7 @@ class TailGuard:
 
 def parse_tail_limit(limit: object) -> float | None:
     """``--tail-limit``: a share of the inputs (``1%``, ``0.02``), or ``off`` / None (no guard)."""
-    if limit is None or isinstance(limit, str) and limit.strip().lower() == "off":
+    if limit is None or (isinstance(limit, str) and limit.strip().lower() == "off"):
         return None
     text = str(limit).strip()
     try:

@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from pipeline.core.text_batches import TextBatches
 from pipeline.core.errors import InfeasibleConfig
 from pipeline.core.padding import cut_to, longest
 from pipeline.core.spec import Batch
+from pipeline.core.text_batches import TextBatches
 
 #: The stage whose padding-free execution these calls reproduce (what a runtime declares in ``Reproduces.stages``).
 PACK = "pack"

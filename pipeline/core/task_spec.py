@@ -78,9 +78,9 @@ def task_rows(spec: ModelSpec, data: TaskData, label_names: Sequence[str] = ()) 
             for document, gain in judged.items():
                 relevance[query, document] = gain
         rows = len(data.queries) + len(data.corpus)
-        texts = (*data.queries, *data.corpus)
-        return TaskRows(_encode(spec, texts, data), torch.arange(rows), retrieval_metrics(len(data.queries), relevance),
-                        texts)
+        corpus = (*data.queries, *data.corpus)
+        return TaskRows(_encode(spec, corpus, data), torch.arange(rows),
+                        retrieval_metrics(len(data.queries), relevance), corpus)
     raise TypeError(f"unknown task data {type(data).__name__}")
 
 

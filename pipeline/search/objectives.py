@@ -63,6 +63,8 @@ ATTR_REMEASURED = "paretorch.remeasured"  # {trial: re-measured speed-up}, the f
 UNSTABLE_CONSTRAINT = 1.0
 #: How a trial's reason starts when its metric is within the drop but a fidelity floor is not met.
 FLOOR_REASON = "below the fidelity floor: "
+#: The tail guard of a study that sets none (the defaults of :class:`TailGuard`).
+DEFAULT_TAIL_GUARD = TailGuard()
 #: How the reason of a trial within the drop whose inputs broke past the tail guard's limit starts.
 TAIL_REASON = "tail: "
 
@@ -115,11 +117,11 @@ class Objectives:
     latency_batch: int
     allowed_drop: AllowedDrop
     #: How many inputs may break against the unoptimized model (:mod:`pipeline.core.input_agreement`).
-    tail: TailGuard = TailGuard()
+    tail: TailGuard = DEFAULT_TAIL_GUARD
 
     @classmethod
     def create(cls, spec: ModelSpec, names: Sequence[str], max_drop: AllowedDrop | str | float,
-               latency_batch: int | None = None, tail: TailGuard = TailGuard()) -> Objectives:
+               latency_batch: int | None = None, tail: TailGuard = DEFAULT_TAIL_GUARD) -> Objectives:
         unknown = [n for n in names if n not in OBJECTIVE_NAMES]
         if unknown or not names or len(set(names)) != len(names):
             raise ConfigError(f"objectives must be distinct names from {', '.join(OBJECTIVE_NAMES)}; got {list(names)}")
@@ -225,9 +227,9 @@ class Objectives:
         extra metrics, checked against the spec's fidelity floors (:mod:`pipeline.core.fidelity_floor`) at
         this drop's share of the baseline metric (a stricter drop, a higher floor) and against the tail guard (the
         share of inputs that broke, :mod:`pipeline.core.input_agreement`); a trial that fails one is
-        infeasible with the floor or the tail as its reason, its constraint positive. A trial within the drop whose latency is
-        unstable is *feasible* (its metric is fine; the verdict's ``unstable`` says why it is kept off the front)
-        while its Optuna constraint is positive, so ``study.best_trials`` leaves it out."""
+        infeasible with the floor or the tail as its reason, its constraint positive. A trial within the drop whose
+        latency is unstable is *feasible* (its metric is fine; the verdict's ``unstable`` says why it is kept off the
+        front) while its Optuna constraint is positive, so ``study.best_trials`` leaves it out."""
         drop = self.drop(baseline, metric_value)
         allowed = self.threshold(baseline)
         constraint = drop - allowed

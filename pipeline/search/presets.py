@@ -30,7 +30,6 @@ nothing to add, :mod:`pipeline.search.proposals`).
 from __future__ import annotations
 
 from collections import Counter
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any

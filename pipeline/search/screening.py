@@ -36,8 +36,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.core.input_agreement import SCREEN_FACTOR
 from pipeline.core.evaluate import ModelReport
+from pipeline.core.input_agreement import SCREEN_FACTOR
 from pipeline.core.stage import StageConfig
 from pipeline.engine.recipe import configs_to_json
 from pipeline.search.objectives import (

@@ -22,9 +22,9 @@ from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.evaluate import Known
 from pipeline.core.fidelity import infer_output_kind
 from pipeline.core.input_agreement import Reference
-from pipeline.core.noise_floor import NoiseFloor, noise_floor
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason
+from pipeline.core.noise_floor import NoiseFloor, noise_floor
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.runtimes.registry import available_runtimes, declared_probes
 from pipeline.core.secrets import mask_secrets

@@ -1,14 +1,14 @@
 """Evaluation at the fidelity the decision needs: a trial scored on a subset of the evaluation data first.
 
-For a metric whose rows are units of their own (:attr:`pipeline.core.spec.Metric.rowwise`: accuracy), the
-first evaluation batches holding :data:`SUBSET_SHARE` of the rows (at least :data:`SUBSET_MIN_ROWS`) score the
-trial and the unoptimized model alike, and the paired bootstrap (:mod:`pipeline.core.bootstrap`) gives the drop's
-95 % interval on them. A trial whose interval lies wholly above the allowed drop cannot be feasible, nor one whose
-inputs broke past the tail guard's limit with confidence (:meth:`pipeline.core.input_agreement.TailGuard.subset_failure`):
-it ends there, pruned with its subset drop and the rows that decided it, and never gets the full evaluation. Every other
-trial is scored in full, so a front trial always is. An evaluation set smaller than :data:`SUBSET_MIN_ROWS` /
-:data:`SUBSET_SHARE` rows is scored in full at once (the subset would save little). The unoptimized model's
-subset outputs are computed once per process.
+For a metric whose rows are units of their own (:attr:`pipeline.core.spec.Metric.rowwise`: accuracy), the first
+evaluation batches holding :data:`SUBSET_SHARE` of the rows (at least :data:`SUBSET_MIN_ROWS`) score the trial and
+the unoptimized model alike, and the paired bootstrap (:mod:`pipeline.core.bootstrap`) gives the drop's 95 %
+interval on them. A trial whose interval lies wholly above the allowed drop cannot be feasible, nor one whose inputs
+broke past the tail guard's limit with confidence (:meth:`pipeline.core.input_agreement.TailGuard.subset_failure`):
+it ends there, pruned with its subset drop and the rows that decided it, and never gets the full evaluation. Every
+other trial is scored in full, so a front trial always is. An evaluation set smaller than :data:`SUBSET_MIN_ROWS` /
+:data:`SUBSET_SHARE` rows is scored in full at once (the subset would save little). The unoptimized model's subset
+outputs are computed once per process.
 """
 
 from __future__ import annotations

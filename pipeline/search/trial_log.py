@@ -11,8 +11,8 @@ from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.progress import Progress
 
-from pipeline.core.input_agreement import describe as describe_inputs
 from pipeline.core.device import describe
+from pipeline.core.input_agreement import describe as describe_inputs
 from pipeline.engine.short_recipe import short_recipe
 from pipeline.search.best import best_trials
 from pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval

@@ -19,6 +19,7 @@ from pipeline.core.paired import UNSTABLE_ADVICE, Timed
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import Stage, registered
 from pipeline.search import Search, SearchConfig
+from pipeline.search.front import machine_line
 from pipeline.search.objectives import (
     ATTR_FEASIBLE,
     ATTR_LATENCY_UNSTABLE,
@@ -27,7 +28,6 @@ from pipeline.search.objectives import (
     ATTR_REMEASURED,
     CONSTRAINT_NAME,
 )
-from pipeline.search.front import machine_line
 from pipeline.search.pareto import pareto_rows, pareto_trials, table_columns
 from pipeline.tracking.tracker import TRIAL_TAG, experiment_name
 from tests.pipeline.search.conftest import run_on_fake_clock, trials_by_seed
