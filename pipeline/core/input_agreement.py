@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from pipeline.core.errors import SpecError
+from pipeline.core.fidelity import infer_output_kind
 
 #: What an input is compared by.
 Measure = Literal["cosine", "flip", "abs_error"]
@@ -189,6 +190,12 @@ class Reference:
     outputs: Tensor
     output_kind: str
     cosine_floor: float = COSINE_FLOOR
+
+    @classmethod
+    def of(cls, outputs: Tensor, output_kind: str, cosine_floor: float = COSINE_FLOOR) -> Reference:
+        """The unoptimized ``outputs``, their kind resolved (``auto``: decided from them, as fidelity decides)."""
+        kind = output_kind if output_kind != "auto" else infer_output_kind(outputs)
+        return cls(outputs, kind, cosine_floor)
 
     def compare(self, outputs: Tensor) -> InputAgreement:
         return InputAgreement.of(outputs, self.outputs, self.output_kind, self.cosine_floor)

@@ -10,14 +10,15 @@ outputs) plus one bf16 pass over an evaluation of at most :data:`BF16_MAX_ROWS` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from pipeline.core.device import capabilities
 from pipeline.core.evaluate import evaluation_outputs
-from pipeline.core.spec import LabelledBatch, Metric
+from pipeline.core.spec import LabelledBatch, Metric, ModelSpec
 
 #: A class prediction is a near tie when its top two probabilities are closer than this.
 NEAR_TIE_MARGIN = 0.1
@@ -80,16 +81,16 @@ class NoiseFloor:
                 "near_ties": self.near_ties}
 
 
-def noise_floor(model: nn.Module, batches: Sequence[LabelledBatch], metric: Metric, device: torch.device,
-                reference: tuple[Tensor, Tensor], output_kind: str, second_evaluation: float,
-                allowed: float, bf16_supported: Callable[[], bool] = lambda: True) -> NoiseFloor:
-    """The noise floor of ``metric`` on the unoptimized ``model``: ``reference``, its outputs and the targets over
-    ``batches``; ``second_evaluation``: the self-check's spread; ``allowed``: the absolute allowed drop."""
+def noise_floor(model: nn.Module, spec: ModelSpec, device: torch.device, reference: tuple[Tensor, Tensor],
+                output_kind: str, second_evaluation: float, allowed: float) -> NoiseFloor:
+    """The noise floor of ``spec``'s metric on the unoptimized ``model``: ``reference``, its outputs and the targets
+    over the evaluation; ``second_evaluation``: the self-check's spread; ``allowed``: the absolute allowed drop. The
+    bf16 pass runs where the device runs bf16 at all (:func:`pipeline.core.device.capabilities`)."""
+    metric = spec.metric
     outputs, targets = reference
     base = float(metric.compute(outputs, targets).item())
-    rows = int(outputs.shape[0])
     bf16 = None
-    if rows <= BF16_MAX_ROWS and bf16_supported():
-        bf16 = abs(metric.drop(base, bf16_metric(model, batches, metric, device)))
+    if int(outputs.shape[0]) <= BF16_MAX_ROWS and torch.bfloat16 in capabilities(device).reduced_dtypes:
+        bf16 = abs(metric.drop(base, bf16_metric(model, spec.evaluation(), metric, device)))
     ties = near_tie_share(outputs) if output_kind == "logits" else 0.0
     return NoiseFloor(allowed, second_evaluation, bf16, ties)

@@ -17,7 +17,8 @@ from pipeline.search.config import (
     study_name,
 )
 from pipeline.search.loop import SearchOutcome, run_search
-from pipeline.search.study import Search, SearchTimes
+from pipeline.search.search_times import SearchTimes
+from pipeline.search.study import Search
 
 __all__ = [
     "DEFAULT_SEARCH_CONFIG",

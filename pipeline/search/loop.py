@@ -40,14 +40,16 @@ from pipeline.search.pareto import (
     table_columns,
 )
 from pipeline.search.pareto_figure import pareto_figure_html, pareto_figure_png
+from pipeline.search.prepared import Prepared
 from pipeline.search.proposals import Proposals
 from pipeline.search.quiet import stderr_to
 from pipeline.search.record import TrialRecord
 from pipeline.search.reruns import rerun_lines
 from pipeline.search.rule_out import summarize as summarize_ruled_out
 from pipeline.search.screening import screened_note
+from pipeline.search.search_times import SearchTimes
 from pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
-from pipeline.search.study import Prepared, Search, SearchTimes
+from pipeline.search.study import Search
 from pipeline.search.study_parts import StudyParts
 from pipeline.search.time_to_result import ResultPoint, best_so_far, completed_after, found_line, trials_seconds
 from pipeline.search.trial_log import TrialLogger

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import cached_property
 
 import optuna
@@ -20,7 +20,6 @@ from torch import Tensor
 from pipeline.core.device import capabilities
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.evaluate import Known
-from pipeline.core.fidelity import infer_output_kind
 from pipeline.core.input_agreement import Reference
 from pipeline.core.latency import LATENCY_BUDGETS
 from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason
@@ -33,7 +32,7 @@ from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import StageConfig, StageContext, config_from_dict, registered_stages, stage_for
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
-from pipeline.engine.runner import TIME_CATEGORIES, Runner
+from pipeline.engine.runner import Runner
 from pipeline.search.config import (
     ALL_RUNTIMES,
     SearchConfig,
@@ -54,6 +53,7 @@ from pipeline.search.objectives import (
     Baseline,
     Objectives,
 )
+from pipeline.search.prepared import Prepared
 from pipeline.search.presets import (
     ATTR_LATER_SEEDS,
     ATTR_SKIPPED_PRESETS,
@@ -83,50 +83,6 @@ ATTR_SELF_CHECK = "self_check"
 ATTR_NOISE_FLOOR = "paretorch.noise_floor"
 #: Study user attr: what pays on this machine (pipeline.core.machine_probe), measured once per study.
 ATTR_MACHINE_PROBE = "machine_probe"
-
-
-@dataclass
-class SearchTimes:
-    """Where the wall time went (seconds)."""
-
-    wall: float = 0.0
-    by_category: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_CATEGORIES, 0.0))
-
-    @property
-    def work(self) -> float:
-        return sum(self.by_category.values())
-
-    @property
-    def other(self) -> float:
-        return max(0.0, self.wall - self.work)
-
-    def describe(self) -> str:
-        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.by_category.items())
-        share = 100.0 * self.other / self.wall if self.wall else 0.0
-        return f"{self.wall:.1f} s in all: {parts}; search, tracking and I/O {self.other:.1f} s ({share:.1f}%)"
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A study ready for its trials: its baseline, and what the console says first (None: nothing to say)."""
-
-    baseline: Baseline
-    #: The unoptimized model's self-check (:func:`pipeline.core.self_check.require_stable`).
-    self_check_line: str | None = None
-    #: What changed in a resumed study's stages (:func:`pipeline.search.study_names.stage_change`).
-    stages_line: str | None = None
-    #: The precision presets enqueued first (:mod:`pipeline.search.presets`).
-    presets_line: str | None = None
-    #: What pays on this machine (:mod:`pipeline.core.machine_probe`).
-    probe_line: str | None = None
-    #: The metric at its noise floor (:mod:`pipeline.core.noise_floor`; None: it is not).
-    noise_line: str | None = None
-
-    def lines(self) -> list[str]:
-        """The lines to print, in order: the self-check, the noise floor, the stages' changes, the machine probe, the
-        presets."""
-        return [line for line in (self.self_check_line, self.noise_line, self.stages_line, self.probe_line,
-                                  self.presets_line) if line]
 
 
 class Search:
@@ -301,9 +257,7 @@ class Search:
     @cached_property
     def input_reference(self) -> Reference:
         """What every trial is compared with input by input (:mod:`pipeline.core.input_agreement`)."""
-        outputs, _ = self.reference()
-        kind = self.spec.output_kind if self.spec.output_kind != "auto" else infer_output_kind(outputs)
-        return Reference(outputs, kind, self.config.tail_cosine)
+        return Reference.of(self.reference()[0], self.spec.output_kind, self.config.tail_cosine)
 
     @cached_property
     def rules(self) -> RuleOut:
@@ -353,16 +307,11 @@ class Search:
     def check_noise_floor(self, study: optuna.Study, baseline: Baseline) -> str | None:
         """The stored noise floor of the study's metric, or measure it now (:mod:`pipeline.core.noise_floor`): its
         warning line, None when the metric is above it."""
-        stored = study.user_attrs.get(ATTR_NOISE_FLOOR)
-        if stored is not None:
-            floor = NoiseFloor(**stored)
-        else:
-            check = study.user_attrs.get(ATTR_SELF_CHECK)
-            spread = SelfCheck(**check).spread if check is not None else 0.0
-            floor = noise_floor(self.runner.model, self.spec.evaluation(), self.spec.metric, self.device,
-                                self.reference(), self.input_reference.output_kind, spread,
-                                self.objectives.threshold(baseline),
-                                lambda: torch.bfloat16 in capabilities(self.device).reduced_dtypes)
+        stored, check = study.user_attrs.get(ATTR_NOISE_FLOOR), study.user_attrs.get(ATTR_SELF_CHECK)
+        floor = NoiseFloor(**stored) if stored is not None else noise_floor(
+            self.runner.model, self.spec, self.device, self.reference(), self.input_reference.output_kind,
+            SelfCheck(**check).spread if check is not None else 0.0, self.objectives.threshold(baseline))
+        if stored is None:
             study.set_user_attr(ATTR_NOISE_FLOOR, floor.to_dict())
         return floor.line(self.spec.metric.name)
 
