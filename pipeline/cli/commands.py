@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,15 @@ from pipeline.cli.parser import split_list
 from pipeline.cli.store_urls import validate_storage_url, validate_tracking_uri
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.input_agreement import Reference
+from pipeline.core.input_agreement import describe as describe_inputs
 from pipeline.core.paired import free_cores, load_average, usable_cores
 from pipeline.core.paths import cache_dir, results_dir
 from pipeline.core.progress import say
 from pipeline.core.report import evaluation_table, format_bytes, print_table
 from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.secrets import mask_secrets
-from pipeline.core.self_check import require_stable, self_check
+from pipeline.core.self_check import reference_outputs, require_stable, self_check
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.deliver import deliver
@@ -216,6 +218,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
     with stderr_to(log):
         runner = Runner(recipe_pipeline(recipe.stages), spec, device, cache=NodeCache(export_dir=cache_dir("exports")),
                         latency=LATENCY_BUDGETS[args.latency_budget])
+        # The replay against the unoptimized model input by input, as a search trial is (its tail in apply.json).
+        runner.reference = cache(lambda: Reference.of(reference_outputs(runner.model, spec, device)[0],
+                                                      spec.output_kind))
         result = runner.run({}, recipe.runtime, exports=not args.no_export)
     exports: dict[str, dict[str, Any]] = {}
     for name, export in result.exports.items():
@@ -230,7 +235,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     measured = recipe.metadata.get(RECORDED)
     summary = {"model": spec.name, "recipe": recipe.describe(), "device": result.report.device,
                "metrics": result.report.as_metrics(), "exports": exports, "deployment": deployment,
-               "recorded": measured}
+               "recorded": measured, "worst_inputs": list(result.report.worst_inputs)}
     (output / "apply.json").write_text(json.dumps(summary, indent=2, default=str))
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
@@ -248,6 +253,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         held = deployment.get("weights") or deployment["file"]
         console.print(f"deployment: {deploy} ({held} + {deployment['recipe']}; "
                       "pipeline.api.load_deployment rebuilds its callable)", highlight=False)
+    if inputs := describe_inputs(result.report.extra):
+        console.print(f"{inputs} against the unoptimized model (the worst in apply.json)", highlight=False)
     console.print(f"written: {output / 'apply.json'}")
     return 0
 

@@ -95,7 +95,11 @@ def test_apply_is_quiet_and_prints_the_recorded_numbers_beside_its_own(
             for name in (metric, "latency batch 4", "speed-up", "device")}
     assert "0.5000 (drop +0.0100)" in line[metric] and "1.234 ms" in line["latency batch 4"]
     assert "2.50x (paired, vs the baseline)" in line["speed-up"] and "cpu (AVX2, 1 threads)" in line["device"]
-    assert json.loads((out / "apply.json").read_text())["recorded"] == recorded
+    written = json.loads((out / "apply.json").read_text())
+    assert written["recorded"] == recorded
+    assert "inputs_broken_share" in written["metrics"], "the replay against the unoptimized model, input by input"
+    assert isinstance(written["worst_inputs"], list)
+    assert any(x.startswith("inputs: ") and "against the unoptimized model" in x for x in console.splitlines())
 
 
 def test_a_recipe_without_recorded_numbers_says_so(spec_file: Path, tmp_path: Path,
