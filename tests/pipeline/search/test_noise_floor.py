@@ -46,11 +46,6 @@ def test_a_near_tie_classifier_is_said_to_be_at_its_noise_floor(digits_spec: Mod
     assert stored["near_ties"] == 1.0 and stored["bf16"] is not None, "measured once, stored on the study"
 
 
-def test_a_confident_classifier_says_nothing(digits_spec: ModelSpec, tmp_path: Path) -> None:
-    lines, _ = prepared_lines(digits_spec, tmp_path)
-    assert not [line for line in lines if "noise floor" in line]
-
-
 def test_bf16_or_a_second_evaluation_past_the_allowed_drop_is_noise() -> None:
     assert NoiseFloor(0.01, 0.0, 0.004, 0.1).line("accuracy") is None
     bf16 = NoiseFloor(0.01, 0.0, 0.08, 0.1).line("top1_agreement")

@@ -129,6 +129,8 @@ def test_every_trial_shows_its_inputs_on_its_line_and_names_its_worst(guarded: S
     share = 100 * tail.user_attrs[ATTR_METRICS]["inputs_broken_share"]
     assert f"| inputs: flips {share:.1f} %, confident {share:.1f} % |" in line, line
     assert f"| infeasible: {tail.user_attrs[ATTR_REASON]} <- tail" in line, "the line says why it is off the front"
+    assert "self-check: " in output and "noise floor" not in output, (
+        "the study's first lines are printed, and digits (confident on its inputs) is above its noise floor")
     baseline_line = next(line for line in output.splitlines() if line.startswith("trial   0 COMPLETE"))
     assert "| inputs: flips 0.0 %, confident 0.0 % |" in baseline_line
     worst = tail.user_attrs[ATTR_WORST_INPUTS]
