@@ -19,7 +19,7 @@ from pipeline.core import progress
 from pipeline.core.errors import SpecError
 from pipeline.core.fidelity import MEAN_ABS_ERROR, OUTPUT_R2, R2_FLOOR, default_fidelity_metrics, output_r2
 from pipeline.core.progress import say
-from pipeline.core.self_check import require_stable, self_check
+from pipeline.core.self_check import reference_outputs, require_stable, self_check
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.search import Search, SearchConfig, run_search
 from pipeline.search.study import ATTR_SELF_CHECK
@@ -116,6 +116,18 @@ def test_stateful_model_is_caught_with_one_line(spec_file: Path) -> None:
                             "to search anyway")
     assert "\n" not in message
     assert require_stable(check, spec.name, allow=True).startswith("warning: the baseline is unstable")
+
+
+def test_with_the_studys_reference_the_line_names_state_not_the_batch_size(spec_file: Path) -> None:
+    """A search reads the first scoring from its one reference pass and scores again re-batched: a move there is
+    said as the same inputs scored again (issue 46: Silero VAD's line read like a batch-size dependence)."""
+    spec = _spec(spec_file)
+    model = load_model(spec)
+    check = self_check(model, spec, CPU, reference=reference_outputs(load_model(spec), spec, CPU))
+    assert not check.stable
+    assert "when the same inputs were scored again (in batches of" in check.moved, check.moved
+    with pytest.raises(SpecError, match="it keeps state between calls or is nondeterministic"):
+        require_stable(check, spec.name, allow=False)
 
 
 def test_deterministic_models_pass(spec_file: Path, residual_spec: ModelSpec) -> None:
