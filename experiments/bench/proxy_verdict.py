@@ -71,6 +71,8 @@ LEVEL = 0.95
 #: The drops every variant is judged at: the default (relative) and the strict absolute one ("lossless").
 LIMITS = ("1%", "0.01")
 NEWS = "news_"
+#: Where each variant's embeddings are kept between runs (experiments.bench.tail_guard reads the same).
+CACHE_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "proxy-verdict"
 #: The families whose built-in verdict still disagrees with the labels, each named in ``minilm.CAVEAT`` (with the
 #: pointer to ``--eval-data``); a test holds the published table and the caveat to this list.
 CAVEAT_FAMILIES: tuple[str, ...] = ()
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distill-steps", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", nargs="*", default=None, help="build only these variants (others: cache only)")
-    parser.add_argument("--cache", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "proxy-verdict")
+    parser.add_argument("--cache", type=Path, default=CACHE_DIR)
     parser.add_argument("--out", type=Path, default=Path("experiments/bench/results"))
     args = parser.parse_args(argv)
 

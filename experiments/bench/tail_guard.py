@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from experiments.bench.fidelity_check import read_pairs, write_result
-from experiments.bench.proxy_verdict import CPU, Variant, build_outputs, truth, variants
+from experiments.bench.paths import RESULTS_DIR
+from experiments.bench.proxy_verdict import CACHE_DIR, CPU, Variant, build_outputs, truth, variants
 from experiments.data import news_sentences
 from experiments.models import digits, minilm
 from pipeline.api import StageContext, load_model, run_chain
@@ -126,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pairs", type=Path, help="TSV of human-labelled sentence pairs (columns 5-7)")
     parser.add_argument("--distill-steps", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cache", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "proxy-verdict")
-    parser.add_argument("--out", type=Path, default=Path("experiments/bench/results"))
+    parser.add_argument("--cache", type=Path, default=CACHE_DIR)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.cache.mkdir(parents=True, exist_ok=True)

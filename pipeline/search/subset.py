@@ -21,7 +21,7 @@ from torch import Tensor
 
 from pipeline.core.bootstrap import drop_interval
 from pipeline.core.evaluate import evaluation_outputs, scoring_chunks
-from pipeline.core.input_agreement import COSINE_FLOOR, InputAgreement, TailGuard
+from pipeline.core.input_agreement import InputAgreement, Reference, TailGuard
 from pipeline.core.spec import LabelledBatch, ModelSpec
 
 #: The share of the evaluation rows a subset holds.
@@ -79,15 +79,15 @@ class SubsetJudge:
 
     def __init__(self, spec: ModelSpec, device: torch.device, plan: SubsetPlan,
                  baseline: Callable[..., Tensor], tail: TailGuard | None = None,
-                 output_kind: Callable[[], str] = lambda: "logits", cosine_floor: float = COSINE_FLOOR) -> None:
+                 reference: Callable[[], Reference] | None = None) -> None:
         self.spec = spec
         self.device = device
         self.plan = plan
         self._baseline = baseline
-        #: The tail guard, checked on the subset too (None: not checked); ``output_kind``: the study's, resolved.
-        self.tail = tail
-        self._kind = output_kind
-        self._floor = cosine_floor
+        #: The tail guard, checked on the subset too, by the study's :class:`Reference` (its output kind and
+        #: cosine floor); either None: not checked.
+        self.tail = tail if reference is not None else None
+        self._study_reference = reference
         self._reference: tuple[float, Sequence[float], Tensor] | None = None
 
     def _score(self, fn: Callable[..., Tensor], runtime: str, batch_size: int) -> tuple[float, list[float], Tensor]:
@@ -112,7 +112,8 @@ class SubsetJudge:
         if interval is not None and interval[0] > allowed:
             over = (f"{OVER_ON_SUBSET} ({self.plan.fidelity}): drop {drop:.4f} [{interval[0]:+.4f}, "
                     f"{interval[1]:+.4f}] > allowed {allowed:.4g}; not scored in full")
-        elif self.tail is not None:
-            agreement = InputAgreement.of(outputs, base_outputs, self._kind(), self._floor)
+        elif self.tail is not None and self._study_reference is not None:
+            study = self._study_reference()
+            agreement = InputAgreement.of(outputs, base_outputs, study.output_kind, study.cosine_floor)
             over = self.tail.subset_failure(agreement, self.plan.fidelity)
         return SubsetVerdict(drop, interval, self.plan.fidelity, over)

@@ -83,14 +83,14 @@ class TrialLogger:
             values = record.metrics
             metric = self.parts.spec.metric.name
             unstable = f" | {record.latency_unstable} (off the front)" if record.latency_unstable else ""
-            if record.feasible is False and record.over_drop:  # over the drop, under a floor, or a broken tail
-                unstable = f" | infeasible: {record.reason()}{unstable}"
+            # Over the drop, under a fidelity floor, or a broken tail: the line says why it is off the front.
+            infeasible = f" | infeasible: {record.reason()}" if record.feasible is False and record.over_drop else ""
             drop = drop_text(values.get("metric_drop", 0), stored_interval(values))
             uncertain = f" {UNCERTAIN}" if record.uncertain else ""
             inputs = f" | {text}" if (text := describe_inputs(values)) else ""
             return (f"{head} {metric} {values.get(metric, 0):.4f} (drop {drop}){uncertain}{inputs} | "
                     f"{speedup_text(values)} | {self._recipe(record)} [{record.seconds.get('trial', 0.0):.1f} s, "
-                    f"{self._decided(record)}cache {record.cache.get('hits', 0)} hit(s)]{unstable}")
+                    f"{self._decided(record)}cache {record.cache.get('hits', 0)} hit(s)]{infeasible}{unstable}")
         asked = short_recipe(list(record.configs.values()), record.runtime)  # what it tried: the recipe it named
         if record.state == "PRUNED":
             if (record.infeasible or "").startswith(SCREENED_OUT):  # stopped at low fidelity, the full cost unpaid

@@ -90,9 +90,7 @@ class TrialObjective:
         #: Scores a trial on a subset of the evaluation first (pipeline.search.subset); None: always in full.
         self.subset = None if plan is None else SubsetJudge(
             parts.spec, parts.device, plan, lambda *inputs: parts.latency.baseline()(*inputs),
-            None if parts.runner.reference is None else parts.objectives.tail,
-            lambda: parts.runner.reference().output_kind if parts.runner.reference else "logits",
-            parts.config.tail_cosine)
+            parts.objectives.tail, parts.runner.reference)
         self.screening = Screening(parts.objectives, lambda configs, runtime: parts.runner.run(
             configs, runtime, exports=False).report, self.exports, clock=clock)
 
