@@ -32,9 +32,10 @@ from torch import nn
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import cache_dir, results_dir
+from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, is_export
-from pipeline.core.text_batches import TextBatches
+from pipeline.core.text_batches import ModelEncoder, TextBatches
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.deliver import deliver
 from pipeline.engine.deployment import deploy_stage, load_weights, open_file, read_deployment, rebuild_configs
@@ -95,9 +96,12 @@ def run_chain(
 
 def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.device = "cpu",
                     runtime: str | None = None) -> Callable[..., Any]:
-    """The callable a deployment runs, from the ``deploy/`` folder ``pipeline apply`` wrote for a recipe whose
-    stage builds one (pack: a :class:`stages.pack.deploy.PackedEncoder`, token id lists in, embeddings out; under
-    ``onnxruntime`` / ``openvino`` a :class:`pipeline.core.length_groups.GroupedEncoder` over the file).
+    """The callable a deployment runs, from the ``deploy/`` folder ``pipeline apply`` (or a search, in each Pareto
+    trial's folder) wrote: for a recipe whose stage builds one, that (pack: a :class:`stages.pack.deploy.PackedEncoder`,
+    token id lists in, embeddings out; under ``onnxruntime`` / ``openvino`` a
+    :class:`pipeline.core.length_groups.GroupedEncoder` over the file); for any other recipe the model prepared for
+    its runtime (or the file the runtime ran), called on host batches (:class:`pipeline.core.text_batches.ModelEncoder`:
+    ``encoder(*host_inputs)``, host float32 outputs).
 
     ``spec``: the model's spec (its ``build`` makes the unoptimized structure); ``runtime``: the recipe's when
     None. The recipe's stages are replayed for structure only (no fine-tuning, no distillation, no export), the
@@ -110,8 +114,6 @@ def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.
     deployment = read_deployment(directory)
     recipe = deployment.recipe
     stage = deploy_stage(recipe.stages)
-    if stage is None or stage.deploy is None:
-        raise ConfigError(f"{directory}: recipe '{recipe.describe()}' has no stage that builds a deployable callable")
     if recipe.model and recipe.model != spec.name:
         raise ConfigError(f"{directory} holds a model of '{recipe.model}', not of '{spec.name}': give its spec")
     device = torch.device(device)
@@ -123,7 +125,11 @@ def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.
     weights = deployment.weights
     model = run_chain(load_model(spec), rebuild_configs(recipe.stages), StageContext(spec, device)).model
     load_weights(model, weights, device)
-    return with_tokenizer(stage.deploy(model.eval(), device, runtime or recipe.runtime), spec)
+    runtime = runtime or recipe.runtime
+    if stage is None or stage.deploy is None:  # the model prepared for its runtime, on host batches
+        fn = prepare_runtime(model.eval(), runtime, device)
+        return with_tokenizer(ModelEncoder(fn, device, spec.padding_mask, get_runtime(runtime).static_shapes), spec)
+    return with_tokenizer(stage.deploy(model.eval(), device, runtime), spec)
 
 
 def with_tokenizer(encoder: Any, spec: ModelSpec) -> Any:

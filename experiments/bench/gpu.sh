@@ -16,7 +16,9 @@
 # send .carry with the `queue` call (`start` skips the install once /tmp/site/.installed exists).
 #   [TRIALS=30 BATCH=1 MAX_DROP=1% HELD_OUT=FILE BENCH_ARGS=...] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
 #   gpu.sh queue "MODEL:BATCH ... rows:1,256"   start them one after another in one background job (clean timings);
-#                          rows:B1,B2 runs experiments.bench.gpu_rows (the one-line rows) at those batch sizes
+#                          rows:B1,B2 runs experiments.bench.gpu_rows (the one-line rows) at those batch sizes;
+#                          e2e:B runs experiments.bench.end_to_end (strings to host embeddings, WORKLOAD=serve|corpus,
+#                          on HELD_OUT's sentences) at batch B
 #   gpu.sh wait SECONDS    wait up to SECONDS for running benchmarks, print their progress
 #   gpu.sh collect DIR     copy the JSON results and logs to DIR
 set -u
@@ -50,6 +52,10 @@ start)
   if [ "$model" = rows ]; then  # the one-line rows (experiments.bench.gpu_rows) at BATCH="B1 B2 ..."
     command=(python3 -m experiments.bench.gpu_rows --device cuda --batch-sizes ${BATCH:-1 256}
              --out "$RESULTS/gpu-rows-minilm.json" "${extra_args[@]}")
+  elif [ "$model" = e2e ]; then  # strings to host embeddings (experiments.bench.end_to_end) on HELD_OUT's sentences
+    command=(python3 -m experiments.bench.end_to_end "$held" --device cuda --workload "${WORKLOAD:-serve}"
+             --batch "${BATCH:-256}" --recipe experiments/bench/recipes/minilm-pack-bf16-cudagraphs.json
+             --out "$RESULTS" ${E2E_ARGS:-})
   else
     command=(python3 -m experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch "${BATCH:-1}"
              --max-drop "${MAX_DROP:-1%}" --out "$RESULTS" "${extra_args[@]}" ${BENCH_ARGS:-})

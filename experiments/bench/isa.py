@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +37,15 @@ def isa_info() -> dict[str, Any]:
         info["not_reached"] = ["ONNX Runtime (MLAS dispatches on the real CPU)",
                                "OpenVINO's MLAS GEMMs and MVN kernels (no ISA cap in release builds)"]
     return info
+
+
+def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name and the instruction sets the peers choose by (AMX, AVX512-BF16, VNNI, AVX2)."""
+    if not cpuinfo.is_file():
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in cpuinfo.read_text().splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    present = [f for f in ("amx_bf16", "avx512_bf16", "avx512_vnni", "avx2") if f in flags]
+    return f"{fields.get('model name', platform.machine())} ({', '.join(present) or 'none of AMX/AVX-512/AVX2'}" \
+           + ("; no AMX)" if "amx_bf16" not in flags else ")")

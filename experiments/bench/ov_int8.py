@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from experiments.bench.peers import cpu_description
+from experiments.bench.isa import cpu_description
 from experiments.models import minilm
 
 if TYPE_CHECKING:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -38,10 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.bench.isa import isa_info
+from experiments.bench.isa import cpu_description, isa_info
 from experiments.bench.paths import RESULTS_DIR
 from experiments.bench.peer_envs import ENVS_DIR, FAMILIES, PeerEnvError, ensure
-from experiments.bench.recipe_rows import recipe_rows
+from experiments.bench.recipe_rows import corpus_row, recipe_rows
 from experiments.data import word_similarity
 from experiments.models import minilm
 from pipeline.core.noise import median_ci
@@ -58,6 +57,8 @@ PEER_NAMES: dict[str, tuple[str, ...]] = {
     "openvino": ("OpenVINO default", "OpenVINO + NNCF static int8"),
 }
 LATENCY_SET, DEV_SET = "latency sample", "dev sentences"
+#: Timed rounds of the corpus rows (each embeds the whole corpus once per side).
+CORPUS_ROUNDS = 5
 #: Sentences of the dev pairs timed per round (fixed seed): 8 batches of 32.
 DEV_SENTENCES = 256
 #: How often a round repeats the one-batch latency sample (a round of about 8 batches, like the dev set).
@@ -113,10 +114,12 @@ def job(family: str, work: Path, held_out: PairsData | None, settings: dict[str,
     batch = settings["batch"]
     inputs = {LATENCY_SET: {"sentences": latency_sentences(batch), "repeat": settings["latency_repeat"]}}
     encode = {"task": distinct_texts([*task.first, *task.second])[0]}
+    corpus = None
     if held_out is not None:
         inputs[DEV_SET] = {"sentences": dev_sentences(held_out, settings["dev_sentences"]), "repeat": 1}
         encode["held_out"] = distinct_texts([*held_out.first, *held_out.second])[0]
-    return {"family": family, "peers": list(PEER_NAMES[family]), "model_dir": str(minilm.model_dir()),
+        corpus = {"sentences": encode["held_out"], "rounds": settings.get("corpus_rounds", CORPUS_ROUNDS)}
+    return {"corpus": corpus, "family": family, "peers": list(PEER_NAMES[family]), "model_dir": str(minilm.model_dir()),
             "work_dir": str(work / family), "out": str(work / family / "result.json"),
             "threads": settings["threads"], "batch": batch, "rounds": settings["rounds"],
             "warmup": settings["warmup"], "inputs": inputs, "encode": encode,
@@ -175,6 +178,11 @@ def peer_rows(family: str, result: dict[str, Any], task: PairsData, held_out: Pa
                 "openvino": peer.get("openvino"), "file": peer.get("file"),
                 "prepare_seconds": peer.get("prepare_seconds"),
             })
+        if "corpus" in peer:
+            rows.append({**common, **corpus_row(peer["corpus"], spec["corpus"]["sentences"], spec["batch"]),
+                         "metric": task_value, "baseline_metric": base_task, "held_out": held,
+                         "baseline_held_out": base_held,
+                         "precision": (peer.get("openvino") or {}).get("INFERENCE_PRECISION_HINT")})
     return rows
 
 
@@ -203,8 +211,8 @@ def measure(families: Sequence[str], held_out_path: Path | None, work: Path, env
         for row in rows[-len(result["peers"]) * len(spec["inputs"]):]:
             print(describe_row(row), flush=True)
     if recipes:
-        sets = job(families[0] if families else "onnx", work, held_out, settings)["inputs"]
-        ours = recipe_rows(recipes, sets, settings, held_out_path)
+        common = job(families[0] if families else "onnx", work, held_out, settings)
+        ours = recipe_rows(recipes, common["inputs"], settings, held_out_path, corpus=common["corpus"])
         for row in ours:
             print(describe_row(row), flush=True)
         rows += ours
@@ -220,18 +228,6 @@ def describe_row(row: dict[str, Any]) -> str:
     return (f"{row['name']} ({row['inputs']}): {row['speedup']:.2f}x [{row['ci'][0]:.2f}, {row['ci'][1]:.2f}] "
             f"vs torch fp32 eager ({row['peer_ms']:.1f} vs {row['baseline_ms']:.1f} ms a batch); task "
             f"{row['metric']:.2f} (torch {row['baseline_metric']:.2f}){held}")
-
-
-def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name and the instruction sets the peers choose by (AMX, AVX512-BF16, VNNI, AVX2)."""
-    if not cpuinfo.is_file():
-        return platform.processor() or platform.machine()
-    fields = dict(line.split(":", 1) for line in cpuinfo.read_text().splitlines() if ":" in line)
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    flags = set(fields.get("flags", "").split())
-    present = [f for f in ("amx_bf16", "avx512_bf16", "avx512_vnni", "avx2") if f in flags]
-    return f"{fields.get('model name', platform.machine())} ({', '.join(present) or 'none of AMX/AVX-512/AVX2'}" \
-           + ("; no AMX)" if "amx_bf16" not in flags else ")")
 
 
 def _uptime() -> str:
@@ -280,6 +276,7 @@ def render(result: dict[str, Any]) -> str:
         lines += ["", "Rows named `paretorch: ...` are paretorch recipe files replayed by the engine and timed by the "
                   "same protocol in paretorch's environment (`experiments/bench/recipe_rows.py`); a static-shape "
                   "runtime gets each batch in its length bucket, as the search times it."]
+    lines += corpus_summary(result["rows"])
     versions = "; ".join(f"{family}: " + ", ".join(f"{k} {v}" for k, v in run["versions"].items())
                          for family, run in result.get("runs", {}).items())
     if versions:
@@ -287,6 +284,23 @@ def render(result: dict[str, Any]) -> str:
     if result.get("note"):
         lines += ["", f"Note: {result['note']}"]
     return "\n".join(lines)
+
+
+def corpus_summary(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The corpus rows' verdict: the best paretorch deployment against the fastest peer, each row's ``encode()``
+    timed against torch fp32's ``encode()`` in its own process (the ratio of the two ratios)."""
+    corpus = [r for r in rows if r.get("workload") == "corpus" and "speedup" in r]
+    peers = [r for r in corpus if r["kind"] == "peer"]
+    ours = [r for r in corpus if r["kind"] == "paretorch"]
+    if not peers or not ours:
+        return []
+    fastest = max(peers, key=lambda r: float(r["speedup"]))
+    best = max(ours, key=lambda r: float(r["speedup"]))
+    return ["", f"Corpus ({best['sentences']} distinct dev sentences, strings to embeddings, `encode()` of the whole "
+            f"list, batch {best['batch']}): the fastest peer, {fastest['name']}, {fastest['speedup']:.2f}x torch fp32 "
+            f"`encode()` ({fastest['sentences_per_s']:.0f} sentences/s); {best['name']} {best['speedup']:.2f}x "
+            f"({best['sentences_per_s']:.0f} sentences/s): **{best['speedup'] / fastest['speedup']:.2f}x the fastest "
+            "peer** (each against torch fp32 `encode()` in its own process, rounds alternating)."]
 
 
 def main(argv: list[str] | None = None) -> int:

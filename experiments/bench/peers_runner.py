@@ -11,8 +11,9 @@ family (``onnx`` or ``openvino``), the threads, the batch size, the timed senten
 embed for the metrics and the calibration sentences. For each peer it writes, next to the job's ``out``
 JSON: the embeddings of the metric texts (``.npy``), and the seconds of every timed round (each set's
 batches, ``repeat`` times over), the peer and torch fp32 eager (``SentenceTransformer(path)``, the same
-process, threads and token batches) in alternating order. The bench computes the metrics and speed-ups
-from those files.
+process, threads and token batches) in alternating order; with a job's ``corpus``, also each one's
+``encode`` of that whole list of strings against the baseline's ``encode``. The bench computes the metrics and
+speed-ups from those files.
 
 Every peer is loaded through the public API as a user would: ``SentenceTransformer(path, backend=...)``,
 ``export_optimized_onnx_model``, ``export_dynamic_quantized_onnx_model``; OpenVINO static int8 follows
@@ -248,7 +249,15 @@ def run_peer(name: str, job: dict[str, Any], directory: Path, baseline: Any,
         key: time_rounds(forward_fn(baseline, batch_features), forward_fn(model, batch_features),
                          job["rounds"], job["warmup"])
         for key, batch_features in features.items()}
+    if corpus := job.get("corpus"):  # the whole corpus from its strings, as a user embeds it: encode()
+        info["corpus"] = time_rounds(encode_fn(baseline, corpus["sentences"], job["batch"]),
+                                     encode_fn(model, corpus["sentences"], job["batch"]), corpus["rounds"], 1)
     return info
+
+
+def encode_fn(model: Any, texts: Sequence[str], batch: int) -> Callable[[], None]:
+    """``model.encode`` of the whole list, strings to normalized host embeddings (its own sorting and batching)."""
+    return lambda: model.encode(list(texts), batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
 
 
 def main(argv: Sequence[str]) -> int:

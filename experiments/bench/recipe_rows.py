@@ -10,12 +10,18 @@ length. A runtime that compiles for static shapes gets each batch padded to its 
 (:func:`pipeline.core.padding.to_bucket`), as the search times it: the bucket's cost is in the row.
 Task metric and held-out Spearman come from the recipe's own outputs under its runtime.
 
+With the peers' corpus (every distinct held-out sentence), a recipe also gets a *corpus row*: the recipe deployed
+as a user gets it, its ``encode`` of the whole list of strings (sorted by length, tokenization included) in rounds
+alternating with torch fp32's ``SentenceTransformer(path).encode``, as each peer's ``encode`` is timed in its own
+environment against the same reference (``"workload": "corpus"``, ``"end_to_end": true``).
+
 Rows have ``"kind": "paretorch"`` and render in the peers' table.
 """
 
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,7 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from experiments.bench.peers_runner import time_rounds
+from experiments.bench.end_to_end import deployed
+from experiments.bench.peers_runner import encode_fn, time_rounds
 from experiments.models import minilm
 from pipeline.core.device import move_module, resolve_device
 from pipeline.core.evaluate import task_metric
@@ -38,6 +45,9 @@ from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
 from pipeline.engine.short_recipe import short_recipe
+
+#: The sentence set of the ``corpus`` rows: every distinct held-out sentence, embedded whole by ``encode()``.
+CORPUS_SET = "dev corpus, encode()"
 
 #: One pass of a model over a sentence set's token batches.
 Pass = Callable[[], None]
@@ -71,9 +81,11 @@ def replay(recipe: Recipe, spec: ModelSpec, device: torch.device) -> Callable[..
 
 
 def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings: dict[str, int],
-                held_out: Path | None, device_name: str = "cpu") -> list[dict[str, Any]]:
+                held_out: Path | None, device_name: str = "cpu",
+                corpus: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """For each recipe file, one ``"kind": "paretorch"`` row per sentence set (``sets``: name ->
-    ``{"sentences", "repeat"}``, the peers' job inputs)."""
+    ``{"sentences", "repeat"}``, the peers' job inputs), and with ``corpus`` (the peers' job corpus: its
+    ``sentences`` and ``rounds``) one more: the recipe deployed (:func:`corpus_timings`)."""
     device = resolve_device(device_name)
     spec = minilm.spec()
     mask = spec.padding_mask
@@ -117,4 +129,39 @@ def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings
                 "held_out": held, "baseline_held_out": baseline_held,
                 "precision": None,
             })
+        if corpus is not None:
+            timings = corpus_timings(recipe, spec, device, corpus["sentences"], settings["batch"], corpus["rounds"])
+            rows.append({**common, "name": f"{common['name']} (deployed)",
+                         **corpus_row(timings, corpus["sentences"], settings["batch"]), "metric": metric,
+                         "baseline_metric": baseline_metric, "held_out": held, "baseline_held_out": baseline_held,
+                         "precision": None})
     return rows
+
+
+def corpus_timings(recipe: Recipe, spec: ModelSpec, device: torch.device, sentences: Sequence[str], batch: int,
+                   rounds: int) -> dict[str, list[float]]:
+    """The recipe deployed as a user gets it (its ``deploy/`` folder written and loaded with
+    :func:`pipeline.api.load_deployment`), its ``encode`` of the whole list of strings timed in rounds alternating
+    with torch fp32's ``SentenceTransformer(path).encode`` (the peers' corpus protocol, in this process)."""
+    from sentence_transformers import SentenceTransformer  # the peers' reference, in this environment too
+
+    baseline = SentenceTransformer(str(minilm.model_dir()), device=str(device)).float()
+    texts = list(sentences)
+    with tempfile.TemporaryDirectory() as folder:
+        encoder = deployed(spec, recipe, Path(folder) / "deploy", device)
+        return time_rounds(encode_fn(baseline, texts, batch), lambda: encoder.encode(texts, batch), rounds, 1)
+
+
+def corpus_row(timings: dict[str, list[float]], sentences: Sequence[str], batch: int) -> dict[str, Any]:
+    """A corpus row's timing: ``encode()`` of the whole list against torch fp32's ``encode()`` in the same rounds."""
+    batches = -(-len(sentences) // batch)
+    tokens = torch.cat([minilm.encode_text(sentences[i : i + 256])[1].sum(dim=1)
+                        for i in range(0, len(sentences), 256)])
+    ratios = [b / r for b, r in zip(timings["baseline_s"], timings["peer_s"], strict=True)]
+    return {"inputs": CORPUS_SET, "workload": "corpus", "end_to_end": True, "batch": batch,
+            "speedup": statistics.median(ratios), "ci": list(median_ci(ratios)),
+            "peer_ms": 1000 * statistics.median(timings["peer_s"]) / batches,
+            "baseline_ms": 1000 * statistics.median(timings["baseline_s"]) / batches, "rounds": len(ratios),
+            "batches": batches, "sentences": len(sentences),
+            "sentences_per_s": len(sentences) / statistics.median(timings["peer_s"]),
+            "longest": [int(tokens.max())], "mean_tokens": float(tokens.float().mean())}

@@ -13,8 +13,8 @@ from typing import Any
 
 from experiments.bench.busy import BUSY_PREFIX
 from experiments.bench.busy import render as render_busy
-from experiments.bench.corpus import CORPUS_PREFIX
-from experiments.bench.corpus import render as render_corpus
+from experiments.bench.end_to_end import PREFIX as END_TO_END_PREFIX
+from experiments.bench.end_to_end import render as render_end_to_end
 from experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
 from experiments.bench.fidelity_check import render as render_fidelity_check
 from experiments.bench.length_groups import LENGTH_GROUPS_PREFIX
@@ -186,7 +186,7 @@ SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     (SEARCH_QUALITY_PREFIX, render_search_quality), (PACK_AGREEMENT_PREFIX, render_pack_agreement),
     (PROXY_VERDICT_PREFIX, render_proxy_verdict), (LENGTH_GROUPS_PREFIX, render_length_groups),
     (PROBE_STABILITY_PREFIX, render_probe_stability), (TAIL_GUARD_PREFIX, render_tail_guard),
-    (CORPUS_PREFIX, render_corpus))
+    (END_TO_END_PREFIX, render_end_to_end))
 
 
 def render_markdown(folder: Path = RESULTS_DIR) -> str:

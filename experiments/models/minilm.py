@@ -194,6 +194,7 @@ def spec() -> ModelSpec:
         padding_mask=ATTENTION_MASK_INPUT,
         latency_batch_sizes=(1, 32),
         encode_text=encode_text,
+        latency_texts=lambda: sentences("evaluation"),
         description="all-MiniLM-L6-v2 sentence embeddings (latency: pydoc sentences, each batch padded to its longest)",
     )
     # The word score is a proxy of the user's sentence task: a rise over fp32 is not credited

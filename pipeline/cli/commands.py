@@ -4,8 +4,8 @@
 * ``optimize``: run (or resume) the study, log it to MLflow, print the Pareto table;
 * ``report``: print the Pareto table of a study again, from its storage alone;
 * ``apply --recipe FILE``: replay one recipe (same stages, same exports) through
-  the same runner: the scripted-reuse path for CI jobs; for a recipe whose stage builds a deployable callable
-  (pack), the files a deployment loads it from, in ``<output>/deploy/`` (:mod:`pipeline.engine.deployment`).
+  the same runner: the scripted-reuse path for CI jobs; and the files a deployment loads its callable from, in
+  ``<output>/deploy/`` (:mod:`pipeline.engine.deployment`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pipeline.core.self_check import reference_outputs, require_stable, self_che
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.deliver import deliver
-from pipeline.engine.deployment import DEPLOY_DIR, deploy_stage, save_deployment
+from pipeline.engine.deployment import DEPLOY_DIR, save_deployment
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
@@ -113,6 +113,7 @@ def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True, 
         objectives=objectives, runtimes=split_list(args.runtimes), latency_budget=args.latency_budget,
         latency_batch=args.latency_batch, disabled=split_list(args.disable), exports=args.exports,
         cache_mb=args.cache_mb, tail_limit=args.tail_limit, tail_cosine=args.tail_cosine,
+        workload=args.workload,
     )
     if args.storage:
         validate_storage_url(args.storage)
@@ -228,10 +229,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         exports[name] = {"path": str(export.path), "size_bytes": export.size_bytes, "validation": export.validation,
                          **export.metrics}
     deploy = output / DEPLOY_DIR
-    deployment = None
-    if deploy_stage(recipe.stages) is not None:
-        shipped = runner.runtime_file({}, recipe.runtime)
-        deployment = {"path": str(deploy), **save_deployment(result.model, result.recipe(spec.name), deploy, shipped)}
+    shipped = runner.runtime_file({}, recipe.runtime)
+    deployment = {"path": str(deploy), **save_deployment(result.model, result.recipe(spec.name), deploy, shipped)}
     measured = recipe.metadata.get(RECORDED)
     summary = {"model": spec.name, "recipe": recipe.describe(), "device": result.report.device,
                "metrics": result.report.as_metrics(), "exports": exports, "deployment": deployment,
@@ -249,7 +248,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
                       highlight=False)
     for name, info in exports.items():
         console.print(f"{name}: {info['path']} ({format_bytes(info['size_bytes'])}; {info['validation']})")
-    if deployment is not None:
+    if deployment:
         held = deployment.get("weights") or deployment["file"]
         console.print(f"deployment: {deploy} ({held} + {deployment['recipe']}; "
                       "pipeline.api.load_deployment rebuilds its callable)", highlight=False)

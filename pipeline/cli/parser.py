@@ -154,6 +154,11 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--objectives", default=None, help="comma list of metric,latency,size (default metric,latency)")
     group.add_argument("--minimize-size", action="store_true", help="add the serialized size as a third objective")
     group.add_argument("--runtimes", default=None, help="comma list of runtimes to search (eager,compile,...)")
+    group.add_argument("--workload", default=None, choices=("serve", "corpus", "model"),
+                       help="what latency is timed on, as the model will be used: serve (batches of raw inputs, "
+                       "strings for a text model, to host outputs, in the given order), corpus (one list encoded "
+                       "whole, sorted by length: throughput) or model (the model call alone on the device batch) "
+                       "(default serve; docs/latency.md)")
     group.add_argument("--latency-budget", default=None, choices=LATENCY_BUDGET_NAMES,
                        help="latency measurement effort per trial, timed alone and paired with the baseline "
                        "(quick: 1 call per side per paired round; a search times the objective batch only; "

@@ -148,6 +148,9 @@ class ModelSpec:
     #: The text of each evaluation row, in row order, where the rows come from text (empty: not known): the
     #: worst inputs of a trial are named by it (:mod:`pipeline.core.input_agreement`).
     evaluation_texts: tuple[str, ...] = ()
+    #: The raw texts users send, in order (the texts ``example_inputs`` tokenizes): what the ``serve`` and ``corpus``
+    #: workloads time from strings (:mod:`pipeline.core.workload`; ``--eval-data`` makes them the user's own).
+    latency_texts: Callable[[], Sequence[str]] | None = None
     #: Further metrics on the same outputs and targets, reported (ModelReport.extra) but not optimized,
     #: e.g. KL divergence next to top-1 agreement (see pipeline.core.fidelity).
     extra_metrics: tuple[Metric, ...] = ()

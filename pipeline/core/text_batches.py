@@ -1,7 +1,9 @@
 """Strings in, outputs out, for a whole corpus: what a deployed text encoder's ``encode`` does.
 
 :class:`TextBatches` is the base of the deployments' encoders (:class:`stages.pack.deploy.PackedEncoder`,
-:class:`pipeline.core.length_groups.GroupedEncoder`). Given the model's text encoder (the spec's ``encode_text``: its
+:class:`pipeline.core.length_groups.GroupedEncoder`, and :class:`ModelEncoder`: any model prepared for its runtime,
+what a deployment of a recipe without a deploying stage runs and what the search's workload times,
+:mod:`pipeline.core.workload`). Given the model's text encoder (the spec's ``encode_text``: its
 fast tokenizer's batch call, padded to each batch's longest text; :func:`pipeline.api.load_deployment` sets it),
 :meth:`TextBatches.encode`:
 
@@ -26,7 +28,8 @@ import torch
 from torch import Tensor
 
 from pipeline.core.errors import ConfigError
-from pipeline.core.spec import Batch
+from pipeline.core.padding import bucket_length, longest, pad_to, trim_to_longest
+from pipeline.core.spec import Batch, move_batch
 
 #: Texts per batch when the caller does not say (sentence-transformers' default).
 BATCH_SIZE = 32
@@ -90,3 +93,39 @@ class TextBatches:
         result = torch.empty_like(ordered)
         result[torch.tensor(order)] = ordered
         return result
+
+
+def to_host(output: object) -> Tensor:
+    """A model's output as a float32 host tensor (the first tensor of a tuple or list)."""
+    if isinstance(output, (tuple, list)):
+        output = output[0]
+    if not isinstance(output, Tensor):
+        raise TypeError(f"the model returned {type(output).__name__}, not a tensor")
+    return output.to("cpu", torch.float32)
+
+
+class ModelEncoder(TextBatches):
+    """A model prepared for its runtime (``fn``), called on host batches: each moved to ``device``, a padded
+    sequence batch (``mask_index``: its padding mask input) cut to its longest sample, or padded to its length
+    bucket under a static-shape runtime (:mod:`pipeline.core.padding`), and its output copied to the host as
+    float32. ``encoder(*host_inputs)`` runs one batch; ``encoder.encode(texts)`` strings (with ``encode_text``)."""
+
+    def __init__(self, fn: Callable[..., object], device: torch.device, mask_index: int | None = None,
+                 static_shapes: bool = False, encode_text: Callable[[Sequence[str]], Batch] | None = None) -> None:
+        self.fn = fn
+        self.device = device
+        self.mask_index = mask_index
+        self.static_shapes = static_shapes
+        self.encode_text = encode_text
+
+    def __call__(self, *inputs: Tensor) -> Tensor:
+        batch: Batch = tuple(inputs)
+        if self.mask_index is not None:
+            index = self.mask_index
+            batch = (pad_to(batch, bucket_length(longest(batch, index)), index) if self.static_shapes
+                     else trim_to_longest(batch, index))
+        with torch.inference_mode():
+            return to_host(self.fn(*move_batch(batch, self.device)))
+
+    def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self(input_ids, attention_mask)

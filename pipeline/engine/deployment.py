@@ -1,7 +1,9 @@
 """The files a deployment loads a recipe's model from, and reading them back; none of them runs code on load.
 
-``pipeline apply --recipe R --output X`` writes them to ``X/deploy/`` for a recipe holding a stage with a
-``deploy`` callable (:attr:`pipeline.core.stage.Stage.deploy`; pack's token-id-list encoder):
+``pipeline apply --recipe R --output X`` writes them to ``X/deploy/``, and a search to each Pareto trial's folder, for
+every recipe: one holding a stage with a ``deploy`` callable (:attr:`pipeline.core.stage.Stage.deploy`; pack's
+token-id-list encoder) deploys that; any other the model prepared for its runtime
+(:class:`pipeline.core.text_batches.ModelEncoder`: host batches, or strings through ``encode``):
 
 * under a runtime that runs the torch model: ``weights.safetensors``, the final model's state dict (safetensors
   holds tensors only, no code); or ``weights.pt`` when the model holds tensor subclasses safetensors cannot store
@@ -39,9 +41,12 @@ from pipeline.core.runtimes.base import GivenExport
 from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import ExportResult, Stage, StageConfig, is_export, stage_for
+from pipeline.core.text_batches import ModelEncoder
 from pipeline.engine.deliver import companions, deliver
 from pipeline.engine.recipe import Recipe
 
+#: The manifest's callable of a recipe without a deploying stage: the model prepared for its runtime.
+MODEL_CALLABLE = "model"
 #: The folder under ``apply``'s output.
 DEPLOY_DIR = "deploy"
 SAFE_WEIGHTS = "weights.safetensors"
@@ -81,11 +86,10 @@ def save_deployment(model: nn.Module, recipe: Recipe, directory: Path,
     """Write ``model``'s weights (or, under a runtime that runs a file, ``runtime_file``: the file the trial ran),
     ``recipe`` and the manifest to ``directory``; returns the manifest."""
     stage = deploy_stage(recipe.stages)
-    if stage is None:
-        raise ConfigError(f"recipe '{recipe.describe()}' has no stage that builds a deployable callable")
     directory.mkdir(parents=True, exist_ok=True)
     _remove_previous(directory)
-    manifest: dict[str, Any] = {"format": FORMAT, "model": recipe.model, "callable": stage.name,
+    manifest: dict[str, Any] = {"format": FORMAT, "model": recipe.model,
+                                "callable": stage.name if stage is not None else MODEL_CALLABLE,
                                 "runtime": recipe.runtime, "recipe": RECIPE,
                                 "load": "pipeline.api.load_deployment(<this folder>, <the model's spec>, device, "
                                         "runtime=None)"}
@@ -94,7 +98,7 @@ def save_deployment(model: nn.Module, recipe: Recipe, directory: Path,
     else:
         if runtime_file is None:
             raise ConfigError(f"runtime {recipe.runtime} deploys the file it ran: give it (Runner.runtime_file)")
-        if runtime_file.grouped_mask_input is None:
+        if stage is not None and runtime_file.grouped_mask_input is None:
             raise ConfigError(f"{recipe.model or 'this model'} has no padding mask for {recipe.runtime} to group rows "
                               "by, so the pack stage changes nothing here: drop pack from the recipe")
         shipped = deliver(runtime_file, directory)
@@ -146,12 +150,13 @@ def read_deployment(directory: str | Path) -> Deployment:
     recipe = Recipe.load(directory / str(manifest["recipe"]))
     if manifest.get("file") is not None:
         file = directory / Path(str(manifest["file"])).name
-        if not file.exists() or not isinstance(manifest.get("grouped_mask_input"), int):
+        grouped = manifest.get("grouped_mask_input")
+        if not file.exists() or not (isinstance(grouped, int) or manifest.get("callable") == MODEL_CALLABLE):
             raise ConfigError(f"{file} is missing or the manifest lacks its padding mask: write the folder again "
                               "with `pipeline apply`")
         max_length = manifest.get("max_length")
         return Deployment(recipe, file=file, file_format=str(manifest.get("format_of_file", "")),
-                          grouped_mask_input=manifest["grouped_mask_input"],
+                          grouped_mask_input=grouped if isinstance(grouped, int) else None,
                           max_length=max_length if isinstance(max_length, int) else None)
     weights = directory / str(manifest.get("weights"))
     if weights.name not in (SAFE_WEIGHTS, PICKLED_WEIGHTS) or not weights.is_file():
@@ -159,14 +164,18 @@ def read_deployment(directory: str | Path) -> Deployment:
     return Deployment(recipe, weights=weights)
 
 
-def open_file(deployment: Deployment, spec: ModelSpec, device: torch.device) -> GroupedEncoder:
-    """A file deployment opened in its recipe's runtime, called per length group behind the token-list contract
-    (the longest token list: the manifest's, else the width of ``spec``'s inputs)."""
-    if deployment.file is None or deployment.grouped_mask_input is None:
+def open_file(deployment: Deployment, spec: ModelSpec, device: torch.device) -> GroupedEncoder | ModelEncoder:
+    """A file deployment opened in its recipe's runtime: a pack recipe's called per length group behind the
+    token-list contract (the longest token list: the manifest's, else the width of ``spec``'s inputs), any other
+    recipe's called on host batches (:class:`pipeline.core.text_batches.ModelEncoder`)."""
+    if deployment.file is None:
         raise ConfigError("this deployment holds weights, not a file: load it with pipeline.api.load_deployment")
     runtime = deployment.recipe.runtime
     result = ExportResult(format=deployment.file_format, path=deployment.file, size_bytes=0,
                           validation="a deployment's file", grouped_mask_input=deployment.grouped_mask_input)
+    if deployment.grouped_mask_input is None:  # a recipe without pack: the file on the batch as it comes
+        return ModelEncoder(prepare_runtime(nn.Identity(), runtime, device, GivenExport(result)), device,
+                            spec.padding_mask, get_runtime(runtime).static_shapes)
     grouped = prepare_runtime(nn.Identity(), runtime, device, GivenExport(result))
     if not isinstance(grouped, LengthGrouped):
         raise ConfigError(f"runtime {runtime} does not call its file per length group: load the folder with a "

@@ -135,6 +135,10 @@ class SearchConfig(BaseModel):
     #: ``0.02``; ``off``: no guard), an embedding input below ``tail_cosine`` to its unoptimized output.
     tail_limit: TailLimit = TAIL_LIMIT
     tail_cosine: float = Field(default=COSINE_FLOOR, gt=-1.0, le=1.0)
+    #: How the model will be used, what its latency is timed on (:data:`pipeline.core.workload.WORKLOADS`): ``serve``
+    #: (raw inputs to host outputs, batch by batch), ``corpus`` (a whole list, sorted by length) or ``model`` (the
+    #: model call alone on the device batch).
+    workload: Literal["serve", "corpus", "model"] = "serve"
 
     #: Fields that do not change what a trial measures (left out of the study's name): where results go,
     #: and which trials the search proposes besides its sampler's (a resumed study may change them).

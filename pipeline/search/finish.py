@@ -1,4 +1,4 @@
-"""The end of a study: the Pareto trials exported (a pack trial's deployable callable too: its ``deploy/`` folder),
+"""The end of a study: the Pareto trials exported (each with its deployable callable: its ``deploy/`` folder),
 their recipes saved, tagged in MLflow (each lead of the front ranked: :mod:`pipeline.search.best`); the parent run's
 note."""
 
@@ -18,7 +18,7 @@ from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.stage import StageConfig
 from pipeline.core.text import plain
 from pipeline.engine.deliver import companions, deliver, delivered
-from pipeline.engine.deployment import DEPLOY_DIR, deploy_stage, save_deployment
+from pipeline.engine.deployment import DEPLOY_DIR, save_deployment
 from pipeline.engine.recipe import Recipe
 from pipeline.search.best import BestTrial, best_numbers
 from pipeline.search.explain import dominated_by, front_tags
@@ -189,10 +189,10 @@ def export_trial(parts: StudyParts, record: TrialRecord,
 
 
 def trial_deployment(parts: StudyParts, record: TrialRecord, folder: Path) -> tuple[list[Path], str] | None:
-    """For a trial whose recipe has a stage that builds a deployable callable (pack), its ``deploy/`` folder
-    (:mod:`pipeline.engine.deployment`, from the trial's cached model): the files and "ok" or why it failed;
-    None for any other recipe."""
-    if record.recipe is None or deploy_stage(record.recipe.stages) is None:
+    """A front trial's ``deploy/`` folder (:mod:`pipeline.engine.deployment`, from the trial's cached model, every
+    recipe: its deploying stage's callable, else the model under its runtime): the files and "ok" or why it failed;
+    None for a trial without a recipe."""
+    if record.recipe is None:
         return None
     try:
         model = parts.runner.run(record.configs, record.runtime, exports=False, evaluate=False).model

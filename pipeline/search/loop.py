@@ -143,6 +143,7 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     parent = tracker.parent_run_id if tracker is not None else None
     logger = TrialLogger(parts, tracker, console)
     console.print(f"allowed drop: {search.objectives.describe_drop(baseline)}", highlight=False)
+    say(console, search.latency.describe(baseline.latency_ms, baseline.model_call_ms))
     done = catch_up(search, study, tracker, logger)
     budget = TrialBudget(trials, finished_states())
     remaining = trials - budget.counted(study)
@@ -175,7 +176,7 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     front = retime_front(parts, study, changed)
     total = budget.counted(study)
     title = f"{search.spec.name}: Pareto front, {len(front.rows)} of {total} trials"
-    table_notes = [f"device: {logger.device}", FRONT_NOTE, front.note]
+    table_notes = [f"device: {logger.device}", search.latency.describe(), FRONT_NOTE, front.note]
     table = pareto_table(front.rows, search.objectives, title, baseline, table_notes)
     times = spent(parts, time.perf_counter() - wall_start)
     results = best_so_far(every)

@@ -79,6 +79,9 @@ class Baseline:
     trial: int | None = None
     #: The metric on the fixed bootstrap resamples (:mod:`pipeline.core.bootstrap`), each trial's paired with them.
     metric_resamples: tuple[float, ...] = ()
+    #: The model call alone at the objective batch (``latency_ms`` is the workload's; None: stored before the
+    #: workload was the objective, when the two were one).
+    model_call_ms: float | None = None
 
     def __post_init__(self) -> None:  # read back from JSON (the study attr) as a list
         object.__setattr__(self, "metric_resamples", tuple(self.metric_resamples))
@@ -174,7 +177,8 @@ class Objectives:
         """The metrics a user reads first: the task metric, its drop, the objective latency,
         the speed-up and the size (MLflow logs the others under ``detail.``)."""
         return (self.spec.metric.name, "metric_drop", "metric_drop_ci_low", "metric_drop_ci_high",
-                "metric_drop_relative", *HEADLINE_INPUT_METRICS, self.latency_key, "speedup", "size_bytes")
+                "metric_drop_relative", *HEADLINE_INPUT_METRICS, self.latency_key, "speedup", "model_call_speedup",
+                "size_bytes")
 
     def values(self, report: ModelReport, latency_ms: float | None = None) -> tuple[float, ...]:
         """The objective values; ``latency_ms``: the latency objective (the paired one, see :meth:`trial_metrics`)."""
@@ -185,9 +189,14 @@ class Objectives:
         }
         return tuple(by_name[n] for n in self.names)
 
-    def baseline_from(self, report: ModelReport, trial: int | None = None) -> Baseline:
-        return Baseline(report.metric_value, report.latency_p50(self.latency_batch), float(report.size_bytes), trial,
-                        report.metric_resamples)
+    def baseline_from(self, report: ModelReport, trial: int | None = None,
+                      workload_ms: float | None = None) -> Baseline:
+        """The baseline of ``report``; ``workload_ms``: its latency on the study's workload (None: the model call's,
+        ``--workload model``), the scale every trial's objective latency is on."""
+        model_call_ms = report.latency_p50(self.latency_batch)
+        latency_ms = model_call_ms if workload_ms is None else workload_ms
+        return Baseline(report.metric_value, latency_ms, float(report.size_bytes), trial, report.metric_resamples,
+                        model_call_ms=model_call_ms)
 
     def drop(self, baseline: Baseline, metric_value: float) -> float:
         """How much worse than the baseline (absolute; positive = worse)."""
@@ -275,7 +284,10 @@ class Objectives:
             metrics["metric_drop_ci_low"], metrics["metric_drop_ci_high"] = interval
         if baseline.metric_value > 0:
             metrics["metric_drop_relative"] = metrics["metric_drop"] / baseline.metric_value
-        metrics["speedup"] = baseline.latency_ms / latency if latency > 0 else 0.0
+        model_call_ms = baseline.model_call_ms if baseline.model_call_ms is not None else baseline.latency_ms
+        metrics["speedup"] = model_call_ms / latency if latency > 0 else 0.0
+        if baseline.model_call_ms is not None and latency > 0:  # the model call alone, beside the workload's figure
+            metrics["model_call_speedup"] = baseline.model_call_ms / latency
         key = self.latency_key
         metrics[key] = latency
         if paired is not None and paired.speedup > 0:

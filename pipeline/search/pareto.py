@@ -73,6 +73,9 @@ class ParetoRow:
     #: Its inputs against the unoptimized model's, short (:func:`pipeline.core.input_agreement.cell`; empty: not
     #: measured).
     inputs: str = ""
+    #: The model call's speed-up alone (the objective is the workload's, :mod:`pipeline.core.workload`; NaN: the
+    #: objective is the model call, or not measured).
+    model_call_speedup: float = math.nan
 
     @property
     def outside(self) -> bool:
@@ -114,6 +117,7 @@ def trial_row(trial: FrozenTrial, objectives: Objectives, exports: str = "") -> 
         drop_ci=stored_interval(metrics),
         uncertain=bool(trial.user_attrs.get(ATTR_UNCERTAIN)),
         inputs=inputs_cell(metrics),
+        model_call_speedup=float(metrics.get("model_call_speedup", math.nan)),
     )
 
 
@@ -213,6 +217,9 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
     table.add_column(f"p50 ms b{objectives.latency_batch}", justify="right")
     table.add_column("speed-up [95% CI] ~ tied with", justify="right")
     table.add_column("re-timed", justify="right")
+    model_call = any(math.isfinite(row.model_call_speedup) for row in rows)
+    if model_call:
+        table.add_column("model call", justify="right")
     table.add_column("size", justify="right")
     table.add_column("recipe")
     table.add_column("exports")
@@ -220,7 +227,8 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
         timed_again = any(math.isfinite(r.remeasured) for r in rows)
         table.add_row("-" if baseline.trial is None else str(baseline.trial), f"{baseline.metric_value:.4f}",
                       f"{0.0:+.4f}", *(["-"] if inputs else []), f"{baseline.latency_ms:.3f}", "1.00x",
-                      "1.00x" if timed_again else "-", format_bytes(baseline.size_bytes), "baseline", "", style="dim")
+                      "1.00x" if timed_again else "-", *(["1.00x"] if model_call else []),
+                      format_bytes(baseline.size_bytes), "baseline", "", style="dim")
     for row in rows:
         table.add_row(
             str(row.trial),
@@ -230,6 +238,8 @@ def pareto_table(rows: Sequence[ParetoRow], objectives: Objectives, title: str,
             f"{row.latency_ms:.3f}",
             speedup_cell(row) + (f" ~ {', '.join(map(str, row.ties))}" if row.ties else ""),
             remeasured_cell(row),
+            *([f"{row.model_call_speedup:.2f}x" if math.isfinite(row.model_call_speedup) else "-"]
+              if model_call else []),
             format_bytes(row.size_bytes) if math.isfinite(row.size_bytes) else "?",
             row.short or row.recipe,
             exports_cell(row.export_status),
@@ -252,6 +262,8 @@ def table_columns(rows: Sequence[ParetoRow], objectives: Objectives) -> dict[str
         "speedup": [round(r.speedup, 2) for r in rows],
         "speedup_95ci": [speedup_cell(r).partition(" ")[2] for r in rows],
         "speedup_remeasured": [round(r.remeasured, 2) if math.isfinite(r.remeasured) else None for r in rows],
+        "model_call_speedup": [round(r.model_call_speedup, 2) if math.isfinite(r.model_call_speedup) else None
+                               for r in rows],
         "remeasured_outside_ci": [r.outside for r in rows],
         "size": [format_bytes(r.size_bytes) if math.isfinite(r.size_bytes) else "?" for r in rows],
         "recipe": [r.recipe for r in rows],

@@ -30,6 +30,7 @@ from pipeline.core.secrets import mask_secrets
 from pipeline.core.self_check import SelfCheck, lazy_reference, require_stable, self_check
 from pipeline.core.spec import ModelSpec
 from pipeline.core.stage import StageConfig, StageContext, config_from_dict, registered_stages, stage_for
+from pipeline.core.workload import workload_for
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.graph import load_pipeline
 from pipeline.engine.runner import Runner
@@ -127,7 +128,8 @@ class Search:
         self._storage: optuna.storages.BaseStorage | None = None
         #: Paired latency of the trials against the baseline (its timer and CPU clock are injectable).
         self.latency = StudyLatency(spec, device, self.objectives.latency_batch, lambda: self.runner,
-                                    LATENCY_BUDGETS[config.latency_budget])
+                                    LATENCY_BUDGETS[config.latency_budget],
+                                    workload_for(config.workload, spec, self.objectives.latency_batch))
 
     @property
     def study_name(self) -> str:
@@ -284,7 +286,8 @@ class Search:
                 baseline = Baseline(**stored)
             else:
                 result = self.runner.run({}, "eager", exports=False, known=Known(outputs=reference()))
-                baseline = self.objectives.baseline_from(result.report, trial=None)
+                workload_ms = self.latency.baseline_alone().p50_ms if self.latency.workload is not None else None
+                baseline = self.objectives.baseline_from(result.report, trial=None, workload_ms=workload_ms)
                 study.set_user_attr(ATTR_BASELINE, json.loads(baseline.to_json()))
             self.objectives.threshold(baseline)  # a relative drop of a baseline <= 0 fails here, before any trial
             noise_line = self.check_noise_floor(study, baseline)

@@ -7,6 +7,10 @@ trials alone with), the baseline's prepared function (prepared once), the latenc
 at its own length: the eager baseline at the batch's longest, a static-shape runtime in its bucket), the
 round timer and the CPU clock (tests inject fakes for both).
 
+What a side runs is the study's workload (:mod:`pipeline.core.workload`, ``--workload``): by default ``serve``, raw
+inputs (strings for a text model) through the model to host outputs, a stream of batches, timed on the host clock
+and read per batch; ``model`` times the model call alone on the latency batch already on the device.
+
 A trial is timed from its run's own result (:meth:`StudyLatency.measure`): the function its evaluation
 prepared and measured, else one prepared again from that run's configs and runtime, never a function
 prepared for another recipe. The unoptimized model under :data:`BASELINE_RUNTIME` is the baseline itself: its pair
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pipeline.core.latency import LatencySettings, LatencyStats, batch_size_of, latency_stats, time_first_call
+from pipeline.core.latency import LatencySettings, LatencyStats, latency_stats, time_first_call
 from pipeline.core.padding import latency_inputs
 from pipeline.core.paired import (
     CpuClock,
@@ -35,8 +39,10 @@ from pipeline.core.paired import (
     process_clock,
     time_rounds,
 )
+from pipeline.core.runtimes.registry import get_runtime
 from pipeline.core.spec import Batch, ModelSpec, move_batch
 from pipeline.core.stage import StageConfig
+from pipeline.core.workload import Workload
 from pipeline.engine.run_result import RunResult
 from pipeline.engine.runner import Runner
 
@@ -52,18 +58,46 @@ class TrialTiming:
     stats: LatencyStats
 
 
+@dataclass(frozen=True)
+class PerBatch:
+    """A round timer whose milliseconds are per batch of a workload that runs ``batches`` of them a call."""
+
+    timer: RoundTimer
+    batches: int
+
+    def warm_up(self, sides: Sequence[Timed]) -> None:
+        self.timer.warm_up(sides)
+
+    def __call__(self, sides: Sequence[Timed]) -> list[float]:
+        return [ms / self.batches for ms in self.timer(sides)]
+
+
+class WorkloadCall:
+    """A model prepared for its runtime, run as the study's workload (``__wrapped__``: the model's function)."""
+
+    def __init__(self, fn: Callable[..., Tensor], run: Callable[[], Tensor]) -> None:
+        self.__wrapped__ = fn
+        self._run = run
+
+    def __call__(self) -> Tensor:
+        return self._run()
+
+
 class StudyLatency:
-    """Paired latency of a study's trials against its baseline, at the objective batch size."""
+    """Paired latency of a study's trials against its baseline, at the objective batch size, on its workload."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, batch_size: int,
-                 runner: Callable[[], Runner], settings: LatencySettings) -> None:
+                 runner: Callable[[], Runner], settings: LatencySettings, workload: Workload | None = None) -> None:
         self.spec = spec
         self.device = device
         self.batch_size = batch_size
         self.settings = settings
+        #: What a side runs (None: the model call alone on the device batch, ``--workload model``).
+        self.workload = workload
         self._runner = runner  # the study's runner, built on first use
-        #: Warms up and times one round (:mod:`pipeline.core.paired`); tests inject a fake clock here.
-        self.timer: RoundTimer = DeviceTimer(device, settings)
+        #: Warms up and times one round (:mod:`pipeline.core.paired`); tests inject a fake clock here. A workload
+        #: ends on the host, so it is timed on the host clock.
+        self.timer: RoundTimer = DeviceTimer(device if workload is None else torch.device("cpu"), settings)
         #: Process CPU time against wall time during a measurement: on the CPU only.
         self.cpu_clock: CpuClock | None = process_clock if device.type == "cpu" else None
         self._baseline: Callable[..., Tensor] | None = None
@@ -95,13 +129,26 @@ class StudyLatency:
             self._baseline = self.function({}, BASELINE_RUNTIME)
         return self._baseline
 
+    def timed(self, fn: Callable[..., Tensor], runtime: str) -> Timed:
+        """``fn`` (a model prepared for ``runtime``) as one side of a measurement: the study's workload (no inputs:
+        a call runs it whole), else the model and the device batch ``runtime`` is timed on."""
+        if self.workload is None:
+            return fn, self.inputs(runtime)
+        run = self.workload.timed(fn, self.device, self.spec.encode_text, get_runtime(runtime).static_shapes)
+        return WorkloadCall(fn, run), ()
+
+    @property
+    def round_timer(self) -> RoundTimer:
+        """:attr:`timer`, its milliseconds per batch of the workload."""
+        return self.timer if self.workload is None else PerBatch(self.timer, self.workload.batches)
+
     def side(self, configs: Mapping[str, StageConfig | None], runtime: str) -> Timed:
-        """A trial's prepared model and the inputs its runtime is timed on."""
-        return self.function(configs, runtime), self.inputs(runtime)
+        """A trial's prepared model as a side (:meth:`timed`)."""
+        return self.timed(self.function(configs, runtime), runtime)
 
     def baseline_side(self) -> Timed:
-        """The unoptimized model, eager, and its inputs."""
-        return self.baseline(), self.inputs(BASELINE_RUNTIME)
+        """The unoptimized model, eager, as a side."""
+        return self.timed(self.baseline(), BASELINE_RUNTIME)
 
     def measure(self, result: RunResult) -> PairedLatency:
         """The trial that ``result`` evaluated (:meth:`measured`) timed in rounds alternating with the baseline;
@@ -118,8 +165,7 @@ class StudyLatency:
         the inputs ``runtime`` is timed on (the bench's rows: the runner's own measured function); ``stop``: it may
         stop once its answer is known (:class:`~pipeline.core.paired.StopRule`); ``itself``: ``fn`` is the unoptimized
         model under :data:`BASELINE_RUNTIME` (a self-pair: 1.00x, or not settled)."""
-        baseline = self.baseline_side()
-        return measure_paired(baseline, (fn, self.inputs(runtime)), self.timer, self.settings,
+        return measure_paired(self.baseline_side(), self.timed(fn, runtime), self.round_timer, self.settings,
                               cpu_clock=self.cpu_clock, stop=stop, self_pair=itself)
 
     def probe(self, fn: Callable[..., Tensor], runtime: str, stop: StopRule, itself: bool = False) -> TrialTiming:
@@ -128,22 +174,43 @@ class StudyLatency:
         Its seconds add to :attr:`seconds`."""
         start = time.perf_counter()
         try:
-            inputs = self.inputs(runtime)
-            first_call_ms = self.first_call(fn, inputs)
+            first_call_ms = self.first_call(*self.timed(fn, runtime))
             paired = self.pair(fn, runtime, stop, itself)
         finally:
             self.seconds += time.perf_counter() - start
         samples = paired.trial_samples or (paired.trial_ms,)
-        return TrialTiming(paired, latency_stats(samples, batch_size_of(inputs), first_call_ms))
+        return TrialTiming(paired, latency_stats(samples, self.batch_size, first_call_ms))
 
     def first_call(self, fn: Callable[..., Tensor], inputs: Batch) -> float:
-        """The first call's milliseconds (tests replace the clock: 0 with a fake timer)."""
+        """The first call's milliseconds (a workload's: its whole first call; tests replace the clock: 0 with a
+        fake timer)."""
         if not isinstance(self.timer, DeviceTimer):
             return 0.0
-        return time_first_call(fn, inputs, self.device)
+        return time_first_call(fn, inputs, self.timer.device)
+
+    def describe(self, baseline_ms: float | None = None, model_call_ms: float | None = None) -> str:
+        """``latency timed on serve: 4 batches of 32 strings ..., paired with the baseline (12.3 ms a batch; the model
+        call alone 10.1 ms, column "model call")``: what the objective times, said once at the start and under the
+        table."""
+        if self.workload is None:
+            scale = f" ({baseline_ms:.3f} ms)" if baseline_ms is not None else ""
+            return f"latency timed on the model call alone, on the latency batch on the device{scale} (--workload)"
+        scale = ""
+        if baseline_ms is not None:
+            call = f"; the model call alone {model_call_ms:.3f} ms" if model_call_ms is not None else ""
+            scale = f" (the baseline {baseline_ms:.3f} ms a batch{call})"
+        return (f"latency timed on {self.workload.describe()}, paired with the baseline{scale}; the model call alone "
+                f"is the column 'model call' (--workload)")
+
+    def baseline_alone(self) -> LatencyStats:
+        """The baseline's own latency on the workload, per batch, timed alone (the study's latency scale)."""
+        fn, inputs = self.baseline_side()
+        self.timer.warm_up([(fn, inputs)])
+        samples = [self.round_timer([(fn, inputs)])[0] for _ in range(self.settings.rounds)]
+        return latency_stats(samples, self.batch_size, 0.0)
 
     def together(self, sides: Sequence[Timed]) -> list[list[float]]:
         """Several models timed in the same rounds (each warmed up once, the order reversed every other
         round): per side, its median in each round."""
         self.timer.warm_up(sides)
-        return time_rounds(sides, self.timer, self.settings.rounds)
+        return time_rounds(sides, self.round_timer, self.settings.rounds)

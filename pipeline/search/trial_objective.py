@@ -250,8 +250,11 @@ class TrialObjective:
                                       {**seconds, "trial": time.perf_counter() - start})
             if stopped is not None:
                 return stopped
+            # On a workload the probe timed raw inputs to host outputs: the model call is timed alone in the
+            # evaluation, the figure beside it (pipeline.core.workload).
+            known_latency = {parts.objectives.latency_batch: timing.stats} if parts.latency.workload is None else {}
             result = parts.runner.run(configs, runtime, exports=parts.config.exports == "every_trial",
-                                      known=Known(fn, {parts.objectives.latency_batch: timing.stats}))
+                                      known=Known(fn, known_latency))
         except InfeasibleConfig as exc:
             self.interrupts.check(exc)
             return TrialOutcome(draft(state=PRUNED, infeasible=exc.reason))

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import numpy
 import torch
 from torch import Tensor, nn
 
@@ -171,10 +172,53 @@ def tokenize(tokenizer: Any, texts: list[str], sequence_length: int = SEQUENCE_L
 
 def encode_texts(tokenizer: Any, texts: Sequence[str], max_tokens: int = SEQUENCE_LENGTH) -> Batch:
     """Texts as one batch padded to its longest text (at most ``max_tokens``), as a user's serving code
-    pads: labelled data is scored at its own lengths, not at the longest the model takes."""
-    encoded = tokenizer(list(texts), padding="longest", truncation=True, max_length=max_tokens,
-                        return_tensors="pt")
-    return (encoded["input_ids"].to(torch.int64), encoded["attention_mask"].to(torch.int64))
+    pads: labelled data is scored at its own lengths, not at the longest the model takes. A fast tokenizer runs
+    its Rust batch call directly (:class:`PaddedBatches`: the same ids and mask, without transformers' per-call
+    setup and list-to-tensor conversion)."""
+    return PaddedBatches.of(tokenizer, max_tokens)(texts)
+
+
+class PaddedBatches:
+    """``texts -> (input_ids, attention_mask)`` int64, padded to the batch's longest text, truncated to
+    ``max_tokens``: what ``tokenizer(texts, padding="longest", truncation=True, max_length=max_tokens)`` returns.
+    For a fast tokenizer padded on the right, its own copy of the Rust backend, padding and truncation set once, runs
+    ``encode_batch`` (parallel over the texts, the GIL released) and the ids become one array; any other tokenizer is
+    called as above. Built once per tokenizer and length (:meth:`of`)."""
+
+    _built: ClassVar[dict[tuple[int, int], PaddedBatches]] = {}
+
+    def __init__(self, tokenizer: Any, max_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.backend: Any = None
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if (backend is not None and getattr(tokenizer, "padding_side", "right") == "right"
+                and getattr(tokenizer, "pad_token_id", None) is not None):
+            from tokenizers import Tokenizer
+
+            own = Tokenizer.from_str(backend.to_str())
+            own.enable_truncation(max_tokens, direction=getattr(tokenizer, "truncation_side", "right"))
+            own.enable_padding(direction="right", pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
+                               pad_type_id=getattr(tokenizer, "pad_token_type_id", 0))
+            self.backend = own
+
+    @classmethod
+    def of(cls, tokenizer: Any, max_tokens: int) -> PaddedBatches:
+        key = (id(tokenizer), max_tokens)
+        built = cls._built.get(key)
+        if built is None or built.tokenizer is not tokenizer:
+            built = cls._built[key] = cls(tokenizer, max_tokens)
+        return built
+
+    def __call__(self, texts: Sequence[str]) -> Batch:
+        if self.backend is None:
+            encoded = self.tokenizer(list(texts), padding="longest", truncation=True, max_length=self.max_tokens,
+                                     return_tensors="pt")
+            return (encoded["input_ids"].to(torch.int64), encoded["attention_mask"].to(torch.int64))
+        encodings = self.backend.encode_batch(list(texts))
+        ids = torch.from_numpy(numpy.array([e.ids for e in encodings], dtype=numpy.int64))
+        mask = torch.from_numpy(numpy.array([e.attention_mask for e in encodings], dtype=numpy.int64))
+        return ids, mask
 
 
 def max_tokens(directory: Path) -> int:
@@ -232,6 +276,7 @@ def hf_spec(ref: str, inputs_file: str | None = None, output_kind: str = "auto",
         output_kind=output_kind,
         padding_mask=ATTENTION_MASK_INPUT if getattr(tokenizer, "padding_side", "right") == "right" else None,
         encode_text=partial(encode_texts, tokenizer, max_tokens=max_tokens(directory)),
+        latency_texts=lambda: evaluation_lines,
         label_names=label_names(directory) if layout.classifier else (),
         description=(
             f"Hugging Face model from {directory} ({'classifier logits' if layout.classifier else layout.pooling}"

@@ -17,6 +17,7 @@ what to do, before any search starts.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
@@ -59,6 +60,9 @@ def attach_eval_data(spec: ModelSpec, options: SourceOptions) -> ModelSpec:
     if not options.eval_data:
         return spec
     scored = with_task_data(spec, load_task_data(options.eval_data), spec.label_names)
+    if scored.evaluation_texts:  # the workload is timed on the user's own texts (pipeline.core.workload)
+        texts = tuple(dict.fromkeys(scored.evaluation_texts))
+        scored = dataclasses.replace(scored, latency_texts=lambda: texts)
     # The source names the data too: a study scored on labels is not the fidelity study of the same model.
     object.__setattr__(scored, "source", f"{spec.source or spec.name} --eval-data {options.eval_data}")
     return scored

@@ -19,11 +19,14 @@ from typing import Any
 
 import optuna
 import pytest
+import torch
 from mlflow import MlflowClient
 from torch import nn
 
 from experiments.screenshots import chromium, free_port, serving, take
+from pipeline.api import load_deployment
 from pipeline.search.pareto import pareto_trials
+from pipeline.sources.resolve import resolve_spec
 
 pytestmark = pytest.mark.slow
 
@@ -178,8 +181,14 @@ def test_each_pareto_trials_files_sit_in_its_study_folder_and_are_printed(optimi
     study = optimized.study
     for trial in study.best_trials:
         folder = optimized.results / "studies" / study.study_name / f"trial-{trial.number:03d}"
-        assert {"recipe.json", "digits.onnx", "digits.mlpackage"} <= {p.name for p in folder.iterdir()}
+        assert {"recipe.json", "digits.onnx", "digits.mlpackage", "deploy"} <= {p.name for p in folder.iterdir()}
         assert f"{folder / 'digits.onnx'}" in optimized.optimize_output + optimized.resume_output
+        # Every front trial ships its deployment: the callable load_deployment rebuilds, host batches in.
+        assert {"deployment.json", "recipe.json"} <= {p.name for p in (folder / "deploy").iterdir()}
+    spec = resolve_spec("digits")
+    deployed = load_deployment(folder / "deploy", spec)
+    inputs = spec.example_inputs(4)
+    assert deployed(*inputs).shape == (4, 10) and deployed(*inputs).dtype == torch.float32
 
 
 def test_runs_are_named_by_their_short_recipe(optimized: Study) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.bench import peer_envs, peers, peers_runner
+from experiments.bench import isa, peer_envs, peers, peers_runner
 from experiments.bench.render import render_markdown
 from experiments.data.sts_benchmark import convert
 from experiments.models import minilm
@@ -178,9 +178,9 @@ def test_the_cpu_is_described_by_the_flags_the_peers_choose_by(tmp_path: Path) -
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512_vnni amx_bf16\n\n"
                        "processor\t: 1\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512_vnni amx_bf16\n")
-    assert peers.cpu_description(cpuinfo) == "Some Xeon (amx_bf16, avx512_vnni, avx2)"
+    assert isa.cpu_description(cpuinfo) == "Some Xeon (amx_bf16, avx512_vnni, avx2)"
     cpuinfo.write_text("model name\t: AMD EPYC\nflags\t: fpu avx2\n")
-    assert peers.cpu_description(cpuinfo) == "AMD EPYC (avx2; no AMX)"
+    assert isa.cpu_description(cpuinfo) == "AMD EPYC (avx2; no AMX)"
 
 
 def test_the_latency_set_is_the_specs_latency_batch() -> None:
@@ -192,3 +192,27 @@ def test_the_latency_set_is_the_specs_latency_batch() -> None:
     (spec_ids, spec_mask), lengths = latency_inputs(minilm.spec(), 32, "eager")
     assert torch.equal(ids, spec_ids) and torch.equal(mask, spec_mask)
     assert lengths is not None and ids.shape[1] == lengths.length
+
+
+def test_corpus_rows_and_the_verdict_against_the_fastest_peer(tmp_path: Path) -> None:
+    """A peer that embedded the whole corpus gets a ``"workload": "corpus"`` row from its encode() rounds against
+    torch fp32's encode(); the render names the best deployment's ratio to the fastest peer."""
+    task = PairsData("words", ("a", "b", "c"), ("d", "e", "f"), (1.0, 2.0, 3.0))
+    held = _pairs(tmp_path)
+    result = _runner_result(tmp_path, 6, len(set(held.first) | set(held.second)))
+    result["peers"][0]["corpus"] = {"baseline_s": [4.0] * 5, "peer_s": [2.0] * 5}
+    corpus = ["A man is playing a guitar.", "A woman slices an onion.", "Dogs run."] * 30
+    spec: dict[str, Any] = {"inputs": {peers.LATENCY_SET: {}, peers.DEV_SET: {}}, "batch": 32,
+                            "corpus": {"sentences": corpus, "rounds": 5}}
+    rows = peers.peer_rows("openvino", result, task, held, spec)
+    corpus_rows = [r for r in rows if r.get("workload") == "corpus"]
+    assert len(corpus_rows) == 1
+    row = corpus_rows[0]
+    assert row["end_to_end"] is True and row["batch"] == 32 and row["sentences"] == 90 and row["batches"] == 3
+    assert row["speedup"] == 2.0 and row["sentences_per_s"] == pytest.approx(45.0)
+    assert row["peer_ms"] == pytest.approx(2000.0 / 3)
+    ours = {**row, "kind": "paretorch", "name": "paretorch: pack | int8d | ort (deployed)", "speedup": 3.0,
+            "sentences_per_s": 67.5}
+    summary = " ".join(peers.corpus_summary([*rows, ours]))
+    assert "the fastest peer, OpenVINO default, 2.00x" in summary and "**1.50x the fastest peer**" in summary
+    assert peers.corpus_summary(rows) == []  # no deployment measured: no verdict

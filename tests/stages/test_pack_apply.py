@@ -25,7 +25,7 @@ from pipeline.engine.deployment import MANIFEST, PICKLED_WEIGHTS, SAFE_WEIGHTS, 
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
-from pipeline.search.finish import export_trial, trial_deployment
+from pipeline.search.finish import export_trial
 from pipeline.sources.resolve import resolve_spec
 from stages.distill.stage import DistillConfig
 from stages.pack.deploy import PackedEncoder
@@ -156,8 +156,6 @@ def test_bad_deployment_folders_say_what_to_give(spec_file: Path, tmp_path: Path
     save_deployment(model, recipe, tmp_path / "deploy")
     with pytest.raises(ConfigError, match="not of 'tiny_bert'"):
         load_deployment(tmp_path / "deploy", spec)
-    with pytest.raises(ConfigError, match="no stage that builds"):
-        save_deployment(model, Recipe((QuantizeConfig(method="int8_dynamic"),), model=spec.name), tmp_path / "q")
 
 
 def pareto_trial(spec: ModelSpec, recipe: Recipe, folder: Path) -> tuple[Any, Any, Recipe, dict[str, list[Path]],
@@ -175,12 +173,28 @@ def test_a_pareto_pack_trials_folder_holds_its_deployment(spec_file: Path, tmp_p
     spec = resolve_spec(f"{spec_file}:spec")
     recipe = Recipe((PackConfig(),), runtime="eager", model=spec.name)
     folder = tmp_path / "trial-001"
-    parts, record, final, files, status = pareto_trial(spec, recipe, folder)
+    _, _, final, files, status = pareto_trial(spec, recipe, folder)
     assert status == {"deploy": "ok"} and final.metadata["exports"] == status
     assert [path.name for path in files["deploy"]] == sorted([MANIFEST, "recipe.json", SAFE_WEIGHTS])
     ids, mask = batch([7, 16, 1], seed=4)
     lists = token_lists(ids, mask)
     expected = PackedEncoder(run_chain(spec.build(), recipe.stages, StageContext(spec, CPU)).model, CPU)(lists)
     assert torch.equal(load_deployment(folder / "deploy", spec)(lists), expected)
-    record.recipe = Recipe((QuantizeConfig(method="int8_dynamic"),), runtime="eager", model=spec.name)
-    assert trial_deployment(parts, record, tmp_path / "other") is None
+
+
+def test_a_pareto_trial_without_pack_deploys_its_model_under_its_runtime(spec_file: Path, tmp_path: Path) -> None:
+    """Every front trial ships deploy/: a recipe without a deploying stage, the model under its runtime, host
+    batches in (and strings through encode), host float32 out, as the replayed recipe computes them."""
+    spec = resolve_spec(f"{spec_file}:spec")
+    recipe = Recipe((QuantizeConfig(method="int8_dynamic"),), runtime="eager", model=spec.name)
+    _, _, final, files, status = pareto_trial(spec, recipe, tmp_path / "trial-002")
+    assert status == {"deploy": "ok"} and final.metadata["exports"] == status
+    assert [path.name for path in files["deploy"]] == sorted([MANIFEST, "recipe.json", PICKLED_WEIGHTS])
+    assert json.loads((tmp_path / "trial-002" / "deploy" / MANIFEST).read_text())["callable"] == "model"
+    loaded = load_deployment(tmp_path / "trial-002" / "deploy", spec)
+    ids, mask = batch([7, 16, 1], seed=4)
+    with torch.inference_mode():
+        expected = run_chain(spec.build(), recipe.stages, StageContext(spec, CPU)).model(ids, mask).float()
+    torch.testing.assert_close(loaded(ids, mask), expected)
+    texts = ["a longer sentence", "short", "mid length"]
+    torch.testing.assert_close(loaded.encode(texts, batch_size=2), loaded(*spec.encode_text(texts)))

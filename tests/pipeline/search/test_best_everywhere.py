@@ -9,6 +9,7 @@ the allowed drop: a second lead, the fastest) and a 14x slower one (stopped by t
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import math
@@ -72,7 +73,7 @@ class LabelTimer:
         pass
 
     def __call__(self, sides: Sequence[Timed]) -> list[float]:
-        return [TRUE_MS[getattr(fn, "paretorch_label", None)] for fn, _ in sides]
+        return [TRUE_MS[getattr(inspect.unwrap(fn), "paretorch_label", None)] for fn, _ in sides]
 
 
 @pytest.fixture(scope="module")

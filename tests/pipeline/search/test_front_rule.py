@@ -5,6 +5,7 @@ whichever side runs second (a search with a fake clock)."""
 
 from __future__ import annotations
 
+import inspect
 import io
 import math
 from collections.abc import Iterator, Sequence
@@ -163,7 +164,7 @@ class FirstPlaceClock:
         pass
 
     def __call__(self, sides: Sequence[Timed]) -> list[float]:
-        times = [NOOP_MS.get(getattr(fn, "paretorch_label", ""), 1.0) for fn, _ in sides]
+        times = [NOOP_MS.get(getattr(inspect.unwrap(fn), "paretorch_label", ""), 1.0) for fn, _ in sides]
         return [t * (1.0 + FIRST_PLACE) if place == 0 else t for place, t in enumerate(times)]
 
 

@@ -4,6 +4,7 @@ the sweep of the first seeds ran first and put ``prune depth + int8s | ov`` at t
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -63,7 +64,7 @@ class GainTimer:
     def __call__(self, sides: Sequence[Timed]) -> list[float]:
         times = []
         for fn, _ in sides:
-            model = getattr(fn, "paretorch_model", fn)
+            model = getattr(inspect.unwrap(fn), "paretorch_model", inspect.unwrap(fn))
             fast = getattr(model, "paretorch_label", None) == "fast"
             times.append(1.0 / (2.0 if fast else 1.0) / (1.5 if getattr(model, "paretorch_shrunk", False) else 1.0))
         return times

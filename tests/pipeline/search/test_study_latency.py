@@ -4,6 +4,7 @@ cache has none, so its own recipe is prepared again (the ``toy.tag`` stage label
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +34,7 @@ class LabelTimer:
         pass
 
     def __call__(self, sides: Sequence[Timed]) -> list[float]:
-        self.timed.update(getattr(fn, "paretorch_label", None) for fn, _ in sides)
+        self.timed.update(getattr(inspect.unwrap(fn), "paretorch_label", None) for fn, _ in sides)
         return [1.0 for _ in sides]
 
 
@@ -63,5 +64,5 @@ def test_a_trial_is_timed_with_its_own_runs_function_never_another_recipes(
         again = runner.run(a_configs)  # the evaluation is a cache hit: nothing was prepared in this run
         assert again.objective.cached and again.prepared is None
         fn = latency.measured(again)
-        assert fn is not b.prepared and getattr(fn, "paretorch_label", None) == "a"
+        assert fn is not b.prepared and getattr(inspect.unwrap(fn), "paretorch_label", None) == "a"
         assert measured_labels(again) == {None, "a"}

@@ -4,6 +4,7 @@ MLflow, and names its worst inputs (pipeline.core.input_agreement)."""
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 from collections.abc import Iterator, Sequence
@@ -85,7 +86,8 @@ class LabelTimer:
         pass
 
     def __call__(self, sides: Sequence[Timed]) -> list[float]:
-        return [{"tail": 0.25, "costly": 0.25}.get(getattr(fn, "paretorch_label", None), 1.0) for fn, _ in sides]
+        return [{"tail": 0.25, "costly": 0.25}.get(getattr(inspect.unwrap(fn), "paretorch_label", None), 1.0)
+                for fn, _ in sides]
 
 
 @pytest.fixture(scope="module")
