@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from experiments.models import minilm
+from pipeline.sources import huggingface
 from pipeline.sources.huggingface import PaddedBatches, encode_texts
 
 TEXTS = ["A man is playing a guitar.", "", "short", "Ünïcödé, emoji 🙂 and numbers 1,234.5!",
@@ -34,3 +35,16 @@ def test_a_tokenizer_padded_on_the_left_is_called_as_it_is() -> None:
     assert batches.backend is None
     _, mask = batches(TEXTS[:3])
     assert mask[1, 0] == 0 and mask[1, -1] == 1  # padded on the left, as that tokenizer pads
+
+
+def test_a_large_batch_tokenized_in_chunks_on_several_threads_is_the_same_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tokenizer = minilm._tokenizer()
+    texts = [f"{text} {i}" * (1 + i % 3) for i, text in enumerate(TEXTS * 40)]  # chunks of different widths
+    monkeypatch.setattr(huggingface.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert huggingface.tokenizer_workers(len(texts)) == 4
+    ids, mask = PaddedBatches.of(tokenizer, 256)(texts)
+    expected = tokenizer(texts, padding="longest", truncation=True, max_length=256, return_tensors="pt")
+    assert torch.equal(ids, expected["input_ids"]) and torch.equal(mask, expected["attention_mask"])
+    monkeypatch.setattr(huggingface.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert huggingface.tokenizer_workers(len(texts)) == 1  # pinned to one core: one call
