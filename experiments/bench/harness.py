@@ -56,6 +56,7 @@ from pipeline.core.runtimes.registry import available_runtimes, get_runtime, pre
 from pipeline.core.spec import ModelSpec
 from pipeline.core.task_data import load_task_data
 from pipeline.core.task_spec import with_task_data
+from pipeline.core.workload import DEFAULT_WORKLOAD, workload_for
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
@@ -102,6 +103,13 @@ class Row:
     speedup_ci: tuple[float, float] | None = None
     #: Why the paired speed-up is not trusted (its interval stayed wide); None when stable.
     speedup_unstable: str | None = None
+    #: What ``speedup`` timed (:mod:`pipeline.core.workload`: ``serve``, raw inputs to host outputs, as the search
+    #: times it), and whether that is end to end (from the raw inputs).
+    workload: str = "model"
+    end_to_end: bool = False
+    #: The model call alone paired with fp32 eager's (the figure beside the workload's).
+    model_call_speedup: float | None = None
+    model_call_speedup_ci: tuple[float, float] | None = None
 
 
 def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any], str]]:
@@ -167,13 +175,14 @@ def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], ru
     return Measured(result.report, ("stage cost: " + ", ".join(costs)) if costs else "", again, fn)
 
 
-def paired_timing(spec: ModelSpec, device: torch.device, batch: int,
-                  batch_sizes: tuple[int, ...]) -> StudyLatency:
+def paired_timing(spec: ModelSpec, device: torch.device, batch: int, batch_sizes: tuple[int, ...],
+                  workload: str = DEFAULT_WORKLOAD) -> StudyLatency:
     """How the rows are paired with fp32 eager at the objective ``batch``: the search's own paired timing
-    (:meth:`StudyLatency.pair`: the same inputs per runtime, alternating order, retries of a wide interval)
-    under the bench latency settings; the baseline is prepared once, from a runner of its own."""
+    (:meth:`StudyLatency.pair`: the same inputs per runtime, alternating order, retries of a wide interval) on the
+    search's ``workload`` (``model``: the model call alone) under the bench latency settings; the baseline is
+    prepared once, from a runner of its own."""
     runner = Runner(recipe_pipeline([]), spec, device, latency=BENCH_LATENCY, batch_sizes=batch_sizes)
-    return StudyLatency(spec, device, batch, lambda: runner, BENCH_LATENCY)
+    return StudyLatency(spec, device, batch, lambda: runner, BENCH_LATENCY, workload_for(workload, spec, batch))
 
 
 def prepared(runner: Runner, runtime: str) -> Callable[..., Tensor]:
@@ -185,24 +194,34 @@ def prepared(runner: Runner, runtime: str) -> Callable[..., Tensor]:
 
 
 def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, baseline: float | None,
-                    spec: ModelSpec, note: str = "", paired: PairedLatency | None = None) -> Row:
+                    spec: ModelSpec, note: str = "", paired: Paired | None = None) -> Row:
     drop = 0.0 if baseline is None else spec.metric.drop(baseline, report.metric_value)
+    workload, model_call = paired if paired else (None, None)
     return Row(
         name=name, kind=kind, recipe=recipe, metric=report.metric_value, drop=drop,
         latency_ms_p50={str(b): s.p50_ms for b, s in report.latency.items()},
         latency_ms_p90={str(b): s.p90_ms for b, s in report.latency.items()},
         size_bytes=report.size_bytes, compile_seconds=report.compile_seconds, note=note, extra=dict(report.extra),
-        speedup=paired.speedup if paired else None, speedup_ci=paired.ci if paired else None,
-        speedup_unstable=paired.unstable if paired else None,
+        speedup=workload.speedup if workload else None, speedup_ci=workload.ci if workload else None,
+        speedup_unstable=workload.unstable if workload else None,
+        workload=DEFAULT_WORKLOAD if model_call is not None else "model", end_to_end=model_call is not None,
+        model_call_speedup=model_call.speedup if model_call else None,
+        model_call_speedup_ci=model_call.ci if model_call else None,
     )
 
 
+#: A row's paired measurements: on the search's workload, and (None: the workload is the model call) the model call.
+Paired = tuple[PairedLatency, PairedLatency | None]
+
+
 def measure_row(spec: ModelSpec, device: torch.device, configs: list[Any], runtime: str,
-                batch_sizes: tuple[int, ...], timing: StudyLatency) -> tuple[Measured, PairedLatency]:
+                batch_sizes: tuple[int, ...], timings: tuple[StudyLatency, StudyLatency]) -> tuple[Measured, Paired]:
     """A row's recipe measured alone (:func:`measure_recipe`), then the very function measured paired with
-    fp32 eager (``timing``: :func:`paired_timing`)."""
+    fp32 eager on the search's workload and as the model call alone (``timings``: :func:`paired_timing`'s)."""
     measured = measure_recipe(spec, device, configs, runtime, batch_sizes)
-    return measured, timing.pair(measured.fn, runtime)
+    workload, model_call = timings
+    paired = workload.pair(measured.fn, runtime)
+    return measured, (paired, model_call.pair(measured.fn, runtime) if workload.workload is not None else None)
 
 
 def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: int, max_drop: AllowedDrop,
@@ -229,7 +248,7 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     best_file = recipe.save(work / best_recipe_name(spec.name, device.type))
     info = {"trials": trials, "search_seconds": seconds, "best_trial": best.number, "cache": outcome.cache,
             "best_recipe_file": str(best_file),
-            "runtimes": list(search.runtimes),
+            "runtimes": list(search.runtimes), "workload": config.workload,
             "search_latency_ms": best.user_attrs[ATTR_METRICS][key],
             "search_speedup": [best.user_attrs[ATTR_METRICS].get(k) for k in ("speedup", "speedup_ci_low",
                                                                             "speedup_ci_high")],
@@ -286,7 +305,7 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
     # ramping up): one discarded pass of the baseline, so the baseline row is not it.
     print(f"[bench] {spec.name}: warm-up (fp32 eager, discarded)", file=sys.stderr, flush=True)
     measure_recipe(spec, device, [], "eager", batch_sizes)  # discarded
-    timing = paired_timing(spec, device, batch, batch_sizes)
+    timing = (paired_timing(spec, device, batch, batch_sizes), paired_timing(spec, device, batch, batch_sizes, "model"))
     recipes = single_technique_recipes(device)
     if only:  # the baseline and the rows whose name has one of ``only``
         recipes = recipes[:1] + [r for r in recipes[1:] if any(part in r[0] for part in only)]

@@ -77,6 +77,14 @@ def row_speedup(row: dict[str, Any], base_ms: float | None, batch: str) -> float
     return base_ms / ms if base_ms and ms and ms == ms else None
 
 
+def model_call_cell(row: dict[str, Any]) -> str:
+    """The model call's paired speed-up beside a row's workload one (``-``: not measured)."""
+    if row.get("model_call_speedup") is None:
+        return "-"
+    low, high = row.get("model_call_speedup_ci") or (math.nan, math.nan)
+    return f"{row['model_call_speedup']:.2f}x [{low:.2f}, {high:.2f}]"
+
+
 def speedup_cell(row: dict[str, Any], base_ms: float | None, batch: str) -> str:
     """The speed-up column: a paired speed-up with its 95% interval, else the ratio of p50s (older files)."""
     if row.get("speedup") is None:
@@ -102,6 +110,8 @@ def render_table(result: dict[str, Any]) -> str:
     best_single = max(singles, key=lambda r: row_speedup(r, base_ms, batch) or 0.0) if singles else None
     # One fidelity metric next to the task metric, where the rows have one (older result files do not).
     fidelity = next((name for name in FIDELITY_COLUMNS if any(name in r.get("extra", {}) for r in rows)), None)
+    # Rows timed on the search's workload (raw inputs to host outputs) carry the model call beside it.
+    end_to_end = any(r.get("end_to_end") for r in rows)
     lines = [
         f"### {result['model']} on {result['device']} (objective: batch {batch}"
         + (f", allowed drop {allowed.describe(base['metric'] if base else None)})" if allowed != DEFAULT_MAX_DROP
@@ -117,9 +127,11 @@ def render_table(result: dict[str, Any]) -> str:
                                                                  .get("runtimes")) else ""),
         "",
         f"| recipe | {result['metric']} | drop |" + (f" {fidelity} |" if fidelity else "")
-        + f" p50 ms b{batch} | speed-up vs fp32{' (paired) [95% CI]' if paired else ''} | other batches (p50 ms) "
-        "| size | note |",
-        "| --- | --- | --- |" + (" --- |" if fidelity else "") + " --- | --- | --- | --- | --- |",
+        + f" p50 ms b{batch} | speed-up vs fp32{' (paired) [95% CI]' if paired else ''}"
+        + (" (serve: strings to host outputs) | model call |" if end_to_end else " |")
+        + " other batches (p50 ms) | size | note |",
+        "| --- | --- | --- |" + (" --- |" if fidelity else "") + (" --- |" if end_to_end else "")
+        + " --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         ms = r["latency_ms_p50"].get(batch)
@@ -139,8 +151,8 @@ def render_table(result: dict[str, Any]) -> str:
             value = r.get("extra", {}).get(fidelity)
             drop += f" | {value:.4f}" if value is not None and value == value else " | -"
         lines.append(f"| {r['name']}: `{r['recipe']}` | {metric} | {drop} | {f'{ms:.3f}' if ms else '-'} | "
-                     f"{speedup_cell(r, base_ms, batch) if ms or r.get('speedup') is not None else '-'} | {others} | "
-                     f"{size} | {note} |")
+                     f"{speedup_cell(r, base_ms, batch) if ms or r.get('speedup') is not None else '-'} | "
+                     + (f"{model_call_cell(r)} | " if end_to_end else "") + f"{others} | {size} | {note} |")
     recheck = result.get("baseline_recheck_ms_p50", {}).get(batch)
     if recheck and base_ms:
         lines += ["", f"Drift: fp32 eager measured again after the search: {recheck:.3f} ms at batch {batch} "

@@ -4,6 +4,7 @@ timed is the one the row's runner measured. BENCHMARKS.md shows the paired figur
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -30,7 +31,8 @@ def fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class RecordingTimer:
-    """Times nothing: records which functions and input shapes each round timed; the baseline 2 ms, others 1 ms."""
+    """Times nothing: records which functions (the model behind a workload's call) and input shapes each round
+    timed; the baseline 2 ms, others 1 ms."""
 
     def __init__(self, baseline: object) -> None:
         self.baseline = baseline
@@ -40,22 +42,34 @@ class RecordingTimer:
         pass
 
     def __call__(self, sides: Sequence[Timed]) -> list[float]:
-        self.timed += [(fn, tuple(inputs[0].shape)) for fn, inputs in sides]
-        return [2.0 if fn is self.baseline else 1.0 for fn, _ in sides]
+        self.timed += [(inspect.unwrap(fn), tuple(inputs[0].shape) if inputs else ()) for fn, inputs in sides]
+        return [2.0 if inspect.unwrap(fn) is self.baseline else 1.0 for fn, _ in sides]
 
 
 def test_a_row_pairs_the_function_its_runner_measured_with_the_baseline(digits_spec: ModelSpec, fast: None) -> None:
-    timing = harness.paired_timing(digits_spec, CPU, 8, (1, 8))
-    baseline = timing.baseline()
-    timing.timer = timer = RecordingTimer(baseline)
-    measured, paired = harness.measure_row(digits_spec, CPU, [PruneConfig(ratio=0.3)], "eager", (1, 8), timing)
-    assert {id(fn) for fn, _ in timer.timed} == {id(baseline), id(measured.fn)} and measured.fn is not baseline
-    assert {shape[0] for _, shape in timer.timed} == {8}, "timed at the objective batch"
-    assert len(timer.timed) == 2 * FAST.rounds and paired.rounds == FAST.rounds
-    assert paired.speedup == pytest.approx(2.0) and paired.ci == pytest.approx((2.0, 2.0))
+    """On the search's workload (serve: host inputs to host outputs, no device batch given) and as the model call
+    alone at the objective batch, each the very function the row's runner measured against the baseline."""
+    served = harness.paired_timing(digits_spec, CPU, 8, (1, 8))
+    called = harness.paired_timing(digits_spec, CPU, 8, (1, 8), "model")
+    assert served.workload is not None and called.workload is None
+    timers = []
+    for timing in (served, called):
+        timing.timer = timer = RecordingTimer(timing.baseline())
+        timers.append(timer)
+    measured, (paired, model_call) = harness.measure_row(digits_spec, CPU, [PruneConfig(ratio=0.3)], "eager", (1, 8),
+                                                         (served, called))
+    assert model_call is not None
+    for timing, timer in zip((served, called), timers, strict=True):
+        assert {id(fn) for fn, _ in timer.timed} == {id(timing.baseline()), id(measured.fn)}
+        assert measured.fn is not timing.baseline()
+    assert {shape for _, shape in timers[0].timed} == {()}, "the workload runs from its own host inputs"
+    assert {shape[0] for _, shape in timers[1].timed} == {8}, "the model call timed at the objective batch"
+    assert len(timers[1].timed) == 2 * FAST.rounds and model_call.rounds == FAST.rounds
+    assert paired.speedup == pytest.approx(2.0) and model_call.ci == pytest.approx((2.0, 2.0))
     row = harness.row_from_report("structured prune 0.3", "single", "prune", measured.report, 0.9, digits_spec,
-                                  paired=paired)
+                                  paired=(paired, model_call))
     assert row.speedup == paired.speedup and row.speedup_ci == paired.ci and row.speedup_unstable is None
+    assert row.workload == "serve" and row.end_to_end and row.model_call_speedup == pytest.approx(2.0)
     assert set(row.latency_ms_p50) == {"1", "8"}, "the p50s timed alone are kept beside the paired speed-up"
 
 
