@@ -120,14 +120,17 @@ def one_liners(device: torch.device, batch: int, workload: str) -> dict[str, Var
 
 
 def variants(spec: ModelSpec, recipes: Sequence[Recipe], folder: Path, device: torch.device, batch: int,
-             workload: str) -> dict[str, Variant]:
+             workload: str, peers: bool = True) -> dict[str, Variant]:
     """Every variant of the run, the baseline first."""
     sort = workload == "corpus"
     encode_text = spec.encode_text
     assert encode_text is not None
     fp32 = ModelEncoder(load_model(spec).to(device), device, spec.padding_mask, encode_text=encode_text)
-    runs: dict[str, Variant] = {BASELINE: lambda texts: fp32.encode(texts, batch, sort=sort)}
-    runs.update(one_liners(device, batch, workload))
+    runs: dict[str, Variant] = {BASELINE: lambda texts: fp32.encode(texts, batch, sort=sort),
+                                f"{BASELINE}, no overlap": lambda texts: fp32.encode(texts, batch, sort=sort,
+                                                                                      overlap=False)}
+    if peers:
+        runs.update(one_liners(device, batch, workload))
     for number, recipe in enumerate(recipes):
         encoder = deployed(spec, recipe, folder / f"deploy-{number}", device)
         name = f"deployed `{recipe.describe()}`"
@@ -211,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--limit", type=int, default=None, help="at most this many texts a set")
+    parser.add_argument("--no-one-liners", action="store_true", help="leave sentence-transformers' variants out")
     parser.add_argument("--note", default="", help="what else ran on the machine")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -230,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "recipes": [r.describe() for r in recipes], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_start": load_start, "note": args.note or "nothing else stated", "sets": {}}
     with tempfile.TemporaryDirectory() as folder:
-        runs = variants(spec, recipes, Path(folder), device, args.batch, args.workload)
+        runs = variants(spec, recipes, Path(folder), device, args.batch, args.workload, not args.no_one_liners)
         for name, texts in sets.items():
             texts = texts[:limit] if limit else texts
             assert spec.encode_text is not None
