@@ -17,10 +17,10 @@ the median of its per-round ratios to **fp32 eager run the same way** (the unopt
 Variants: fp32 eager (and without the overlap); sentence-transformers' own ``SentenceTransformer(path).encode`` (on
 ``serve``: one ``encode`` call per batch, as a server calls it), and on an accelerator its ``.half()``, bf16 and
 ``.half()`` + ``torch.compile`` forms; each ``--recipe`` (a search's ``recipe.json``) deployed as a user gets it (the
-``deploy/`` folder written and loaded with :func:`pipeline.api.load_deployment`), its ``encode`` as shipped and without the
-overlap; and the tokenizer alone (the spec's ``encode_text`` over the same batches). Rows carry ``"workload"``,
-``"batch"`` and ``"end_to_end": true``; one JSON file, ``end-to-end-minilm-<device>-<workload>-b<batch>.json``,
-rendered into BENCHMARKS.md.
+``deploy/`` folder written and loaded with :func:`pipeline.api.load_deployment`), its ``encode`` as shipped and
+without the overlap; and the tokenizer alone (the spec's ``encode_text`` over the same batches). Rows carry
+``"workload"``, ``"batch"`` and ``"end_to_end": true``; one JSON file,
+``end-to-end-minilm-<device>-<workload>-b<batch>.json``, rendered into BENCHMARKS.md.
 """
 
 from __future__ import annotations
