@@ -18,6 +18,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
+from torch import nn
 
 from experiments.screenshots import free_port, serving
 
@@ -71,9 +72,12 @@ def text_of_tree(path: Path) -> str:
 
 
 def test_three_workers_on_postgresql_and_an_mlflow_server(postgres: str, mlflow_server: tuple[str, Path],
-                                                          tmp_path: Path) -> None:
+                                                          tmp_path: Path, pristine_digits_model: nn.Module,
+                                                          results_dir: Path) -> None:
     tracking, store = mlflow_server
     results = tmp_path / "results"
+    # The session's trained digits weights, as the e2e test does: the search does not train the model again.
+    shutil.copytree(results_dir / "cache" / "weights", results / "cache" / "weights")
     done = subprocess.run(
         [sys.executable, "-m", "pipeline", "optimize", "--model", "digits", "--workers", "3", "--trials",
          str(TRIALS), "--storage", postgres, "--tracking-uri", tracking, "--latency-budget", "quick",
