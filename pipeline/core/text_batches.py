@@ -9,8 +9,10 @@ fast tokenizer's batch call, padded to each batch's longest text; :func:`pipelin
 
 * sorts the corpus by length, longest first (characters, as sentence-transformers' ``encode`` does), so each batch
   pads little, and returns one output row per input **in the input's order**;
-* tokenizes a batch ahead in a worker thread while the model runs the current one (the fast tokenizer and torch
-  both release the GIL), so a batch costs about the longer of the two, not their sum. That needs a core the model
+* does a batch's host work ahead in a worker thread while the model runs the current one: tokenizing it and the
+  encoder's :meth:`TextBatches.prepare` (a pack deployment packs it on the host there), so the main thread only
+  copies it in, runs the model and copies the outputs back (the fast tokenizer and torch's waits release the GIL),
+  and a batch costs about the longer of the two, not their sum. That needs a core the model
   does not use: by default (``overlap=None``) it is on when the model runs on an accelerator, or when the process
   may use more CPUs than torch's threads; on a process pinned to as many cores as torch uses, the worker would take
   the model's core (one pinned thread, MiniLM, 2,910 sentences: 13.5 s overlapped against 11.6 s without,
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -54,6 +57,15 @@ class TextBatches:
     def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def prepare(self, input_ids: Tensor, attention_mask: Tensor) -> Any:
+        """A tokenized host batch's host work before the device (packing it, trimming it): what :meth:`encode` does
+        ahead in its worker, beside the model. The default: the batch as it is, for :meth:`run_prepared`."""
+        return input_ids, attention_mask
+
+    def run_prepared(self, prepared: Any) -> Tensor:
+        """One batch that :meth:`prepare` made through the model: ``(B, dim)`` float32 on the host."""
+        return self.padded(*prepared)
+
     def encode(self, texts: Sequence[str], batch_size: int = BATCH_SIZE, *, sort: bool = True,
                overlap: bool | None = None) -> Tensor:
         """One ``(len(texts), dim)`` float32 host row per text, in the order given. ``sort``: batch the texts
@@ -75,20 +87,21 @@ class TextBatches:
         if overlap is None:
             overlap = self.overlap_pays()
 
-        def tokenized(chunk: list[int]) -> Batch:
-            return encode_text([texts[i] for i in chunk])
+        def prepared(chunk: list[int]) -> Any:  # all of a batch's host work: tokenized, then prepared
+            batch = encode_text([texts[i] for i in chunk])
+            return self.prepare(batch[0], batch[1])
 
         outputs: list[Tensor] = []
         if overlap and len(chunks) > 1:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="paretorch-tokenize") as pool:
-                ahead = pool.submit(tokenized, chunks[0])
+                ahead = pool.submit(prepared, chunks[0])
                 for number in range(len(chunks)):
                     batch = ahead.result()
                     if number + 1 < len(chunks):
-                        ahead = pool.submit(tokenized, chunks[number + 1])
-                    outputs.append(self.padded(batch[0], batch[1]))
+                        ahead = pool.submit(prepared, chunks[number + 1])
+                    outputs.append(self.run_prepared(batch))
         else:
-            outputs = [self.padded(*tokenized(chunk)[:2]) for chunk in chunks]
+            outputs = [self.run_prepared(prepared(chunk)) for chunk in chunks]
         ordered = torch.cat(outputs)
         result = torch.empty_like(ordered)
         result[torch.tensor(order)] = ordered
@@ -119,13 +132,22 @@ class ModelEncoder(TextBatches):
         self.encode_text = encode_text
 
     def __call__(self, *inputs: Tensor) -> Tensor:
-        batch: Batch = tuple(inputs)
-        if self.mask_index is not None:
-            index = self.mask_index
-            batch = (pad_to(batch, bucket_length(longest(batch, index)), index) if self.static_shapes
-                     else trim_to_longest(batch, index))
-        with torch.inference_mode():
-            return to_host(self.fn(*move_batch(batch, self.device)))
+        return self.run_prepared(self.shaped(tuple(inputs)))
+
+    def shaped(self, batch: Batch) -> Batch:
+        """A host batch as the runtime takes it: cut to its longest sample, or padded to its length bucket."""
+        if self.mask_index is None:
+            return batch
+        index = self.mask_index
+        return (pad_to(batch, bucket_length(longest(batch, index)), index) if self.static_shapes
+                else trim_to_longest(batch, index))
 
     def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         return self(input_ids, attention_mask)
+
+    def prepare(self, input_ids: Tensor, attention_mask: Tensor) -> Batch:
+        return self.shaped((input_ids, attention_mask))
+
+    def run_prepared(self, prepared: Batch) -> Tensor:
+        with torch.inference_mode():
+            return to_host(self.fn(*move_batch(prepared, self.device)))

@@ -84,6 +84,13 @@ class PackedEncoder(TextBatches):
         """One output row per row of a right-padded host batch, ``(B, dim)`` float32 on the host."""
         return self.run(pack_padded(input_ids, attention_mask, self.bucket, self.model.buckets))
 
+    def prepare(self, input_ids: Tensor, attention_mask: Tensor) -> HostPacked:
+        """The host packing of a right-padded batch (what ``encode`` does ahead, beside the model)."""
+        return pack_padded(input_ids, attention_mask, self.bucket, self.model.buckets)
+
+    def run_prepared(self, prepared: HostPacked) -> Tensor:
+        return self.run(prepared)
+
     def run(self, packed: HostPacked) -> Tensor:
         """The output of a batch packed on the host: one copy in, one graph, one copy out."""
         buffer = packed.buffer.to(self.device, non_blocking=True)

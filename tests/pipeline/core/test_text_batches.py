@@ -106,3 +106,31 @@ def test_without_a_tokenizer_or_with_bad_input_one_clear_error() -> None:
         Recorded().encode("one text")
     with pytest.raises(ValueError, match="at least one text"):
         Recorded().encode([])
+
+
+class Prepared(Recorded):
+    """Records which thread ran each batch's host preparation and which ran the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: dict[str, set[str]] = {"prepare": set(), "run": set()}
+
+    def prepare(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        self.threads["prepare"].add(threading.current_thread().name)
+        return input_ids, attention_mask
+
+    def run_prepared(self, prepared: tuple[Tensor, Tensor]) -> Tensor:
+        self.threads["run"].add(threading.current_thread().name)
+        return self.padded(*prepared)
+
+
+def test_a_batchs_host_work_is_done_ahead_beside_the_model_and_the_model_runs_on_the_callers_thread() -> None:
+    encoder = Prepared()
+    out = encoder.encode(TEXTS, batch_size=2, overlap=True)
+    torch.testing.assert_close(out, expected(TEXTS))
+    assert encoder.threads["run"] == {threading.current_thread().name}
+    assert encoder.threads["prepare"] and all(name.startswith("paretorch-tokenize")
+                                              for name in encoder.threads["prepare"])
+    alone = Prepared()
+    alone.encode(TEXTS, batch_size=2, overlap=False)
+    assert alone.threads["prepare"] == alone.threads["run"] == {threading.current_thread().name}
