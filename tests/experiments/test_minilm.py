@@ -39,14 +39,6 @@ def minilm(results_dir: Path) -> Iterator[tuple[ModelSpec, nn.Module]]:
     yield minilm_spec, model
 
 
-@pytest.fixture(scope="module")
-def unoptimized_outputs(minilm: tuple[ModelSpec, nn.Module]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The unoptimized model's outputs over the whole evaluation and their targets, computed once: the tests that
-    only read them share one pass (the slowest part of this module)."""
-    spec, model = minilm
-    return evaluation_outputs(model, spec.evaluation(), CPU)
-
-
 def test_loads_offline_as_an_embedding_model(minilm: tuple[ModelSpec, nn.Module]) -> None:
     spec, model = minilm
     assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["TRANSFORMERS_OFFLINE"] == "1"
@@ -121,12 +113,9 @@ def test_training_inputs_are_every_other_distinct_sentence(minilm: tuple[ModelSp
     assert spec.output_kind == "embedding"
 
 
-def test_unoptimized_model_scores_the_human_task_and_full_fidelity(
-        minilm: tuple[ModelSpec, nn.Module], unoptimized_outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
-    spec, _ = minilm
-    # what compute_metrics does (evaluation_outputs, then each metric on them), with the evaluation pass shared
-    values = {metric.name: float(metric.compute(*unoptimized_outputs).item())
-              for metric in (spec.metric, *spec.extra_metrics)}
+def test_unoptimized_model_scores_the_human_task_and_full_fidelity(minilm: tuple[ModelSpec, nn.Module]) -> None:
+    spec, model = minilm
+    values = compute_metrics(model, spec.evaluation(), (spec.metric, *spec.extra_metrics), CPU)
     assert values[PAIRS_METRIC] == pytest.approx(44.33, abs=0.05)  # README's figure
     assert values["neighbour_agreement"] == 1.0
     assert values["mean_cosine"] == pytest.approx(1.0, abs=1e-6)
@@ -233,12 +222,11 @@ def test_the_built_in_task_names_what_it_cannot_judge_until_eval_data_replaces_i
     assert with_task_data(spec, pairs).caveat == ""
 
 
-def test_the_word_task_gives_the_drop_an_interval(unoptimized_outputs: tuple[torch.Tensor, torch.Tensor],
-                                                  minilm: tuple[ModelSpec, nn.Module]) -> None:
+def test_the_word_task_gives_the_drop_an_interval(minilm: tuple[ModelSpec, nn.Module]) -> None:
     """The unoptimized model's word score on the fixed resamples of its 1,352 pairs (as many as the bootstrap gives
     that many units): a spread of a few points, centred on the point value."""
-    spec, _ = minilm
-    outputs, targets = unoptimized_outputs
+    spec, model = minilm
+    outputs, targets = evaluation_outputs(model, spec.evaluation(), CPU)
     values = metric_resamples(spec.metric, outputs, targets)
     assert len(values) == resample_count(len(targets))
     low, high = percentile(values, 0.025), percentile(values, 0.975)
