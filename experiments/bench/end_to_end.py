@@ -119,6 +119,16 @@ def one_liners(device: torch.device, batch: int, workload: str) -> dict[str, Var
     return variants
 
 
+def encoding(encoder: Any, batch: int, sort: bool, overlap: bool | None = None) -> Variant:
+    """A deployment's ``encode`` as a variant."""
+    return lambda texts: encoder.encode(texts, batch, sort=sort, overlap=overlap)
+
+
+def prefixed(prefix: str) -> Callable[[str], None]:
+    """Progress lines under ``prefix``."""
+    return lambda line: print(f"{prefix}: {line}", flush=True)
+
+
 def variants(spec: ModelSpec, recipes: Sequence[Recipe], folder: Path, device: torch.device, batch: int,
              workload: str, peers: bool = True) -> dict[str, Variant]:
     """Every variant of the run, the baseline first."""
@@ -134,8 +144,8 @@ def variants(spec: ModelSpec, recipes: Sequence[Recipe], folder: Path, device: t
     for number, recipe in enumerate(recipes):
         encoder = deployed(spec, recipe, folder / f"deploy-{number}", device)
         name = f"deployed `{recipe.describe()}`"
-        runs[f"{name} encode()"] = lambda texts, e=encoder: e.encode(texts, batch, sort=sort)
-        runs[f"{name}, no overlap"] = lambda texts, e=encoder: e.encode(texts, batch, sort=sort, overlap=False)
+        runs[f"{name} encode()"] = encoding(encoder, batch, sort)
+        runs[f"{name}, no overlap"] = encoding(encoder, batch, sort, overlap=False)
 
     def tokens_only(texts: Sequence[str]) -> Tensor:
         ordered = sorted(texts, key=len, reverse=True) if sort else list(texts)
@@ -239,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             texts = texts[:limit] if limit else texts
             assert spec.encode_text is not None
             tokens = [float(spec.encode_text(part)[1].sum(1).float().mean()) for part in chunks(texts, 256)]
-            rows = measure(runs, texts, args.rounds, args.batch,
-                           lambda line, at=name: print(f"{at}: {line}", flush=True))
+            rows = measure(runs, texts, args.rounds, args.batch, prefixed(name))
             result["sets"][name] = {"sentences": len(texts), "mean_tokens": statistics.fmean(tokens),
                                     "rows": {variant: {"workload": args.workload, "batch": args.batch,
                                                        "end_to_end": True, **row} for variant, row in rows.items()}}
