@@ -254,7 +254,7 @@ def tokenizer_workers(count: int) -> int:
 
 @cache
 def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="paretorch-tokenizer")
+    return ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="paretorch-token-chunks")
 
 
 def max_tokens(directory: Path) -> int:
