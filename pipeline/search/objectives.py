@@ -79,8 +79,8 @@ class Baseline:
     trial: int | None = None
     #: The metric on the fixed bootstrap resamples (:mod:`pipeline.core.bootstrap`), each trial's paired with them.
     metric_resamples: tuple[float, ...] = ()
-    #: The model call alone at the objective batch (``latency_ms`` is the workload's; None: stored before the
-    #: workload was the objective, when the two were one).
+    #: The model call alone at the objective batch (``latency_ms`` is the workload's; None: the two are one, the
+    #: objective is the model call, ``--workload model``, or the baseline was stored before workloads).
     model_call_ms: float | None = None
 
     def __post_init__(self) -> None:  # read back from JSON (the study attr) as a list
@@ -194,8 +194,10 @@ class Objectives:
         """The baseline of ``report``; ``workload_ms``: its latency on the study's workload (None: the model call's,
         ``--workload model``), the scale every trial's objective latency is on."""
         model_call_ms = report.latency_p50(self.latency_batch)
-        latency_ms = model_call_ms if workload_ms is None else workload_ms
-        return Baseline(report.metric_value, latency_ms, float(report.size_bytes), trial, report.metric_resamples,
+        if workload_ms is None:  # the objective is the model call: one figure
+            return Baseline(report.metric_value, model_call_ms, float(report.size_bytes), trial,
+                            report.metric_resamples)
+        return Baseline(report.metric_value, workload_ms, float(report.size_bytes), trial, report.metric_resamples,
                         model_call_ms=model_call_ms)
 
     def drop(self, baseline: Baseline, metric_value: float) -> float:

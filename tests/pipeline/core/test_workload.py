@@ -13,11 +13,14 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.core.errors import ConfigError
-from pipeline.core.latency import LATENCY_BUDGETS
+from pipeline.core.evaluate import ModelReport
+from pipeline.core.latency import LATENCY_BUDGETS, latency_stats
 from pipeline.core.padding import BUCKETS
 from pipeline.core.spec import ModelSpec
+from pipeline.core.task_metrics import classification_metrics
 from pipeline.core.text_batches import to_host
 from pipeline.core.workload import SERVE_BATCHES, Workload, workload_for
+from pipeline.search.objectives import Objectives
 from pipeline.search.study_latency import StudyLatency
 
 CPU = torch.device("cpu")
@@ -124,3 +127,22 @@ def test_unknown_workload_and_a_non_tensor_output_say_what_to_do() -> None:
         workload_for("stream", text_spec(), 4)
     with pytest.raises(TypeError, match="returned dict, not a tensor"):
         to_host({"a": 1})
+
+
+def test_the_model_call_is_a_figure_beside_a_workload_and_none_of_its_own_without_one() -> None:
+    """On a workload the baseline keeps both figures and a trial gets its model call's speed-up beside the workload's;
+    on ``--workload model`` the two are one (no second figure, no 'model call' column)."""
+    spec = dataclasses.replace(text_spec(), metric=classification_metrics(2)[0])
+    objectives = Objectives.create(spec, ("metric", "latency"), "1%", latency_batch=4)
+
+    def report(model_ms: float) -> ModelReport:
+        return ModelReport("accuracy", 0.9, {4: latency_stats([model_ms] * 5, 4, 0.0)}, 0, 100, 10, None, "eager",
+                           0.0, "cpu")
+
+    served = objectives.baseline_from(report(8.0), workload_ms=12.0)
+    assert (served.latency_ms, served.model_call_ms) == (12.0, 8.0)
+    trial = objectives.trial_metrics(report(2.0), served)
+    assert trial["model_call_speedup"] == pytest.approx(4.0)
+    alone = objectives.baseline_from(report(8.0))
+    assert (alone.latency_ms, alone.model_call_ms) == (8.0, None)
+    assert "model_call_speedup" not in objectives.trial_metrics(report(2.0), alone)
