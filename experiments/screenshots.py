@@ -88,8 +88,25 @@ def screenshot(browser: str, url: str, path: Path, window: tuple[int, int] = WIN
     return path
 
 
-def take(results: Path, output: Path, model: str) -> list[Path]:
-    """Screenshots of the MLflow runs view, the parent runs and optuna-dashboard over ``results``."""
+@contextlib.contextmanager
+def mlflow_ui(results: Path, output: Path, base: str | None = None) -> Iterator[str]:
+    """The base URL of an MLflow UI over ``results``: ``base`` when one is already serving it (``make ui``), else one
+    started for the block."""
+    if base is not None:
+        yield base
+        return
+    port = free_port()
+    started = f"http://127.0.0.1:{port}"
+    store = f"sqlite:///{results / 'mlflow.db'}"
+    with serving([str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", store,
+                  "--artifacts-destination", str(results / "mlartifacts"), "--host", "127.0.0.1", "--port", str(port),
+                  "--workers", "1"], f"{started}/health", output / "mlflow-ui.log"):
+        yield started
+
+
+def take(results: Path, output: Path, model: str, mlflow_base: str | None = None) -> list[Path]:
+    """Screenshots of the MLflow runs view, the parent runs and optuna-dashboard over ``results`` (``mlflow_base``: an
+    MLflow UI already serving ``results``; None: one is started)."""
     browser = chromium()
     if browser is None:
         raise RuntimeError("chromium is not installed (Debian: apt-get install -y chromium)")
@@ -102,12 +119,7 @@ def take(results: Path, output: Path, model: str) -> list[Path]:
     parents = MlflowClient(tracking_uri=store).search_runs(
         [experiment.experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'study'")
     shots: list[Path] = []
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    artifacts = results / "mlartifacts"
-    with serving([str(bin_dir / "mlflow"), "ui", "--backend-store-uri", store, "--artifacts-destination",
-                  str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                 f"{base}/health", output / "mlflow-ui.log"):
+    with mlflow_ui(results, output, mlflow_base) as base:
         shots.append(screenshot(browser, experiment_url(base, experiment), output / "mlflow-runs.png", RUNS_WINDOW))
         for i, parent in enumerate(parents):
             url = run_view_url(base, experiment.experiment_id, parent.info.run_id)

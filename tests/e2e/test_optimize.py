@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,19 +241,26 @@ def test_pareto_recipe_replays_to_the_same_metric(optimized: Study, tmp_path: Pa
     assert all(Path(e["path"]).exists() for e in summary["exports"].values())
 
 
-def test_mlflow_ui_answers_a_rest_search(optimized: Study, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def ui(optimized: Study, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """`make ui` over the study's results, started once for the tests that read it: its base URL and its log."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    log = tmp_path / "ui.log"
+    log = tmp_path_factory.mktemp("ui") / "ui.log"
     with serving(["make", "--no-print-directory", "-C", str(REPO), "ui", f"RESULTS={optimized.results}",
                   f"UI_PORT={port}"], f"{base}/health", log):
-        body = json.dumps({"experiment_ids": [optimized.experiment_id()],
-                           "filter": "tags.`paretorch.role` = 'trial'", "max_results": 100}).encode()
-        request = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            runs = json.loads(response.read())["runs"]
-        assert len(runs) == 8
+        yield base, log
+
+
+def test_mlflow_ui_answers_a_rest_search(optimized: Study, ui: tuple[str, Path]) -> None:
+    base, log = ui
+    body = json.dumps({"experiment_ids": [optimized.experiment_id()],
+                       "filter": "tags.`paretorch.role` = 'trial'", "max_results": 100}).encode()
+    request = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        runs = json.loads(response.read())["runs"]
+    assert len(runs) == 8
     assert (f"#/experiments/{optimized.experiment_id()}/runs?workflowType=machine_learning"
             "&viewStateShareKey=paretorch-headline") in log.read_text()
 
@@ -284,8 +292,8 @@ def test_a_copied_results_folder_serves_its_own_artifacts(optimized: Study, tmp_
 
 
 @pytest.mark.skipif(chromium() is None, reason="chromium is not installed (Debian: apt-get install -y chromium)")
-def test_headless_browser_screenshots_of_both_uis(optimized: Study, tmp_path: Path) -> None:
-    shots = take(optimized.results, tmp_path, "digits")
+def test_headless_browser_screenshots_of_both_uis(optimized: Study, ui: tuple[str, Path], tmp_path: Path) -> None:
+    shots = take(optimized.results, tmp_path, "digits", mlflow_base=ui[0])  # the UI `make ui` serves
     names = {p.name for p in shots}
     assert {"mlflow-runs.png", "mlflow-parent-0.png", "dashboard-study.png", "dashboard-trials.png",
             "dashboard-note.png"} <= names
