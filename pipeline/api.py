@@ -32,13 +32,20 @@ from torch import nn
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
+from pipeline.core.runtimes.registry import prepare_runtime
 from pipeline.core.spec import ModelSpec, load_model
 from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, is_export
-from pipeline.core.text_batches import ModelEncoder, TextBatches
+from pipeline.core.text_batches import TextBatches
 from pipeline.engine.cache import NodeCache
 from pipeline.engine.deliver import deliver
-from pipeline.engine.deployment import deploy_stage, load_weights, open_file, read_deployment, rebuild_configs
+from pipeline.engine.deployment import (
+    deploy_stage,
+    load_weights,
+    open_file,
+    read_deployment,
+    rebuild_configs,
+    runtime_encoder,
+)
 from pipeline.engine.graph import recipe_pipeline
 from pipeline.engine.recipe import Recipe
 from pipeline.engine.runner import Runner
@@ -127,8 +134,8 @@ def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.
     load_weights(model, weights, device)
     runtime = runtime or recipe.runtime
     if stage is None or stage.deploy is None:  # the model prepared for its runtime, on host batches
-        fn = prepare_runtime(model.eval(), runtime, device)
-        return with_tokenizer(ModelEncoder(fn, device, spec.padding_mask, get_runtime(runtime).static_shapes), spec)
+        return with_tokenizer(runtime_encoder(prepare_runtime(model.eval(), runtime, device), runtime, spec, device),
+                              spec)
     return with_tokenizer(stage.deploy(model.eval(), device, runtime), spec)
 
 

@@ -227,8 +227,6 @@ def measure_row(spec: ModelSpec, device: torch.device, configs: list[Any], runti
 def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: int, max_drop: AllowedDrop,
                     work: Path) -> tuple[list[Any], str, dict[str, Any]]:
     """Run a fresh search (no tracking) and return the fastest feasible Pareto recipe."""
-
-
     config = SearchConfig.load(None, latency_batch=batch, max_drop=max_drop, exports="none")
     storage = f"sqlite:///{work / 'bench-study.db'}"
     search = Search(spec, device, config, storage=storage, track=False,
@@ -293,7 +291,6 @@ def describe_chain(configs: list[Any], runtime: str) -> str:
 
 def bench(model: str, device_name: str, trials: int, batch: int, max_drop: AllowedDrop,
           held_out: Path | None = None, singles: bool = True, only: tuple[str, ...] = ()) -> dict[str, Any]:
-
     device = resolve_device(device_name)
     spec = resolve_spec(model)
     if held_out is not None:

@@ -18,6 +18,7 @@ from pipeline.core.names import (
     ALLOW_FLAG,
     LATENCY_BUDGET_NAMES,
     WORKER_FLAG,
+    WORKLOADS,
     device_name,
     model_entry_points,
     runtime_names,
@@ -154,7 +155,7 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--objectives", default=None, help="comma list of metric,latency,size (default metric,latency)")
     group.add_argument("--minimize-size", action="store_true", help="add the serialized size as a third objective")
     group.add_argument("--runtimes", default=None, help="comma list of runtimes to search (eager,compile,...)")
-    group.add_argument("--workload", default=None, choices=("serve", "corpus", "model"),
+    group.add_argument("--workload", default=None, choices=WORKLOADS,
                        help="what latency is timed on, as the model will be used: serve (batches of raw inputs, "
                        "strings for a text model, to host outputs, in the given order), corpus (one list encoded "
                        "whole, sorted by length: throughput) or model (the model call alone on the device batch) "

@@ -23,6 +23,9 @@ BUILT_IN_RUNTIMES = ("eager", "compile", "compile_dynamic", "compile_cudagraphs"
 ALL = "all"
 #: The settings of :data:`pipeline.core.latency.LATENCY_BUDGETS` (``--latency-budget``).
 LATENCY_BUDGET_NAMES = ("quick", "normal", "thorough")
+#: How a model can be used, each timed its own way (``--workload``, :mod:`pipeline.core.workload`); the first is the
+#: default.
+WORKLOADS = ("serve", "corpus", "model")
 #: Entry-point group through which packages declare model specs by name
 #: (``[project.entry-points."paretorch.models"] name = "module:attr"``, a ModelSpec or a function returning one).
 MODEL_ENTRY_POINT_GROUP = "paretorch.models"

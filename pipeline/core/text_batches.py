@@ -22,7 +22,6 @@ fast tokenizer's batch call, padded to each batch's longest text; :func:`pipelin
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -32,6 +31,7 @@ from torch import Tensor
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.padding import bucket_length, longest, pad_to, trim_to_longest
+from pipeline.core.paired import usable_cores
 from pipeline.core.spec import Batch, move_batch
 
 #: Texts per batch when the caller does not say (sentence-transformers' default).
@@ -48,11 +48,8 @@ class TextBatches:
 
     def overlap_pays(self) -> bool:
         """Whether tokenizing ahead can run beside the model: it runs on an accelerator, or the process may use
-        more CPUs than torch's threads (``os.sched_getaffinity``; where the platform lacks it, ``os.cpu_count``)."""
-        if self.device.type != "cpu":
-            return True
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return cpus > torch.get_num_threads()
+        more CPUs than torch's threads (:func:`pipeline.core.paired.usable_cores`)."""
+        return self.device.type != "cpu" or usable_cores() > torch.get_num_threads()
 
     def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         raise NotImplementedError

@@ -28,12 +28,11 @@ import torch
 from torch import Tensor
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.names import WORKLOADS
 from pipeline.core.padding import SAMPLE_ROWS
 from pipeline.core.spec import Batch, ModelSpec, split_batches, tile
 from pipeline.core.text_batches import ModelEncoder
 
-#: How a model can be used, each timed its own way (the module docstring); the first is the default.
-WORKLOADS: tuple[str, ...] = ("serve", "corpus", "model")
 DEFAULT_WORKLOAD = WORKLOADS[0]
 #: Consecutive batches one ``serve`` measurement runs (a stream, so that tokenizing ahead can overlap).
 SERVE_BATCHES = 4
@@ -61,10 +60,6 @@ class Workload:
     def batches(self) -> int:
         """Batches one measurement runs (its milliseconds per batch: a call's over this)."""
         return max(1, -(-self.items // self.batch_size))
-
-    @property
-    def from_strings(self) -> bool:
-        return bool(self.texts)
 
     def describe(self) -> str:
         """``serve: 4 batches of 32 strings in the given order, tokenized, to host outputs``."""

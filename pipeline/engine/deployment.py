@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,14 +174,20 @@ def open_file(deployment: Deployment, spec: ModelSpec, device: torch.device) -> 
     result = ExportResult(format=deployment.file_format, path=deployment.file, size_bytes=0,
                           validation="a deployment's file", grouped_mask_input=deployment.grouped_mask_input)
     if deployment.grouped_mask_input is None:  # a recipe without pack: the file on the batch as it comes
-        return ModelEncoder(prepare_runtime(nn.Identity(), runtime, device, GivenExport(result)), device,
-                            spec.padding_mask, get_runtime(runtime).static_shapes)
+        return runtime_encoder(prepare_runtime(nn.Identity(), runtime, device, GivenExport(result)), runtime, spec,
+                               device)
     grouped = prepare_runtime(nn.Identity(), runtime, device, GivenExport(result))
     if not isinstance(grouped, LengthGrouped):
         raise ConfigError(f"runtime {runtime} does not call its file per length group: load the folder with a "
                           "runtime that does (onnxruntime, openvino)")
     max_length = deployment.max_length or int(spec.example_inputs(1)[deployment.grouped_mask_input].shape[1])
     return GroupedEncoder(grouped, max_length)
+
+
+def runtime_encoder(fn: Callable[..., Tensor], runtime: str, spec: ModelSpec, device: torch.device) -> ModelEncoder:
+    """``fn`` (prepared for ``runtime``) behind host batches: cut to their longest sample, or padded to their length
+    bucket where ``runtime`` compiles static shapes."""
+    return ModelEncoder(fn, device, spec.padding_mask, get_runtime(runtime).static_shapes)
 
 
 def load_weights(model: nn.Module, weights: Path, device: torch.device) -> None:

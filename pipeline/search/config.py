@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 from pipeline.core.errors import ConfigError
 from pipeline.core.input_agreement import COSINE_FLOOR, TAIL_LIMIT, TailGuard, parse_tail_limit
 from pipeline.core.latency import LATENCY_BUDGETS
+from pipeline.core.names import WORKLOADS
 from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
 from pipeline.core.runtimes.registry import check_runtime_names
 from pipeline.core.stage import config_from_dict, format_validation_error
@@ -138,7 +139,7 @@ class SearchConfig(BaseModel):
     #: How the model will be used, what its latency is timed on (:data:`pipeline.core.workload.WORKLOADS`): ``serve``
     #: (raw inputs to host outputs, batch by batch), ``corpus`` (a whole list, sorted by length) or ``model`` (the
     #: model call alone on the device batch).
-    workload: Literal["serve", "corpus", "model"] = "serve"
+    workload: str = WORKLOADS[0]
 
     #: Fields that do not change what a trial measures (left out of the study's name): where results go,
     #: and which trials the search proposes besides its sampler's (a resumed study may change them).
@@ -149,6 +150,13 @@ class SearchConfig(BaseModel):
     @classmethod
     def _known_runtimes(cls, names: tuple[str, ...] | str) -> tuple[str, ...]:
         return known_runtime_names(names)
+
+    @field_validator("workload")
+    @classmethod
+    def _known_workload(cls, name: str) -> str:
+        if name not in WORKLOADS:
+            raise ValueError(f"unknown workload {name!r}: choose from {', '.join(WORKLOADS)}")
+        return name
 
     @field_validator("latency_budget")
     @classmethod

@@ -289,7 +289,7 @@ class Objectives:
         model_call_ms = baseline.model_call_ms if baseline.model_call_ms is not None else baseline.latency_ms
         metrics["speedup"] = model_call_ms / latency if latency > 0 else 0.0
         if baseline.model_call_ms is not None and latency > 0:  # the model call alone, beside the workload's figure
-            metrics["model_call_speedup"] = baseline.model_call_ms / latency
+            metrics["model_call_speedup"] = metrics["speedup"]
         key = self.latency_key
         metrics[key] = latency
         if paired is not None and paired.speedup > 0:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy
 import torch
@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from pipeline.core.errors import SpecError
 from pipeline.core.fidelity import fidelity_spec
+from pipeline.core.paired import usable_cores
 from pipeline.core.spec import Batch, ModelSpec
 from pipeline.sources.archive import one_line
 from pipeline.sources.inputs import read_text_inputs, split_batches, tile
@@ -188,8 +189,6 @@ class PaddedBatches:
     and the ids become one array; any other tokenizer is called as above. Built once per tokenizer and length
     (:meth:`of`)."""
 
-    _built: ClassVar[dict[tuple[int, int], PaddedBatches]] = {}
-
     def __init__(self, tokenizer: Any, max_tokens: int) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
@@ -206,12 +205,9 @@ class PaddedBatches:
             self.backend = own
 
     @classmethod
+    @cache
     def of(cls, tokenizer: Any, max_tokens: int) -> PaddedBatches:
-        key = (id(tokenizer), max_tokens)
-        built = cls._built.get(key)
-        if built is None or built.tokenizer is not tokenizer:
-            built = cls._built[key] = cls(tokenizer, max_tokens)
-        return built
+        return cls(tokenizer, max_tokens)
 
     def __call__(self, texts: Sequence[str]) -> Batch:
         if self.backend is None:
@@ -248,8 +244,7 @@ MAX_WORKERS = 8
 def tokenizer_workers(count: int) -> int:
     """How many threads tokenize ``count`` texts: one per :data:`TEXTS_PER_WORKER` texts, at most the CPUs this
     process may use and :data:`MAX_WORKERS` (a process pinned to one core: one)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_WORKERS, cpus, count // TEXTS_PER_WORKER))
+    return max(1, min(MAX_WORKERS, usable_cores(), count // TEXTS_PER_WORKER))
 
 
 @cache

@@ -61,7 +61,7 @@ def text_spec(delay: float = 0.0) -> ModelSpec:
 
 def test_serve_runs_its_batches_in_the_given_order_from_strings_to_host_float32() -> None:
     workload = workload_for("serve", text_spec(), 4)
-    assert workload is not None and workload.from_strings
+    assert workload is not None and workload.texts
     assert workload.texts == tuple(TEXTS[: SERVE_BATCHES * 4]) and workload.batches == SERVE_BATCHES
     model = BagOfChars()
     out = workload.timed(model, CPU, text_spec().encode_text, static_shapes=False)()
@@ -115,7 +115,7 @@ def test_a_model_given_as_tensors_is_served_from_host_tensors() -> None:
     spec = ModelSpec(name="tensors", build=lambda: nn.Linear(3, 2), example_inputs=lambda n: (torch.randn(n, 3),),
                      calibration=list, evaluation=list, metric=None)  # type: ignore[arg-type]
     workload = workload_for("serve", spec, 8)
-    assert workload is not None and not workload.from_strings and workload.items == SERVE_BATCHES * 8
+    assert workload is not None and not workload.texts and workload.items == SERVE_BATCHES * 8
     model = nn.Linear(3, 2).to(torch.float64)
     out = workload.timed(lambda x: model(x.double()), CPU, None, static_shapes=False)()
     assert out.shape == (SERVE_BATCHES * 8, 2) and out.dtype == torch.float32
