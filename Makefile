@@ -5,7 +5,7 @@
 PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
-# The installed command (a user's pipeline.py or experiments/ in the working directory cannot shadow it).
+# The installed command (everything it imports is under paretorch.*: a user's pipeline.py or experiments/ is never read).
 PARETORCH   := $(VENV)/bin/paretorch
 STAMP       := $(VENV)/.installed
 MODEL       ?= digits
@@ -66,7 +66,7 @@ report: $(STAMP)
 # results folder (mlflow-artifacts:/ locations), wherever it was moved or copied to.
 ui: $(STAMP)
 	mkdir -p $(PARETORCH_RESULTS_DIR)/mlartifacts
-	@$(PY) -m pipeline.cli.links --base http://127.0.0.1:$(UI_PORT)
+	@$(PY) -m paretorch.pipeline.cli.links --base http://127.0.0.1:$(UI_PORT)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(PARETORCH_RESULTS_DIR)/mlflow.db \
 		--artifacts-destination $(PARETORCH_RESULTS_DIR)/mlartifacts \
 		--host 127.0.0.1 --port $(UI_PORT) --workers 1
@@ -78,7 +78,7 @@ dashboard: $(STAMP)
 
 # PNGs of the MLflow runs view, the parent runs and optuna-dashboard over the results (needs chromium).
 screenshots: $(STAMP)
-	$(PY) -m experiments.screenshots --model $(MODEL)
+	$(PY) -m paretorch.experiments.screenshots --model $(MODEL)
 
 # Benchmarks: baseline, each single technique, and a search per model, then the busy-machine check
 # (the digits search quiet and beside a CPU-bound process: same front?) and the search quality (digits:
@@ -89,18 +89,18 @@ BENCH_TRIALS ?= 30
 # the STS benchmark dev split, where a checkout has ../shared beside it (tests and benchmarks only).
 STS_DEV ?= ../shared/data/sentence-similarity-dev/pairs.tsv
 bench: $(STAMP)
-	$(PY) -m experiments.bench --model digits --device $(DEVICE) --trials $(BENCH_TRIALS)
-	held=""; if [ -f $(STS_DEV) ]; then $(PY) -m experiments.data.sts_benchmark $(STS_DEV) runs/bench/sts-dev.tsv \
+	$(PY) -m paretorch.experiments.bench --model digits --device $(DEVICE) --trials $(BENCH_TRIALS)
+	held=""; if [ -f $(STS_DEV) ]; then $(PY) -m paretorch.experiments.data.sts_benchmark $(STS_DEV) runs/bench/sts-dev.tsv \
 	  && held="--held-out runs/bench/sts-dev.tsv"; else echo "no $(STS_DEV): the MiniLM benchmark runs without its held-out check"; fi; \
-	  $(PY) -m experiments.bench --model minilm --device $(DEVICE) --trials $(BENCH_TRIALS) $$held
-	for model in digits minilm; do $(PY) -m experiments.bench.ort_rows --model $$model || exit 1; done
-	for model in digits minilm; do $(PY) -m experiments.bench --model $$model --trials 0 --batch 1 --only mlx || exit 1; done
-	$(PY) -m experiments.bench.peers --model minilm $$([ -f runs/bench/sts-dev.tsv ] && echo --held-out runs/bench/sts-dev.tsv) \
+	  $(PY) -m paretorch.experiments.bench --model minilm --device $(DEVICE) --trials $(BENCH_TRIALS) $$held
+	for model in digits minilm; do $(PY) -m paretorch.experiments.bench.ort_rows --model $$model || exit 1; done
+	for model in digits minilm; do $(PY) -m paretorch.experiments.bench --model $$model --trials 0 --batch 1 --only mlx || exit 1; done
+	$(PY) -m paretorch.experiments.bench.peers --model minilm $$([ -f runs/bench/sts-dev.tsv ] && echo --held-out runs/bench/sts-dev.tsv) \
 	  $$([ -f $(RESULTS)/bench/best-minilm-cpu.json ] && echo --recipe $(RESULTS)/bench/best-minilm-cpu.json) \
 	  $$([ -f experiments/bench/results/minilm-cpu.json ] && echo --search-result experiments/bench/results/minilm-cpu.json)
-	$(PY) -m experiments.bench.busy --model digits --trials 20
-	$(PY) -m experiments.bench.search_quality --model digits --device cpu --trials 100 --compare 30 --seeds 0 1
-	$(PY) -m experiments.bench --render-only
+	$(PY) -m paretorch.experiments.bench.busy --model digits --trials 20
+	$(PY) -m paretorch.experiments.bench.search_quality --model digits --device cpu --trials 100 --compare 30 --seeds 0 1
+	$(PY) -m paretorch.experiments.bench --render-only
 
 # The suite, with its 15 slowest tests at the end; test-shuffled: the same suite in a seeded random order
 # (modules and the tests in each; SEED=N repeats an order), which fails where a test depends on another's leftovers.
@@ -117,7 +117,7 @@ test-shuffled: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check paretorch pipeline stages experiments tests plugins
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy paretorch pipeline stages experiments plugins/mlx/paretorch_mlx
+	$(VENV)/bin/mypy paretorch plugins/mlx/paretorch_mlx
 
 clean:
 	rm -rf $(RESULTS) .pytest_cache .mypy_cache .ruff_cache mlflow.db mlruns

@@ -25,16 +25,17 @@ from pathlib import Path
 import optuna
 from mlflow import MlflowClient
 
-from pipeline.core.paths import results_dir
-from pipeline.search.dashboard import badged_infeasible
-from pipeline.tracking.tracker import ROLE_TAG, experiment_name
-from pipeline.tracking.views import experiment_url, run_view_url
+from paretorch.pipeline.core.paths import results_dir
+from paretorch.pipeline.search.dashboard import badged_infeasible
+from paretorch.pipeline.tracking.tracker import ROLE_TAG, experiment_name
+from paretorch.pipeline.tracking.views import experiment_url, run_view_url
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--hide-scrollbars", "--virtual-time-budget=20000")
 #: Window size of most shots; the runs table is taken at a common laptop's 1366 px, where its headline columns
-#: must read with MLflow 3.17's Assistant panel open (a new browser profile opens it): pipeline.tracking.columns.
+#: must read with MLflow 3.17's Assistant panel open (a new browser profile opens it):
+#: paretorch.pipeline.tracking.columns.
 WINDOW = (1600, 1000)
 RUNS_WINDOW = (1366, 800)
 

@@ -1,4 +1,4 @@
-"""paretorch: the one import name for scripted reuse of the stages from Python.
+"""paretorch: the one import root, and the names for scripted reuse of the stages from Python.
 
 ::
 
@@ -11,10 +11,11 @@
     chain = paretorch.run_chain(model, [paretorch.PruneConfig(ratio=0.3),
                                         paretorch.QuantizeConfig(method="int8_dynamic")], ctx)
 
-The project's code lives in the top-level packages ``pipeline``, ``stages`` and ``experiments``;
-importing ``paretorch`` first imports those three from beside it (:mod:`paretorch._home`), so a
-``pipeline.py``, ``stages/`` or ``experiments/`` of your own in the working directory or the script's
-folder changes nothing. ``python -m paretorch <command>`` is the ``paretorch`` command.
+Everything installed is under ``paretorch``: :mod:`paretorch.pipeline` (the core, engine, search and commands),
+:mod:`paretorch.stages` (the built-in stages), :mod:`paretorch.experiments` (the built-in models, data and the
+bench); :mod:`paretorch.extend` holds what a stage or runtime plugin imports and :mod:`paretorch.testing` the
+contract tests a plugin runs. A ``pipeline.py``, ``stages/`` or ``experiments/`` of your own is never imported
+in their place. ``python -m paretorch <command>`` is the ``paretorch`` command.
 
 The names (:mod:`paretorch.api`, listed in its ``__all__``) load on first use: torch and the stages take
 seconds to import, and ``python -m paretorch`` checks its arguments before that.
@@ -24,13 +25,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from paretorch._home import claim
+from paretorch.pipeline.core.version import VERSION as __version__  # noqa: F401 (paretorch.__version__)
 
 if TYPE_CHECKING:
     from paretorch.api import *  # noqa: F403 (the names __getattr__ hands out, for type checkers)
-
-claim()
-
 
 def __getattr__(name: str) -> Any:
     """``paretorch.<name>``: the name from :mod:`paretorch.api`, imported on first use."""

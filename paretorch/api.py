@@ -10,23 +10,23 @@ name is the one defined under ``pipeline`` or ``stages``; this module only gathe
 
 from __future__ import annotations
 
-from pipeline.api import ChainResult, StageContext, apply_stage, load_deployment, load_model, run_chain
-from pipeline.core.errors import PipelineError
-from pipeline.core.evaluate import compute_metric
-from pipeline.core.spec import ACCURACY, Metric, ModelSpec
-from pipeline.engine.recipe import Recipe
-from pipeline.sources import SourceOptions
-from pipeline.sources.resolve import resolve_spec
-from stages.amp.stage import AmpConfig
-from stages.distill.stage import DistillConfig
-from stages.export.coreml import CoreMLExportConfig
-from stages.export.onnx import ONNXExportConfig
-from stages.export.openvino import OpenVINOExportConfig
-from stages.export.pt2 import PT2ExportConfig
-from stages.pack.deploy import PackedEncoder
-from stages.pack.stage import PackConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.api import ChainResult, StageContext, apply_stage, load_deployment, load_model, run_chain
+from paretorch.pipeline.core.errors import PipelineError
+from paretorch.pipeline.core.evaluate import compute_metric
+from paretorch.pipeline.core.spec import ACCURACY, Metric, ModelSpec
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.sources import SourceOptions
+from paretorch.pipeline.sources.resolve import resolve_spec
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.distill.stage import DistillConfig
+from paretorch.stages.export.coreml import CoreMLExportConfig
+from paretorch.stages.export.onnx import ONNXExportConfig
+from paretorch.stages.export.openvino import OpenVINOExportConfig
+from paretorch.stages.export.pt2 import PT2ExportConfig
+from paretorch.stages.pack.deploy import PackedEncoder
+from paretorch.stages.pack.stage import PackConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 __all__ = [
     "ACCURACY",

@@ -2,11 +2,11 @@
 
 ::
 
-    from experiments.models.digits import spec
-    from pipeline.api import StageContext, apply_stage, load_model, run_chain
-    from stages.prune.stage import PruneConfig
-    from stages.quantize.stage import QuantizeConfig
-    from stages.export.onnx import ONNXExportConfig
+    from paretorch.experiments.models.digits import spec
+    from paretorch.pipeline.api import StageContext, apply_stage, load_model, run_chain
+    from paretorch.stages.prune.stage import PruneConfig
+    from paretorch.stages.quantize.stage import QuantizeConfig
+    from paretorch.stages.export.onnx import ONNXExportConfig
 
     model = load_model(spec)
     pruned = apply_stage(model, PruneConfig(ratio=0.3), StageContext(spec, "cpu"))
@@ -14,8 +14,8 @@
                        StageContext(spec, "cpu", output_dir="exports/int8"))
     result.model, result.exports, result.recipe.save("recipe.json")   # exports/int8/digits.onnx
 
-:func:`run_chain` is the search's :class:`~pipeline.engine.runner.Runner` over the
-chain's pipeline (:func:`~pipeline.engine.graph.recipe_pipeline`): model stages in
+:func:`run_chain` is the search's :class:`~paretorch.pipeline.engine.runner.Runner` over the
+chain's pipeline (:func:`~paretorch.pipeline.engine.graph.recipe_pipeline`): model stages in
 order, exports after the last one, the same cache keys (so AMP calibrations are
 reused within the process) and the same resolved recipe as a search trial.
 """
@@ -30,15 +30,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtimes.registry import prepare_runtime
-from pipeline.core.spec import ModelSpec, load_model
-from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, is_export
-from pipeline.core.text_batches import TextBatches
-from pipeline.engine.cache import NodeCache
-from pipeline.engine.deliver import deliver
-from pipeline.engine.deployment import (
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.paths import cache_dir, results_dir
+from paretorch.pipeline.core.runtimes.registry import prepare_runtime
+from paretorch.pipeline.core.spec import ModelSpec, load_model
+from paretorch.pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, is_export
+from paretorch.pipeline.core.text_batches import TextBatches
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.engine.deliver import deliver
+from paretorch.pipeline.engine.deployment import (
     deploy_stage,
     load_weights,
     open_file,
@@ -46,9 +46,9 @@ from pipeline.engine.deployment import (
     rebuild_configs,
     runtime_encoder,
 )
-from pipeline.engine.graph import recipe_pipeline
-from pipeline.engine.recipe import Recipe
-from pipeline.engine.runner import Runner
+from paretorch.pipeline.engine.graph import recipe_pipeline
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.runner import Runner
 
 __all__ = ["ChainResult", "StageContext", "apply_stage", "load_deployment", "load_model", "run_chain"]
 
@@ -104,20 +104,21 @@ def run_chain(
 def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.device = "cpu",
                     runtime: str | None = None) -> Callable[..., Any]:
     """The callable a deployment runs, from the ``deploy/`` folder ``pipeline apply`` (or a search, in each Pareto
-    trial's folder) wrote: for a recipe whose stage builds one, that (pack: a :class:`stages.pack.deploy.PackedEncoder`,
-    token id lists in, embeddings out; under ``onnxruntime`` / ``openvino`` a
-    :class:`pipeline.core.length_groups.GroupedEncoder` over the file); for any other recipe the model prepared for
-    its runtime (or the file the runtime ran), called on host batches (:class:`pipeline.core.text_batches.ModelEncoder`:
-    ``encoder(*host_inputs)``, host float32 outputs).
+    trial's folder) wrote: for a recipe whose stage builds one, that (pack: a
+    :class:`paretorch.stages.pack.deploy.PackedEncoder`, token id lists in, embeddings out; under ``onnxruntime`` /
+    ``openvino`` a
+    :class:`paretorch.pipeline.core.length_groups.GroupedEncoder` over the file); for any other recipe the model
+    prepared for its runtime (or the file the runtime ran), called on host batches
+    (:class:`paretorch.pipeline.core.text_batches.ModelEncoder`: ``encoder(*host_inputs)``, host float32 outputs).
 
     ``spec``: the model's spec (its ``build`` makes the unoptimized structure); ``runtime``: the recipe's when
     None. The recipe's stages are replayed for structure only (no fine-tuning, no distillation, no export), the
-    saved weights loaded strictly over the result (:mod:`pipeline.engine.deployment`: no file in the folder
+    saved weights loaded strictly over the result (:mod:`paretorch.pipeline.engine.deployment`: no file in the folder
     runs code on load), then the stage's ``deploy`` builds the callable. A folder of a recipe whose runtime runs
     a file (``onnxruntime``, ``openvino``) holds that file instead: it is opened in the recipe's runtime and called
-    per length group (a :class:`pipeline.core.length_groups.GroupedEncoder`, the same token-list contract). Either
-    takes strings too: ``encoder.encode(texts, batch_size=32)`` tokenizes with the spec's ``encode_text``, sorts a
-    corpus by length, tokenizes a batch ahead while the model runs, and returns the rows in input order."""
+    per length group (a :class:`paretorch.pipeline.core.length_groups.GroupedEncoder`, the same token-list contract).
+    Either takes strings too: ``encoder.encode(texts, batch_size=32)`` tokenizes with the spec's ``encode_text``, sorts
+    a corpus by length, tokenizes a batch ahead while the model runs, and returns the rows in input order."""
     deployment = read_deployment(directory)
     recipe = deployment.recipe
     stage = deploy_stage(recipe.stages)
@@ -141,7 +142,7 @@ def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.
 
 def with_tokenizer(encoder: Any, spec: ModelSpec) -> Any:
     """``encoder`` with the spec's text encoder set, so that ``encoder.encode(texts)`` takes strings
-    (:class:`pipeline.core.text_batches.TextBatches`; an encoder of another kind is returned as it is)."""
+    (:class:`paretorch.pipeline.core.text_batches.TextBatches`; an encoder of another kind is returned as it is)."""
     if isinstance(encoder, TextBatches) and spec.encode_text is not None:
         encoder.encode_text = spec.encode_text
     return encoder

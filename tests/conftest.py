@@ -30,11 +30,11 @@ import torch._dynamo.config
 import torch._inductor.config
 from torch import Tensor, nn
 
-from pipeline.core.device import CPU_BF16_ENV_VAR, capabilities
-from pipeline.core.paths import RESULTS_ENV_VAR
-from pipeline.core.runtimes import registry as runtime_registry
-from pipeline.core.spec import ACCURACY, ModelSpec
-from pipeline.core.stage import load_entry_points, registered_stages, unregister_stage
+from paretorch.pipeline.core.device import CPU_BF16_ENV_VAR, capabilities
+from paretorch.pipeline.core.paths import RESULTS_ENV_VAR
+from paretorch.pipeline.core.runtimes import registry as runtime_registry
+from paretorch.pipeline.core.spec import ACCURACY, ModelSpec
+from paretorch.pipeline.core.stage import load_entry_points, registered_stages, unregister_stage
 
 #: Process-wide compiler settings that runtimes change (``freezing``, the recompile limit): restored after each test.
 #: Imported here (about 1 s), so that every test starts from their defaults, whichever test imported them first.
@@ -161,7 +161,7 @@ def toy_plugins_loaded(toy_plugin_site: Path) -> Iterator[None]:
 
 def default_stage_names() -> tuple[list[str], list[str]]:
     """The default pipeline as the registry places it, written here independently of
-    ``pipeline.core.stage.default_order``: stages with an ``order``, sorted by (order, name),
+    ``paretorch.pipeline.core.stage.default_order``: stages with an ``order``, sorted by (order, name),
     model stages first, then exports. Every registered stage counts, a plugin's included."""
     placed = sorted((s for s in registered_stages().values() if s.order is not None), key=lambda s: (s.order, s.name))
     return [s.name for s in placed if not s.is_export], [s.name for s in placed if s.is_export]
@@ -251,7 +251,7 @@ def same_global_state() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def digits_spec(results_dir: Path) -> ModelSpec:
-    from experiments.models.digits import spec
+    from paretorch.experiments.models.digits import spec
 
     return spec()
 
@@ -259,7 +259,7 @@ def digits_spec(results_dir: Path) -> ModelSpec:
 @pytest.fixture(scope="session")
 def pristine_digits_model(digits_spec: ModelSpec) -> nn.Module:
     """The trained digits CNN, trained once per session (then cached): never handed to a test."""
-    from pipeline.core.spec import load_model
+    from paretorch.pipeline.core.spec import load_model
 
     return load_model(digits_spec)
 

@@ -1,10 +1,11 @@
 """The layer rules (ARCHITECTURE.md) hold: import-linter contracts and no hidden imports.
 
-* ``lint-imports`` checks the contracts in ``pyproject.toml``: the pipeline's layers, no
-  ``stages`` or ``experiments`` import under ``pipeline``, stages built on ``pipeline.core``
-  alone and independent of each other; ``paretorch`` on top, imported by none of them.
+* ``lint-imports`` checks the contracts in ``pyproject.toml`` over the one import root ``paretorch``: the
+  pipeline's layers, no ``paretorch.stages`` or ``paretorch.experiments`` import under ``paretorch.pipeline``, stages
+  built on ``paretorch.pipeline.core`` alone and independent of each other; ``paretorch.api`` on top, imported by
+  none of them.
 * No module imports inside a function, except the heavy third-party libraries below
-  (lazy so that ``python -m pipeline --help`` and the stages that do not need them stay
+  (lazy so that ``python -m paretorch --help`` and the stages that do not need them stay
   fast), and the commands in the CLI's entry point (imported once the command line is
   checked, so that an argument error costs no torch import) and ``paretorch``'s names (loaded on first
   use, so that ``python -m paretorch`` checks its arguments first too). Import-linter sees those
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.paths import CONFIGS_DIR, DEFAULT_SEARCH_CONFIG, PIPELINES_DIR
+from paretorch.pipeline.core.paths import CONFIGS_DIR, DEFAULT_SEARCH_CONFIG, PIPELINES_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("paretorch", "pipeline", "stages", "experiments")
@@ -34,10 +35,11 @@ LAZY_LIBRARIES = (
     "optuna_dashboard", "onnxscript", "onnx_ir", "sentence_transformers", "optimum", "nncf", "openvino",
 )
 
-#: Own modules imported inside a function, by the files allowed to: ``python -m pipeline`` parses and checks
+#: Own modules imported inside a function, by the files allowed to: ``python -m paretorch`` parses and checks
 #: its arguments first (pipeline/cli/parser.py), then loads the commands, which import torch; ``import paretorch``
 #: (which ``python -m paretorch`` runs first) loads its names (paretorch/api.py, torch and every stage) on first use.
-LAZY_OWN_MODULES = {"pipeline/cli/main.py": ("pipeline.cli.commands",), "paretorch/__init__.py": ("paretorch.api",)}
+LAZY_OWN_MODULES = {"pipeline/cli/main.py": ("paretorch.pipeline.cli.commands",),
+                    "paretorch/__init__.py": ("paretorch.api",)}
 
 
 def _is_lazy_library(module: str) -> bool:
@@ -79,20 +81,20 @@ def test_no_function_level_imports_but_heavy_libraries(package: str) -> None:
 
 def test_the_function_level_import_check_finds_one(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n    from pipeline.core import stage\n    import coremltools\n")
+    sample.write_text("def f():\n    from paretorch.pipeline.core import stage\n    import coremltools\n")
     found = function_level_imports(sample)
-    assert found == [(2, "pipeline.core"), (3, "coremltools")]
-    assert [m for _, m in found if not _is_lazy_library(m)] == ["pipeline.core"]
+    assert found == [(2, "paretorch.pipeline.core"), (3, "coremltools")]
+    assert [m for _, m in found if not _is_lazy_library(m)] == ["paretorch.pipeline.core"]
 
 
-#: ``experiments`` as a module or a path part (``experiments.models``, ``"experiments"``, ``experiments/configs``),
-#: not a part of a URL (MLflow's ``/#/experiments/``).
+#: ``experiments`` as a module or a path part (``paretorch.experiments.models``, ``"experiments"``,
+#: ``experiments/configs``), not a part of a URL (MLflow's ``/#/experiments/``).
 EXPERIMENTS = re.compile(r"(?<![\w/#])experiments(?=[./]|$)")
 
 
 def names_of_experiments(path: Path) -> list[tuple[int, str]]:
     """(line, text) of every string in ``path``'s code, docstrings aside, that names ``experiments``: an
-    import by string (``importlib.import_module("experiments.models")``) or a path into it, which
+    import by string (``importlib.import_module("paretorch.experiments.models")``) or a path into it, which
     import-linter cannot see."""
     tree = ast.parse(path.read_text())
     docstrings = {
@@ -123,15 +125,16 @@ def test_pipeline_names_no_experiments_module_or_path() -> None:
 def test_the_experiments_string_check_finds_one(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text('"""Docs may say experiments."""\nimport importlib\n'
-                      'def f():\n    """experiments too."""\n    return importlib.import_module("experiments.models")\n'
+                      'def f():\n    """experiments too."""\n'
+                      '    return importlib.import_module("paretorch.experiments.models")\n'
                       'URL = "/#/experiments/1"\nDIR = ROOT / "experiments" / "configs"\n')
-    assert names_of_experiments(sample) == [(5, "experiments.models"), (7, "experiments")]
+    assert names_of_experiments(sample) == [(5, "paretorch.experiments.models"), (7, "experiments")]
 
 
 def test_the_default_configs_are_package_data() -> None:
     """A non-editable install carries the search defaults and pipeline files (pyproject's package-data)."""
     package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    shipped = {p for pattern in package_data["pipeline"] for p in (REPO / "pipeline").glob(pattern)}
+    shipped = {p for pattern in package_data["paretorch.pipeline"] for p in (REPO / "pipeline").glob(pattern)}
     assert DEFAULT_SEARCH_CONFIG in shipped
     assert set(PIPELINES_DIR.glob("*.yaml")) <= shipped and any(PIPELINES_DIR.glob("*.yaml"))
     assert CONFIGS_DIR.is_relative_to(REPO / "pipeline")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli.main import build_parser
+from paretorch.pipeline.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -51,7 +51,7 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
-    raise AssertionError("pipeline.cli.main.build_parser() has no subcommands")
+    raise AssertionError("paretorch.pipeline.cli.main.build_parser() has no subcommands")
 
 
 def test_readme_is_one_page() -> None:
@@ -105,7 +105,7 @@ def test_pipeline_commands_exist(page: Path) -> None:
     commands = set(_subparsers())
     shown = set(PIPELINE_CMD.findall(text))
     unknown = sorted(c for c in shown if c not in commands and c != "<command>")
-    assert not unknown, f"{page.relative_to(ROOT)}: `python -m pipeline` commands that do not exist: {unknown}"
+    assert not unknown, f"{page.relative_to(ROOT)}: `python -m paretorch` commands that do not exist: {unknown}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
@@ -122,7 +122,7 @@ def test_cli_reference_names_every_option() -> None:
     text = (ROOT / "docs" / "cli.md").read_text()
     missing = []
     for name, sub in _subparsers().items():
-        assert f"python -m pipeline {name}" in text, f"docs/cli.md has no section for `{name}`"
+        assert f"python -m paretorch {name}" in text, f"docs/cli.md has no section for `{name}`"
         for action in sub._actions:
             if action.help == argparse.SUPPRESS:
                 continue  # internal (e.g. --worker-index, set by the parent process)

@@ -1,5 +1,5 @@
-"""``python -m experiments.bench``: see :mod:`experiments.bench.harness`."""
+"""``python -m paretorch.experiments.bench``: see :mod:`paretorch.experiments.bench.harness`."""
 
-from experiments.bench.harness import main
+from paretorch.experiments.bench.harness import main
 
 raise SystemExit(main())

@@ -1,6 +1,6 @@
 """The busy-machine check: the same digits search, quiet and beside a CPU-bound process.
 
-``python -m experiments.bench.busy [--trials 20]``: the search runs pinned to one core with one
+``python -m paretorch.experiments.bench.busy [--trials 20]``: the search runs pinned to one core with one
 thread, twice with the same sampler seed: once with the other cores idle (quiet), once with a
 process spinning on another core (busy). It passes when both runs put the same recipes on the
 front and every busy front speed-up (paired with the baseline during the search) lies within the
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from experiments.bench.paths import RESULTS_DIR
-from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE
-from pipeline.sources.resolve import resolve_spec
+from paretorch.experiments.bench.paths import RESULTS_DIR
+from paretorch.pipeline.search import Search, SearchConfig, run_search
+from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 BUSY_PREFIX = "busy-"
 SPIN = "while True: pass"
@@ -93,7 +93,8 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.busy", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.bench.busy",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="digits")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)

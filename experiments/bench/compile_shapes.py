@@ -2,7 +2,7 @@
 buckets (``compile``) and against a static graph at the batch's exact length (the unreachable ideal),
 fp32 and bf16, timed in interleaved rounds with fp32-or-bf16 eager, in one process.
 
-    taskset -c 1 .venv/bin/python -m experiments.bench.compile_shapes [--rounds 9] [--threads 1]
+    taskset -c 1 .venv/bin/python -m paretorch.experiments.bench.compile_shapes [--rounds 9] [--threads 1]
         [--pairs /work/shared/data/sentence-similarity-dev/pairs.tsv] [--out results/compile-shapes.json]
 
 Two input sets at batch 32, each batch padded to its longest sentence: the spec's latency batch (pydoc
@@ -28,16 +28,16 @@ import torch
 from torch import Tensor, nn
 from torch._dynamo.utils import counters
 
-from experiments.models.minilm import _tokenizer
-from experiments.models.minilm import spec as minilm_spec
-from pipeline.core.evaluate import LatencySettings, measure_latency
-from pipeline.core.noise import median_ci
-from pipeline.core.padding import bucket_length, latency_inputs, pad_to, representative_batch, trim_to_longest
-from pipeline.core.runtimes.compile import COMPILE
-from pipeline.core.runtimes.compile_dynamic import COMPILE_DYNAMIC
-from pipeline.core.runtimes.registry import prepare_runtime
-from pipeline.core.spec import Batch, load_model
-from pipeline.sources.huggingface import tokenize
+from paretorch.experiments.models.minilm import _tokenizer
+from paretorch.experiments.models.minilm import spec as minilm_spec
+from paretorch.pipeline.core.evaluate import LatencySettings, measure_latency
+from paretorch.pipeline.core.noise import median_ci
+from paretorch.pipeline.core.padding import bucket_length, latency_inputs, pad_to, representative_batch, trim_to_longest
+from paretorch.pipeline.core.runtimes.compile import COMPILE
+from paretorch.pipeline.core.runtimes.compile_dynamic import COMPILE_DYNAMIC
+from paretorch.pipeline.core.runtimes.registry import prepare_runtime
+from paretorch.pipeline.core.spec import Batch, load_model
+from paretorch.pipeline.sources.huggingface import tokenize
 
 CPU = torch.device("cpu")
 ROUND = LatencySettings(warmup_runs=2, min_runs=7, min_seconds=0.0)

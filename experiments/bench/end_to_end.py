@@ -1,24 +1,24 @@
 """Strings in, embeddings out, as users run a text encoder: MiniLM end to end on a ``serve`` stream or a ``corpus``.
 
-    python -m experiments.bench.end_to_end PAIRS.tsv [--device cpu|cuda] [--workload serve|corpus] [--batch 32]
-        [--recipe R.json ...] [--rounds 5] [--threads 1] [--limit N] [--note TEXT] [--out DIR]
+    python -m paretorch.experiments.bench.end_to_end PAIRS.tsv [--device cpu|cuda] [--workload serve|corpus]
+        [--batch 32] [--recipe R.json ...] [--rounds 5] [--threads 1] [--limit N] [--note TEXT] [--out DIR]
 
 ``PAIRS.tsv``: sentence pairs (``--eval-data``'s ``sentence1, sentence2, score`` layout, or the STS benchmark's raw
 one); its distinct sentences, in order of first appearance, are the ``dev sentences`` set; MiniLM's own latency
 sentences (256 pydoc sentences) are the ``built-in sample``. In one process each variant runs the workload from the
-strings to float32 host embeddings, tokenization included (:mod:`pipeline.core.workload`): ``serve`` the texts in
-the given order in batches of ``--batch``, ``corpus`` the
+strings to float32 host embeddings, tokenization included (:mod:`paretorch.pipeline.core.workload`): ``serve`` the texts
+in the given order in batches of ``--batch``, ``corpus`` the
 whole list encoded at once (sorted by length where the variant sorts: sentence-transformers' ``encode`` and a
 deployment's ``encode`` do). Every variant runs once per round, the order rotated each round; the speed-up of each is
 the median of its per-round ratios to **fp32 eager run the same way** (the unoptimized model behind the same
-``encode`` code as a deployment, :class:`pipeline.core.text_batches.ModelEncoder`) with its 95 % interval, and
+``encode`` code as a deployment, :class:`paretorch.pipeline.core.text_batches.ModelEncoder`) with its 95 % interval, and
 ``vs one-liner`` its ratio to the fastest sentence-transformers variant in the same rounds.
 
 Variants: fp32 eager (and without the overlap); sentence-transformers' own ``SentenceTransformer(path).encode`` (on
 ``serve``: one ``encode`` call per batch, as a server calls it), and on an accelerator its ``.half()``, bf16 and
 ``.half()`` + ``torch.compile`` forms; each ``--recipe`` (a search's ``recipe.json``) deployed as a user gets it (the
-``deploy/`` folder written and loaded with :func:`pipeline.api.load_deployment`), its ``encode`` as shipped and
-without the overlap; and the tokenizer alone (the spec's ``encode_text`` over the same batches). Rows carry
+``deploy/`` folder written and loaded with :func:`paretorch.pipeline.api.load_deployment`), its ``encode`` as shipped
+and without the overlap; and the tokenizer alone (the spec's ``encode_text`` over the same batches). Rows carry
 ``"workload"``, ``"batch"`` and ``"end_to_end": true``; one JSON file,
 ``end-to-end-minilm-<device>-<workload>-b<batch>.json``, rendered into BENCHMARKS.md.
 """
@@ -39,22 +39,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from experiments.bench.fidelity_check import read_pairs
-from experiments.bench.isa import cpu_description, isa_info
-from experiments.bench.paths import RESULTS_DIR
-from experiments.models import minilm
-from pipeline.api import load_deployment, load_model
-from pipeline.core.errors import SpecError
-from pipeline.core.input_agreement import InputAgreement
-from pipeline.core.noise import median_ci
-from pipeline.core.spec import ModelSpec
-from pipeline.core.task_data import PairsData, load_task_data
-from pipeline.core.task_spec import distinct_texts
-from pipeline.core.text_batches import ModelEncoder
-from pipeline.engine.deployment import save_deployment
-from pipeline.engine.graph import recipe_pipeline
-from pipeline.engine.recipe import Recipe
-from pipeline.engine.runner import Runner
+from paretorch.experiments.bench.fidelity_check import read_pairs
+from paretorch.experiments.bench.isa import cpu_description, isa_info
+from paretorch.experiments.bench.paths import RESULTS_DIR
+from paretorch.experiments.models import minilm
+from paretorch.pipeline.api import load_deployment, load_model
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.input_agreement import InputAgreement
+from paretorch.pipeline.core.noise import median_ci
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.task_data import PairsData, load_task_data
+from paretorch.pipeline.core.task_spec import distinct_texts
+from paretorch.pipeline.core.text_batches import ModelEncoder
+from paretorch.pipeline.engine.deployment import save_deployment
+from paretorch.pipeline.engine.graph import recipe_pipeline
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.runner import Runner
 
 PREFIX = "end-to-end-"
 BASELINE = "fp32 eager"
@@ -73,8 +73,8 @@ def chunks(texts: Sequence[str], batch: int) -> list[list[str]]:
 
 def pair_sentences(path: Path) -> list[str]:
     """The distinct sentences of a pairs file, in order of first appearance: a ``sentence1, sentence2, score``
-    table (``--eval-data``'s layout, ``python -m experiments.data.sts_benchmark`` writes it), or the STS benchmark's
-    raw layout (score in column 5, the sentences in 6 and 7)."""
+    table (``--eval-data``'s layout, ``python -m paretorch.experiments.data.sts_benchmark`` writes it), or the STS
+    benchmark's raw layout (score in column 5, the sentences in 6 and 7)."""
     try:
         data = load_task_data(str(path))
     except SpecError:  # not the --eval-data layout: the raw STS one
@@ -86,7 +86,7 @@ def pair_sentences(path: Path) -> list[str]:
 
 def deployed(spec: ModelSpec, recipe: Recipe, folder: Path, device: torch.device) -> Any:
     """The recipe's deployment, written as ``pipeline apply`` writes it (the runner's model, the file a file
-    runtime ran) and loaded back with :func:`pipeline.api.load_deployment`, as a user gets it."""
+    runtime ran) and loaded back with :func:`paretorch.pipeline.api.load_deployment`, as a user gets it."""
     runner = Runner(recipe_pipeline(recipe.model_stages()), spec, device)
     result = runner.run({}, recipe.runtime, exports=False, evaluate=False)
     save_deployment(result.model, result.recipe(spec.name), folder, runner.runtime_file({}, recipe.runtime))

@@ -1,6 +1,7 @@
 """Which label-free fidelity metric tracks a human-labelled task score: MiniLM variants on STS pairs.
 
-    python -m experiments.bench.fidelity_check PAIRS.tsv [--distill-steps 200] [--out experiments/bench/results]
+    python -m paretorch.experiments.bench.fidelity_check PAIRS.tsv [--distill-steps 200]
+        [--out experiments/bench/results]
 
 ``PAIRS.tsv``: human-labelled sentence pairs, tab-separated, no header: the score in
 column 5, the two sentences in columns 6 and 7 (the STS benchmark layout; read with
@@ -10,7 +11,7 @@ with a short distillation, unstructured pruning. For each variant:
 
 * the human-labelled score: Spearman x 100 between the cosine of the two sentences'
   embeddings and the human score, over the pairs;
-* every embedding fidelity metric of :mod:`pipeline.core.fidelity`, on the embeddings of
+* every embedding fidelity metric of :mod:`paretorch.pipeline.core.fidelity`, on the embeddings of
   the pairs' distinct sentences against the fp32 embeddings of the same sentences.
 
 Then, per fidelity metric, how well it tracks the human score across the variants
@@ -38,11 +39,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from experiments.data import news_sentences
-from experiments.models import minilm
-from pipeline.api import StageContext, load_model, run_chain
-from pipeline.core.evaluate import compute_metrics
-from pipeline.core.fidelity import (
+from paretorch.experiments.data import news_sentences
+from paretorch.experiments.models import minilm
+from paretorch.pipeline.api import StageContext, load_model, run_chain
+from paretorch.pipeline.core.evaluate import compute_metrics
+from paretorch.pipeline.core.fidelity import (
     MEAN_COSINE,
     NEIGHBOUR_AGREEMENT,
     NEIGHBOUR_OVERLAP_AT_10,
@@ -50,13 +51,13 @@ from pipeline.core.fidelity import (
     SQNR_DB,
     fidelity_report,
 )
-from pipeline.core.ranking import pearson, spearman
-from pipeline.core.stage import StageConfig
-from pipeline.engine.cache import NodeCache
-from pipeline.sources.huggingface import tokenize
-from stages.distill.stage import DistillConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.ranking import pearson, spearman
+from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.sources.huggingface import tokenize
+from paretorch.stages.distill.stage import DistillConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 #: Result files of this script start so (the benchmark tables render them apart).
 FIDELITY_CHECK_PREFIX = "fidelity-check-"
@@ -68,7 +69,7 @@ AS_GOOD = 0.01
 SCORE_COLUMN, FIRST_COLUMN, SECOND_COLUMN = 4, 5, 6
 EMBED_BATCH = 64
 CPU = torch.device("cpu")
-#: Fidelity on the news sentences MiniLM's floor is measured on (:mod:`experiments.data.news_sentences`).
+#: Fidelity on the news sentences MiniLM's floor is measured on (:mod:`paretorch.experiments.data.news_sentences`).
 NEWS_PREFIX = "news_"
 
 
@@ -215,7 +216,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"### Fidelity vs a human-labelled score: {result['model']} on {result['device']}",
         "",
-        f"`python -m experiments.bench.fidelity_check` on {result['pairs']} human-labelled sentence pairs "
+        f"`python -m paretorch.experiments.bench.fidelity_check` on {result['pairs']} human-labelled sentence pairs "
         f"({result['sentences']} distinct sentences; STS benchmark dev split). Human score: Spearman x 100 of "
         "the pair's cosine vs the human grade; fidelity: the variant's embeddings of the sentences against fp32's.",
         "",

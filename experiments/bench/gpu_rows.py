@@ -1,11 +1,12 @@
 """MiniLM on an accelerator: the one-line reduced-precision path beside the project's stages, paired with
 fp32 eager in one process (issue 24's rows).
 
-    python -m experiments.bench.gpu_rows --device cuda [--batch-sizes 1 256] [--held-out sts-dev.tsv] [--out F]
+    python -m paretorch.experiments.bench.gpu_rows --device cuda [--batch-sizes 1 256] [--held-out sts-dev.tsv]
+        [--out F]
         [--rounds N]
 
 Every row is timed in alternating rounds against fp32 eager on the same inputs (the spec's fixed latency
-batch, padded to its longest sentence as a user's serving code pads it; :func:`pipeline.core.paired.
+batch, padded to its longest sentence as a user's serving code pads it; :func:`paretorch.pipeline.core.paired.
 measure_paired`), so the speed-up is the median of per-round ratios with its 95 % interval. Rows:
 
 * ``fp32`` under each compiled runtime;
@@ -15,7 +16,7 @@ measure_paired`), so the speed-up is the median of per-round ratios with its 95 
 * end to end (``input: host token lists``): from the tokenizer's ``input_ids`` lists on the host to
   embeddings on the host, copies in and out included, paired with fp32 eager end to end: the padded
   models get the lists padded to the longest on the host (as ``tokenizer(..., padding=True)`` does), the
-  packed ones run as a deployment does (:class:`stages.pack.deploy.PackedEncoder`: packed on the host,
+  packed ones run as a deployment does (:class:`paretorch.stages.pack.deploy.PackedEncoder`: packed on the host,
   one copy, one graph per token bucket). Beside them, the packed model fed the host-packed buffer already on
   the device (``input: device host-packed``), and per packed runtime whether its call (copy in and graph)
   ran with ``torch.cuda.set_sync_debug_mode("error")`` (``sync_free``).
@@ -45,22 +46,22 @@ import numpy
 import torch
 from torch import Tensor, nn
 
-from experiments.bench.settings import BENCH_LATENCY
-from experiments.models.minilm import spec as minilm_spec
-from pipeline.api import run_chain
-from pipeline.core.evaluate import compute_metrics, count_macs
-from pipeline.core.padding import latency_sample, trim_to_longest
-from pipeline.core.paired import DeviceTimer, measure_paired
-from pipeline.core.runtimes.registry import available_runtimes, prepare_runtime
-from pipeline.core.spec import Batch, ModelSpec, move_batch
-from pipeline.core.stage import StageConfig, StageContext
-from pipeline.core.task_data import load_task_data
-from pipeline.core.task_spec import with_task_data
-from stages.amp.stage import AmpConfig
-from stages.pack.deploy import PackedEncoder
-from stages.pack.layout import pack_token_lists
-from stages.pack.packed import PackedBert
-from stages.pack.stage import PackConfig
+from paretorch.experiments.bench.settings import BENCH_LATENCY
+from paretorch.experiments.models.minilm import spec as minilm_spec
+from paretorch.pipeline.api import run_chain
+from paretorch.pipeline.core.evaluate import compute_metrics, count_macs
+from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
+from paretorch.pipeline.core.paired import DeviceTimer, measure_paired
+from paretorch.pipeline.core.runtimes.registry import available_runtimes, prepare_runtime
+from paretorch.pipeline.core.spec import Batch, ModelSpec, move_batch
+from paretorch.pipeline.core.stage import StageConfig, StageContext
+from paretorch.pipeline.core.task_data import load_task_data
+from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.pack.deploy import PackedEncoder
+from paretorch.stages.pack.layout import pack_token_lists
+from paretorch.stages.pack.packed import PackedBert
+from paretorch.stages.pack.stage import PackConfig
 
 FULL_BF16 = AmpConfig(dtype="bfloat16", fp32_layers=())
 

@@ -11,7 +11,7 @@ For one model spec on one device this measures, under identical latency settings
 * the baseline once more at the end, to show how far the machine drifted
   (a discarded warm-up pass precedes the first row).
 
-Each row's speed-up is paired, as the search measures its trials (:class:`pipeline.search.study_latency.
+Each row's speed-up is paired, as the search measures its trials (:class:`paretorch.pipeline.search.study_latency.
 StudyLatency`): the row's model, as the runner measured it, timed in rounds alternating with fp32 eager in this
 process at the objective batch (the order reversed every other round); the median of the per-round ratios with
 its 95% interval (``speedup``, ``speedup_ci``). A drifting machine slows both sides of a round alike; the
@@ -20,7 +20,7 @@ absolute p50s (each row timed alone) are kept beside it.
 Raw numbers go to ``experiments/bench/results/<model>-<device>.json``; every JSON
 there is rendered into ``BENCHMARKS.md``. Run::
 
-    python -m experiments.bench --model digits --trials 30 --batch 32
+    python -m paretorch.experiments.bench --model digits --trials 30 --batch 32
 """
 
 from __future__ import annotations
@@ -42,37 +42,37 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
-from experiments.bench.isa import isa_info
-from experiments.bench.paths import MARKDOWN, RESULTS_DIR
-from experiments.bench.render import render_markdown, render_table
-from experiments.bench.settings import BENCH_LATENCY
-from experiments.bench.timeline import best_so_far, time_split
-from pipeline.core.device import capabilities, describe, move_module, resolve_device
-from pipeline.core.errors import ConfigError
-from pipeline.core.evaluate import ModelReport, task_metric
-from pipeline.core.paired import PairedLatency
-from pipeline.core.paths import results_dir
-from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
-from pipeline.core.spec import ModelSpec
-from pipeline.core.task_data import load_task_data
-from pipeline.core.task_spec import with_task_data
-from pipeline.core.workload import DEFAULT_WORKLOAD, workload_for
-from pipeline.engine.graph import recipe_pipeline
-from pipeline.engine.recipe import Recipe
-from pipeline.engine.runner import Runner
-from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
-from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
-from pipeline.search.study import ATTR_MACHINE_PROBE
-from pipeline.search.study_latency import StudyLatency
-from pipeline.search.time_to_result import best_so_far as study_best_so_far
-from pipeline.search.time_to_result import time_to_result
-from pipeline.sources.resolve import resolve_spec
-from stages.amp.stage import AmpConfig
-from stages.distill.stage import DistillConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.methods import methods_on
-from stages.quantize.stage import QuantizeConfig
+from paretorch.experiments.bench.isa import isa_info
+from paretorch.experiments.bench.paths import MARKDOWN, RESULTS_DIR
+from paretorch.experiments.bench.render import render_markdown, render_table
+from paretorch.experiments.bench.settings import BENCH_LATENCY
+from paretorch.experiments.bench.timeline import best_so_far, time_split
+from paretorch.pipeline.core.device import capabilities, describe, move_module, resolve_device
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.evaluate import ModelReport, task_metric
+from paretorch.pipeline.core.paired import PairedLatency
+from paretorch.pipeline.core.paths import results_dir
+from paretorch.pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.task_data import load_task_data
+from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.core.workload import DEFAULT_WORKLOAD, workload_for
+from paretorch.pipeline.engine.graph import recipe_pipeline
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.search import Search, SearchConfig, run_search
+from paretorch.pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
+from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
+from paretorch.pipeline.search.study import ATTR_MACHINE_PROBE
+from paretorch.pipeline.search.study_latency import StudyLatency
+from paretorch.pipeline.search.time_to_result import best_so_far as study_best_so_far
+from paretorch.pipeline.search.time_to_result import time_to_result
+from paretorch.pipeline.sources.resolve import resolve_spec
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.distill.stage import DistillConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.methods import methods_on
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 #: The distillation of the "prune + distill" rows: bounded in time, so a CPU run of MiniLM
 #: (about 0.8 s per step of 16 on one core) stays affordable; on a GPU it ends by steps.
@@ -103,8 +103,8 @@ class Row:
     speedup_ci: tuple[float, float] | None = None
     #: Why the paired speed-up is not trusted (its interval stayed wide); None when stable.
     speedup_unstable: str | None = None
-    #: What ``speedup`` timed (:mod:`pipeline.core.workload`: ``serve``, raw inputs to host outputs, as the search
-    #: times it), and whether that is end to end (from the raw inputs).
+    #: What ``speedup`` timed (:mod:`paretorch.pipeline.core.workload`: ``serve``, raw inputs to host outputs, as the
+    #: search times it), and whether that is end to end (from the raw inputs).
     workload: str = "model"
     end_to_end: bool = False
     #: The model call alone paired with fp32 eager's (the figure beside the workload's).
@@ -242,7 +242,7 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     key = search.objectives.latency_key  # the baseline's p50 / the paired speed-up
     best = min(outcome.pareto, key=lambda t: t.user_attrs[ATTR_METRICS][key])
     recipe = Recipe.from_dict(best.user_attrs[ATTR_RECIPE])
-    # The peers' bench times this file by their protocol (experiments.bench.peers --recipe).
+    # The peers' bench times this file by their protocol (paretorch.experiments.bench.peers --recipe).
     best_file = recipe.save(work / best_recipe_name(spec.name, device.type))
     info = {"trials": trials, "search_seconds": seconds, "best_trial": best.number, "cache": outcome.cache,
             "best_recipe_file": str(best_file),
@@ -352,7 +352,7 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="digits")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--trials", type=int, default=30)
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-singles", dest="singles", action="store_false",
                         help="the baseline row and the search only, without a row per single technique (where device "
-                        "time is short; experiments.bench.gpu_rows gives the one-line rows of a GPU)")
+                        "time is short; paretorch.experiments.bench.gpu_rows gives the one-line rows of a GPU)")
     parser.add_argument("--only", default="", metavar="WORDS",
                         help="comma list: of the single-technique rows, only those whose name has one of these words "
                         "(e.g. mlx); the baseline row always runs")

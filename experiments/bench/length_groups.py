@@ -1,14 +1,16 @@
 """Length-grouped calls of an exported model, padded against grouped: what packing buys OpenVINO and ONNX Runtime.
 
-    taskset -c 1 python -m experiments.bench.length_groups --recipe runs/bench/best-minilm-cpu.json [--rows 4 8 16]
-    taskset -c 1 python -m experiments.bench.length_groups --peer-ir PEER.xml   # the peer's IR, grouped the same way
+    taskset -c 1 python -m paretorch.experiments.bench.length_groups --recipe runs/bench/best-minilm-cpu.json
+        [--rows 4 8 16]
+    taskset -c 1 python -m paretorch.experiments.bench.length_groups --peer-ir PEER.xml
+        # the peer's IR, grouped the same way
 
 A padded batch computes every padding token: MiniLM's latency batch (32 sentences, 61 tokens at the longest, 32.2
 on average) is half padding. torch's ``pack`` stage drops it inside the model (varlen attention), which an exported
-graph cannot; ``onnxruntime`` and ``openvino`` reproduce it at the call (:mod:`pipeline.core.length_groups`: rows
-sorted by length, groups of ``rows`` rows, each trimmed to its own longest row). This bench times a file's plain
+graph cannot; ``onnxruntime`` and ``openvino`` reproduce it at the call (:mod:`paretorch.pipeline.core.length_groups`:
+rows sorted by length, groups of ``rows`` rows, each trimmed to its own longest row). This bench times a file's plain
 padded call against that grouped call, paired in alternating rounds in one process
-(:func:`pipeline.core.paired.measure_paired`), on the latency batch the search times, for several group sizes:
+(:func:`paretorch.pipeline.core.paired.measure_paired`), on the latency batch the search times, for several group sizes:
 a recipe replayed with the engine's runner (its runtime's prepared call, recipe without ``pack``: padded), or
 ``--peer-ir``: a peer's OpenVINO IR (sentence-transformers' NNCF int8, compiled the peer's way, pooled as
 sentence-transformers pools), which says what the peer would gain from the same grouping.
@@ -27,18 +29,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from experiments.bench.isa import isa_info
-from experiments.bench.ov_int8 import PlainIr
-from experiments.bench.paths import RESULTS_DIR
-from experiments.bench.recipe_rows import replay
-from experiments.bench.settings import BENCH_LATENCY
-from pipeline.core.device import resolve_device
-from pipeline.core.length_groups import LengthGrouped
-from pipeline.core.padding import latency_sample, trim_to_longest
-from pipeline.core.paired import DeviceTimer, measure_paired, process_clock
-from pipeline.core.spec import ModelSpec
-from pipeline.engine.recipe import Recipe
-from pipeline.sources.resolve import resolve_spec
+from paretorch.experiments.bench.isa import isa_info
+from paretorch.experiments.bench.ov_int8 import PlainIr
+from paretorch.experiments.bench.paths import RESULTS_DIR
+from paretorch.experiments.bench.recipe_rows import replay
+from paretorch.experiments.bench.settings import BENCH_LATENCY
+from paretorch.pipeline.core.device import resolve_device
+from paretorch.pipeline.core.length_groups import LengthGrouped
+from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
+from paretorch.pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 LENGTH_GROUPS_PREFIX = "length-groups-"
 
@@ -84,7 +86,7 @@ def recipe_call(recipe_path: Path, device: torch.device) -> tuple[Callable[..., 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.length_groups",
+    parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.bench.length_groups",
                                      description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--recipe", type=Path, help="a recipe file (runs/bench/best-minilm-cpu.json)")
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 def render(result: dict[str, Any]) -> str:
     """A Markdown section of one length-groups file."""
     lines = [f"### Length-grouped calls: {result['model']} `{result['recipe']}`, batch {result['batch']}", "",
-             f"`python -m experiments.bench.length_groups` ({result['date']}, {result['threads']} thread(s)): the "
+             f"`python -m paretorch.experiments.bench.length_groups` ({result['date']}, "
+             f"{result['threads']} thread(s)): the "
              f"recipe's {result['runtime']} call on the latency batch ({result['longest']} tokens at the longest, "
              f"{result['mean_tokens']:.1f} on average), padded against grouped by length, paired in alternating "
              "rounds in one process. The product calls a pack recipe's file under onnxruntime and openvino in "

@@ -1,16 +1,16 @@
 """ONNX Runtime rows: the ``onnxruntime`` runtime's forms of one model against torch fp32 eager.
 
-    taskset -c 0 python -m experiments.bench.ort_rows --model minilm [--batch 32] [--threads 1]
+    taskset -c 0 python -m paretorch.experiments.bench.ort_rows --model minilm [--batch 32] [--threads 1]
 
 Rows: ORT fp32 (no offline fusions), ORT + transformer fusions (token models), ORT dynamic int8
 and ORT static int8 (QDQ, calibrated on the spec's calibration data), each the file the
 ``onnxruntime`` runtime makes from a recipe (the quantize stage's ``int8_dynamic`` /
 ``int8_static_pt2e`` mirrored), measured through the project's Runner: the task metric on the
 spec's evaluation data from ORT's outputs, and the latency *paired* with torch fp32 eager
-(:func:`pipeline.core.paired.measure_paired`: rounds alternating with the baseline in this one
+(:func:`paretorch.pipeline.core.paired.measure_paired`: rounds alternating with the baseline in this one
 process, the speed-up the median of the per-round ratios with its 95% interval). Threads,
 pinning (the process's CPU affinity) and the load average are stated in the output. One JSON file,
-``ort-rows-<model>-<device>.json``; ``python -m experiments.bench --render-only`` renders it into
+``ort-rows-<model>-<device>.json``; ``python -m paretorch.experiments.bench --render-only`` renders it into
 BENCHMARKS.md.
 """
 
@@ -27,17 +27,17 @@ from typing import Any
 
 import torch
 
-from experiments.bench.paths import RESULTS_DIR
-from experiments.bench.settings import BENCH_LATENCY
-from pipeline.core.device import capabilities, describe, resolve_device
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.padding import latency_inputs
-from pipeline.core.paired import DeviceTimer, measure_paired, process_clock
-from pipeline.core.spec import ModelSpec, move_batch
-from pipeline.core.stage import config_from_dict
-from pipeline.engine.graph import recipe_pipeline
-from pipeline.engine.runner import Runner
-from pipeline.sources.resolve import resolve_spec
+from paretorch.experiments.bench.paths import RESULTS_DIR
+from paretorch.experiments.bench.settings import BENCH_LATENCY
+from paretorch.pipeline.core.device import capabilities, describe, resolve_device
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.padding import latency_inputs
+from paretorch.pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from paretorch.pipeline.core.spec import ModelSpec, move_batch
+from paretorch.pipeline.core.stage import config_from_dict
+from paretorch.pipeline.engine.graph import recipe_pipeline
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 ORT_ROWS_PREFIX = "ort-rows-"
 
@@ -104,7 +104,8 @@ def measure_rows(spec: ModelSpec, device: torch.device, batch: int) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.ort_rows", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.bench.ort_rows",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="digits")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", type=int, default=32)
@@ -139,7 +140,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"### ONNX Runtime rows: {result['model']} on {result['device']}, batch {result['batch']}",
         "",
-        f"`python -m experiments.bench.ort_rows --model {result['model']}` ({result['date']}, torch "
+        f"`python -m paretorch.experiments.bench.ort_rows --model {result['model']}` ({result['date']}, torch "
         f"{result['torch']}): {result['threads']} thread(s) for torch and onnxruntime (intra-op), CPU affinity "
         f"{result['affinity']}; load before: `{result['uptime_before']}`, after: `{result['uptime_after']}`. "
         "Speed-up: paired with torch fp32 eager in alternating rounds in one process (median of the per-round "

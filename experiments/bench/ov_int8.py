@@ -1,18 +1,18 @@
 """OpenVINO static int8: our IR (the ``export.openvino`` stage's NNCF mirror of ``int8_static_pt2e``) against the
 peer's (sentence-transformers' OpenVINO backend + optimum-intel / NNCF static int8), side by side.
 
-    taskset -c 1 python -m experiments.bench.ov_int8 --peer-ir PEER.xml [--ours DIR] [--budget normal]
+    taskset -c 1 python -m paretorch.experiments.bench.ov_int8 --peer-ir PEER.xml [--ours DIR] [--budget normal]
 
-The peer's IR is made in the peer's own environment, the way :mod:`experiments.bench.peers_runner` makes it
+The peer's IR is made in the peer's own environment, the way :mod:`paretorch.experiments.bench.peers_runner` makes it
 (``quantize_openvino``: OVQuantizer + NNCF on the spec's 64 calibration sentences); e.g. the
-``openvino/openvino_model_qint8_quantized.xml`` that ``python -m experiments.bench.peers`` leaves in its work
+``openvino/openvino_model_qint8_quantized.xml`` that ``python -m paretorch.experiments.bench.peers`` leaves in its work
 directory. Ours is exported here (MiniLM, ``int8_static_pt2e`` mirrored), or read from ``--ours``.
 
 It prints each IR's structure (FakeQuantize ops, MatMuls int8 / float, the NNCF parameters recorded in the IR's
 ``rt_info``) and times each IR under two compile settings, each paired with torch fp32 eager in this one
-process (:func:`pipeline.core.paired.measure_paired`, alternating rounds, median of the per-round ratios with
+process (:func:`paretorch.pipeline.core.paired.measure_paired`, alternating rounds, median of the per-round ratios with
 its 95% interval), on the spec's latency batch: ``ov_session`` (what the ``openvino`` runtime compiles:
-:func:`pipeline.core.ov_session.open_ir`) and the peer's (threads and one stream set, the precision left to
+:func:`paretorch.pipeline.core.ov_session.open_ir`) and the peer's (threads and one stream set, the precision left to
 OpenVINO). The peer's IR outputs token embeddings; its rows pool them as sentence-transformers does (mean over
 the mask, then L2 norm) in torch, inside the timed call.
 
@@ -42,20 +42,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from experiments.bench.isa import cpu_description
-from experiments.models import minilm
+from paretorch.experiments.bench.isa import cpu_description
+from paretorch.experiments.models import minilm
 
 if TYPE_CHECKING:
     import openvino
-from pipeline.core.latency import LATENCY_BUDGETS
-from pipeline.core.ov_core import shared_core
-from pipeline.core.ov_session import InferencePrecision, open_ir
-from pipeline.core.padding import latency_inputs
-from pipeline.core.paired import DeviceTimer, measure_paired, process_clock
-from pipeline.core.stage import ExportResult, StageContext, apply_stage
-from stages.export.openvino import OpenVINOExportConfig
-from stages.export.openvino_nncf import count_int8, matmul_precision
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.latency import LATENCY_BUDGETS
+from paretorch.pipeline.core.ov_core import shared_core
+from paretorch.pipeline.core.ov_session import InferencePrecision, open_ir
+from paretorch.pipeline.core.padding import latency_inputs
+from paretorch.pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from paretorch.pipeline.core.stage import ExportResult, StageContext, apply_stage
+from paretorch.stages.export.openvino import OpenVINOExportConfig
+from paretorch.stages.export.openvino_nncf import count_int8, matmul_precision
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 #: The variables of the AVX2 emulation, recorded with every result.
@@ -171,7 +171,8 @@ def _uptime() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.ov_int8", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.bench.ov_int8",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--peer-ir", type=Path, help="the peer's int8 IR (.xml), made in its own environment")
     parser.add_argument("--ours", type=Path, help="our IR (.xml or the export's directory); default: export it")
     parser.add_argument("--work", type=Path, default=Path("runs/bench/ov-int8"), help="where our IR is exported")
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the JSON goes (not the rendered results folder: no BENCHMARKS.md section reads it)")
     args = parser.parse_args(argv)
     if args.peer_ir is not None and not args.peer_ir.is_file():
-        parser.error(f"--peer-ir {args.peer_ir} is no file: make it with python -m experiments.bench.peers")
+        parser.error(f"--peer-ir {args.peer_ir} is no file: make it with python -m paretorch.experiments.bench.peers")
     torch.set_num_threads(args.threads)
     before = _uptime()
     ours = args.ours or export_ours(args.work)

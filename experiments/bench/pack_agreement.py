@@ -1,10 +1,11 @@
 """One number between search and bench: a pack recipe timed the search's way and ``gpu_rows``' way.
 
-    python -m experiments.bench.pack_agreement --recipe pack+bf16 --batch 32 --runtime compile --threads 1 [--out F]
+    python -m paretorch.experiments.bench.pack_agreement --recipe pack+bf16 --batch 32 --runtime compile --threads 1
+        [--out F]
 
-The search times a trial with :class:`~pipeline.search.study_latency.StudyLatency` (the study's runner over
+The search times a trial with :class:`~paretorch.pipeline.search.study_latency.StudyLatency` (the study's runner over
 the default pipeline; each runtime on its ``latency_inputs``: a static-shape runtime on the batch padded to
-its width bucket); :mod:`experiments.bench.gpu_rows` times its rows on the batch cut to its longest sample.
+its width bucket); :mod:`paretorch.experiments.bench.gpu_rows` times its rows on the batch cut to its longest sample.
 Both pair with fp32 eager at the batch's longest sample under the bench's latency budget. A packed model
 runs the same token bucket and attention width on both inputs, so the two speed-ups should agree within
 their 95 % intervals (``intervals_overlap``); an unpacked model under a static-shape runtime would not (it
@@ -22,18 +23,18 @@ from typing import Any
 
 import torch
 
-from experiments.bench.gpu_rows import FULL_BF16
-from experiments.bench.settings import BENCH_LATENCY
-from experiments.models.minilm import spec as minilm_spec
-from pipeline.core.padding import latency_sample, trim_to_longest
-from pipeline.core.paired import DeviceTimer, measure_paired
-from pipeline.core.spec import move_batch
-from pipeline.core.stage import StageConfig
-from pipeline.engine.graph import default_pipeline
-from pipeline.engine.runner import Runner
-from pipeline.search.study_latency import StudyLatency
-from stages.pack.stage import PackConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.experiments.bench.gpu_rows import FULL_BF16
+from paretorch.experiments.bench.settings import BENCH_LATENCY
+from paretorch.experiments.models.minilm import spec as minilm_spec
+from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
+from paretorch.pipeline.core.paired import DeviceTimer, measure_paired
+from paretorch.pipeline.core.spec import move_batch
+from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.engine.graph import default_pipeline
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.search.study_latency import StudyLatency
+from paretorch.stages.pack.stage import PackConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 RECIPES: dict[str, list[StageConfig]] = {
     "pack": [PackConfig()],
@@ -43,7 +44,7 @@ RECIPES: dict[str, list[StageConfig]] = {
 
 
 def agreement(device: torch.device, batch: int, runtime: str, configs: list[StageConfig]) -> dict[str, Any]:
-    """One recipe timed the search's way (:class:`~pipeline.search.study_latency.StudyLatency`: the study's
+    """One recipe timed the search's way (:class:`~paretorch.pipeline.search.study_latency.StudyLatency`: the study's
     runner over the default pipeline, the runtime's ``latency_inputs``) and the rows' way (:func:`run`: the
     batch cut to its longest sample), each paired with fp32 eager, both with the bench's latency budget: the
     two speed-ups and their 95 % intervals, which should overlap (one number between search and bench)."""

@@ -1,14 +1,15 @@
 """Issue 33 at batch 1 on a CUDA GPU, real MiniLM: is the packed recipe's one-row call slower than the one line?
 
-    python -m experiments.bench.pack_b1_ab OUT.json [--rounds 40] [--device cuda] [--runtime compile_cudagraphs]
+    python -m paretorch.experiments.bench.pack_b1_ab OUT.json [--rounds 40] [--device cuda]
+        [--runtime compile_cudagraphs]
 
 ``gpu_rows`` times each row against fp32 eager in its own block of rounds, one row after another, so two rows'
 milliseconds come from different minutes of the host. This script puts the one-row call of
 ``pack + amp stage bf16`` beside the one-line ``model.to(torch.bfloat16)`` and the amp stage's whole-model bf16
 in one process, all under ``compile_cudagraphs`` on the device-padded b1 latency batch, and measures:
 
-1. paired A/B, alternating rounds (:func:`pipeline.core.paired.measure_paired`, ratio = A ms / B ms, so > 1 means
-   B is faster): one line / pack, amp / pack, one line / amp, one line / one line (the noise floor), pack /
+1. paired A/B, alternating rounds (:func:`paretorch.pipeline.core.paired.measure_paired`, ratio = A ms / B ms, so > 1
+   means B is faster): one line / pack, amp / pack, one line / amp, one line / one line (the noise floor), pack /
    pack called through :meth:`PackedBert.padded` directly, and one line / pack again (drift);
 2. per row: the host's time to issue one call (a loop of calls with no sync) and the time per call with the
    queue kept full (the loop then one sync), the max abs difference from fp32 eager;
@@ -30,16 +31,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from experiments.bench.gpu_rows import FULL_BF16, staged
-from experiments.bench.settings import BENCH_LATENCY
-from experiments.models.minilm import spec as minilm_spec
-from pipeline.core.device import synchronize
-from pipeline.core.padding import latency_sample, trim_to_longest
-from pipeline.core.paired import DeviceTimer, measure_paired
-from pipeline.core.runtimes.registry import prepare_runtime
-from pipeline.core.spec import move_batch
-from stages.pack.packed import PackedBert
-from stages.pack.stage import PackConfig
+from paretorch.experiments.bench.gpu_rows import FULL_BF16, staged
+from paretorch.experiments.bench.settings import BENCH_LATENCY
+from paretorch.experiments.models.minilm import spec as minilm_spec
+from paretorch.pipeline.core.device import synchronize
+from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
+from paretorch.pipeline.core.paired import DeviceTimer, measure_paired
+from paretorch.pipeline.core.runtimes.registry import prepare_runtime
+from paretorch.pipeline.core.spec import move_batch
+from paretorch.stages.pack.packed import PackedBert
+from paretorch.stages.pack.stage import PackConfig
 
 #: (A, B) row pairs, timed in this order; the last repeats the first (drift).
 PAIRS = (("one line", "pack + amp"), ("amp", "pack + amp"), ("one line", "amp"), ("one line", "one line"),
@@ -48,7 +49,7 @@ PAIRS = (("one line", "pack + amp"), ("amp", "pack + amp"), ("one line", "amp"),
 
 class PaddedOnly(nn.Module):
     """``forward`` = :meth:`PackedBert.padded` of the same model (what the one-row compiled call runs), with the
-    model's amp boundary casts (its ``forward`` is wrapped: :mod:`stages.amp.casting`)."""
+    model's amp boundary casts (its ``forward`` is wrapped: :mod:`paretorch.stages.amp.casting`)."""
 
     def __init__(self, packed: PackedBert) -> None:
         super().__init__()

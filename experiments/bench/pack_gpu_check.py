@@ -1,10 +1,10 @@
 """Issue 33 on a CUDA GPU, real MiniLM: the pack recipe's outputs across token buckets, and the padded-batch read.
 
-    python -m experiments.bench.pack_gpu_check OUT.json [--ab]
+    python -m paretorch.experiments.bench.pack_gpu_check OUT.json [--ab]
 
-1. ``pack + amp stage bf16`` under ``compile_cudagraphs`` through :class:`stages.pack.deploy.PackedEncoder`
+1. ``pack + amp stage bf16`` under ``compile_cudagraphs`` through :class:`paretorch.stages.pack.deploy.PackedEncoder`
    on the first 1, 3, 8 and 256 lists of the latency batch, against fp32 eager on the same lists padded:
-   FlexAttention padded to whole blocks (:func:`stages.pack.attention.flex_length`), then unpadded (the
+   FlexAttention padded to whole blocks (:func:`paretorch.stages.pack.attention.flex_length`), then unpadded (the
    control: ``flex_length`` patched to the identity) on 1 and 8 lists.
 2. ``--ab``: the device-padded b256 call, the shipped read (two integers, the starts built in the graph)
    against the one before it (the ``B`` lengths read, the starts built on the host and copied back), paired.
@@ -20,18 +20,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-import stages.pack.attention as attention
-from experiments.bench.gpu_rows import FULL_BF16, padded_from_lists, staged, token_lists
-from experiments.bench.settings import BENCH_LATENCY
-from experiments.models.minilm import spec as minilm_spec
-from pipeline.core.padding import latency_sample, trim_to_longest
-from pipeline.core.paired import DeviceTimer, measure_paired
-from pipeline.core.runtimes.registry import prepare_runtime
-from pipeline.core.spec import move_batch
-from stages.pack.deploy import PackedEncoder
-from stages.pack.layout import attention_width, device_layout, input_index, packed_length, starts_of
-from stages.pack.packed import PackedBert
-from stages.pack.stage import PackConfig
+import paretorch.stages.pack.attention as attention
+from paretorch.experiments.bench.gpu_rows import FULL_BF16, padded_from_lists, staged, token_lists
+from paretorch.experiments.bench.settings import BENCH_LATENCY
+from paretorch.experiments.models.minilm import spec as minilm_spec
+from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
+from paretorch.pipeline.core.paired import DeviceTimer, measure_paired
+from paretorch.pipeline.core.runtimes.registry import prepare_runtime
+from paretorch.pipeline.core.spec import move_batch
+from paretorch.stages.pack.deploy import PackedEncoder
+from paretorch.stages.pack.layout import attention_width, device_layout, input_index, packed_length, starts_of
+from paretorch.stages.pack.packed import PackedBert
+from paretorch.stages.pack.stage import PackConfig
 
 
 def check(label: str, base: nn.Module, packed: PackedBert, lists: list[list[int]], cases: list[int]) -> list[dict]:

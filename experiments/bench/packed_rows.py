@@ -1,6 +1,6 @@
 """MiniLM padded vs packed (the pack stage), timed in interleaved rounds in one process, as JSON.
 
-    .venv/bin/python -m experiments.bench.packed_rows [--batch-sizes 1 32 256] [--dtypes float32 bfloat16]
+    .venv/bin/python -m paretorch.experiments.bench.packed_rows [--batch-sizes 1 32 256] [--dtypes float32 bfloat16]
         [--runtimes eager compile reduce-overhead] [--rounds 7] [--calls 5] [--threads N] [--device cuda]
 
 Each row: a batch size, a dtype (``model.to(dtype)``) and a runtime (eager, ``torch.compile(dynamic=False)``
@@ -8,8 +8,8 @@ with inductor freezing as the pipeline's ``compile`` runtime, ``mode="reduce-ove
 CUDA only)); the padded model (the spec's latency batch cut to its longest sentence, as the pipeline
 times it) and the packed one, alternating call groups in every round. Reported per row: median ms per
 call of each, the ratio, their max abs output difference, the real-token fraction, and the packing step
-alone (the row lengths read and the starts sent back, :func:`stages.pack.layout.host_starts`, then the
-layout on the device, :func:`stages.pack.layout.device_layout`; exact and bucketed) in ms, eager.
+alone (the row lengths read and the starts sent back, :func:`paretorch.stages.pack.layout.host_starts`, then the
+layout on the device, :func:`paretorch.stages.pack.layout.device_layout`; exact and bucketed) in ms, eager.
 The load average is printed before and after (CPU numbers on a shared host move with it).
 """
 
@@ -27,12 +27,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from experiments.models.minilm import spec as minilm_spec
-from pipeline.core.padding import latency_sample, trim_to_longest
-from pipeline.core.spec import move_batch
-from stages.pack.bert import find_packable
-from stages.pack.layout import device_layout, host_starts
-from stages.pack.packed import PackedBert
+from paretorch.experiments.models.minilm import spec as minilm_spec
+from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
+from paretorch.pipeline.core.spec import move_batch
+from paretorch.stages.pack.bert import find_packable
+from paretorch.stages.pack.layout import device_layout, host_starts
+from paretorch.stages.pack.packed import PackedBert
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 RUNTIMES = ("eager", "compile", "reduce-overhead")

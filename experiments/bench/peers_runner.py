@@ -1,12 +1,12 @@
 """One peer family of sentence-transformers backends, run by that family's own Python.
 
-Executed as a script by the interpreter of a peer environment (:mod:`experiments.bench.peer_envs`), never
+Executed as a script by the interpreter of a peer environment (:mod:`paretorch.experiments.bench.peer_envs`), never
 imported by paretorch's runtime: it needs only the standard library, numpy, torch and the family's
 packages, and no paretorch import.
 
     PEER_ENV/bin/python experiments/bench/peers_runner.py JOB.json
 
-The job (written by :mod:`experiments.bench.peers`) names the model directory, a work directory, the
+The job (written by :mod:`paretorch.experiments.bench.peers`) names the model directory, a work directory, the
 family (``onnx`` or ``openvino``), the threads, the batch size, the timed sentence sets, the texts to
 embed for the metrics and the calibration sentences. For each peer it writes, next to the job's ``out``
 JSON: the embeddings of the metric texts (``.npy``), and the seconds of every timed round (each set's

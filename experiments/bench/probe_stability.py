@@ -1,11 +1,11 @@
 """The machine probe run again and again on one machine: the preset order it gives must be the same each time.
 
-    taskset -c 1 .venv/bin/python -m experiments.bench.probe_stability --device cpu --threads 1 --repeats 10 \
+    taskset -c 1 .venv/bin/python -m paretorch.experiments.bench.probe_stability --device cpu --threads 1 --repeats 10 \
         --out experiments/bench/results/probe-stability-cpu.json
 
-Each repeat runs :func:`pipeline.core.machine_probe.probe_machine` over the runtimes available on the device (their
-declared probes, as a study does) and orders the default search config's presets with it
-(:func:`pipeline.search.presets.preset_seeds`; a pair the probe drops is left out, as the study drops it). The
+Each repeat runs :func:`paretorch.pipeline.core.machine_probe.probe_machine` over the runtimes available on the device
+(their declared probes, as a study does) and orders the default search config's presets with it
+(:func:`paretorch.pipeline.search.presets.preset_seeds`; a pair the probe drops is left out, as the study drops it). The
 JSON holds each repeat's gains, ranges, seconds and preset order, the distinct orders, the ISA, the threads and
 the load average before and after.
 """
@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from experiments.bench.isa import isa_info
-from pipeline.core.machine_probe import probe_machine, probe_reason
-from pipeline.core.runtimes.registry import available_runtimes, declared_probes
-from pipeline.search.config import SearchConfig
-from pipeline.search.presets import preset_seeds
+from paretorch.experiments.bench.isa import isa_info
+from paretorch.pipeline.core.machine_probe import probe_machine, probe_reason
+from paretorch.pipeline.core.runtimes.registry import available_runtimes, declared_probes
+from paretorch.pipeline.search.config import SearchConfig
+from paretorch.pipeline.search.presets import preset_seeds
 
 #: Result files of this benchmark start with this (BENCHMARKS.md renders them: :func:`render`).
 PROBE_STABILITY_PREFIX = "probe-stability-"

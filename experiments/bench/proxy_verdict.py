@@ -1,13 +1,13 @@
 """MiniLM's built-in verdict against human labels, for every recipe family the search can build.
 
-    python -m experiments.bench.proxy_verdict PAIRS.tsv [--distill-steps 100] [--threads 1]
+    python -m paretorch.experiments.bench.proxy_verdict PAIRS.tsv [--distill-steps 100] [--threads 1]
 
 ``PAIRS.tsv``: human-labelled sentence pairs in the STS benchmark layout (score in column 5, the two
 sentences in 6 and 7; ``fidelity_check.read_pairs``), e.g. ``../shared/data/sentence-similarity-dev/pairs.tsv``.
 Every variant is made with the project's own stages (``run_chain``) on the CPU, eager, and scored twice:
 
 * **the built-in verdict**: the ``minilm`` spec's own evaluation (word similarity, Spearman x 100, plus the
-  fidelity floor's metric on news sentences), judged by :meth:`pipeline.search.objectives.Objectives.judge`,
+  fidelity floor's metric on news sentences), judged by :meth:`paretorch.pipeline.search.objectives.Objectives.judge`,
   the search's one feasibility decision, at the default drop (1 % of the baseline) and at a strict one
   (``--max-drop 0.01`` absolute: "lossless");
 * **the labelled truth**: the relative drop of the STS score (Spearman x 100 of the pairs' cosine against the
@@ -17,7 +17,8 @@ A verdict *agrees* with the truth when both say within (or both over) the limit;
 straddles the limit the truth is *either* (within sampling noise) and any verdict agrees. Each row also keeps
 every embedding fidelity metric on the news sentences (``news_*``) and the cheap ones on the pairs' sentences, so
 the floor can be re-calibrated from the file (``tracking``: per metric, how it follows the STS score and where it
-puts the variants within 1 % of fp32's STS score and the others, :func:`experiments.bench.fidelity_check.tracking`).
+puts the variants within 1 % of fp32's STS score and the others,
+:func:`paretorch.experiments.bench.fidelity_check.tracking`).
 
 Embeddings are cached per variant (``--cache``, keyed by the recipe): a re-run rebuilds nothing already
 embedded. One JSON file, ``proxy-verdict-minilm-cpu.json``; :func:`render` prints the table that
@@ -42,24 +43,24 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from experiments.bench.fidelity_check import METRICS, Pairs, embed, read_pairs, tracking, write_result
-from experiments.data import news_sentences
-from experiments.models import minilm
-from pipeline.api import StageContext, load_model, run_chain
-from pipeline.core.evaluate import evaluation_outputs
-from pipeline.core.fidelity import MEAN_COSINE, NEIGHBOUR_AGREEMENT, SQNR_DB, fidelity_report
-from pipeline.core.input_agreement import TAIL_LIMIT, InputAgreement, cell
-from pipeline.core.proxy_metric import AS_MEASURED
-from pipeline.core.ranking import row_spearman, spearman
-from pipeline.core.stage import StageConfig
-from pipeline.engine.cache import NodeCache
-from pipeline.search.allowed_drop import AllowedDrop
-from pipeline.search.objectives import Baseline, Objectives
-from stages.amp.stage import AmpConfig
-from stages.distill.stage import DistillConfig
-from stages.pack.stage import PackConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.experiments.bench.fidelity_check import METRICS, Pairs, embed, read_pairs, tracking, write_result
+from paretorch.experiments.data import news_sentences
+from paretorch.experiments.models import minilm
+from paretorch.pipeline.api import StageContext, load_model, run_chain
+from paretorch.pipeline.core.evaluate import evaluation_outputs
+from paretorch.pipeline.core.fidelity import MEAN_COSINE, NEIGHBOUR_AGREEMENT, SQNR_DB, fidelity_report
+from paretorch.pipeline.core.input_agreement import TAIL_LIMIT, InputAgreement, cell
+from paretorch.pipeline.core.proxy_metric import AS_MEASURED
+from paretorch.pipeline.core.ranking import row_spearman, spearman
+from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.search.allowed_drop import AllowedDrop
+from paretorch.pipeline.search.objectives import Baseline, Objectives
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.distill.stage import DistillConfig
+from paretorch.stages.pack.stage import PackConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 PROXY_VERDICT_PREFIX = "proxy-verdict-"
@@ -71,7 +72,7 @@ LEVEL = 0.95
 #: The drops every variant is judged at: the default (relative) and the strict absolute one ("lossless").
 LIMITS = ("1%", "0.01")
 NEWS = "news_"
-#: Where each variant's embeddings are kept between runs (experiments.bench.tail_guard reads the same).
+#: Where each variant's embeddings are kept between runs (paretorch.experiments.bench.tail_guard reads the same).
 CACHE_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "proxy-verdict"
 #: The families whose built-in verdict still disagrees with the labels, each named in ``minilm.CAVEAT`` (with the
 #: pointer to ``--eval-data``); a test holds the published table and the caveat to this list.

@@ -1,13 +1,13 @@
 """paretorch's own recipes timed the way the peers are: rows beside sentence-transformers' backends.
 
-A peer row (:mod:`experiments.bench.peers`) is one backend timed in rounds alternating with torch fp32
+A peer row (:mod:`paretorch.experiments.bench.peers`) is one backend timed in rounds alternating with torch fp32
 eager, on two sentence sets (the spec's latency batch at 32, repeated; sentences of the held-out dev
 pairs), each batch padded to its own longest row. A *recipe row* is a paretorch recipe file (a study's
 ``recipe.json``, e.g. the search's best) replayed with the engine's runner and timed by the same
 protocol in this process: the same sentence sets, batches, threads, warm-up passes, rounds and
 alternating order; the baseline is the unoptimized model under torch eager on each batch at its own
 length. A runtime that compiles for static shapes gets each batch padded to its length bucket
-(:func:`pipeline.core.padding.to_bucket`), as the search times it: the bucket's cost is in the row.
+(:func:`paretorch.pipeline.core.padding.to_bucket`), as the search times it: the bucket's cost is in the row.
 Task metric and held-out Spearman come from the recipe's own outputs under its runtime.
 
 With the peers' corpus (every distinct held-out sentence), a recipe also gets a *corpus row*: the recipe deployed
@@ -30,21 +30,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from experiments.bench.end_to_end import deployed
-from experiments.bench.peers_runner import encode_fn, time_rounds
-from experiments.models import minilm
-from pipeline.core.device import move_module, resolve_device
-from pipeline.core.evaluate import task_metric
-from pipeline.core.noise import median_ci
-from pipeline.core.padding import to_bucket
-from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
-from pipeline.core.spec import Batch, ModelSpec, move_batch
-from pipeline.core.task_data import load_task_data
-from pipeline.core.task_spec import with_task_data
-from pipeline.engine.graph import recipe_pipeline
-from pipeline.engine.recipe import Recipe
-from pipeline.engine.runner import Runner
-from pipeline.engine.short_recipe import short_recipe
+from paretorch.experiments.bench.end_to_end import deployed
+from paretorch.experiments.bench.peers_runner import encode_fn, time_rounds
+from paretorch.experiments.models import minilm
+from paretorch.pipeline.core.device import move_module, resolve_device
+from paretorch.pipeline.core.evaluate import task_metric
+from paretorch.pipeline.core.noise import median_ci
+from paretorch.pipeline.core.padding import to_bucket
+from paretorch.pipeline.core.runtimes.registry import get_runtime, prepare_runtime
+from paretorch.pipeline.core.spec import Batch, ModelSpec, move_batch
+from paretorch.pipeline.core.task_data import load_task_data
+from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.engine.graph import recipe_pipeline
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.engine.short_recipe import short_recipe
 
 #: The sentence set of the ``corpus`` rows: every distinct held-out sentence, embedded whole by ``encode()``.
 CORPUS_SET = "dev corpus, encode()"
@@ -92,8 +92,8 @@ def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings
     assert mask is not None
     baseline_fn = prepare_runtime(move_module(spec.build(), device).eval(), "eager", device)
     held_spec = with_task_data(spec, load_task_data(str(held_out))) if held_out is not None else None
-    # Scored as evaluate_model scores (pipeline.core.evaluate.task_metric): a compiled runtime in chunks of the
-    # rows' batch, in one length bucket.
+    # Scored as evaluate_model scores (paretorch.pipeline.core.evaluate.task_metric): a compiled runtime in chunks of
+    # the rows' batch, in one length bucket.
     chunk = (settings["batch"],)
     baseline_metric = task_metric(baseline_fn, spec, device, "eager", chunk)
     baseline_held = task_metric(baseline_fn, held_spec, device, "eager", chunk) if held_spec else None
@@ -104,7 +104,7 @@ def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings
         fn = replay(recipe, spec, device)
         static = get_runtime(recipe.runtime).static_shapes
         common = {"kind": "paretorch", "name": f"paretorch: {short_recipe(recipe.model_stages(), recipe.runtime)}",
-                  "recipe_file": str(path), "how": f"python -m pipeline apply --recipe {path.name}",
+                  "recipe_file": str(path), "how": f"python -m paretorch apply --recipe {path.name}",
                   "prepare_seconds": time.perf_counter() - started}
         metric = task_metric(fn, spec, device, recipe.runtime, chunk)
         held = task_metric(fn, held_spec, device, recipe.runtime, chunk) if held_spec else None
@@ -141,8 +141,8 @@ def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings
 def corpus_timings(recipe: Recipe, spec: ModelSpec, device: torch.device, sentences: Sequence[str], batch: int,
                    rounds: int) -> dict[str, list[float]]:
     """The recipe deployed as a user gets it (its ``deploy/`` folder written and loaded with
-    :func:`pipeline.api.load_deployment`), its ``encode`` of the whole list of strings timed in rounds alternating
-    with torch fp32's ``SentenceTransformer(path).encode`` (the peers' corpus protocol, in this process)."""
+    :func:`paretorch.pipeline.api.load_deployment`), its ``encode`` of the whole list of strings timed in rounds
+    alternating with torch fp32's ``SentenceTransformer(path).encode`` (the peers' corpus protocol, in this process)."""
     from sentence_transformers import SentenceTransformer  # the peers' reference, in this environment too
 
     baseline = SentenceTransformer(str(minilm.model_dir()), device=str(device)).float()

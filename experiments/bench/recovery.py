@@ -1,6 +1,6 @@
 """How much distillation each pruning needs: metric after prune + distill, per step count.
 
-    python -m experiments.bench.recovery --model minilm --device cuda --steps 0 300 1000 \
+    python -m paretorch.experiments.bench.recovery --model minilm --device cuda --steps 0 300 1000 \
         --prune ffn:0.2 heads:0.25 depth:0.17 --out experiments/bench/results
 
 Each pruned model is made once, then distilled from scratch for each step count (the
@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from pipeline.core.device import resolve_device
-from pipeline.core.evaluate import compute_metric
-from pipeline.core.spec import ModelSpec, load_model
-from pipeline.core.stage import StageContext, transform
-from pipeline.sources.resolve import resolve_spec
-from stages.distill.stage import DistillConfig
-from stages.prune.stage import PruneConfig
+from paretorch.pipeline.core.device import resolve_device
+from paretorch.pipeline.core.evaluate import compute_metric
+from paretorch.pipeline.core.spec import ModelSpec, load_model
+from paretorch.pipeline.core.stage import StageContext, transform
+from paretorch.pipeline.sources.resolve import resolve_spec
+from paretorch.stages.distill.stage import DistillConfig
+from paretorch.stages.prune.stage import PruneConfig
 
 #: Result files of this script start so (the benchmark tables skip them).
 RECOVERY_PREFIX = "recovery-"
@@ -80,7 +80,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"### Recovery by distillation: {result['model']} on {result['device']}",
         "",
-        f"`python -m experiments.bench.recovery` ({result.get('note', DEFAULT_NOTE)}); unpruned "
+        f"`python -m paretorch.experiments.bench.recovery` ({result.get('note', DEFAULT_NOTE)}); unpruned "
         f"{result['metric']} {result['baseline']:.4f}, distillation batch {result['batch_size']}.",
         "",
         f"| prune | distill steps | lr | hidden layers matched | {result['metric']} | drop | distill s |",

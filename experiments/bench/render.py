@@ -1,5 +1,5 @@
 """BENCHMARKS.md from the raw JSON in ``experiments/bench/results/``: one table per benchmark result
-(:mod:`experiments.bench.harness`), then the ORT rows, the peers (sentence-transformers' own backends),
+(:mod:`paretorch.experiments.bench.harness`), then the ORT rows, the peers (sentence-transformers' own backends),
 recovery tables, fidelity checks, busy-machine checks and search-quality curves, each rendered by its own
 module."""
 
@@ -11,28 +11,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from experiments.bench.busy import BUSY_PREFIX
-from experiments.bench.busy import render as render_busy
-from experiments.bench.end_to_end import PREFIX as END_TO_END_PREFIX
-from experiments.bench.end_to_end import render as render_end_to_end
-from experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
-from experiments.bench.fidelity_check import render as render_fidelity_check
-from experiments.bench.length_groups import LENGTH_GROUPS_PREFIX
-from experiments.bench.length_groups import render as render_length_groups
-from experiments.bench.ort_rows import ORT_ROWS_PREFIX
-from experiments.bench.ort_rows import render as render_ort_rows
-from experiments.bench.pack_agreement import PACK_AGREEMENT_PREFIX
-from experiments.bench.pack_agreement import render as render_pack_agreement
-from experiments.bench.paths import RESULTS_DIR
-from experiments.bench.peers import PEERS_PREFIX
-from experiments.bench.peers import render as render_peers
-from experiments.bench.probe_stability import PROBE_STABILITY_PREFIX
-from experiments.bench.probe_stability import render as render_probe_stability
-from experiments.bench.proxy_verdict import PROXY_VERDICT_PREFIX
-from experiments.bench.proxy_verdict import render as render_proxy_verdict
-from experiments.bench.recovery import RECOVERY_PREFIX
-from experiments.bench.recovery import render as render_recovery
-from experiments.bench.render_extra import (
+from paretorch.experiments.bench.busy import BUSY_PREFIX
+from paretorch.experiments.bench.busy import render as render_busy
+from paretorch.experiments.bench.end_to_end import PREFIX as END_TO_END_PREFIX
+from paretorch.experiments.bench.end_to_end import render as render_end_to_end
+from paretorch.experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
+from paretorch.experiments.bench.fidelity_check import render as render_fidelity_check
+from paretorch.experiments.bench.length_groups import LENGTH_GROUPS_PREFIX
+from paretorch.experiments.bench.length_groups import render as render_length_groups
+from paretorch.experiments.bench.ort_rows import ORT_ROWS_PREFIX
+from paretorch.experiments.bench.ort_rows import render as render_ort_rows
+from paretorch.experiments.bench.pack_agreement import PACK_AGREEMENT_PREFIX
+from paretorch.experiments.bench.pack_agreement import render as render_pack_agreement
+from paretorch.experiments.bench.paths import RESULTS_DIR
+from paretorch.experiments.bench.peers import PEERS_PREFIX
+from paretorch.experiments.bench.peers import render as render_peers
+from paretorch.experiments.bench.probe_stability import PROBE_STABILITY_PREFIX
+from paretorch.experiments.bench.probe_stability import render as render_probe_stability
+from paretorch.experiments.bench.proxy_verdict import PROXY_VERDICT_PREFIX
+from paretorch.experiments.bench.proxy_verdict import render as render_proxy_verdict
+from paretorch.experiments.bench.recovery import RECOVERY_PREFIX
+from paretorch.experiments.bench.recovery import render as render_recovery
+from paretorch.experiments.bench.render_extra import (
     COMPILE_SHAPES_PREFIX,
     GPU_ROWS_PREFIX,
     MLX_CUDA_PREFIX,
@@ -40,12 +40,12 @@ from experiments.bench.render_extra import (
     render_gpu_rows,
     render_mlx_cuda,
 )
-from experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
-from experiments.bench.search_quality import render as render_search_quality
-from experiments.bench.tail_guard import TAIL_GUARD_PREFIX
-from experiments.bench.tail_guard import render as render_tail_guard
-from experiments.bench.timeline import render as render_timeline
-from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
+from paretorch.experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
+from paretorch.experiments.bench.search_quality import render as render_search_quality
+from paretorch.experiments.bench.tail_guard import TAIL_GUARD_PREFIX
+from paretorch.experiments.bench.tail_guard import render as render_tail_guard
+from paretorch.experiments.bench.timeline import render as render_timeline
+from paretorch.pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 
 #: Extra metrics shown as the table's fidelity column, the first one the rows have.
 FIDELITY_COLUMNS = ("neighbour_agreement", "mean_cosine")
@@ -208,7 +208,8 @@ def render_markdown(folder: Path = RESULTS_DIR) -> str:
     parts = [
         "# Benchmarks",
         "",
-        "Written by `make bench` (`python -m experiments.bench`) from the raw JSON in `experiments/bench/results/`. "
+        "Written by `make bench` (`python -m paretorch.experiments.bench`) from the raw JSON in "
+        "`experiments/bench/results/`. "
         "Every row is measured in the same process under the same latency settings; the search row replays the "
         "fastest Pareto recipe within the allowed drop and measures it again.",
         "",

@@ -1,7 +1,7 @@
 """BENCHMARKS.md sections for the row benchmarks that are not searches: the accelerator rows
-(``gpu-rows-*.json``, :mod:`experiments.bench.gpu_rows`), MLX on the lent GPU (``mlx-cuda-*.json``, measured with
-``mlx-cuda-13`` on the device machine) and the compile-shape comparison (``compile-shapes-*.json``,
-:mod:`experiments.bench.compile_shapes`)."""
+(``gpu-rows-*.json``, :mod:`paretorch.experiments.bench.gpu_rows`), MLX on the lent GPU (``mlx-cuda-*.json``, measured
+with ``mlx-cuda-13`` on the device machine) and the compile-shape comparison (``compile-shapes-*.json``,
+:mod:`paretorch.experiments.bench.compile_shapes`)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
 """Search quality: hypervolume against trial count. Does a short search reach the front of a long one?
 
-``python -m experiments.bench.search_quality --model digits --trials 100 --compare 30 --seeds 0 1``
+``python -m paretorch.experiments.bench.search_quality --model digits --trials 100 --compare 30 --seeds 0 1``
 runs a search of ``--trials`` trials with the first sampler seed and one of ``--compare`` trials with each
 other seed (fresh studies, no tracking, in ``sqlite:///<results>/search-quality.db``), then reads them back.
 ``--storage URL [--study NAME ...]`` reads studies run elsewhere instead (SQLite, ``journal:PATH`` or
 PostgreSQL; every study in the storage when no ``--study`` is given) and runs nothing.
 
 For each study: the hypervolume of its feasible trials after each trial (the scale is in
-:mod:`experiments.bench.hypervolume`), its front after ``--compare`` trials and at its end. The verdict:
+:mod:`paretorch.experiments.bench.hypervolume`), its front after ``--compare`` trials and at its end. The verdict:
 does each run reach >= 95 % after ``--compare`` trials, of the longest run's final volume and of the volume of
 the union of every run's trials? Results go to ``results/search-quality-<model>-<device>-b<batch>.json``
-with a PNG of the curves beside it; ``python -m experiments.bench --render-only`` puts the section in
+with a PNG of the curves beside it; ``python -m paretorch.experiments.bench --render-only`` puts the section in
 BENCHMARKS.md.
 """
 
@@ -31,16 +31,16 @@ import optuna
 import torch
 from rich.console import Console
 
-from experiments.bench.hypervolume import TrialPoint, counted_prefix, history, hypervolume, pareto_front
-from experiments.bench.paths import MARKDOWN, RESULTS_DIR
-from experiments.bench.search_quality_plot import save_figure
-from experiments.bench.study_points import StudyPoints, check_comparable, study_points
-from pipeline.core.device import describe, resolve_device
-from pipeline.core.errors import PipelineError
-from pipeline.core.paths import results_dir
-from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.storage import open_storage
-from pipeline.sources.resolve import resolve_spec
+from paretorch.experiments.bench.hypervolume import TrialPoint, counted_prefix, history, hypervolume, pareto_front
+from paretorch.experiments.bench.paths import MARKDOWN, RESULTS_DIR
+from paretorch.experiments.bench.search_quality_plot import save_figure
+from paretorch.experiments.bench.study_points import StudyPoints, check_comparable, study_points
+from paretorch.pipeline.core.device import describe, resolve_device
+from paretorch.pipeline.core.errors import PipelineError
+from paretorch.pipeline.core.paths import results_dir
+from paretorch.pipeline.search import Search, SearchConfig, run_search
+from paretorch.pipeline.search.storage import open_storage
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 #: Where BENCHMARKS.md lives: its links to the PNGs are relative to it.
 SEARCH_QUALITY_PREFIX = "search-quality-"
@@ -208,7 +208,7 @@ def bad_input(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.search_quality",
+    parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.bench.search_quality",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="digits", help="the model spec to search (a label with --storage)")
     parser.add_argument("--device", default="cpu", help="the device to search on (a label with --storage)")
@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=int, default=30, help="trials of a short search (each other seed)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="sampler seeds, the long run's first")
     parser.add_argument("--batch", type=int, default=None, help="objective batch size of the searches run here "
-                        f"(default: as `python -m experiments.bench`, {CPU_BATCH} on the CPU, 1 on accelerators)")
+                        f"(default: as `python -m paretorch.experiments.bench`, {CPU_BATCH} on the CPU, "
+                        "1 on accelerators)")
     parser.add_argument("--storage", action="append", default=[], metavar="URL",
                         help="read the studies of this storage (sqlite:///PATH, journal:PATH, postgresql://...) "
                         "instead of running searches; repeatable")

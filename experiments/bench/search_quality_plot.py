@@ -17,7 +17,7 @@ def _staircase(rows: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
 
 
 def save_figure(result: dict[str, Any], path: Path) -> None:
-    """Write the figure of one :func:`experiments.bench.search_quality.analyse` result (plus its labels) to PNG."""
+    """Write the figure of a :func:`paretorch.experiments.bench.search_quality.analyse` result and labels as a PNG."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 

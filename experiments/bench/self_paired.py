@@ -1,12 +1,13 @@
 """The unoptimized model timed against a copy of itself, as the search pairs a trial with the baseline: the
 speed-up must come out 1.0 within its 95% interval, and how long each ``--latency-budget`` takes.
 
-    taskset -c 0 .venv/bin/python -m experiments.bench.self_paired --model digits [--batch 32] [--threads 1]
+    taskset -c 0 .venv/bin/python -m paretorch.experiments.bench.self_paired --model digits [--batch 32] [--threads 1]
         [--budgets quick,normal,thorough] [--repeats 3]
 
 One line per budget and repeat: the speed-up [95% CI], whether the interval covers 1.0, the seconds the
 measurement took (warm-up included) and the machine's load average; the same order alternation and the same
-settings the search uses (:func:`pipeline.core.paired.measure_paired`, :data:`pipeline.core.latency.LATENCY_BUDGETS`).
+settings the search uses (:func:`paretorch.pipeline.core.paired.measure_paired`,
+:data:`paretorch.pipeline.core.latency.LATENCY_BUDGETS`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import time
 
 import torch
 
-from pipeline.core.latency import LATENCY_BUDGETS
-from pipeline.core.padding import latency_inputs
-from pipeline.core.paired import DeviceTimer, measure_paired, process_clock
-from pipeline.core.spec import load_model
-from pipeline.sources.resolve import resolve_spec
+from paretorch.pipeline.core.latency import LATENCY_BUDGETS
+from paretorch.pipeline.core.padding import latency_inputs
+from paretorch.pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from paretorch.pipeline.core.spec import load_model
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 CPU = torch.device("cpu")
 

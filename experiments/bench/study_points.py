@@ -16,12 +16,12 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from experiments.bench.hypervolume import TrialPoint
-from pipeline.core.errors import ConfigError
-from pipeline.search.allowed_drop import AllowedDrop
-from pipeline.search.config import finished_states
-from pipeline.search.duplicates import not_counted
-from pipeline.search.objectives import (
+from paretorch.experiments.bench.hypervolume import TrialPoint
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.search.allowed_drop import AllowedDrop
+from paretorch.pipeline.search.config import finished_states
+from paretorch.pipeline.search.duplicates import not_counted
+from paretorch.pipeline.search.objectives import (
     ATTR_BASELINE,
     ATTR_LATENCY_UNSTABLE,
     ATTR_RECIPE_LINE,
@@ -58,7 +58,7 @@ def study_points(study: optuna.Study) -> StudyPoints:
     attrs = study.user_attrs
     if ATTR_BASELINE not in attrs or ATTR_SEARCH not in attrs:
         raise ConfigError(f"study '{study.study_name}' has no paretorch baseline or search config: not a study of "
-                          "`python -m pipeline optimize` or `make bench`")
+                          "`python -m paretorch optimize` or `make bench`")
     search = dict(attrs[ATTR_SEARCH])
     baseline = Baseline(**attrs[ATTR_BASELINE])
     objectives = list(search.get("objectives", ()))

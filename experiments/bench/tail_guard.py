@@ -1,11 +1,11 @@
 """Where the tail guard's default comes from: per-input agreement of every recipe family, on three sets of inputs.
 
-    python -m experiments.bench.tail_guard PAIRS.tsv [--threads 1] [--distill-steps 100]
+    python -m paretorch.experiments.bench.tail_guard PAIRS.tsv [--threads 1] [--distill-steps 100]
 
 ``PAIRS.tsv``: human-labelled sentence pairs in the STS benchmark layout (``../shared/data/sentence-similarity-dev/``:
 for calibration only, the product never reads it). Each MiniLM variant is built with the project's own stages
-(:mod:`experiments.bench.proxy_verdict`'s chains, its embedding cache shared) and compared with fp32 input by
-input (:class:`pipeline.core.input_agreement.InputAgreement`) on
+(:mod:`paretorch.experiments.bench.proxy_verdict`'s chains, its embedding cache shared) and compared with fp32 input by
+input (:class:`paretorch.pipeline.core.input_agreement.InputAgreement`) on
 
 * ``task``: the built-in spec's evaluation rows (the word-similarity words and the news floor sentences): what
   the search's guard sees;
@@ -27,19 +27,19 @@ from typing import Any
 
 import torch
 
-from experiments.bench.fidelity_check import read_pairs, write_result
-from experiments.bench.paths import RESULTS_DIR
-from experiments.bench.proxy_verdict import CACHE_DIR, CPU, Variant, build_outputs, truth, variants
-from experiments.data import news_sentences
-from experiments.models import digits, minilm
-from pipeline.api import StageContext, load_model, run_chain
-from pipeline.core.evaluate import evaluation_outputs
-from pipeline.core.input_agreement import InputAgreement
-from pipeline.engine.cache import NodeCache
-from stages.amp.stage import AmpConfig
-from stages.pack.stage import PackConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.experiments.bench.fidelity_check import read_pairs, write_result
+from paretorch.experiments.bench.paths import RESULTS_DIR
+from paretorch.experiments.bench.proxy_verdict import CACHE_DIR, CPU, Variant, build_outputs, truth, variants
+from paretorch.experiments.data import news_sentences
+from paretorch.experiments.models import digits, minilm
+from paretorch.pipeline.api import StageContext, load_model, run_chain
+from paretorch.pipeline.core.evaluate import evaluation_outputs
+from paretorch.pipeline.core.input_agreement import InputAgreement
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.pack.stage import PackConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 TAIL_GUARD_PREFIX = "tail-guard"
 RESULT_FILE = f"{TAIL_GUARD_PREFIX}.json"

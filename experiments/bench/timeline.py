@@ -13,17 +13,17 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from pipeline.engine.recipe import Recipe, describe_config
-from pipeline.search.objectives import ATTR_RECIPE
-from pipeline.search.time_to_result import best_so_far as study_best_so_far
+from paretorch.pipeline.engine.recipe import Recipe, describe_config
+from paretorch.pipeline.search.objectives import ATTR_RECIPE
+from paretorch.pipeline.search.time_to_result import best_so_far as study_best_so_far
 
 #: The bench's goal for the best-so-far curve: the peers' level within this many seconds of the search.
 EARLY_SECONDS = 600.0
 
 
 def best_so_far(trials: Sequence[FrozenTrial], started: datetime) -> list[dict[str, Any]]:
-    """The product's best-so-far curve (:func:`pipeline.search.time_to_result.best_so_far`: complete, feasible,
-    timing-trusted trials that raised the best paired speed-up, in completion order) as the bench writes it:
+    """The product's best-so-far curve (:func:`paretorch.pipeline.search.time_to_result.best_so_far`: complete,
+    feasible, timing-trusted trials that raised the best paired speed-up, in completion order) as the bench writes it:
     ``seconds`` since ``started``, ``speedup``, ``trial`` and the trial's ``recipe`` text."""
     by_number = {t.number: t for t in trials}
     return [{"seconds": p.seconds, "speedup": p.speedup, "trial": p.trial,

@@ -2,14 +2,14 @@
 
 The sentences were cut once from Python 3.11.7's bundled documentation (``pydoc_data.topics``):
 prose paragraphs only (code, grammar and doctest lines skipped), each cut with
-:func:`experiments.data.sentences.prose_sentences` (40-300 characters), in the sorted order of the
+:func:`paretorch.experiments.data.sentences.prose_sentences` (40-300 characters), in the sorted order of the
 topics. Reading them from the interpreter at run time made the latency sample depend on the Python
 version (256 x 68 tokens on 3.11, 256 x 91 on 3.12); the shipped file does not. The MiniLM spec
-(:mod:`experiments.models.minilm`) deduplicates and splits them.
+(:mod:`paretorch.experiments.models.minilm`) deduplicates and splits them.
 
 Regenerate (only to change the sample on purpose; every recorded MiniLM figure moves with it):
 
-    python -m experiments.data.minilm_sentences --write
+    python -m paretorch.experiments.data.minilm_sentences --write
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import re
 import sys
 from pathlib import Path
 
-from experiments.data.sentences import prose_sentences
-from pipeline.core.errors import SpecError
+from paretorch.experiments.data.sentences import prose_sentences
+from paretorch.pipeline.core.errors import SpecError
 
 FILE = Path(__file__).resolve().parent / "minilm_sentences.txt"
 MIN_CHARS, MAX_CHARS = 40, 300
@@ -50,12 +50,12 @@ def load(path: Path = FILE) -> list[str]:
     sentences = text.splitlines()
     if not sentences or any(not s.strip() for s in sentences):
         raise SpecError(f"{path} is empty or holds blank lines: regenerate it with "
-                        "python -m experiments.data.minilm_sentences --write")
+                        "python -m paretorch.experiments.data.minilm_sentences --write")
     return sentences
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.data.minilm_sentences",
+    parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.data.minilm_sentences",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help=f"write {FILE.name} from this interpreter's pydoc")
     args = parser.parse_args(argv)

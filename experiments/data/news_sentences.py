@@ -2,10 +2,10 @@
 
 ``gensim/test/test_data/lee_background.cor``: 300 short Australian news articles (Lee,
 Pincombe & Welsh 2005), one per line. Cut into prose sentences
-(:func:`experiments.data.sentences.prose_sentences`) and shuffled with a fixed seed.
+(:func:`paretorch.experiments.data.sentences.prose_sentences`) and shuffled with a fixed seed.
 
 They are unlabelled. MiniLM measures its fidelity floor on them
-(:mod:`pipeline.core.guards`): news is another domain than the pydoc sentences that
+(:mod:`paretorch.pipeline.core.guards`): news is another domain than the pydoc sentences that
 distillation trains on, so a student cannot match the teacher there just by fitting its
 training domain. The human-labelled sentence pairs used in development are partly news too.
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from experiments.data.sentences import prose_sentences
-from experiments.data.word_similarity import PACKAGE, data_dir
-from pipeline.core.errors import SpecError
+from paretorch.experiments.data.sentences import prose_sentences
+from paretorch.experiments.data.word_similarity import PACKAGE, data_dir
+from paretorch.pipeline.core.errors import SpecError
 
 FILE = "lee_background.cor"
 #: How many sentences the floor is measured on (fixed seed): enough for a stable mean, cheap to embed.

@@ -6,7 +6,7 @@ sentence 1, sentence 2, and on some rows extra tab fields after sentence 2; quot
 text. The table written here has the header ``sentence1, sentence2, score``, one pair a row (read
 with quoting off, like every ``.tsv``).
 
-    python -m experiments.data.sts_benchmark RAW.tsv OUT.tsv
+    python -m paretorch.experiments.data.sts_benchmark RAW.tsv OUT.tsv
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def convert(raw: Path, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.data.sts_benchmark",
+    parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.data.sts_benchmark",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("raw", type=Path)
     parser.add_argument("out", type=Path)

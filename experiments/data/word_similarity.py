@@ -24,8 +24,8 @@ import importlib.util
 import os
 from pathlib import Path
 
-from pipeline.core.errors import SpecError
-from pipeline.core.task_data import PairsData
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.task_data import PairsData
 
 PACKAGE = "gensim"
 FILES = ("wordsim353.tsv", "simlex999.txt")

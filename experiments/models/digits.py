@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.paths import cache_dir
-from pipeline.core.progress import phase
-from pipeline.core.spec import ACCURACY, Batch, LabelledBatch, ModelSpec
+from paretorch.pipeline.core.paths import cache_dir
+from paretorch.pipeline.core.progress import phase
+from paretorch.pipeline.core.spec import ACCURACY, Batch, LabelledBatch, ModelSpec
 
 SETTINGS: dict[str, int] = {"seed": 0, "epochs": 40, "batch_size": 64, "train": 1200, "calibration": 200}
 LEARNING_RATE = 2e-3

@@ -5,7 +5,7 @@ the pipeline's model is ``forward(input_ids, attention_mask) -> embedding``
 with the mean pooling and L2 normalization of the model card.
 
 Primary metric: a **human-labelled English task**, word similarity (WordSim-353 and
-SimLex-999 pooled, :mod:`experiments.data.word_similarity`, shipped in the pinned ``gensim``
+SimLex-999 pooled, :mod:`paretorch.experiments.data.word_similarity`, shipped in the pinned ``gensim``
 wheel): Spearman x 100 between the cosine similarity of two words' embeddings and people's
 rating, over 1,352 pairs. The texts are tokenized as sentence-transformers does (padded to
 the longest, at most 256 tokens). Fidelity to the
@@ -13,11 +13,11 @@ unoptimized model on the same texts (neighbour agreement, mean cosine, SQNR) is 
 every trial as extra metrics: it says how far a model moved, not whether it got worse.
 
 Other inputs are English sentences cut once from Python 3.11's bundled documentation and
-shipped as a fixed file (:mod:`experiments.data.minilm_sentences`: the sample no longer depends on
+shipped as a fixed file (:mod:`paretorch.experiments.data.minilm_sentences`: the sample no longer depends on
 the interpreter), deduplicated by token ids and shuffled with a fixed seed: a
 latency sample (``evaluation`` split: 256 sentences of 10-68 tokens, mean 27.8, tokenized
 padded to 128; the pipeline times each latency batch padded to its longest sentence, as
-sentence-transformers pads, :mod:`pipeline.core.padding`), a calibration sample, and
+sentence-transformers pads, :mod:`paretorch.pipeline.core.padding`), a calibration sample, and
 every other sentence as a training input for distillation (``training_inputs``); none
 of them is a rated word pair. Until issue 17 latency was timed at all 128 tokens.
 """
@@ -35,14 +35,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.data import minilm_sentences, news_sentences, word_similarity
-from pipeline.core.errors import SpecError
-from pipeline.core.fidelity import NEIGHBOUR_AGREEMENT, PAIRWISE_RANK_CORRELATION
-from pipeline.core.fidelity_floor import with_fidelity_floor
-from pipeline.core.proxy_metric import with_proxy_metric
-from pipeline.core.spec import Batch, ModelSpec
-from pipeline.core.task_spec import with_task_data
-from pipeline.sources.huggingface import (
+from paretorch.experiments.data import minilm_sentences, news_sentences, word_similarity
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.fidelity import NEIGHBOUR_AGREEMENT, PAIRWISE_RANK_CORRELATION
+from paretorch.pipeline.core.fidelity_floor import with_fidelity_floor
+from paretorch.pipeline.core.proxy_metric import with_proxy_metric
+from paretorch.pipeline.core.spec import Batch, ModelSpec
+from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.sources.huggingface import (
     ATTENTION_MASK_INPUT,
     SEQUENCE_LENGTH,
     PooledEmbedding,
@@ -51,7 +51,7 @@ from pipeline.sources.huggingface import (
     split_batches,
     tokenize,
 )
-from pipeline.sources.inputs import tile
+from paretorch.pipeline.sources.inputs import tile
 
 SETTINGS = {"seed": 0, "evaluation": 256, "calibration": 64, "min_chars": 40, "max_chars": 300}
 BATCH_SIZE = 32
@@ -155,8 +155,8 @@ def training_inputs() -> list[Batch]:
 #: sentence-transformers' ``max_seq_length`` for this model (its sentence_bert_config.json).
 MAX_TOKENS = 256
 
-#: The fidelity floor (:mod:`pipeline.core.fidelity_floor`): the rank correlation of pairwise cosine
-#: similarities of 512 news sentences (:mod:`experiments.data.news_sentences`) against fp32's, calibrated for
+#: The fidelity floor (:mod:`paretorch.pipeline.core.fidelity_floor`): the rank correlation of pairwise cosine
+#: similarities of 512 news sentences (:mod:`paretorch.experiments.data.news_sentences`) against fp32's, calibrated for
 #: an allowed drop of 1 % (raised toward 1.0 for a stricter one: a word score that rises while the
 #: embeddings move cannot pass for lossless).
 NEWS_FLOOR_METRIC = "news_pairwise_rank_correlation"
@@ -198,7 +198,7 @@ def spec() -> ModelSpec:
         description="all-MiniLM-L6-v2 sentence embeddings (latency: pydoc sentences, each batch padded to its longest)",
     )
     # The word score is a proxy of the user's sentence task: a rise over fp32 is not credited
-    # (pipeline.core.proxy_metric).
+    # (paretorch.pipeline.core.proxy_metric).
     scored = with_proxy_metric(with_task_data(model, word_similarity.load()))
     news = news_sentences.load()
     floored = with_fidelity_floor(scored, encode_text(news), PAIRWISE_RANK_CORRELATION, NEWS_FLOOR_METRIC,

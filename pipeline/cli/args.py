@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.core.spec import ModelSpec
-from pipeline.sources import SourceOptions
-from pipeline.sources.resolve import resolve_spec
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.sources import SourceOptions
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 
 def spec_from_args(args: argparse.Namespace) -> ModelSpec:

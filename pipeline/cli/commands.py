@@ -1,11 +1,11 @@
-"""What the commands of ``python -m pipeline`` do, once :mod:`pipeline.cli.parser` has checked their options.
+"""What the commands of ``python -m paretorch`` do, once :mod:`paretorch.pipeline.cli.parser` has checked their options.
 
 * ``evaluate``: measure the unoptimized model;
 * ``optimize``: run (or resume) the study, log it to MLflow, print the Pareto table;
 * ``report``: print the Pareto table of a study again, from its storage alone;
 * ``apply --recipe FILE``: replay one recipe (same stages, same exports) through
   the same runner: the scripted-reuse path for CI jobs; and the files a deployment loads its callable from, in
-  ``<output>/deploy/`` (:mod:`pipeline.engine.deployment`).
+  ``<output>/deploy/`` (:mod:`paretorch.pipeline.engine.deployment`).
 """
 
 from __future__ import annotations
@@ -22,38 +22,38 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from pipeline.cli.args import spec_from_args
-from pipeline.cli.parser import split_list
-from pipeline.cli.store_urls import validate_storage_url, validate_tracking_uri
-from pipeline.core.device import resolve_device
-from pipeline.core.errors import ConfigError, PipelineError
-from pipeline.core.input_agreement import Reference
-from pipeline.core.input_agreement import describe as describe_inputs
-from pipeline.core.paired import free_cores, load_average, usable_cores
-from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.progress import say
-from pipeline.core.report import evaluation_table, format_bytes, print_table
-from pipeline.core.runtimes.registry import get_runtime
-from pipeline.core.secrets import mask_secrets
-from pipeline.core.self_check import reference_outputs, require_stable, self_check
-from pipeline.core.spec import ModelSpec, load_model
-from pipeline.engine.cache import NodeCache
-from pipeline.engine.deliver import deliver
-from pipeline.engine.deployment import DEPLOY_DIR, save_deployment
-from pipeline.engine.graph import recipe_pipeline
-from pipeline.engine.recipe import Recipe
-from pipeline.engine.runner import Runner
-from pipeline.engine.short_recipe import short_recipe
-from pipeline.search import LATENCY_BUDGETS, Search, SearchConfig, SeedRecipe, run_search
-from pipeline.search.config import finished_states
-from pipeline.search.finish import front_files
-from pipeline.search.front import machine_line
-from pipeline.search.loop import THIRD_PARTY_LOG, run_worker
-from pipeline.search.objectives import ATTR_BASELINE, Baseline
-from pipeline.search.pareto import FRONT_NOTE, pareto_rows, pareto_table
-from pipeline.search.quiet import stderr_to
-from pipeline.search.recorded import RECORDED, recorded_cells
-from pipeline.search.workers import launch_workers
+from paretorch.pipeline.cli.args import spec_from_args
+from paretorch.pipeline.cli.parser import split_list
+from paretorch.pipeline.cli.store_urls import validate_storage_url, validate_tracking_uri
+from paretorch.pipeline.core.device import resolve_device
+from paretorch.pipeline.core.errors import ConfigError, PipelineError
+from paretorch.pipeline.core.input_agreement import Reference
+from paretorch.pipeline.core.input_agreement import describe as describe_inputs
+from paretorch.pipeline.core.paired import free_cores, load_average, usable_cores
+from paretorch.pipeline.core.paths import cache_dir, results_dir
+from paretorch.pipeline.core.progress import say
+from paretorch.pipeline.core.report import evaluation_table, format_bytes, print_table
+from paretorch.pipeline.core.runtimes.registry import get_runtime
+from paretorch.pipeline.core.secrets import mask_secrets
+from paretorch.pipeline.core.self_check import reference_outputs, require_stable, self_check
+from paretorch.pipeline.core.spec import ModelSpec, load_model
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.engine.deliver import deliver
+from paretorch.pipeline.engine.deployment import DEPLOY_DIR, save_deployment
+from paretorch.pipeline.engine.graph import recipe_pipeline
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.engine.short_recipe import short_recipe
+from paretorch.pipeline.search import LATENCY_BUDGETS, Search, SearchConfig, SeedRecipe, run_search
+from paretorch.pipeline.search.config import finished_states
+from paretorch.pipeline.search.finish import front_files
+from paretorch.pipeline.search.front import machine_line
+from paretorch.pipeline.search.loop import THIRD_PARTY_LOG, run_worker
+from paretorch.pipeline.search.objectives import ATTR_BASELINE, Baseline
+from paretorch.pipeline.search.pareto import FRONT_NOTE, pareto_rows, pareto_table
+from paretorch.pipeline.search.quiet import stderr_to
+from paretorch.pipeline.search.recorded import RECORDED, recorded_cells
+from paretorch.pipeline.search.workers import launch_workers
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -251,7 +251,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if deployment:
         held = deployment.get("weights") or deployment["file"]
         console.print(f"deployment: {deploy} ({held} + {deployment['recipe']}; "
-                      "pipeline.api.load_deployment rebuilds its callable)", highlight=False)
+                      "paretorch.pipeline.api.load_deployment rebuilds its callable)", highlight=False)
     if inputs := describe_inputs(result.report.extra):
         console.print(f"{inputs} against the unoptimized model (the worst in apply.json)", highlight=False)
     console.print(f"written: {output / 'apply.json'}")

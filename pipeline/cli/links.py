@@ -1,11 +1,11 @@
-"""``python -m pipeline.cli.links``: print where to open the MLflow UI (``make ui`` runs it first)."""
+"""``python -m paretorch.pipeline.cli.links``: print where to open the MLflow UI (``make ui`` runs it first)."""
 
 from __future__ import annotations
 
 import argparse
 
-from pipeline.tracking.tracker import default_tracking_uri
-from pipeline.tracking.views import experiment_links, study_links
+from paretorch.pipeline.tracking.tracker import default_tracking_uri
+from paretorch.pipeline.tracking.views import experiment_links, study_links
 
 
 def main(argv: list[str] | None = None) -> int:

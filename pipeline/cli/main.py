@@ -1,6 +1,6 @@
-"""``python -m pipeline``: the command-line interface.
+"""``python -m paretorch``: the command-line interface.
 
-The command line is parsed and checked (:mod:`pipeline.cli.parser`) before torch is imported:
+The command line is parsed and checked (:mod:`paretorch.pipeline.cli.parser`) before torch is imported:
 an argument error costs a fraction of a second. Every :class:`PipelineError` is printed as one
 ``error:`` line with exit code 2; nothing the user mistyped produces a traceback.
 """
@@ -14,10 +14,10 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from pipeline.cli.parser import build_parser, check_args, parse_args
-from pipeline.core.errors import PipelineError
-from pipeline.core.paths import set_results_dir
-from pipeline.core.secrets import mask_secrets
+from paretorch.pipeline.cli.parser import build_parser, check_args, parse_args
+from paretorch.pipeline.core.errors import PipelineError
+from paretorch.pipeline.core.paths import set_results_dir
+from paretorch.pipeline.core.secrets import mask_secrets
 
 EXIT_USER_ERROR = 2
 
@@ -25,7 +25,7 @@ __all__ = ["EXIT_USER_ERROR", "build_parser", "main", "run"]
 
 
 def run(argv: Sequence[str] | None = None, started: float | None = None) -> NoReturn:
-    """``python -m pipeline``: :func:`main`, then exit at once. The interpreter's last garbage collection walks
+    """``python -m paretorch``: :func:`main`, then exit at once. The interpreter's last garbage collection walks
     every object that torch, MLflow and Optuna made (2 to 3 s on a loaded machine, after the last line is
     printed and everything is recorded); frozen, they are left to the operating system (atexit handlers still run)."""
     code = main(argv, started)
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
             set_results_dir(args.results_dir)
         quiet_optional_kernels()
         # Imported only now, with the command line checked: it loads torch, Optuna and MLflow (seconds of CPU).
-        from pipeline.cli.commands import COMMANDS
+        from paretorch.pipeline.cli.commands import COMMANDS
 
         return COMMANDS[args.command](args)
     except PipelineError as exc:

@@ -1,7 +1,7 @@
-"""The command line of ``python -m pipeline``: every option of every command, parsed and checked without torch.
+"""The command line of ``python -m paretorch``: every option of every command, parsed and checked without torch.
 
 :func:`parse_args` runs before any module that imports torch, MLflow or Optuna is loaded
-(:mod:`pipeline.cli.main` imports :mod:`pipeline.cli.commands` only after it), so a mistyped
+(:mod:`paretorch.pipeline.cli.main` imports :mod:`paretorch.pipeline.cli.commands` only after it), so a mistyped
 option, number, name or model costs a fraction of a second of CPU, not the seconds torch's
 import takes. What can only be checked with torch (a device present here, a storage URL,
 the search config's contents, the model itself) is checked by the commands.
@@ -13,8 +13,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.names import (
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.names import (
     ALLOW_FLAG,
     LATENCY_BUDGET_NAMES,
     WORKER_FLAG,
@@ -26,21 +26,23 @@ from pipeline.core.names import (
     unknown_runtime,
     unknown_runtimes,
 )
+from paretorch.pipeline.core.version import VERSION
 
 #: Options whose value must be at least 1: the attribute, the flag, what it counts.
 POSITIVE = (("trials", "--trials", "the study's total number of trials"), ("workers", "--workers", None),
             ("threads", "--threads", None), ("latency_batch", "--latency-batch", None),
             ("cache_mb", "--cache-mb", None))
-#: Suffixes of the model files that :mod:`pipeline.sources` opens (TorchScript, torch.export).
+#: Suffixes of the model files that :mod:`paretorch.pipeline.sources` opens (TorchScript, torch.export).
 MODEL_FILE_SUFFIXES = (".pt", ".pt2", ".ts", ".py")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline",
+        prog="paretorch",
         description="Optimize trained PyTorch models: prune, quantize, mixed precision and export, "
         "searched with Optuna for the best accuracy/latency trade-offs, tracked in MLflow.",
     )
+    parser.add_argument("--version", action="version", version=f"paretorch {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     evaluate = sub.add_parser("evaluate", help="measure the unoptimized model: metric, latency, memory, size, MACs",
@@ -136,7 +138,7 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
 
 def add_search_args(parser: argparse.ArgumentParser) -> None:
     """Options that name a study (shared by ``optimize`` and ``report``); unset ones come from the search config."""
-    group = parser.add_argument_group("search (defaults from pipeline/defaults/search.yaml)")
+    group = parser.add_argument_group("search (defaults from paretorch/pipeline/defaults/search.yaml)")
     group.add_argument("--search-config", default=None, metavar="YAML", help="a search config file")
     add_nondeterministic_arg(group)
     group.add_argument("--pipeline", default=None,
@@ -190,7 +192,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
     """Every check that needs no torch: numbers in range, device, runtime and model names, the recipe file.
-    A problem is a :class:`~pipeline.core.errors.PipelineError` (one ``error:`` line, exit code 2)."""
+    A problem is a :class:`~paretorch.pipeline.core.errors.PipelineError` (one ``error:`` line, exit code 2)."""
     for attr, flag, meaning in POSITIVE:
         value = getattr(args, attr, None)
         if value is not None and value < 1:

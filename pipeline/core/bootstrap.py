@@ -1,6 +1,6 @@
 """Paired bootstrap of the task metric: the metric drop's 95 % interval, from outputs already computed.
 
-Every metric that supports it (:attr:`pipeline.core.spec.Metric.resampled`) is recomputed on
+Every metric that supports it (:attr:`paretorch.pipeline.core.spec.Metric.resampled`) is recomputed on
 :data:`RESAMPLES` resamples of its evaluation units (examples for accuracy, pairs for Spearman,
 queries for nDCG), drawn from one fixed seed: a given number of units gets the same resamples in
 every process, so the baseline's and every trial's values are paired resample by resample, and a

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from pipeline.core.errors import DeviceError, InfeasibleConfig
-from pipeline.core.names import AUTO_ORDER, device_name
-from pipeline.core.ov_core import shared_core
-from pipeline.core.paths import results_dir
+from paretorch.pipeline.core.errors import DeviceError, InfeasibleConfig
+from paretorch.pipeline.core.names import AUTO_ORDER, device_name
+from paretorch.pipeline.core.ov_core import shared_core
+from paretorch.pipeline.core.paths import results_dir
 
 
 @dataclass(frozen=True)

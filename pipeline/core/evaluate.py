@@ -15,13 +15,13 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.core.device import describe, move_module, peak_memory_bytes, reset_peak_memory
-from pipeline.core.input_agreement import Reference
-from pipeline.core.latency import LatencySettings, LatencyStats, measure_latency
-from pipeline.core.padding import LatencyInputs, pad_to, to_bucket, trim_to_longest
-from pipeline.core.padding import latency_inputs as choose_latency_inputs
-from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
-from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
+from paretorch.pipeline.core.device import describe, move_module, peak_memory_bytes, reset_peak_memory
+from paretorch.pipeline.core.input_agreement import Reference
+from paretorch.pipeline.core.latency import LatencySettings, LatencyStats, measure_latency
+from paretorch.pipeline.core.padding import LatencyInputs, pad_to, to_bucket, trim_to_longest
+from paretorch.pipeline.core.padding import latency_inputs as choose_latency_inputs
+from paretorch.pipeline.core.runtimes.registry import get_runtime, prepare_runtime
+from paretorch.pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class ModelReport:
     extra: dict[str, float] = field(default_factory=dict)
     #: Sequence specs: the lengths each latency batch was measured at, and the bucket's measured cost.
     latency_inputs: dict[int, LatencyInputs] = field(default_factory=dict)
-    #: The metric on each fixed bootstrap resample of the evaluation units (:mod:`pipeline.core.bootstrap`;
+    #: The metric on each fixed bootstrap resample of the evaluation units (:mod:`paretorch.pipeline.core.bootstrap`;
     #: empty when the metric has none): paired with the baseline's, the interval of a trial's drop.
     metric_resamples: tuple[float, ...] = ()
     #: The inputs that agree least with the unoptimized model, worst first (:meth:`InputAgreement.worst`; empty
@@ -248,8 +248,8 @@ class Known:
     (``fn``), its latency per batch size (``latency``: a search trial's paired rounds, one number per fact; the
     bucket's own cost is then not measured either), its evaluation outputs and targets (``outputs``: computed the
     way an eager evaluation would, at the evaluation's own batching: the unoptimized model's,
-    :func:`pipeline.core.self_check.reference_outputs`), and the unoptimized model's outputs to compare with input
-    by input (``reference``: :mod:`pipeline.core.input_agreement`; None: no per-input view)."""
+    :func:`paretorch.pipeline.core.self_check.reference_outputs`), and the unoptimized model's outputs to compare with
+    input by input (``reference``: :mod:`paretorch.pipeline.core.input_agreement`; None: no per-input view)."""
 
     fn: Callable[..., Tensor] | None = None
     latency: Mapping[int, LatencyStats] = field(default_factory=dict)

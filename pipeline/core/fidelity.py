@@ -19,11 +19,11 @@ same inputs, and the metric compares the optimized model's outputs to them:
 * embeddings used for retrieval: :data:`NEIGHBOUR_AGREEMENT`.
 
 Every ``compute(outputs, targets)`` runs on the device and returns a 0-dim
-tensor, as :class:`pipeline.core.spec.Metric` requires. :func:`fidelity_spec` turns a
+tensor, as :class:`paretorch.pipeline.core.spec.Metric` requires. :func:`fidelity_spec` turns a
 model plus unlabelled input batches into a :class:`ModelSpec` whose targets are
 computed once, on the CPU, by the unoptimized model.
 
-Why mean cosine is the embedding default: ``python -m experiments.bench.fidelity_check``
+Why mean cosine is the embedding default: ``python -m paretorch.experiments.bench.fidelity_check``
 built 10 MiniLM variants with the project's stages (int8 / int4 quantization,
 unstructured, FFN, head and depth pruning, with and without distillation) and scored
 each on 1,500 human-labelled sentence pairs (STS benchmark dev; fp32 86.72, Spearman
@@ -50,12 +50,12 @@ from functools import cache
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import SpecError
-from pipeline.core.progress import phase
-from pipeline.core.ranking import spearman
-from pipeline.core.spec import OUTPUT_KINDS, Batch, LabelledBatch, Metric, ModelSpec, OutputKind
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.progress import phase
+from paretorch.pipeline.core.ranking import spearman
+from paretorch.pipeline.core.spec import OUTPUT_KINDS, Batch, LabelledBatch, Metric, ModelSpec, OutputKind
 
-# OUTPUT_KINDS / OutputKind: the one output-kind vocabulary lives in pipeline.core.spec (the
+# OUTPUT_KINDS / OutputKind: the one output-kind vocabulary lives in paretorch.pipeline.core.spec (the
 # distillation loss reads it too); importers of this module keep finding it here.
 
 #: Identical outputs have infinite SQNR; the value is capped so that it stays a finite number in logs.

@@ -4,9 +4,9 @@ A task metric can be a proxy with a blind spot. MiniLM's shipped task (human wor
 similarity) stays within 1 % after depth pruning + distillation while a human-labelled
 *sentence* score drops 2.3 % (``experiments/bench/fidelity_check.py``). A floor closes that
 gap: a trial is feasible only when its task metric is within the allowed drop **and** each
-floor metric is at least its floor (:meth:`pipeline.search.objectives.Objectives.verdict`).
+floor metric is at least its floor (:meth:`paretorch.pipeline.search.objectives.Objectives.verdict`).
 
-A floor metric is a fidelity metric (:mod:`pipeline.core.fidelity`) computed on rows of its
+A floor metric is a fidelity metric (:mod:`paretorch.pipeline.core.fidelity`) computed on rows of its
 own, appended to the evaluation, against the unoptimized model's outputs on those rows; it is
 reported with the trial's extra metrics under its own name. The task's metrics see only the
 task's rows.
@@ -21,9 +21,9 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import SpecError
-from pipeline.core.fidelity import reference_outputs
-from pipeline.core.spec import Batch, FidelityFloor, LabelledBatch, Metric, ModelSpec, split_batches
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.fidelity import reference_outputs
+from paretorch.pipeline.core.spec import Batch, FidelityFloor, LabelledBatch, Metric, ModelSpec, split_batches
 
 
 def floor_failures(spec: ModelSpec, extras: Mapping[str, float], allowed_share: float | None = None) -> list[str]:

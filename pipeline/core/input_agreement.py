@@ -15,10 +15,10 @@ evaluation, by the output's kind:
 
 :class:`InputAgreement` holds the values; :meth:`InputAgreement.metrics` the few numbers a trial line, the table
 and MLflow show (a low quantile, the share that broke); :meth:`InputAgreement.worst` names the worst inputs.
-:class:`TailGuard` is the constraint (:meth:`pipeline.search.objectives.Objectives.judge`): a recipe is infeasible
-when more than ``limit`` of the inputs broke.
+:class:`TailGuard` is the constraint (:meth:`paretorch.pipeline.search.objectives.Objectives.judge`): a recipe is
+infeasible when more than ``limit`` of the inputs broke.
 
-Why the defaults (``python -m experiments.bench.tail_guard``, docs/metrics-and-task-data.md): on MiniLM's
+Why the defaults (``python -m paretorch.experiments.bench.tail_guard``, docs/metrics-and-task-data.md): on MiniLM's
 evaluation rows int8 (dynamic and static), bf16, fp16 and pack keep every input above cosine 0.9, while the
 depth-pruning family leaves several per cent of them below it; digits' int8 and bf16 flip no confident input.
 """
@@ -33,8 +33,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import SpecError
-from pipeline.core.fidelity import infer_output_kind
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.fidelity import infer_output_kind
 
 #: What an input is compared by.
 Measure = Literal["cosine", "flip", "abs_error"]

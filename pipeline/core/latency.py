@@ -1,9 +1,9 @@
 """How latency is measured: the one settings object (per ``--latency-budget``) and the timed calls.
 
 Every path that times a model reads one :class:`LatencySettings`: a trial timed alone
-(:func:`measure_latency`, inside :func:`pipeline.core.evaluate.evaluate_model`: the runner, the
+(:func:`measure_latency`, inside :func:`paretorch.pipeline.core.evaluate.evaluate_model`: the runner, the
 screen, ``evaluate``, ``apply``), and the same trial timed in rounds alternating with the baseline
-(:mod:`pipeline.core.paired`: the search's objective, the front's re-measure, the bench's paired
+(:mod:`paretorch.pipeline.core.paired`: the search's objective, the front's re-measure, the bench's paired
 rows). :data:`LATENCY_BUDGETS` names the three settings a user chooses from (``--latency-budget``).
 """
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pipeline.core.device import Stopwatch, synchronize
-from pipeline.core.noise import median_ci
-from pipeline.core.spec import Batch
+from paretorch.pipeline.core.device import Stopwatch, synchronize
+from paretorch.pipeline.core.noise import median_ci
+from paretorch.pipeline.core.spec import Batch
 
 
 @dataclass(frozen=True)

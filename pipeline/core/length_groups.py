@@ -7,10 +7,10 @@ and put the per-row outputs back in the batch's order. Padding is masked, so the
 rounding at other shapes (and, under dynamic int8, by the scales each call computes from its own rows).
 
 A runtime that runs a file (``onnxruntime``, ``openvino``) reproduces a pack recipe this way: the export records
-which input is the padding mask (:attr:`~pipeline.core.stage_context.ExportResult.grouped_mask_input`) and the
+which input is the padding mask (:attr:`~paretorch.pipeline.core.stage_context.ExportResult.grouped_mask_input`) and the
 runtime wraps the file it opened (:func:`length_grouped`); the search times and scores that call, and a deployment
-(:class:`GroupedEncoder`, built by :func:`pipeline.api.load_deployment`) calls the file the same way. Per-row outputs
-only: an output that mixes rows (a batch statistic) would change; embeddings and logits do not.
+(:class:`GroupedEncoder`, built by :func:`paretorch.pipeline.api.load_deployment`) calls the file the same way. Per-row
+outputs only: an output that mixes rows (a batch statistic) would change; embeddings and logits do not.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.padding import cut_to, longest
-from pipeline.core.spec import Batch
-from pipeline.core.text_batches import TextBatches
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.padding import cut_to, longest
+from paretorch.pipeline.core.spec import Batch
+from paretorch.pipeline.core.text_batches import TextBatches
 
 #: The stage whose padding-free execution these calls reproduce (what a runtime declares in ``Reproduces.stages``).
 PACK = "pack"
@@ -64,7 +64,7 @@ def grouped_outputs(call: Callable[[Batch], list[Tensor]], inputs: Batch, mask_i
 
 
 class LengthGrouped:
-    """A :class:`~pipeline.core.runtimes.base.LoadedModel` called once per length group (the module docstring)."""
+    """A :class:`~paretorch.pipeline.core.runtimes.base.LoadedModel` called once per length group (see the module)."""
 
     def __init__(self, loaded: Callable[..., Tensor], mask_index: int, rows: int = ROWS_PER_GROUP) -> None:
         self.loaded = loaded
@@ -97,11 +97,12 @@ def check_token_lists(token_lists: Sequence[Sequence[int]], max_length: int) -> 
 
 
 class GroupedEncoder(TextBatches):
-    """A pack recipe's exported file as a deployment calls it, with :class:`stages.pack.deploy.PackedEncoder`'s
-    contract: ``encoder(token_lists)`` (token id lists without padding, each 1 to ``max_length`` ids) or
-    ``encoder.padded(input_ids, attention_mask)`` (a right-padded host batch); one ``(B, dim)`` float32 host row per
-    text. The file takes ``(input_ids, attention_mask)`` and runs per length group (``grouped``). Strings in:
-    :meth:`~pipeline.core.text_batches.TextBatches.encode`, once ``encode_text`` is set."""
+    """A pack recipe's exported file as a deployment calls it, with
+    :class:`paretorch.stages.pack.deploy.PackedEncoder`'s contract: ``encoder(token_lists)`` (token id lists without
+    padding, each 1 to ``max_length`` ids) or ``encoder.padded(input_ids, attention_mask)`` (a right-padded host batch);
+    one ``(B, dim)`` float32 host row per text. The file takes ``(input_ids, attention_mask)`` and runs per length group
+    (``grouped``). Strings in:
+    :meth:`~paretorch.pipeline.core.text_batches.TextBatches.encode`, once ``encode_text`` is set."""
 
     def __init__(self, grouped: LengthGrouped, max_length: int, pad_id: int = 0) -> None:
         if grouped.mask_index != 1:

@@ -3,15 +3,15 @@
 A CPU without AVX512-BF16 or AMX runs torch's bfloat16 matmul through a slow path (749 ms against 16 ms for
 float32, a 512 x 384 x 1536 product on one thread with ``ATEN_CPU_CAPABILITY=avx2``), and one without VNNI gets
 little from int8 (15.7 ms against 16.2 ms). The search reads this once per study (:func:`probe_machine`, stored on
-the study so a resumed one reads the same) and orders its presets by it (:mod:`pipeline.search.presets`).
+the study so a resumed one reads the same) and orders its presets by it (:mod:`paretorch.pipeline.search.presets`).
 
 How a precision is timed (:func:`paired_gain`), so that no single call decides:
 
 * both products are **warmed** first (:data:`WARM_CALLS` each: a GPU's first bfloat16 product pays for library
   handles, workspaces and kernel selection, and read 0.00x float32 when it was timed);
 * then **paired rounds**: per round one block of float32 products and one block of the precision's, the order
-  alternating, each block timed on the device's own clock (:class:`~pipeline.core.device.Stopwatch`: events on an
-  accelerator, ``perf_counter_ns`` on the CPU) and long enough to load the device (an accelerator runs the
+  alternating, each block timed on the device's own clock (:class:`~paretorch.pipeline.core.device.Stopwatch`: events on
+  an accelerator, ``perf_counter_ns`` on the CPU) and long enough to load the device (an accelerator runs the
   product at :data:`ACCELERATOR_SHAPE`, a batch of 256 x 32 tokens, several times a block);
 * the gain is the median of the per-round ratios, its spread their range: with :data:`MIN_ROUNDS` rounds, about
   a 98 % interval of that median. Rounds go on, up to :data:`MAX_ROUNDS`, while the range straddles
@@ -22,9 +22,9 @@ A gain whose range clears :data:`PAYS` **decides** (:meth:`MachineProbe.pays`); 
 orders the presets by its median but never drops one: a measured trial decides (:func:`probe_reason`).
 
 Which engine a runtime runs, and that engine's probe, are the runtime's own declaration
-(:attr:`pipeline.core.runtimes.base.Runtime.engine`, :meth:`~pipeline.core.runtimes.base.Runtime.probe`): torch
-here (eager and every ``torch.compile`` runtime share aten's kernels), ONNX Runtime's and OpenVINO's beside their
-runtimes.
+(:attr:`paretorch.pipeline.core.runtimes.base.Runtime.engine`,
+:meth:`~paretorch.pipeline.core.runtimes.base.Runtime.probe`): torch here (eager and every ``torch.compile`` runtime
+share aten's kernels), ONNX Runtime's and OpenVINO's beside their runtimes.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from pipeline.core.device import Stopwatch, synchronize
+from paretorch.pipeline.core.device import Stopwatch, synchronize
 
 #: The product timed on a CPU: (m, k) @ (k, n), a transformer layer's projection at batch 32 x 16 tokens.
 SHAPE = (512, 384, 1536)

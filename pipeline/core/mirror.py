@@ -2,7 +2,7 @@
 
 Core ML, ONNX and OpenVINO convert the *float* graph (the model before the numeric stages)
 and then re-apply the recipe's compression with their own tools. Each model stage
-says, in its :class:`~pipeline.core.stage.Stage` record, what exports must do about
+says, in its :class:`~paretorch.pipeline.core.stage.Stage` record, what exports must do about
 it, in one of three ways:
 
 * nothing: a structural stage (prune, distill) changes the float graph itself,
@@ -14,11 +14,11 @@ it, in one of three ways:
 * :class:`NotMirrored` with the reason, which every export records.
 
 The kinds of facts (integer weights, a reduced dtype, sparsity) are the stages' own: the
-stages that produce and read them share their classes (``stages.common``); this module knows
+stages that produce and read them share their classes (``paretorch.stages.common``); this module knows
 no stage and no runtime: each runtime declares what it reproduces
-(:class:`pipeline.core.runtimes.reproduces.Reproduces`) and a recipe needing anything undeclared is refused.
+(:class:`paretorch.pipeline.core.runtimes.reproduces.Reproduces`) and a recipe needing anything undeclared is refused.
 The exporters read one merged :class:`ExportMirror` (see
-:func:`pipeline.core.stage.export_mirror`) and never import a stage module.
+:func:`paretorch.pipeline.core.stage.export_mirror`) and never import a stage module.
 """
 
 from __future__ import annotations

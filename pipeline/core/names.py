@@ -1,6 +1,6 @@
 """The names a user types on the command line, checked without torch.
 
-``python -m pipeline`` parses and checks its arguments before it imports torch (seconds of CPU),
+``python -m paretorch`` parses and checks its arguments before it imports torch (seconds of CPU),
 so a typo costs well under a second. The modules that act on these names (the device table, the
 runtime registry, the latency settings, the model resolver) import them from here; the tests check
 that the registries hold exactly these names.
@@ -10,28 +10,29 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from pipeline.core.errors import ConfigError, DeviceError, SpecError
+from paretorch.pipeline.core.errors import ConfigError, DeviceError, SpecError
 
 DEVICE_CHOICES = ("auto", "mps", "cuda", "cpu")
 #: Order in which ``auto`` picks a device.
 AUTO_ORDER = ("mps", "cuda", "cpu")
-#: Entry-point group through which packages declare their runtimes (:mod:`pipeline.core.runtimes.registry`).
+#: Entry-point group through which packages declare their runtimes (:mod:`paretorch.pipeline.core.runtimes.registry`).
 RUNTIME_ENTRY_POINT_GROUP = "paretorch.runtimes"
 #: The console's order for the built-in runtimes (a plugin's runtimes follow, by name).
 BUILT_IN_RUNTIMES = ("eager", "compile", "compile_dynamic", "compile_cudagraphs", "onnxruntime", "openvino")
 #: ``--runtimes all``: every runtime available on the device.
 ALL = "all"
-#: The settings of :data:`pipeline.core.latency.LATENCY_BUDGETS` (``--latency-budget``).
+#: The settings of :data:`paretorch.pipeline.core.latency.LATENCY_BUDGETS` (``--latency-budget``).
 LATENCY_BUDGET_NAMES = ("quick", "normal", "thorough")
-#: How a model can be used, each timed its own way (``--workload``, :mod:`pipeline.core.workload`); the first is the
-#: default.
+#: How a model can be used, each timed its own way (``--workload``, :mod:`paretorch.pipeline.core.workload`); the first
+#: is the default.
 WORKLOADS = ("serve", "corpus", "model")
 #: Entry-point group through which packages declare model specs by name
 #: (``[project.entry-points."paretorch.models"] name = "module:attr"``, a ModelSpec or a function returning one).
 MODEL_ENTRY_POINT_GROUP = "paretorch.models"
-#: Go on when the unoptimized model scores differently twice (:mod:`pipeline.core.self_check`).
+#: Go on when the unoptimized model scores differently twice (:mod:`paretorch.pipeline.core.self_check`).
 ALLOW_FLAG = "--allow-nondeterministic"
-#: The hidden option that makes a process one worker of a study its parent prepared (:mod:`pipeline.search.workers`).
+#: The hidden option that makes a process one worker of a study its parent prepared
+#: (:mod:`paretorch.pipeline.search.workers`).
 WORKER_FLAG = "--worker-index"
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.device import capabilities
-from pipeline.core.evaluate import evaluation_outputs
-from pipeline.core.spec import LabelledBatch, Metric, ModelSpec
+from paretorch.pipeline.core.device import capabilities
+from paretorch.pipeline.core.evaluate import evaluation_outputs
+from paretorch.pipeline.core.spec import LabelledBatch, Metric, ModelSpec
 
 #: A class prediction is a near tie when its top two probabilities are closer than this.
 NEAR_TIE_MARGIN = 0.1
@@ -85,7 +85,7 @@ def noise_floor(model: nn.Module, spec: ModelSpec, device: torch.device, referen
                 output_kind: str, second_evaluation: float, allowed: float) -> NoiseFloor:
     """The noise floor of ``spec``'s metric on the unoptimized ``model``: ``reference``, its outputs and the targets
     over the evaluation; ``second_evaluation``: the self-check's spread; ``allowed``: the absolute allowed drop. The
-    bf16 pass runs where the device runs bf16 at all (:func:`pipeline.core.device.capabilities`)."""
+    bf16 pass runs where the device runs bf16 at all (:func:`paretorch.pipeline.core.device.capabilities`)."""
     metric = spec.metric
     outputs, targets = reference
     base = float(metric.compute(outputs, targets).item())

@@ -2,7 +2,7 @@
 
 The one place that opens onnxruntime sessions, so the ``onnxruntime`` runtime and the ONNX
 export's own check run a file alike: the first execution provider of the capability table for
-the device (:data:`pipeline.core.device.ORT_PROVIDERS`), all of onnxruntime's graph optimizations
+the device (:data:`paretorch.pipeline.core.device.ORT_PROVIDERS`), all of onnxruntime's graph optimizations
 (``ORT_ENABLE_ALL``, also what a plain ``onnxruntime.InferenceSession(path)`` applies), and as many
 intra-op threads as torch uses (``torch.get_num_threads()``), sequential execution, no spinning
 between calls (a spinning pool would take the CPU from the torch model timed in the same rounds).
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from pipeline.core.device import capabilities, ort_provider_note
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import Batch
+from paretorch.pipeline.core.device import capabilities, ort_provider_note
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
 
 if TYPE_CHECKING:
     import onnxruntime

@@ -2,7 +2,7 @@
 
 The one place that compiles OpenVINO models, so the ``openvino`` runtime and the OpenVINO export's own
 check run an IR alike: the device's first OpenVINO device from the capability table
-(:data:`pipeline.core.device.OV_DEVICES`), dynamic input shapes as the IR declares them, as many
+(:data:`paretorch.pipeline.core.device.OV_DEVICES`), dynamic input shapes as the IR declares them, as many
 inference threads as torch uses (``INFERENCE_NUM_THREADS = torch.get_num_threads()``), one stream,
 the LATENCY hint, threads not pinned to cores (the torch model timed in the same rounds keeps its CPU),
 and the inference precision the export recorded (``f32`` or ``bf16``; OpenVINO's own default is bf16
@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline.core.device import capabilities, ov_device_note
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.ov_core import shared_core
-from pipeline.core.spec import Batch
+from paretorch.pipeline.core.device import capabilities, ov_device_note
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.ov_core import shared_core
+from paretorch.pipeline.core.spec import Batch
 
 if TYPE_CHECKING:
     import openvino

@@ -7,7 +7,7 @@ runs the model: each batch padded to its longest sample (sentence-transformers d
 this), not to the widest input the model takes. The padding a batch does not need is
 masked out, so cutting it changes no output (tests/pipeline/core/test_padding.py).
 
-Runtimes that compile for static shapes (``Runtime.static_shapes``, :mod:`pipeline.core.runtimes`)
+Runtimes that compile for static shapes (``Runtime.static_shapes``, :mod:`paretorch.pipeline.core.runtimes`)
 would compile anew for every length, so they are fed length *buckets*: each batch is
 padded up to the smallest of :data:`BUCKETS` that fits it, as one serves such a model.
 What a bucket costs is measured (latency at the bucket and at the batch's own length),
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.core.runtimes.registry import get_runtime
-from pipeline.core.spec import Batch, ModelSpec, tile
+from paretorch.pipeline.core.runtimes.registry import get_runtime
+from paretorch.pipeline.core.spec import Batch, ModelSpec, tile
 
 #: Sequence-length buckets for runtimes that need static shapes (a longer batch keeps its own length).
 BUCKETS: tuple[int, ...] = (16, 32, 64, 128, 256, 512)

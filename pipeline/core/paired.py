@@ -5,8 +5,8 @@ while another job ran looks several times slower than it is, and a speed-up that
 baseline measured minutes earlier is wrong either way. :func:`measure_paired` warms each side up once,
 then times the baseline and the trial in rounds (each round a median of a few calls per side), so a
 slow period slows both alike; the speed-up is the median of the per-round ratios, with a
-distribution-free 95% interval (:mod:`pipeline.core.noise`). How many rounds and calls: the study's
-:class:`~pipeline.core.latency.LatencySettings` (``--latency-budget``).
+distribution-free 95% interval (:mod:`paretorch.pipeline.core.noise`). How many rounds and calls: the study's
+:class:`~paretorch.pipeline.core.latency.LatencySettings` (``--latency-budget``).
 
 The order alternates: baseline first in even rounds, the trial first in odd ones (an even number of
 rounds: A B | B A | A B ...). With a fixed order, whatever the first (or second) place in a round costs
@@ -45,12 +45,12 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from pipeline.core.latency import LatencySettings, time_calls, warm_up
-from pipeline.core.noise import median_ci
-from pipeline.core.spec import Batch
+from paretorch.pipeline.core.latency import LatencySettings, time_calls, warm_up
+from paretorch.pipeline.core.noise import median_ci
+from paretorch.pipeline.core.spec import Batch
 
 #: One side of a paired measurement: a prepared function and the inputs it is timed on (each runtime its own:
-#: a static-shape runtime pays for its length bucket, :func:`pipeline.core.padding.latency_inputs`).
+#: a static-shape runtime pays for its length bucket, :func:`paretorch.pipeline.core.padding.latency_inputs`).
 Timed = tuple[Callable[..., Tensor], Batch]
 #: ``() -> (wall seconds, process CPU seconds)``; None where CPU time says nothing (an accelerator).
 CpuClock = Callable[[], tuple[float, float]]

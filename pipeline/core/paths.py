@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.core.writable import check_writable_dir
+from paretorch.pipeline.core.writable import check_writable_dir
 
 DEFAULT_RESULTS_DIR = "runs"
 RESULTS_ENV_VAR = "PARETORCH_RESULTS_DIR"

@@ -1,8 +1,8 @@
 """Loading extension points from entry-point groups: the one loader behind the stage and runtime registries.
 
-Each entry point names one object (a :class:`~pipeline.core.stage.Stage`, a
-:class:`~pipeline.core.runtimes.base.Runtime`) whose own name must be the entry point's; a plugin that fails to
-import, names another kind of object or another name is one :class:`ConfigError` naming the entry point.
+Each entry point names one object (a :class:`~paretorch.pipeline.core.stage.Stage`, a
+:class:`~paretorch.pipeline.core.runtimes.base.Runtime`) whose own name must be the entry point's; a plugin that fails
+to import, names another kind of object or another name is one :class:`ConfigError` naming the entry point.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import importlib.metadata
 from collections.abc import Callable, Collection
 from typing import TypeVar
 
-from pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.errors import ConfigError
 
 T = TypeVar("T")
 

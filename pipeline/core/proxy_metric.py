@@ -19,8 +19,8 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from pipeline.core.fidelity import reference_outputs
-from pipeline.core.spec import Metric, ModelSpec
+from paretorch.pipeline.core.fidelity import reference_outputs
+from paretorch.pipeline.core.spec import Metric, ModelSpec
 
 #: The suffix of the extra metric that keeps the proxy's value as measured.
 AS_MEASURED = "_as_measured"

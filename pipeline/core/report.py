@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.core.evaluate import ModelReport
-from pipeline.core.word_table import WordTable
+from paretorch.pipeline.core.evaluate import ModelReport
+from paretorch.pipeline.core.word_table import WordTable
 
 
 def format_bytes(n: float) -> str:
@@ -28,7 +28,7 @@ def format_count(n: float) -> str:
 
 def evaluation_table(title: str, report: ModelReport, beside: Mapping[str, str] | None = None,
                      beside_label: str = "") -> Table:
-    """The one-model table printed by ``python -m pipeline evaluate`` and ``apply``. ``beside``: a third column,
+    """The one-model table printed by ``python -m paretorch evaluate`` and ``apply``. ``beside``: a third column,
     ``beside_label``, with other numbers of the same measures (``apply``: what the search recorded), keyed
     ``metric``, ``latency <batch>``, ``speed-up`` and ``device``."""
     rows: list[tuple[str, str, str]] = [("metric", report.metric_name, f"{report.metric_value:.4f}")]

@@ -21,12 +21,12 @@ from typing import Any, TextIO
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.device import move_module
-from pipeline.core.errors import SpecError
-from pipeline.core.evaluate import compute_metrics, evaluation_outputs
-from pipeline.core.names import ALLOW_FLAG
-from pipeline.core.progress import phase
-from pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.device import move_module
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.evaluate import compute_metrics, evaluation_outputs
+from paretorch.pipeline.core.names import ALLOW_FLAG
+from paretorch.pipeline.core.progress import phase
+from paretorch.pipeline.core.spec import ModelSpec
 
 #: On the CPU, float32 outputs of the passes must agree within these (same kernels, any batch size).
 CPU_RTOL, CPU_ATOL = 1e-4, 1e-5
@@ -76,7 +76,8 @@ class SelfCheck:
 
 def reference_outputs(model: nn.Module, spec: ModelSpec, device: torch.device) -> tuple[Tensor, Tensor]:
     """``model``'s outputs (eager, eval mode) and the targets over ``spec.evaluation()`` at its own batching: what
-    :func:`self_check` and the baseline's evaluation (:func:`pipeline.core.evaluate.evaluate_model`) both read."""
+    :func:`self_check` and the baseline's evaluation (:func:`paretorch.pipeline.core.evaluate.evaluate_model`) both
+    read."""
     return evaluation_outputs(move_module(model, device).eval(), spec.evaluation(), device)
 
 

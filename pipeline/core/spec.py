@@ -9,8 +9,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.bootstrap import resampled_means
-from pipeline.core.errors import SpecError
+from paretorch.pipeline.core.bootstrap import resampled_means
+from paretorch.pipeline.core.errors import SpecError
 
 #: Positional inputs of one forward call: ``model(*batch)``.
 Batch = tuple[Tensor, ...]
@@ -19,7 +19,7 @@ LabelledBatch = tuple[Batch, Tensor]
 
 #: What a model's output is, for the fidelity metrics and the distillation loss:
 #: class ``logits``, an ``embedding`` (or regression output), or ``auto`` (decided
-#: from the output: :func:`pipeline.core.fidelity.infer_output_kind`).
+#: from the output: :func:`paretorch.pipeline.core.fidelity.infer_output_kind`).
 OutputKind = Literal["logits", "embedding"]
 OUTPUT_KINDS: tuple[str, ...] = ("auto", "logits", "embedding")
 
@@ -39,10 +39,11 @@ class Metric:
     #: The metric's possible values (lowest, highest), if bounded: a drop larger than the span is impossible.
     bounds: tuple[float, float] | None = None
     #: ``resampled(outputs, targets)``: the metric on each of the fixed bootstrap resamples of its units,
-    #: ``(RESAMPLES,)`` on the device (:mod:`pipeline.core.bootstrap`); None: the metric has no interval.
+    #: ``(RESAMPLES,)`` on the device (:mod:`paretorch.pipeline.core.bootstrap`); None: the metric has no interval.
     resampled: Callable[[Tensor, Tensor], Tensor] | None = None
     #: Each evaluation row is a unit of its own (accuracy: one example): the metric of any subset of the rows
-    #: estimates the metric of all of them, so a trial may be judged on a subset first (pipeline.search.subset).
+    #: estimates the metric of all of them, so a trial may be judged on a subset first
+    #: (paretorch.pipeline.search.subset).
     rowwise: bool = False
 
     def drop(self, baseline: float, value: float) -> float:
@@ -112,7 +113,7 @@ class ModelSpec:
     * ``training_inputs()`` (optional) returns unlabelled input batches for
       training against the unoptimized model (distillation); without it,
       distillation reads ``training()``'s inputs, else ``calibration()``
-      (see :mod:`pipeline.core.training_data`). Never overlaps evaluation (checked).
+      (see :mod:`paretorch.pipeline.core.training_data`). Never overlaps evaluation (checked).
     * ``output_kind``: ``logits``, ``embedding`` or ``auto`` (decided from the
       output); chooses the distillation loss.
     * ``padding_mask`` (optional): the index of the forward input that is a
@@ -121,12 +122,12 @@ class ModelSpec:
       to its longest sample and groups samples of similar length (the padding the
       model would ignore is not computed); ``example_inputs`` is then a sample of real
       inputs, and each latency batch is cut to its longest sample, or to a length bucket
-      under a static-shape runtime (:mod:`pipeline.core.padding`).
+      under a static-shape runtime (:mod:`paretorch.pipeline.core.padding`).
     * ``protected_layers``: module names no stage may prune or quantize
       (the output head is protected automatically by the stages).
     * ``encode_text`` (optional): texts -> the model's input batch (its tokenizer, padded
       alike); needed to score a text model on labelled text data (``--eval-data``,
-      :mod:`pipeline.core.task_spec`).
+      :mod:`paretorch.pipeline.core.task_spec`).
     """
 
     name: str
@@ -146,15 +147,15 @@ class ModelSpec:
     #: Class names in index order (a classifier's ``id2label``): labels in --eval-data may use them.
     label_names: tuple[str, ...] = ()
     #: The text of each evaluation row, in row order, where the rows come from text (empty: not known): the
-    #: worst inputs of a trial are named by it (:mod:`pipeline.core.input_agreement`).
+    #: worst inputs of a trial are named by it (:mod:`paretorch.pipeline.core.input_agreement`).
     evaluation_texts: tuple[str, ...] = ()
     #: The raw texts users send, in order (the texts ``example_inputs`` tokenizes): what the ``serve`` and ``corpus``
-    #: workloads time from strings (:mod:`pipeline.core.workload`; ``--eval-data`` makes them the user's own).
+    #: workloads time from strings (:mod:`paretorch.pipeline.core.workload`; ``--eval-data`` makes them the user's own).
     latency_texts: Callable[[], Sequence[str]] | None = None
     #: Further metrics on the same outputs and targets, reported (ModelReport.extra) but not optimized,
-    #: e.g. KL divergence next to top-1 agreement (see pipeline.core.fidelity).
+    #: e.g. KL divergence next to top-1 agreement (see paretorch.pipeline.core.fidelity).
     extra_metrics: tuple[Metric, ...] = ()
-    #: Extra metrics that must reach a floor for a trial to count (:mod:`pipeline.core.fidelity_floor`).
+    #: Extra metrics that must reach a floor for a trial to count (:mod:`paretorch.pipeline.core.fidelity_floor`).
     fidelity_floors: tuple[FidelityFloor, ...] = ()
     description: str = ""
     #: What the spec's built-in metric cannot judge (e.g. recipe families it misjudges) and what to do instead;

@@ -17,8 +17,8 @@ checks that the config is the stage's own before the stage's function sees it.
 Stages are found through the ``paretorch.stages`` entry-point group
 (:data:`ENTRY_POINT_GROUP`): the built-ins declare theirs in ``pyproject.toml``, a
 separately installed package does the same. Nothing in ``pipeline`` imports a stage.
-The config and context classes live in :mod:`pipeline.core.stage_config` and
-:mod:`pipeline.core.stage_context`; this module is where stages import the whole API from.
+The config and context classes live in :mod:`paretorch.pipeline.core.stage_config` and
+:mod:`paretorch.pipeline.core.stage_context`; this module is where stages import the whole API from.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from pipeline.core.device import Capabilities
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.mirror import ExportMirror, NotMirrored
-from pipeline.core.model_facts import ModelFacts
-from pipeline.core.plugins import load_group
-from pipeline.core.stage_config import BudgetUse, ExportConfig, StageConfig, format_validation_error
-from pipeline.core.stage_context import ExportResult, StageContext
+from paretorch.pipeline.core.device import Capabilities
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.mirror import ExportMirror, NotMirrored
+from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.plugins import load_group
+from paretorch.pipeline.core.stage_config import BudgetUse, ExportConfig, StageConfig, format_validation_error
+from paretorch.pipeline.core.stage_context import ExportResult, StageContext
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -98,7 +98,7 @@ class Stage(Generic[C_co]):
       :class:`ExportResult` when ``produces="export"``.
     * ``numeric``: the stage changes numerics (quantize, amp), not the float graph;
       Core ML / ONNX convert the model before it and must mirror it.
-    * ``mirror``: how exports reproduce it (see :mod:`pipeline.core.mirror`): a function
+    * ``mirror``: how exports reproduce it (see :mod:`paretorch.pipeline.core.mirror`): a function
       ``config -> ExportMirror``, :class:`NotMirrored` with the reason, or None for a
       stage whose effect is in the float graph the exports convert. A numeric stage
       must declare one of the first two.
@@ -110,7 +110,7 @@ class Stage(Generic[C_co]):
       on the device is not worth a trial there (the capability table says it can only be
       slower, e.g. a reduced dtype without fast kernels); the search skips such seeds.
     * ``facts``: ``(model, ctx) -> facts``: cheap facts about the unoptimized model this stage
-      reads once per study (a Python model only; see :mod:`pipeline.core.model_facts`).
+      reads once per study (a Python model only; see :mod:`paretorch.pipeline.core.model_facts`).
     * ``rules_out``: ``(config, ModelFacts) -> reason | None``: why ``config`` cannot change this
       model (no layer it touches, no block it removes, a TorchScript model it cannot act on);
       a search checks every stage of a trial's chain before any of them runs, and such a
@@ -123,8 +123,9 @@ class Stage(Generic[C_co]):
       the stages before it made (static PT2E int8 needs a traceable model; AMP cannot run over a PT2E
       graph); checked with ``rules_out``, before the chain runs.
     * ``deploy``: ``(model, device, runtime) -> callable``: the callable a deployment runs from the final model
-      of a recipe holding this stage, with its own input contract (pack: :class:`stages.pack.deploy.PackedEncoder`,
-      token id lists in). ``apply`` writes the files it is rebuilt from (:mod:`pipeline.engine.deployment`).
+      of a recipe holding this stage, with its own input contract (pack:
+      :class:`paretorch.stages.pack.deploy.PackedEncoder`, token id lists in). ``apply`` writes the files it is rebuilt
+      from (:mod:`paretorch.pipeline.engine.deployment`).
 
     Call the functions through the methods (:meth:`run`, :meth:`mirror_of`, :meth:`unavailable`,
     :meth:`not_worthwhile`, :meth:`ruled_out`): they check the config is this stage's own.

@@ -1,6 +1,6 @@
 """What a stage is configured by: :class:`StageConfig` (frozen, validated, with its search space) and
 :class:`ExportConfig` for export stages, plus :class:`BudgetUse`, what a config's output-error budget
-cost. Part of the stage API; plugins import it from :mod:`pipeline.core.stage`.
+cost. Part of the stage API; plugins import it from :mod:`paretorch.pipeline.core.stage`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 if TYPE_CHECKING:
     import optuna
 
-    from pipeline.core.stage_context import StageContext
+    from paretorch.pipeline.core.stage_context import StageContext
 
 
 class StageConfig(BaseModel):
@@ -46,13 +46,13 @@ class StageConfig(BaseModel):
     def low_fidelity(self) -> StageConfig | None:
         """A cheaper config of this stage whose outcome predicts this one's (e.g. a quarter of the
         distillation steps), which a search runs first to screen out a costly trial that cannot reach
-        the front (:mod:`pipeline.search.screening`); None: the stage is not costly."""
+        the front (:mod:`paretorch.pipeline.search.screening`); None: the stage is not costly."""
         return None
 
     def structure_only(self) -> StageConfig | None:
         """This config without what trains or tunes weight values (e.g. fine-tuning steps): what rebuilds the
-        model's structure for saved weights to be loaded into (:func:`pipeline.api.load_deployment`). None: the
-        stage changes weight values only (distillation), a rebuild skips it. The default: the config itself."""
+        model's structure for saved weights to be loaded into (:func:`paretorch.pipeline.api.load_deployment`). None:
+        the stage changes weight values only (distillation), a rebuild skips it. The default: the config itself."""
         return self
 
     def budget_use(self) -> BudgetUse | None:

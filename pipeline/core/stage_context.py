@@ -1,5 +1,5 @@
 """What a stage may read besides the model (:class:`StageContext`) and what an export stage hands back
-(:class:`ExportResult`). Part of the stage API; plugins import them from :mod:`pipeline.core.stage`.
+(:class:`ExportResult`). Part of the stage API; plugins import them from :mod:`paretorch.pipeline.core.stage`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from pipeline.core.device import Capabilities, capabilities
-from pipeline.core.errors import ConfigError
-from pipeline.core.model_facts import ModelFacts
-from pipeline.core.spec import Batch, ModelSpec, move_batch
-from pipeline.core.stage_config import StageConfig
+from paretorch.pipeline.core.device import Capabilities, capabilities
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.spec import Batch, ModelSpec, move_batch
+from paretorch.pipeline.core.stage_config import StageConfig
 
 C = TypeVar("C", bound=StageConfig)
 T = TypeVar("T")
@@ -35,7 +35,7 @@ class ExportResult:
     validation: str
     metrics: dict[str, float] = field(default_factory=dict)
     #: A pack recipe's file (the padded graph): the padding-mask input a runtime groups rows by, calling the file
-    #: once per group of similar-length rows (:mod:`pipeline.core.length_groups`); None: called as it is.
+    #: once per group of similar-length rows (:mod:`paretorch.pipeline.core.length_groups`); None: called as it is.
     grouped_mask_input: int | None = None
 
 

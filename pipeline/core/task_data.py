@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import SpecError
-from pipeline.core.spec import Batch
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.spec import Batch
 
 TEXT_SUFFIXES = (".tsv", ".csv", ".jsonl")
 TENSOR_SUFFIXES = (".pt",)

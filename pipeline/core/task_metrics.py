@@ -5,8 +5,8 @@ Pair and retrieval metrics need more than one output row per score, so the evalu
 rows of such a task are its distinct texts and the targets are the row numbers
 (``0 .. rows-1``, checked); the metric holds which rows form a pair, or which are
 queries and documents. Every metric computes on the device and returns a 0-dim tensor
-(:class:`pipeline.core.spec.Metric`); each primary metric also computes on the fixed bootstrap
-resamples of its units (examples, pairs, queries: :mod:`pipeline.core.bootstrap`).
+(:class:`paretorch.pipeline.core.spec.Metric`); each primary metric also computes on the fixed bootstrap
+resamples of its units (examples, pairs, queries: :mod:`paretorch.pipeline.core.bootstrap`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from pipeline.core.bootstrap import resample_indices, resampled_means
-from pipeline.core.ranking import ndcg_at_k, query_ndcg_at_k, recall_at_k, row_spearman, spearman
-from pipeline.core.spec import ACCURACY, Metric
+from paretorch.pipeline.core.bootstrap import resample_indices, resampled_means
+from paretorch.pipeline.core.ranking import ndcg_at_k, query_ndcg_at_k, recall_at_k, row_spearman, spearman
+from paretorch.pipeline.core.spec import ACCURACY, Metric
 
 #: Name of the pairs metric (what sentence-similarity benchmarks report).
 PAIRS_METRIC = "similarity_spearman"

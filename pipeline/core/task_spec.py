@@ -1,4 +1,4 @@
-"""Score a model on labelled data (``--eval-data``, :mod:`pipeline.core.task_data`) instead of fidelity.
+"""Score a model on labelled data (``--eval-data``, :mod:`paretorch.pipeline.core.task_data`) instead of fidelity.
 
 :func:`with_task_data` turns any :class:`ModelSpec` (a Python spec, a TorchScript or
 ``.pt2`` file, an ``hf:`` directory) into one whose metric is the task's: accuracy,
@@ -16,11 +16,11 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import SpecError
-from pipeline.core.fidelity import NEIGHBOUR_AGREEMENT, fidelity_metrics, reference_outputs
-from pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, split_batches
-from pipeline.core.task_data import ClassificationData, PairsData, RetrievalData, TaskData, resolve_labels
-from pipeline.core.task_metrics import classification_metrics, pairs_metric, retrieval_metrics
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.fidelity import NEIGHBOUR_AGREEMENT, fidelity_metrics, reference_outputs
+from paretorch.pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, split_batches
+from paretorch.pipeline.core.task_data import ClassificationData, PairsData, RetrievalData, TaskData, resolve_labels
+from paretorch.pipeline.core.task_metrics import classification_metrics, pairs_metric, retrieval_metrics
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Strings in, outputs out, for a whole corpus: what a deployed text encoder's ``encode`` does.
 
-:class:`TextBatches` is the base of the deployments' encoders (:class:`stages.pack.deploy.PackedEncoder`,
-:class:`pipeline.core.length_groups.GroupedEncoder`, and :class:`ModelEncoder`: any model prepared for its runtime,
-what a deployment of a recipe without a deploying stage runs and what the search's workload times,
-:mod:`pipeline.core.workload`). Given the model's text encoder (the spec's ``encode_text``: its
-fast tokenizer's batch call, padded to each batch's longest text; :func:`pipeline.api.load_deployment` sets it),
+:class:`TextBatches` is the base of the deployments' encoders (:class:`paretorch.stages.pack.deploy.PackedEncoder`,
+:class:`paretorch.pipeline.core.length_groups.GroupedEncoder`, and :class:`ModelEncoder`: any model prepared for its
+runtime, what a deployment of a recipe without a deploying stage runs and what the search's workload times,
+:mod:`paretorch.pipeline.core.workload`). Given the model's text encoder (the spec's ``encode_text``: its
+fast tokenizer's batch call, padded to each batch's longest text; :func:`paretorch.pipeline.api.load_deployment` sets
+it),
 :meth:`TextBatches.encode`:
 
 * sorts the corpus by length, longest first (characters, as sentence-transformers' ``encode`` does), so each batch
@@ -29,10 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.padding import bucket_length, longest, pad_to, trim_to_longest
-from pipeline.core.paired import usable_cores
-from pipeline.core.spec import Batch, move_batch
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.padding import bucket_length, longest, pad_to, trim_to_longest
+from paretorch.pipeline.core.paired import usable_cores
+from paretorch.pipeline.core.spec import Batch, move_batch
 
 #: Texts per batch when the caller does not say (sentence-transformers' default).
 BATCH_SIZE = 32
@@ -48,7 +49,7 @@ class TextBatches:
 
     def overlap_pays(self) -> bool:
         """Whether tokenizing ahead can run beside the model: it runs on an accelerator, or the process may use
-        more CPUs than torch's threads (:func:`pipeline.core.paired.usable_cores`)."""
+        more CPUs than torch's threads (:func:`paretorch.pipeline.core.paired.usable_cores`)."""
         return self.device.type != "cpu" or usable_cores() > torch.get_num_threads()
 
     def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -69,7 +70,8 @@ class TextBatches:
         longest first (off: in the order given); ``overlap``: tokenize the next batch while the model runs (None:
         where it pays, :meth:`overlap_pays`)."""
         if self.encode_text is None:
-            raise ConfigError("this encoder has no tokenizer: load it with pipeline.api.load_deployment(folder, spec), "
+            raise ConfigError("this encoder has no tokenizer: load it with "
+                              "paretorch.pipeline.api.load_deployment(folder, spec), "
                               "whose spec sets encode_text")
         if isinstance(texts, str):
             raise TypeError("encode takes a sequence of texts, not one string: encode([text])")
@@ -117,7 +119,7 @@ def to_host(output: object) -> Tensor:
 class ModelEncoder(TextBatches):
     """A model prepared for its runtime (``fn``), called on host batches: each moved to ``device``, a padded
     sequence batch (``mask_index``: its padding mask input) cut to its longest sample, or padded to its length
-    bucket under a static-shape runtime (:mod:`pipeline.core.padding`), and its output copied to the host as
+    bucket under a static-shape runtime (:mod:`paretorch.pipeline.core.padding`), and its output copied to the host as
     float32. ``encoder(*host_inputs)`` runs one batch; ``encoder.encode(texts)`` strings (with ``encode_text``)."""
 
     def __init__(self, fn: Callable[..., object], device: torch.device, mask_index: int | None = None,

@@ -19,9 +19,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import SpecError
-from pipeline.core.padding import cut_to
-from pipeline.core.spec import Batch, ModelSpec
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.padding import cut_to
+from paretorch.pipeline.core.spec import Batch, ModelSpec
 
 TrainingSource = Literal["training", "training_inputs", "calibration"]
 

@@ -7,16 +7,16 @@ tensors, and its outputs are read on the host. :data:`WORKLOADS` names how the m
   batch size, each from its raw inputs (a text model: the spec's ``encode_text``, its fast tokenizer's batch call,
   padded to the batch's longest text; else the host tensors, cut to their longest sample) through the model to
   float32 outputs on the host. The next batch is tokenized while the model runs the current one where that pays
-  (:meth:`pipeline.core.text_batches.TextBatches.overlap_pays`). The default.
+  (:meth:`paretorch.pipeline.core.text_batches.TextBatches.overlap_pays`). The default.
 * ``corpus``: one list of up to :data:`CORPUS_ROWS` inputs encoded whole, sorted by length, in batches of the
   objective batch size, the outputs back in input order: throughput.
 * ``model``: the model call alone, on the latency batch already on the device (the figure beside the others).
 
 The texts are the spec's ``latency_texts`` (the texts its latency sample tokenizes; ``--eval-data`` makes them the
 user's own). Every side of a paired measurement (the baseline and each trial) runs the same :class:`Workload` through
-:meth:`Workload.timed`, a deployment's ``encode`` the same code (:class:`~pipeline.core.text_batches.TextBatches`), so
-a search's speed-up and a timed ``load_deployment(...).encode`` are one measurement of one path. Timed on the host
-clock: the outputs end on the host.
+:meth:`Workload.timed`, a deployment's ``encode`` the same code
+(:class:`~paretorch.pipeline.core.text_batches.TextBatches`), so a search's speed-up and a timed
+``load_deployment(...).encode`` are one measurement of one path. Timed on the host clock: the outputs end on the host.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.names import WORKLOADS
-from pipeline.core.padding import SAMPLE_ROWS
-from pipeline.core.spec import Batch, ModelSpec, split_batches, tile
-from pipeline.core.text_batches import ModelEncoder
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.names import WORKLOADS
+from paretorch.pipeline.core.padding import SAMPLE_ROWS
+from paretorch.pipeline.core.spec import Batch, ModelSpec, split_batches, tile
+from paretorch.pipeline.core.text_batches import ModelEncoder
 
 DEFAULT_WORKLOAD = WORKLOADS[0]
 #: Consecutive batches one ``serve`` measurement runs (a stream, so that tokenizing ahead can overlap).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.core.errors import PipelineError
+from paretorch.pipeline.core.errors import PipelineError
 
 
 def check_writable_dir(path: Path, what: str, flag: str) -> Path:

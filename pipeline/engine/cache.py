@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.core.errors import PipelineError
-from pipeline.core.processes import process_exists
-from pipeline.core.stage import ExportResult, StageConfig, config_from_dict
+from paretorch.pipeline.core.errors import PipelineError
+from paretorch.pipeline.core.processes import process_exists
+from paretorch.pipeline.core.stage import ExportResult, StageConfig, config_from_dict
 
 #: Libraries whose versions change what a node produces: every converter an export or runtime uses.
 KEYED_LIBRARIES = ("torch", "torchao", "torch-pruning", "coremltools", "onnx", "onnxruntime", "onnxscript",

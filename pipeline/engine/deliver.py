@@ -1,6 +1,6 @@
 """Exported files where the user looks: copied out of the export cache into one folder.
 
-The export cache (:class:`pipeline.engine.cache.NodeCache`) keeps each export under its content key
+The export cache (:class:`paretorch.pipeline.engine.cache.NodeCache`) keeps each export under its content key
 (``<results>/cache/exports/<key>/``); a user deploys from a folder they named (``run_chain``'s
 ``output_dir``, ``pipeline apply --output``) or from the study folder of a Pareto trial
 (``<results>/studies/<study>/trial-NNN/``, beside its ``recipe.json``). :func:`deliver` puts the
@@ -13,7 +13,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from pipeline.core.stage import ExportResult
+from paretorch.pipeline.core.stage import ExportResult
 
 
 def deliver(result: ExportResult, folder: Path) -> ExportResult:

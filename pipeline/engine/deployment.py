@@ -1,9 +1,9 @@
 """The files a deployment loads a recipe's model from, and reading them back; none of them runs code on load.
 
 ``pipeline apply --recipe R --output X`` writes them to ``X/deploy/``, and a search to each Pareto trial's folder, for
-every recipe: one holding a stage with a ``deploy`` callable (:attr:`pipeline.core.stage.Stage.deploy`; pack's
+every recipe: one holding a stage with a ``deploy`` callable (:attr:`paretorch.pipeline.core.stage.Stage.deploy`; pack's
 token-id-list encoder) deploys that; any other the model prepared for its runtime
-(:class:`pipeline.core.text_batches.ModelEncoder`: host batches, or strings through ``encode``):
+(:class:`paretorch.pipeline.core.text_batches.ModelEncoder`: host batches, or strings through ``encode``):
 
 * under a runtime that runs the torch model: ``weights.safetensors``, the final model's state dict (safetensors
   holds tensors only, no code); or ``weights.pt`` when the model holds tensor subclasses safetensors cannot store
@@ -11,15 +11,15 @@ token-id-list encoder) deploys that; any other the model prepared for its runtim
   unpickles tensors and the allow-listed tensor classes only and refuses anything else;
 * under a runtime that runs a file (``onnxruntime``, ``openvino``): that file (``.onnx``; an IR's ``.xml`` +
   ``.bin``), the one the trial ran, which the runtime calls once per length group of rows
-  (:mod:`pipeline.core.length_groups`); ONNX and OpenVINO IR files hold graphs and tensors, no code;
+  (:mod:`paretorch.pipeline.core.length_groups`); ONNX and OpenVINO IR files hold graphs and tensors, no code;
 * ``recipe.json``: the resolved recipe (stage configs, runtime), plain JSON;
 * ``deployment.json``: what the folder holds and how to load it.
 
-:func:`pipeline.api.load_deployment` rebuilds the callable: for weights, the spec's model (the user's own code, as
-every command runs it), the recipe's stages replayed for structure only (:meth:`StageConfig.structure_only`: no
+:func:`paretorch.pipeline.api.load_deployment` rebuilds the callable: for weights, the spec's model (the user's own
+code, as every command runs it), the recipe's stages replayed for structure only (:meth:`StageConfig.structure_only`: no
 fine-tuning, no distillation), the saved weights loaded strictly over it, then the stage's ``deploy``; for a file,
 the file opened in its runtime (:func:`open_file`) behind the same token-list contract
-(:class:`pipeline.core.length_groups.GroupedEncoder`).
+(:class:`paretorch.pipeline.core.length_groups.GroupedEncoder`).
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.length_groups import GroupedEncoder, LengthGrouped
-from pipeline.core.runtimes.base import GivenExport
-from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import ExportResult, Stage, StageConfig, is_export, stage_for
-from pipeline.core.text_batches import ModelEncoder
-from pipeline.engine.deliver import companions, deliver
-from pipeline.engine.recipe import Recipe
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.length_groups import GroupedEncoder, LengthGrouped
+from paretorch.pipeline.core.runtimes.base import GivenExport
+from paretorch.pipeline.core.runtimes.registry import get_runtime, prepare_runtime
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import ExportResult, Stage, StageConfig, is_export, stage_for
+from paretorch.pipeline.core.text_batches import ModelEncoder
+from paretorch.pipeline.engine.deliver import companions, deliver
+from paretorch.pipeline.engine.recipe import Recipe
 
 #: The manifest's callable of a recipe without a deploying stage: the model prepared for its runtime.
 MODEL_CALLABLE = "model"
@@ -91,7 +91,8 @@ def save_deployment(model: nn.Module, recipe: Recipe, directory: Path,
     manifest: dict[str, Any] = {"format": FORMAT, "model": recipe.model,
                                 "callable": stage.name if stage is not None else MODEL_CALLABLE,
                                 "runtime": recipe.runtime, "recipe": RECIPE,
-                                "load": "pipeline.api.load_deployment(<this folder>, <the model's spec>, device, "
+                                "load": "paretorch.pipeline.api.load_deployment(<this folder>, <the model's spec>, "
+                                        "device, "
                                         "runtime=None)"}
     if get_runtime(recipe.runtime).export is None:
         manifest["weights"] = _save_weights(model, directory)
@@ -167,9 +168,10 @@ def read_deployment(directory: str | Path) -> Deployment:
 def open_file(deployment: Deployment, spec: ModelSpec, device: torch.device) -> GroupedEncoder | ModelEncoder:
     """A file deployment opened in its recipe's runtime: a pack recipe's called per length group behind the
     token-list contract (the longest token list: the manifest's, else the width of ``spec``'s inputs), any other
-    recipe's called on host batches (:class:`pipeline.core.text_batches.ModelEncoder`)."""
+    recipe's called on host batches (:class:`paretorch.pipeline.core.text_batches.ModelEncoder`)."""
     if deployment.file is None:
-        raise ConfigError("this deployment holds weights, not a file: load it with pipeline.api.load_deployment")
+        raise ConfigError("this deployment holds weights, not a file: load it with "
+                          "paretorch.pipeline.api.load_deployment")
     runtime = deployment.recipe.runtime
     result = ExportResult(format=deployment.file_format, path=deployment.file, size_bytes=0,
                           validation="a deployment's file", grouped_mask_input=deployment.grouped_mask_input)

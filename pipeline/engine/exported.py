@@ -10,11 +10,11 @@ from collections.abc import Callable, Hashable
 
 from torch import Tensor
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.evaluate import ModelReport
-from pipeline.core.runtimes.base import LoadedModel
-from pipeline.core.stage import ExportResult, StageConfig
-from pipeline.engine.run_result import NodeResult
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.evaluate import ModelReport
+from paretorch.pipeline.core.runtimes.base import LoadedModel
+from paretorch.pipeline.core.stage import ExportResult, StageConfig
+from paretorch.pipeline.engine.run_result import NodeResult
 
 #: Prepared functions of runtimes that read their export kept open (least recently used closed first): each
 #: holds its model's weights.
@@ -22,7 +22,7 @@ OPEN_SESSIONS = 4
 
 
 class LazyExport:
-    """The export a runtime declares of one model (:class:`pipeline.core.runtimes.base.ExportHandle`): made
+    """The export a runtime declares of one model (:class:`paretorch.pipeline.core.runtimes.base.ExportHandle`): made
     through the runner's export cache the first time the runtime asks for it; ``seconds`` that took."""
 
     def __init__(self, runtime: str, config: StageConfig | None = None, key: str | None = None,

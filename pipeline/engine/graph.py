@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 import yaml
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.paths import PIPELINES_DIR
-from pipeline.core.stage import Stage, StageConfig, config_from_dict, default_order, get_stage, is_export
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.paths import PIPELINES_DIR
+from paretorch.pipeline.core.stage import Stage, StageConfig, config_from_dict, default_order, get_stage, is_export
 
 SOURCE_OP = "model"
 EVALUATE_OP = "evaluate"

@@ -1,6 +1,6 @@
 """A recipe: the ordered, resolved stage configs of one trial plus its runtime.
 
-It is what a user keeps, diffs and replays (``python -m pipeline apply --recipe
+It is what a user keeps, diffs and replays (``python -m paretorch apply --recipe
 FILE``). Model stages come first in the order they ran, exports last; every
 config is the fully determined one the stage applied (e.g. the AMP policy that
 calibration chose), so a replay needs no search and no calibration choices.
@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.runtimes.registry import check_runtime_names
-from pipeline.core.stage import StageConfig, config_from_dict, is_export
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.runtimes.registry import check_runtime_names
+from paretorch.pipeline.core.stage import StageConfig, config_from_dict, is_export
 
 RECIPE_FORMAT = "paretorch-recipe/1"
 OFF = "off"

@@ -1,4 +1,4 @@
-"""What a :class:`~pipeline.engine.runner.Runner` run produced: each node's result, the run's result (the
+"""What a :class:`~paretorch.pipeline.engine.runner.Runner` run produced: each node's result, the run's result (the
 objective's report, the exports, the replayable recipe, the function its evaluation measured) and how often
 each stage ran or hit the cache.
 """
@@ -11,10 +11,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from pipeline.core.evaluate import ModelReport
-from pipeline.core.stage import ExportResult, StageConfig
-from pipeline.engine.graph import Pipeline
-from pipeline.engine.recipe import Recipe
+from paretorch.pipeline.core.evaluate import ModelReport
+from paretorch.pipeline.core.stage import ExportResult, StageConfig
+from paretorch.pipeline.engine.graph import Pipeline
+from paretorch.pipeline.engine.recipe import Recipe
 
 
 @dataclass

@@ -1,24 +1,25 @@
-"""Run a :class:`~pipeline.engine.graph.Pipeline` in topological order, through the node cache.
+"""Run a :class:`~paretorch.pipeline.engine.graph.Pipeline` in topological order, through the node cache.
 
 For each trial the runner gets one config per stage node (``None`` = off: the
 node passes its input through, under its input's key) and a runtime. Model
-stages get a deep copy of their input (``pipeline.core.stage.apply_stage``);
+stages get a deep copy of their input (``paretorch.pipeline.core.stage.apply_stage``);
 export stages also get ``ctx.float_model`` (the output of the last
 non-numeric stage: the float graph that Core ML and ONNX convert) and
 ``ctx.upstream`` (the resolved configs before them, which they mirror).
-Evaluation nodes measure a model with :func:`pipeline.core.evaluate.evaluate_model`
+Evaluation nodes measure a model with :func:`paretorch.pipeline.core.evaluate.evaluate_model`
 or report what an exporter checked. Every runtime is prepared the same way (:meth:`Runner._prepared`): it
 gets the built model and a lazy handle to the export it declares
-(:class:`pipeline.engine.exported.LazyExport`); a runtime that asks the handle for its file (``onnxruntime``,
+(:class:`paretorch.pipeline.engine.exported.LazyExport`); a runtime that asks the handle for its file (``onnxruntime``,
 ``openvino``, a plugin's) gets it through the same export cache (so once per stage prefix), and what it
 opened is kept per file; the file's size is the model's size, and opening it is timed apart
 (``runtime_sessions``).
 
-What a run produced travels in the :class:`~pipeline.engine.run_result.RunResult` it returns, nothing is left
+What a run produced travels in the :class:`~paretorch.pipeline.engine.run_result.RunResult` it returns, nothing is left
 on the runner for a later call to read: an evaluation that ran hands back the function it measured
-(:attr:`RunResult.prepared <pipeline.engine.run_result.RunResult.prepared>`, so a search times that very
+(:attr:`RunResult.prepared <paretorch.pipeline.engine.run_result.RunResult.prepared>`, so a search times that very
 function again without compiling it twice), and the seconds of its side work (an exported runtime's export and
-session) come back with its node (:attr:`NodeResult.side_seconds <pipeline.engine.run_result.NodeResult.side_seconds>`).
+session) come back with its node (:attr:`NodeResult.side_seconds
+<paretorch.pipeline.engine.run_result.NodeResult.side_seconds>`).
 
 Scripted chains (:func:`run_chain`) are this runner over a chain pipeline, so a
 script and a search trial run a recipe the same way.
@@ -37,20 +38,27 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.device import move_module
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.evaluate import Known, LatencySettings, evaluate_model
-from pipeline.core.input_agreement import Reference
-from pipeline.core.padding import LATENCY_INPUTS
-from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtimes.base import Runtime
-from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
-from pipeline.core.spec import ModelSpec, load_model
-from pipeline.core.stage import ExportResult, StageConfig, StageContext, apply_stage, config_from_dict, get_stage
-from pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
-from pipeline.engine.exported import LazyExport, OpenSessions, exported_report
-from pipeline.engine.graph import Pipeline
-from pipeline.engine.run_result import NodeResult, RunResult, StageTally
+from paretorch.pipeline.core.device import move_module
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.evaluate import Known, LatencySettings, evaluate_model
+from paretorch.pipeline.core.input_agreement import Reference
+from paretorch.pipeline.core.padding import LATENCY_INPUTS
+from paretorch.pipeline.core.paths import cache_dir, results_dir
+from paretorch.pipeline.core.runtimes.base import Runtime
+from paretorch.pipeline.core.runtimes.registry import get_runtime, prepare_runtime
+from paretorch.pipeline.core.spec import ModelSpec, load_model
+from paretorch.pipeline.core.stage import (
+    ExportResult,
+    StageConfig,
+    StageContext,
+    apply_stage,
+    config_from_dict,
+    get_stage,
+)
+from paretorch.pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
+from paretorch.pipeline.engine.exported import LazyExport, OpenSessions, exported_report
+from paretorch.pipeline.engine.graph import Pipeline
+from paretorch.pipeline.engine.run_result import NodeResult, RunResult, StageTally
 
 #: Time categories of a run: stage work, measurement, exports, opening exported files in their runtime.
 TIME_CATEGORIES = ("model_load", "stages", "evaluation", "exports", "runtime_sessions")
@@ -73,7 +81,7 @@ class Runner:
     ) -> None:
         self.pipeline = pipeline
         #: The unoptimized model's outputs on the evaluation (computed on first use, once): every evaluation is then
-        #: compared with them input by input (:mod:`pipeline.core.input_agreement`); None: no per-input view.
+        #: compared with them input by input (:mod:`paretorch.pipeline.core.input_agreement`); None: no per-input view.
         self.reference = reference
         self.spec = spec
         self.device = device
@@ -105,7 +113,7 @@ class Runner:
     ) -> RunResult:
         """Run every node (``exports=False``: skip exports and what reads them;
         ``evaluate=False``: skip the evaluations of torch models). ``known``: what the objective's evaluation
-        already has (:class:`~pipeline.core.evaluate.Known`: the model prepared by :meth:`prepared_run`, not
+        already has (:class:`~paretorch.pipeline.core.evaluate.Known`: the model prepared by :meth:`prepared_run`, not
         compiled again; its latency; its outputs), not measured again.
 
         ``configs`` gives a config (or ``None`` = off) per stage node; a node

@@ -3,7 +3,7 @@
 
 It says what ran in the fewest characters: each model stage as its method and amount (exports are left out:
 another column or line says which ran), then the runtime. The full, replayable recipe stays in the recipe file,
-the Optuna trial and the MLflow run (:meth:`pipeline.engine.recipe.Recipe.describe`).
+the Optuna trial and the MLflow run (:meth:`paretorch.pipeline.engine.recipe.Recipe.describe`).
 
 One short form per stage name below; a stage this table does not know (a plugin) shows as its name followed by
 the values of its required fields. A number shows with two significant digits, a list as its length.
@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-from pipeline.core.stage import StageConfig, is_export
+from paretorch.pipeline.core.stage import StageConfig, is_export
 
 #: What a recipe with no model stage shows (the model as it came).
 UNCHANGED = "baseline"

@@ -1,4 +1,4 @@
-"""The Optuna search over composed stages (see :mod:`pipeline.search.study` for the trial objective).
+"""The Optuna search over composed stages (see :mod:`paretorch.pipeline.search.study` for the trial objective).
 
 One study per (model spec, search config), resumable from its storage; MLflow
 tracking of every trial; the Pareto trials exported and logged at the end.
@@ -6,8 +6,8 @@ tracking of every trial; the Pareto trials exported and logged at the end.
 
 from __future__ import annotations
 
-from pipeline.core.latency import LATENCY_BUDGETS
-from pipeline.search.config import (
+from paretorch.pipeline.core.latency import LATENCY_BUDGETS
+from paretorch.pipeline.search.config import (
     DEFAULT_SEARCH_CONFIG,
     Preset,
     SearchConfig,
@@ -16,9 +16,9 @@ from pipeline.search.config import (
     make_sampler,
     study_name,
 )
-from pipeline.search.loop import SearchOutcome, run_search
-from pipeline.search.search_times import SearchTimes
-from pipeline.search.study import Search
+from paretorch.pipeline.search.loop import SearchOutcome, run_search
+from paretorch.pipeline.search.search_times import SearchTimes
+from paretorch.pipeline.search.study import Search
 
 __all__ = [
     "DEFAULT_SEARCH_CONFIG",

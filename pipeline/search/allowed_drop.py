@@ -5,7 +5,7 @@
 0.9822). The default is relative, :data:`DEFAULT_MAX_DROP` (1 %), unless the search config
 (``pipeline/defaults/search.yaml`` or ``--search-config``) or the flag sets its own. For a
 metric where lower is better (a loss, a perplexity) the drop is measured upward.
-:class:`pipeline.search.objectives.Objectives` owns the value and gives every trial its verdict;
+:class:`paretorch.pipeline.search.objectives.Objectives` owns the value and gives every trial its verdict;
 nothing else compares drops.
 """
 
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.errors import ConfigError
 
 FLAG = "--max-drop"
 DropKind = Literal["absolute", "relative"]

@@ -1,10 +1,10 @@
 """paretorch's best trials: the Pareto front's leads in the table's order (fastest first).
 
-One list, decided by :func:`best_trials` from :func:`pipeline.search.pareto.pareto_rows` (the table's rows: each
-lead of the front, :mod:`pipeline.search.front_rule`, with its ties), that every surface names: the console's
-table (its first row is rank 1), its ``time to result`` line (the lead, rank 1) and its progress bar, MLflow
-(the metric :data:`pipeline.tracking.columns.RANK_METRIC` on each lead's run, 1 = the table's first row, which the
-runs view ``make ui`` opens sorts by; the study run's note), and optuna-dashboard's study note.
+One list, decided by :func:`best_trials` from :func:`paretorch.pipeline.search.pareto.pareto_rows` (the table's rows:
+each lead of the front, :mod:`paretorch.pipeline.search.front_rule`, with its ties), that every surface names: the
+console's table (its first row is rank 1), its ``time to result`` line (the lead, rank 1) and its progress bar, MLflow
+(the metric :data:`paretorch.pipeline.tracking.columns.RANK_METRIC` on each lead's run, 1 = the table's first row, which
+the runs view ``make ui`` opens sorts by; the study run's note), and optuna-dashboard's study note.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.search.pareto import ParetoRow, pareto_rows, speedup_cell
+from paretorch.pipeline.search.pareto import ParetoRow, pareto_rows, speedup_cell
 
 if TYPE_CHECKING:
     import optuna
 
-    from pipeline.search.objectives import Objectives
+    from paretorch.pipeline.search.objectives import Objectives
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Quantization's float fallback and AMP's calibration keep layers in float to hold an
 *output-error* budget: a proxy for ranking layers. A trial's verdict is always the task
-metric (:meth:`pipeline.search.objectives.Objectives.verdict`). Logging both per trial shows
+metric (:meth:`paretorch.pipeline.search.objectives.Objectives.verdict`). Logging both per trial shows
 a budget that is stricter than the task needs: layers kept in float while the task metric
 still has headroom under the allowed drop (a looser budget, or none, may be accepted).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pipeline.core.stage import StageConfig
+from paretorch.pipeline.core.stage import StageConfig
 
 
 def budget_metrics(stages: Iterable[StageConfig], headroom: float) -> dict[str, float]:

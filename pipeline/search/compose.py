@@ -8,9 +8,10 @@ else its speed-up). The winners of each axis (the nodes a component occupies) ar
 the highest gain, above :data:`MIN_GAIN`, each from a trial within the allowed drop. A composition takes
 two or more winners of different axes, in pipeline order, under one of the runtimes whose best feasible
 trials are the fastest: the cross product, best estimated first (gains multiplied, but of the precision
-stages' only the largest: :attr:`pipeline.core.stage.Stage.precision`; fewer components first among equals;
+stages' only the largest: :attr:`paretorch.pipeline.core.stage.Stage.precision`; fewer components first among equals;
 compositions whose components' drops add up to more than the allowed drop come last), never a recipe already
-measured, nor one a stage rules out after the stages before it (:meth:`pipeline.core.stage.Stage.cannot_follow`).
+measured, nor one a stage rules out after the stages before it
+(:meth:`paretorch.pipeline.core.stage.Stage.cannot_follow`).
 
 Pure functions over :class:`Measured` trials; the study enqueues what :func:`compositions` returns
 (bounded by the search config's ``compose`` cap) when its queue of enqueued trials is empty, so the
@@ -26,9 +27,9 @@ from math import prod
 
 from optuna.trial import FrozenTrial
 
-from pipeline.core.stage import StageConfig, stage_for
-from pipeline.search.objectives import ATTR_SEED
-from pipeline.search.record import TrialRecord
+from paretorch.pipeline.core.stage import StageConfig, stage_for
+from paretorch.pipeline.search.objectives import ATTR_SEED
+from paretorch.pipeline.search.record import TrialRecord
 
 #: Seed names of composed trials start with this.
 COMPOSED_PREFIX = "composed-from-trials-"

@@ -14,21 +14,21 @@ import yaml
 from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, field_validator
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.input_agreement import COSINE_FLOOR, TAIL_LIMIT, TailGuard, parse_tail_limit
-from pipeline.core.latency import LATENCY_BUDGETS
-from pipeline.core.names import WORKLOADS
-from pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
-from pipeline.core.runtimes.registry import check_runtime_names
-from pipeline.core.stage import config_from_dict, format_validation_error
-from pipeline.engine.graph import Pipeline
-from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
-from pipeline.search.objectives import ATTR_ESTIMATE, ObjectiveName
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.input_agreement import COSINE_FLOOR, TAIL_LIMIT, TailGuard, parse_tail_limit
+from paretorch.pipeline.core.latency import LATENCY_BUDGETS
+from paretorch.pipeline.core.names import WORKLOADS
+from paretorch.pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
+from paretorch.pipeline.core.runtimes.registry import check_runtime_names
+from paretorch.pipeline.core.stage import config_from_dict, format_validation_error
+from paretorch.pipeline.engine.graph import Pipeline
+from paretorch.pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
+from paretorch.pipeline.search.objectives import ATTR_ESTIMATE, ObjectiveName
 
 if TYPE_CHECKING:
     import optuna
 
-    from pipeline.core.spec import ModelSpec
+    from paretorch.pipeline.core.spec import ModelSpec
 
 class SeedRecipe(BaseModel):
     """A trial enqueued before the sampler starts: named stage configs and a runtime."""
@@ -42,8 +42,8 @@ class SeedRecipe(BaseModel):
     #: says why (what a user's own seed should be). Dumped only when set: a field added later leaves the names of
     #: studies whose seeds do not use it unchanged.
     skip_where_unavailable: bool = Field(default=False, exclude_if=lambda value: not value)
-    #: What a proposal's estimate started from (:mod:`pipeline.search.dead_ends`): ``{"speedup", "under"}`` for a
-    #: runtime sweep, ``{"gain"}`` for a composition; checked again when the trial starts. Dumped only when set.
+    #: What a proposal's estimate started from (:mod:`paretorch.pipeline.search.dead_ends`): ``{"speedup", "under"}``
+    #: for a runtime sweep, ``{"gain"}`` for a composition; checked again when the trial starts. Dumped only when set.
     estimate: dict[str, Any] | None = Field(default=None, exclude_if=lambda value: value is None)
 
     @field_validator("runtime")
@@ -81,7 +81,7 @@ def known_runtime_names(names: tuple[str, ...] | str) -> tuple[str, ...]:
 
 class Preset(BaseModel):
     """A cheap stage list (no training, no long calibration) tried alone before the seeds
-    (:mod:`pipeline.search.presets`), under each of ``runtimes`` the study offers, in that order."""
+    (:mod:`paretorch.pipeline.search.presets`), under each of ``runtimes`` the study offers, in that order."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
@@ -114,31 +114,33 @@ class SearchConfig(BaseModel):
     seed: int = 0
     #: The runtimes searched, intersected with the device's; ``all`` (the default): every runtime available there.
     runtimes: tuple[str, ...] = ALL_RUNTIMES
-    #: A name of :data:`pipeline.core.latency.LATENCY_BUDGETS`: how long each trial is timed, alone and paired.
+    #: A name of :data:`paretorch.pipeline.core.latency.LATENCY_BUDGETS`: how long each trial is timed, alone and
+    #: paired.
     latency_budget: str = "normal"
     latency_batch: int | None = Field(default=None, ge=1)
     disabled: tuple[str, ...] = ()
     exports: Literal["pareto", "every_trial", "none"] = "pareto"
     seeds: tuple[SeedRecipe, ...] = ()
-    #: Cheap precision presets, each tried alone under its runtimes before the seeds (:mod:`pipeline.search.presets`).
+    #: Cheap precision presets, each tried alone under its runtimes before the seeds
+    #: (:mod:`paretorch.pipeline.search.presets`).
     presets: tuple[Preset, ...] = ()
     cache_mb: int = Field(default=2048, ge=0)
-    #: Trials composed from measured winners at most (:mod:`pipeline.search.compose`; 0: none).
+    #: Trials composed from measured winners at most (:mod:`paretorch.pipeline.search.compose`; 0: none).
     compose: int = Field(default=6, ge=0)
-    #: The runtime sweep covers this many of the fastest feasible stage lists (:mod:`pipeline.search.sweep`).
+    #: The runtime sweep covers this many of the fastest feasible stage lists (:mod:`paretorch.pipeline.search.sweep`).
     sweep_top: int = Field(default=3, ge=1)
-    #: Costly stages run at low fidelity first (:mod:`pipeline.search.screening`).
+    #: Costly stages run at low fidelity first (:mod:`paretorch.pipeline.search.screening`).
     screening: bool = True
     #: Costly stages (distillation, calibration) may take at most this share of a run's wall time: past it, a
-    #: costly trial stops at low fidelity (:mod:`pipeline.search.screening`).
+    #: costly trial stops at low fidelity (:mod:`paretorch.pipeline.search.screening`).
     costly_share: float = Field(default=0.25, gt=0.0, le=1.0)
-    #: The tail guard (:mod:`pipeline.core.input_agreement`): at most this share of the inputs may break (``1%``,
-    #: ``0.02``; ``off``: no guard), an embedding input below ``tail_cosine`` to its unoptimized output.
+    #: The tail guard (:mod:`paretorch.pipeline.core.input_agreement`): at most this share of the inputs may break
+    #: (``1%``, ``0.02``; ``off``: no guard), an embedding input below ``tail_cosine`` to its unoptimized output.
     tail_limit: TailLimit = TAIL_LIMIT
     tail_cosine: float = Field(default=COSINE_FLOOR, gt=-1.0, le=1.0)
-    #: How the model will be used, what its latency is timed on (:data:`pipeline.core.workload.WORKLOADS`): ``serve``
-    #: (raw inputs to host outputs, batch by batch), ``corpus`` (a whole list, sorted by length) or ``model`` (the
-    #: model call alone on the device batch).
+    #: How the model will be used, what its latency is timed on (:data:`paretorch.pipeline.core.workload.WORKLOADS`):
+    #: ``serve`` (raw inputs to host outputs, batch by batch), ``corpus`` (a whole list, sorted by length) or ``model``
+    #: (the model call alone on the device batch).
     workload: str = WORKLOADS[0]
 
     #: Fields that do not change what a trial measures (left out of the study's name): where results go,
@@ -213,7 +215,7 @@ def study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipe
     """``<spec>-<device type>-<hash of spec source, search config and pipeline>``. The default pipeline is
     named by the search config alone (``pipeline: default``), not by its stage list: installing or adding a
     stage does not rename its studies (a resumed study records the stages it has,
-    :mod:`pipeline.search.study_names`). A pipeline file's nodes are hashed: they are what its trials mean."""
+    :mod:`paretorch.pipeline.search.study_names`). A pipeline file's nodes are hashed: they are what its trials mean."""
     payload: dict[str, Any] = {"spec": spec.source or spec.name, "search": config.identity()}
     if config.pipeline != "default":
         payload["pipeline"] = pipeline.to_dict()
@@ -222,7 +224,7 @@ def study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipe
 
 def legacy_study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipeline: Pipeline) -> str:
     """The name :func:`study_name` gave before it stopped hashing the default pipeline's stage list
-    (the migration rule in :func:`pipeline.search.study_names.find_study` looks for it)."""
+    (the migration rule in :func:`paretorch.pipeline.search.study_names.find_study` looks for it)."""
     return _hashed(spec, device, {"spec": spec.source or spec.name, "pipeline": pipeline.to_dict(),
                                   "search": config.identity()})
 

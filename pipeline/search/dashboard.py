@@ -11,7 +11,7 @@ Pareto front of ``get_pareto_front_trials``), and no attribute changes that. A t
 the allowed drop that is fast enough still gets the badge. What the dashboard does show
 is a note (Markdown) per trial and per study: :func:`note_infeasible` explains the badge on
 each infeasible trial's page, :func:`note_study` names paretorch's best trials (the front's
-leads in the console table's order, :mod:`pipeline.search.best`) first on the study's Note page,
+leads in the console table's order, :mod:`paretorch.pipeline.search.best`) first on the study's Note page,
 says why the badge differs and why each badged trial that is not among them is not.
 """
 
@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.search.best import BestTrial, best_numbers
-from pipeline.search.explain import dominates
-from pipeline.search.front_rule import RULE
-from pipeline.search.objectives import ATTR_REASON
-from pipeline.tracking.columns import RANK_METRIC
+from paretorch.pipeline.search.best import BestTrial, best_numbers
+from paretorch.pipeline.search.explain import dominates
+from paretorch.pipeline.search.front_rule import RULE
+from paretorch.pipeline.search.objectives import ATTR_REASON
+from paretorch.pipeline.tracking.columns import RANK_METRIC
 
 #: The system attribute optuna-dashboard 0.21 reads (a list of floats, feasible when all <= 0).
 LEGACY_CONSTRAINTS_ATTR = "constraints"
@@ -80,9 +80,9 @@ def badge_reason(trial: FrozenTrial) -> str:
 
 def study_dashboard_note(study: optuna.Study, best: Sequence[BestTrial], allowed_drop: str,
                          metric_name: str = "metric") -> str:
-    """The study's note: paretorch's best trials (:mod:`pipeline.search.best`, the table's order), and why the
+    """The study's note: paretorch's best trials (:mod:`paretorch.pipeline.search.best`, the table's order), and why the
     dashboard's "Best Trial" badges differ. ``allowed_drop``: the allowed drop in words
-    (:meth:`pipeline.search.objectives.Objectives.describe_drop`); ``metric_name``: the task metric's."""
+    (:meth:`paretorch.pipeline.search.objectives.Objectives.describe_drop`); ``metric_name``: the task metric's."""
     lines = [f"**paretorch's best trials: {best_numbers(best)}.** Its Pareto front within the allowed drop of "
              f"{allowed_drop}, fastest first: the console's table lists the same trials in this order, its "
              f"`time to result` line names the first, and the MLflow runs view (`make ui`) sorts them first by "

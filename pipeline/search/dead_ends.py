@@ -2,11 +2,11 @@
 
 A runtime that ran the unchanged model far slower than another (``torch.compile`` at 0.70x where ONNX Runtime ran
 4.18x on digits, one CPU thread) makes every recipe under it slow as well. The runtime sweep and the compositions
-(:mod:`pipeline.search.proposals`) ask :class:`RuntimeGains` before they propose a recipe under a runtime: the
+(:mod:`paretorch.pipeline.search.proposals`) ask :class:`RuntimeGains` before they propose a recipe under a runtime: the
 estimate is the recipe's measured speed-up moved from the runtime it ran under to the other one by the two
 runtimes' speed-ups on the unchanged model (its plain trials, complete or stopped by the latency probe:
-:mod:`pipeline.search.probe`). A proposal whose estimate is below :data:`DEAD_END_SHARE` of the fastest feasible
-trial is not made; without a plain measurement of both runtimes there is no estimate, and the proposal stands.
+:mod:`paretorch.pipeline.search.probe`). A proposal whose estimate is below :data:`DEAD_END_SHARE` of the fastest
+feasible trial is not made; without a plain measurement of both runtimes there is no estimate, and the proposal stands.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from pipeline.search.record import TrialRecord
+from paretorch.pipeline.search.record import TrialRecord
 
 #: A proposal estimated below this share of the fastest feasible speed-up is a dead end: not proposed.
 DEAD_END_SHARE = 0.5

@@ -1,5 +1,5 @@
 """A trial's metric drop as the console shows it, with its 95 % bootstrap interval
-(:mod:`pipeline.core.bootstrap`), and the end-of-search count of trials whose interval straddles the
+(:mod:`paretorch.pipeline.core.bootstrap`), and the end-of-search count of trials whose interval straddles the
 allowed drop (``uncertain``: their verdict is within sampling noise)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from optuna.trial import FrozenTrial
 
-from pipeline.search.objectives import ATTR_UNCERTAIN
+from paretorch.pipeline.search.objectives import ATTR_UNCERTAIN
 
 #: The word a trial line and the table carry when the drop's interval straddles the allowed drop.
 UNCERTAIN = "uncertain"

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.core.stage import StageConfig
-from pipeline.search.objectives import ATTR_REPEAT_OF
-from pipeline.search.rule_out import is_ruled_out
-from pipeline.search.storage import retried
+from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.search.objectives import ATTR_REPEAT_OF
+from paretorch.pipeline.search.rule_out import is_ruled_out
+from paretorch.pipeline.search.storage import retried
 
 #: Consecutive repeats after which the budget stops the study: the sampler has run out of new recipes.
 MAX_CONSECUTIVE_REPEATS = 25
@@ -41,7 +41,7 @@ def is_repeat(trial: FrozenTrial) -> bool:
 
 def not_counted(trial: FrozenTrial) -> bool:
     """True for a trial that was not run: a repeat, or a configuration ruled out before running
-    (:mod:`pipeline.search.rule_out`)."""
+    (:mod:`paretorch.pipeline.search.rule_out`)."""
     return is_repeat(trial) or is_ruled_out(trial)
 
 
@@ -69,8 +69,8 @@ def model_configs(configs: Mapping[str, StageConfig | None], export_nodes: Itera
 class TrialBudget:
     """The study's trial budget: ``total`` finished trials, not counting repeats and ruled-out configurations.
     Called after each trial, it marks the budget :attr:`exhausted` once the sampler proposes only those,
-    :data:`MAX_CONSECUTIVE_REPEATS` in a row; the trial loop (:func:`pipeline.search.workers.run_trials`) starts
-    no trial once it is exhausted or :meth:`counted` reaches ``total``."""
+    :data:`MAX_CONSECUTIVE_REPEATS` in a row; the trial loop (:func:`paretorch.pipeline.search.workers.run_trials`)
+    starts no trial once it is exhausted or :meth:`counted` reaches ``total``."""
 
     def __init__(self, total: int, states: tuple[TrialState, ...]) -> None:
         self.total = total
@@ -80,7 +80,7 @@ class TrialBudget:
 
     def counted(self, study: optuna.Study) -> int:
         """Finished trials that count against the budget (not an interrupted or killed trial, whose config is
-        enqueued again: :func:`~pipeline.search.storage.retried`)."""
+        enqueued again: :func:`~paretorch.pipeline.search.storage.retried`)."""
         trials = study.get_trials(deepcopy=False)
         again = retried(trials)
         return sum(1 for t in trials if t.state in self.states and not not_counted(t) and t.number not in again)

@@ -2,7 +2,7 @@
 
 Written when a study ends (the front is known only then) as MLflow tags on each trial's
 run and as one study user attribute (Optuna does not let finished trials change). "Beaten"
-is the front's rule (:mod:`pipeline.search.front_rule`: better with confidence, not on point
+is the front's rule (:mod:`paretorch.pipeline.search.front_rule`: better with confidence, not on point
 values); :func:`dominates` is Optuna's point-value dominance, what optuna-dashboard shows.
 """
 
@@ -14,7 +14,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
-from pipeline.search.front_rule import candidates, first_beater, front_groups
+from paretorch.pipeline.search.front_rule import candidates, first_beater, front_groups
 
 
 def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[StudyDirection]) -> bool:
@@ -31,8 +31,8 @@ def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[Study
 
 def dominated_by(study: optuna.Study, front: Sequence[FrozenTrial]) -> dict[int, int]:
     """For each complete trial off ``front``: the front trial that beats it (the front's rule:
-    :func:`pipeline.search.front_rule.beats`), the first by number of ``front``, else the first by number of the
-    front trials listed with them (a front trial tied with a simpler one). A trial no front trial beats (one tied
+    :func:`paretorch.pipeline.search.front_rule.beats`), the first by number of ``front``, else the first by number of
+    the front trials listed with them (a front trial tied with a simpler one). A trial no front trial beats (one tied
     with a front trial, an infeasible one that is better in some objective) is left out."""
     numbers = {t.number for t in front}
     pool = candidates(study)
@@ -50,7 +50,7 @@ def front_tags(study: optuna.Study, distinct: Sequence[tuple[FrozenTrial, list[i
                dominated: dict[int, int]) -> dict[int, dict[str, str]]:
     """MLflow tags per trial: ``pareto`` (once per distinct recipe), ``same_as`` for a front trial
     that repeats an earlier one's recipe and numbers, ``tied_with`` for a trial tied with a front trial
-    (:mod:`pipeline.search.front_rule`: the simpler recipe leads), ``dominated_by`` for the others."""
+    (:mod:`paretorch.pipeline.search.front_rule`: the simpler recipe leads), ``dominated_by`` for the others."""
     tags: dict[int, dict[str, str]] = {}
     for number, winner in dominated.items():
         tags[number] = {"pareto": "false", "dominated_by": str(winner)}

@@ -1,6 +1,6 @@
 """The end of a study: the Pareto trials exported (each with its deployable callable: its ``deploy/`` folder),
-their recipes saved, tagged in MLflow (each lead of the front ranked: :mod:`pipeline.search.best`); the parent run's
-note."""
+their recipes saved, tagged in MLflow (each lead of the front ranked: :mod:`paretorch.pipeline.search.best`); the parent
+run's note."""
 
 from __future__ import annotations
 
@@ -12,24 +12,24 @@ from typing import Any
 import optuna
 from rich.console import Console
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.paths import results_dir
-from pipeline.core.runtimes.registry import get_runtime
-from pipeline.core.stage import StageConfig
-from pipeline.core.text import plain
-from pipeline.engine.deliver import companions, deliver, delivered
-from pipeline.engine.deployment import DEPLOY_DIR, save_deployment
-from pipeline.engine.recipe import Recipe
-from pipeline.search.best import BestTrial, best_numbers
-from pipeline.search.explain import dominated_by, front_tags
-from pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
-from pipeline.search.pareto import distinct_front, export_attr, pareto_trials, table_columns
-from pipeline.search.profile import profile_calls
-from pipeline.search.record import WORST_INPUTS_FILE, TrialRecord, worst_inputs_text
-from pipeline.search.study_parts import StudyParts
-from pipeline.tracking.columns import RANK_METRIC
-from pipeline.tracking.tracker import Tracker
-from pipeline.tracking.views import markdown_table
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.paths import results_dir
+from paretorch.pipeline.core.runtimes.registry import get_runtime
+from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.core.text import plain
+from paretorch.pipeline.engine.deliver import companions, deliver, delivered
+from paretorch.pipeline.engine.deployment import DEPLOY_DIR, save_deployment
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.search.best import BestTrial, best_numbers
+from paretorch.pipeline.search.explain import dominated_by, front_tags
+from paretorch.pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
+from paretorch.pipeline.search.pareto import distinct_front, export_attr, pareto_trials, table_columns
+from paretorch.pipeline.search.profile import profile_calls
+from paretorch.pipeline.search.record import WORST_INPUTS_FILE, TrialRecord, worst_inputs_text
+from paretorch.pipeline.search.study_parts import StudyParts
+from paretorch.pipeline.tracking.columns import RANK_METRIC
+from paretorch.pipeline.tracking.tracker import Tracker
+from paretorch.pipeline.tracking.views import markdown_table
 
 
 def study_dir(name: str) -> Path:
@@ -189,9 +189,9 @@ def export_trial(parts: StudyParts, record: TrialRecord,
 
 
 def trial_deployment(parts: StudyParts, record: TrialRecord, folder: Path) -> tuple[list[Path], str] | None:
-    """A front trial's ``deploy/`` folder (:mod:`pipeline.engine.deployment`, from the trial's cached model, every
-    recipe: its deploying stage's callable, else the model under its runtime): the files and "ok" or why it failed;
-    None for a trial without a recipe."""
+    """A front trial's ``deploy/`` folder (:mod:`paretorch.pipeline.engine.deployment`, from the trial's cached model,
+    every recipe: its deploying stage's callable, else the model under its runtime): the files and "ok" or why it
+    failed; None for a trial without a recipe."""
     if record.recipe is None:
         return None
     try:

@@ -1,6 +1,6 @@
 """The front, measured again: its trials and the baseline timed interleaved, in one process.
 
-During the search each trial is timed paired with the baseline (:mod:`pipeline.core.paired`), and
+During the search each trial is timed paired with the baseline (:mod:`paretorch.pipeline.core.paired`), and
 the front is chosen from those paired speed-ups. When the study ends, :func:`remeasure` times the
 baseline and every distinct front trial once more in rounds (each round times each model once, in
 turn, the order reversed every other round; the study's latency settings, each runtime on its own
@@ -20,14 +20,14 @@ from dataclasses import dataclass, replace
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.core.noise import median_ci
-from pipeline.core.paired import noise_line
-from pipeline.core.progress import phase
-from pipeline.core.stage import StageConfig
-from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS, ATTR_REMEASURED
-from pipeline.search.pareto import ParetoRow, distinct_front, pareto_rows
-from pipeline.search.record import TrialRecord
-from pipeline.search.study_parts import StudyParts
+from paretorch.pipeline.core.noise import median_ci
+from paretorch.pipeline.core.paired import noise_line
+from paretorch.pipeline.core.progress import phase
+from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS, ATTR_REMEASURED
+from paretorch.pipeline.search.pareto import ParetoRow, distinct_front, pareto_rows
+from paretorch.pipeline.search.record import TrialRecord
+from paretorch.pipeline.search.study_parts import StudyParts
 
 #: Key of the baseline among the re-measured candidates.
 BASELINE = -1
@@ -81,8 +81,8 @@ def with_remeasured(rows: Sequence[ParetoRow], measured: Mapping[int, Remeasured
 
 def machine_line(study: optuna.Study) -> str | None:
     """How noisy the study's machine was, from its complete trials' paired measurements
-    (:func:`pipeline.core.paired.noise_line`). Only a trial within the allowed drop (feasible) counts as kept off the
-    front by its timing: one over the drop is off it for its metric, whatever its timing."""
+    (:func:`paretorch.pipeline.core.paired.noise_line`). Only a trial within the allowed drop (feasible) counts as kept
+    off the front by its timing: one over the drop is off it for its metric, whatever its timing."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     unstable = sum(1 for t in done if ATTR_LATENCY_UNSTABLE in t.user_attrs and t.user_attrs.get(ATTR_FEASIBLE))
     return noise_line([t.user_attrs.get(ATTR_METRICS, {}) for t in done], unstable)

@@ -1,12 +1,12 @@
 """Which trials the front holds: one trial beats another only with confidence, on every objective alike.
 
 Every objective is a measurement with an interval: the speed-up its paired 95% interval
-(:mod:`pipeline.core.paired`), the task metric its paired bootstrap interval (:mod:`pipeline.core.bootstrap`; the
-stored interval of the drop, ``metric_drop_ci_low``/``_high``, turned into one of the metric: the drop is the
-baseline's value less the metric, signed so that positive is worse, so the metric's low end is its value less
-the drop's upper spread). The size, when it is an objective, is exact (a zero-width interval; compared where both
-trials have one: a study's trials all do, or none), and so is any value stored without an interval. Per
-objective, with each interval widened to hold its point:
+(:mod:`paretorch.pipeline.core.paired`), the task metric its paired bootstrap interval
+(:mod:`paretorch.pipeline.core.bootstrap`; the stored interval of the drop, ``metric_drop_ci_low``/``_high``, turned
+into one of the metric: the drop is the baseline's value less the metric, signed so that positive is worse, so the
+metric's low end is its value less the drop's upper spread). The size, when it is an objective, is exact (a zero-width
+interval; compared where both trials have one: a study's trials all do, or none), and so is any value stored without an
+interval. Per objective, with each interval widened to hold its point:
 
 * A is **no worse** than B when A's low end, point and high end are each at least B's;
 * A is **better** than B when A's low end is above B's high end and, on the speed-up, A's point is more than
@@ -49,8 +49,8 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.search.drop_text import stored_interval
-from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE, ATTR_RECIPE_LINE, ATTR_RUNTIME
+from paretorch.pipeline.search.drop_text import stored_interval
+from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE, ATTR_RECIPE_LINE, ATTR_RUNTIME
 
 #: One trial is faster than another only when its speed-up is more than this share above the other's.
 MIN_EFFECT = 0.03

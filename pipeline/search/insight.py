@@ -13,7 +13,7 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.core.stage import StageConfig
+from paretorch.pipeline.core.stage import StageConfig
 
 SENSITIVITY_RECORD = "amp.sensitivity"
 PINNED_RECORD = "amp.pinned"

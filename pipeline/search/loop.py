@@ -14,52 +14,59 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
-from pipeline.core.fidelity import fidelity_note
-from pipeline.core.progress import progress_columns, say, sharing
-from pipeline.core.runtimes.registry import get_runtime
-from pipeline.core.secrets import mask_secrets
-from pipeline.search.best import BestTrial, best_trials
-from pipeline.search.compose import composed_note
-from pipeline.search.config import finished_states
-from pipeline.search.dashboard import note_study
-from pipeline.search.drop_text import uncertain_note
-from pipeline.search.duplicates import TrialBudget
-from pipeline.search.finish import finish_study, study_dir, study_note
-from pipeline.search.front import Retimed, machine_line, retime_front
-from pipeline.search.interrupt import release, stopping
-from pipeline.search.objectives import (
+from paretorch.pipeline.core.fidelity import fidelity_note
+from paretorch.pipeline.core.progress import progress_columns, say, sharing
+from paretorch.pipeline.core.runtimes.registry import get_runtime
+from paretorch.pipeline.core.secrets import mask_secrets
+from paretorch.pipeline.search.best import BestTrial, best_trials
+from paretorch.pipeline.search.compose import composed_note
+from paretorch.pipeline.search.config import finished_states
+from paretorch.pipeline.search.dashboard import note_study
+from paretorch.pipeline.search.drop_text import uncertain_note
+from paretorch.pipeline.search.duplicates import TrialBudget
+from paretorch.pipeline.search.finish import finish_study, study_dir, study_note
+from paretorch.pipeline.search.front import Retimed, machine_line, retime_front
+from paretorch.pipeline.search.interrupt import release, stopping
+from paretorch.pipeline.search.objectives import (
     ATTR_EXPORTS,
     ATTR_RECIPE,
     Baseline,
 )
-from pipeline.search.pareto import (
+from paretorch.pipeline.search.pareto import (
     FRONT_NOTE,
     pareto_rows,
     pareto_table,
     pareto_trials,
     table_columns,
 )
-from pipeline.search.pareto_figure import pareto_figure_html, pareto_figure_png
-from pipeline.search.prepared import Prepared
-from pipeline.search.proposals import Proposals
-from pipeline.search.quiet import stderr_to
-from pipeline.search.record import TrialRecord
-from pipeline.search.reruns import rerun_lines
-from pipeline.search.rule_out import summarize as summarize_ruled_out
-from pipeline.search.screening import screened_note
-from pipeline.search.search_times import SearchTimes
-from pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
-from pipeline.search.study import Search
-from pipeline.search.study_parts import StudyParts
-from pipeline.search.time_to_result import ResultPoint, best_so_far, completed_after, found_line, trials_seconds
-from pipeline.search.trial_log import TrialLogger
-from pipeline.search.trial_objective import TrialObjective
-from pipeline.search.workers import Callback, run_trials
-from pipeline.tracking.columns import RANK_METRIC, SORT_METRIC
-from pipeline.tracking.tracker import Tracker
+from paretorch.pipeline.search.pareto_figure import pareto_figure_html, pareto_figure_png
+from paretorch.pipeline.search.prepared import Prepared
+from paretorch.pipeline.search.proposals import Proposals
+from paretorch.pipeline.search.quiet import stderr_to
+from paretorch.pipeline.search.record import TrialRecord
+from paretorch.pipeline.search.reruns import rerun_lines
+from paretorch.pipeline.search.rule_out import summarize as summarize_ruled_out
+from paretorch.pipeline.search.screening import screened_note
+from paretorch.pipeline.search.search_times import SearchTimes
+from paretorch.pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
+from paretorch.pipeline.search.study import Search
+from paretorch.pipeline.search.study_parts import StudyParts
+from paretorch.pipeline.search.time_to_result import (
+    ResultPoint,
+    best_so_far,
+    completed_after,
+    found_line,
+    trials_seconds,
+)
+from paretorch.pipeline.search.trial_log import TrialLogger
+from paretorch.pipeline.search.trial_objective import TrialObjective
+from paretorch.pipeline.search.workers import Callback, run_trials
+from paretorch.pipeline.tracking.columns import RANK_METRIC, SORT_METRIC
+from paretorch.pipeline.tracking.tracker import Tracker
 
 Launcher = Callable[[], tuple[bool, list[str]]]
-#: The parent run's tag that says the metric is fidelity, which is conservative (pipeline.core.fidelity.fidelity_note).
+#: The parent run's tag that says the metric is fidelity, which is conservative
+#: (paretorch.pipeline.core.fidelity.fidelity_note).
 FIDELITY_NOTE_TAG = "fidelity_note"
 
 
@@ -79,17 +86,17 @@ class SearchOutcome:
     tracking_uri: str | None
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
-    #: How noisy the machine was during the study (:func:`pipeline.search.front.machine_line`).
+    #: How noisy the machine was during the study (:func:`paretorch.pipeline.search.front.machine_line`).
     machine: str | None = None
-    #: The best feasible speed-up against the study's wall time (:mod:`pipeline.search.time_to_result`).
+    #: The best feasible speed-up against the study's wall time (:mod:`paretorch.pipeline.search.time_to_result`).
     results: list[ResultPoint] = field(default_factory=list)
     #: When the front's lead (paretorch's best trial) was found, in one line (None: an interrupted run).
     found: str | None = None
-    #: paretorch's best trials, the table's order (:func:`pipeline.search.best.best_trials`).
+    #: paretorch's best trials, the table's order (:func:`paretorch.pipeline.search.best.best_trials`).
     best: list[BestTrial] = field(default_factory=list)
 
 
-#: The per-study file that receives third-party warnings and progress bars (see :mod:`pipeline.search.quiet`).
+#: The per-study file that receives third-party warnings and progress bars (see :mod:`paretorch.pipeline.search.quiet`).
 THIRD_PARTY_LOG = "third-party.log"
 
 
@@ -296,7 +303,7 @@ def finished_trials(search: Search, trials: int) -> int | None:
 
 
 def export_outcomes(study: optuna.Study) -> dict[str, Any]:
-    """The stored export outcomes (:func:`~pipeline.search.pareto.export_attr`): did a run add any?"""
+    """The stored export outcomes (:func:`~paretorch.pipeline.search.pareto.export_attr`): did a run add any?"""
     return {k: v for k, v in study.user_attrs.items() if k.startswith(f"{ATTR_EXPORTS}.")}
 
 
@@ -347,7 +354,7 @@ def run_worker(search: Search, trials: int, timeout: float | None = None, consol
 
 def trial_loop(search: Search, study: optuna.Study, baseline: Baseline, budget: TrialBudget, timeout: float | None,
                logger: Callback) -> bool:
-    """Run this process's trials (:func:`~pipeline.search.workers.run_trials`): the trial objective, and after
+    """Run this process's trials (:func:`~paretorch.pipeline.search.workers.run_trials`): the trial objective, and after
     each trial its line and MLflow run (``logger``) then the search's own proposals; True if interrupted."""
     objective, proposals = trial_parts(search, baseline)
     return run_trials(objective, search.lock(), study, budget, timeout, [logger, proposals])

@@ -4,7 +4,7 @@ Defaults: maximize the spec's metric (minimize it when lower is better) and
 minimize latency p50 at the spec's first latency batch size; optionally
 minimize the serialized size. The allowed metric drop against the unoptimized
 baseline (``--max-drop``: absolute, or a percentage of the baseline metric, see
-:mod:`pipeline.search.allowed_drop`) is a constraint (``drop - allowed <= 0`` is
+:mod:`paretorch.pipeline.search.allowed_drop`) is a constraint (``drop - allowed <= 0`` is
 feasible), stored on the trial with ``trial.set_constraint`` (Optuna 5's replacement
 of the deprecated sampler ``constraints_func``), which every sampler and
 ``study.best_trials`` read. :meth:`Objectives.verdict` is the one place a drop is judged.
@@ -18,14 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-from pipeline.core.bootstrap import drop_interval
-from pipeline.core.errors import ConfigError
-from pipeline.core.evaluate import ModelReport
-from pipeline.core.fidelity_floor import floor_failures
-from pipeline.core.input_agreement import HEADLINE_INPUT_METRICS, TailGuard
-from pipeline.core.paired import PairedLatency
-from pipeline.core.spec import ModelSpec
-from pipeline.search.allowed_drop import FLAG, AllowedDrop
+from paretorch.pipeline.core.bootstrap import drop_interval
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.evaluate import ModelReport
+from paretorch.pipeline.core.fidelity_floor import floor_failures
+from paretorch.pipeline.core.input_agreement import HEADLINE_INPUT_METRICS, TailGuard
+from paretorch.pipeline.core.paired import PairedLatency
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.search.allowed_drop import FLAG, AllowedDrop
 
 ObjectiveName = Literal["metric", "latency", "size"]
 OBJECTIVE_NAMES: tuple[ObjectiveName, ...] = ("metric", "latency", "size")
@@ -77,7 +77,8 @@ class Baseline:
     latency_ms: float
     size_bytes: float
     trial: int | None = None
-    #: The metric on the fixed bootstrap resamples (:mod:`pipeline.core.bootstrap`), each trial's paired with them.
+    #: The metric on the fixed bootstrap resamples (:mod:`paretorch.pipeline.core.bootstrap`), each trial's paired with
+    #: them.
     metric_resamples: tuple[float, ...] = ()
     #: The model call alone at the objective batch (``latency_ms`` is the workload's; None: the two are one, the
     #: objective is the model call, ``--workload model``, or the baseline was stored before workloads).
@@ -119,7 +120,7 @@ class Objectives:
     names: tuple[ObjectiveName, ...]
     latency_batch: int
     allowed_drop: AllowedDrop
-    #: How many inputs may break against the unoptimized model (:mod:`pipeline.core.input_agreement`).
+    #: How many inputs may break against the unoptimized model (:mod:`paretorch.pipeline.core.input_agreement`).
     tail: TailGuard = DEFAULT_TAIL_GUARD
 
     @classmethod
@@ -234,10 +235,10 @@ class Objectives:
               extras: Mapping[str, float] | None = None) -> DropVerdict:
         """Whether ``metric_value`` is within the allowed drop: the one comparison every feasibility
         check uses (the trial's tag, the Optuna constraint, the runtime sweep). ``unstable``: why the
-        trial's paired latency is not trusted (:mod:`pipeline.core.paired`). ``extras``: the trial's
-        extra metrics, checked against the spec's fidelity floors (:mod:`pipeline.core.fidelity_floor`) at
+        trial's paired latency is not trusted (:mod:`paretorch.pipeline.core.paired`). ``extras``: the trial's
+        extra metrics, checked against the spec's fidelity floors (:mod:`paretorch.pipeline.core.fidelity_floor`) at
         this drop's share of the baseline metric (a stricter drop, a higher floor) and against the tail guard (the
-        share of inputs that broke, :mod:`pipeline.core.input_agreement`); a trial that fails one is
+        share of inputs that broke, :mod:`paretorch.pipeline.core.input_agreement`); a trial that fails one is
         infeasible with the floor or the tail as its reason, its constraint positive. A trial within the drop whose
         latency is unstable is *feasible* (its metric is fine; the verdict's ``unstable`` says why it is kept off the
         front) while its Optuna constraint is positive, so ``study.best_trials`` leaves it out."""

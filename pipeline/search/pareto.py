@@ -1,7 +1,7 @@
 """The Pareto front of a study as a table (rich, and columns for MLflow); the plots: :mod:`.pareto_figure`.
 
 Rows come from what each trial stored in Optuna (its metrics and recipe), so
-``python -m pipeline report`` rebuilds the same table from storage alone.
+``python -m paretorch report`` rebuilds the same table from storage alone.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from pipeline.core.input_agreement import cell as inputs_cell
-from pipeline.core.report import format_bytes
-from pipeline.core.word_table import WordTable
-from pipeline.engine.recipe import Recipe
-from pipeline.engine.short_recipe import short_recipe
-from pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
-from pipeline.search.front_rule import RULE, FrontGroup, candidates, front_groups
-from pipeline.search.objectives import (
+from paretorch.pipeline.core.input_agreement import cell as inputs_cell
+from paretorch.pipeline.core.report import format_bytes
+from paretorch.pipeline.core.word_table import WordTable
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.short_recipe import short_recipe
+from paretorch.pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
+from paretorch.pipeline.search.front_rule import RULE, FrontGroup, candidates, front_groups
+from paretorch.pipeline.search.objectives import (
     ATTR_EXPORTS,
     ATTR_METRICS,
     ATTR_RECIPE,
@@ -56,25 +56,25 @@ class ParetoRow:
     compile_seconds: float = 0.0
     #: 95% interval of the latency objective (the speed-up's, on the baseline's scale; NaN when not measured).
     latency_ci: tuple[float, float] = (math.nan, math.nan)
-    #: Trials tied with this one (:mod:`pipeline.search.front_rule`: neither better with confidence; this one is
-    #: the simplest recipe), off the point-value front included.
+    #: Trials tied with this one (:mod:`paretorch.pipeline.search.front_rule`: neither better with confidence; this one
+    #: is the simplest recipe), off the point-value front included.
     ties: tuple[int, ...] = ()
     #: 95% interval of the paired speed-up (NaN for a trial measured before paired latency).
     speedup_ci: tuple[float, float] = (math.nan, math.nan)
     #: The speed-up measured again when the study ended, front trials interleaved (NaN: not re-measured).
     remeasured: float = math.nan
-    #: The recipe in the short notation the console prints (:mod:`pipeline.engine.short_recipe`).
+    #: The recipe in the short notation the console prints (:mod:`paretorch.pipeline.engine.short_recipe`).
     short: str = ""
     #: The stored export outcome (``{"export.onnx": "ok", ...}``; None: not exported yet): ``exports`` in words.
     export_status: dict[str, str] | None = None
     #: 95% paired bootstrap interval of the metric drop (NaN: not computed), and whether it straddles the allowed drop.
     drop_ci: tuple[float, float] = (math.nan, math.nan)
     uncertain: bool = False
-    #: Its inputs against the unoptimized model's, short (:func:`pipeline.core.input_agreement.cell`; empty: not
-    #: measured).
+    #: Its inputs against the unoptimized model's, short (:func:`paretorch.pipeline.core.input_agreement.cell`; empty:
+    #: not measured).
     inputs: str = ""
-    #: The model call's speed-up alone (the objective is the workload's, :mod:`pipeline.core.workload`; NaN: the
-    #: objective is the model call, or not measured).
+    #: The model call's speed-up alone (the objective is the workload's, :mod:`paretorch.pipeline.core.workload`; NaN:
+    #: the objective is the model call, or not measured).
     model_call_speedup: float = math.nan
 
     @property
@@ -87,7 +87,7 @@ class ParetoRow:
 
 
 def front(study: optuna.Study) -> list[FrontGroup]:
-    """The study's front (:mod:`pipeline.search.front_rule`): per lead, its repeats and its ties."""
+    """The study's front (:mod:`paretorch.pipeline.search.front_rule`): per lead, its repeats and its ties."""
     return front_groups(candidates(study))
 
 

@@ -1,6 +1,7 @@
 """The Pareto plots of a study (matplotlib for the parent run's PNG, plotly for its HTML): scaled to the feasible
 trials and the baseline, the front as a step line with one label per point, trials over the allowed drop that fall
-outside drawn on the axes' edge. The points come from the same trial rows as the table (:mod:`pipeline.search.pareto`).
+outside drawn on the axes' edge. The points come from the same trial rows as the table
+(:mod:`paretorch.pipeline.search.pareto`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from optuna.trial import TrialState
 
-from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, Baseline, Objectives
-from pipeline.search.pareto import distinct_front, trial_row
+from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, Baseline, Objectives
+from paretorch.pipeline.search.pareto import distinct_front, trial_row
 
 if TYPE_CHECKING:
     import optuna

@@ -3,7 +3,7 @@
 A *preset* (the search config's ``presets``, ``pipeline/defaults/search.yaml``) is a short list of
 stage configs that costs no training and no long calibration: float32 as it is, every layer in a fast
 reduced dtype, int8. :func:`preset_seeds` crosses the presets with the study's runtimes (the search
-config's runtimes that the registry, :func:`pipeline.core.runtimes.registry.available_runtimes`, says
+config's runtimes that the registry, :func:`paretorch.pipeline.core.runtimes.registry.available_runtimes`, says
 run on the device), preset-major: the first preset under its runtimes, then the next. A preset that names
 its ``runtimes`` runs under those the study offers, in that order (where it can pay: PT2E int8 under eager
 runs reference kernels, slower than float32, and costs a trial); one that names none runs under every
@@ -12,7 +12,7 @@ last. A pair that
 cannot be a trial here is skipped with its reason, never enqueued: a stage not in the pipeline (or not
 installed, e.g. ``pack``), one the capability table calls slower only or the device cannot run, one the
 model's facts rule out (``pack`` on a model without a padding mask), a runtime that cannot run the
-chain (:meth:`pipeline.core.runtimes.base.Runtime.cannot_run`: ONNX Runtime with AMP). A runtime that
+chain (:meth:`paretorch.pipeline.core.runtimes.base.Runtime.cannot_run`: ONNX Runtime with AMP). A runtime that
 registers later (OpenVINO, a dynamic-shape compile) gets its presets with no change here.
 
 The study enqueues these right after the baseline and before the config's ``seeds`` (which may hold a
@@ -24,7 +24,7 @@ structural presets (float32 ``pack``, which multiplies with a reduced precision)
 costly stage: depth pruning) follow at once, so the first compositions (``prune depth + int8s | ov``) are measured
 within minutes, and the other presets (int8 under its other runtimes among them) and the costly seeds wait
 (:func:`initial_queue`: they are enqueued when the queue runs dry and the compositions and the runtime sweep have
-nothing to add, :mod:`pipeline.search.proposals`).
+nothing to add, :mod:`paretorch.pipeline.search.proposals`).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from typing import Any
 
 import optuna
 
-from pipeline.core.machine_probe import MachineProbe, stage_precision
-from pipeline.core.stage import config_from_dict
-from pipeline.search.config import Preset, SeedRecipe
-from pipeline.search.objectives import ATTR_SEED_RECIPE
+from paretorch.pipeline.core.machine_probe import MachineProbe, stage_precision
+from paretorch.pipeline.core.stage import config_from_dict
+from paretorch.pipeline.search.config import Preset, SeedRecipe
+from paretorch.pipeline.search.objectives import ATTR_SEED_RECIPE
 
 #: Seed names of preset trials start with this: ``preset-<preset>@<runtime>``.
 PRESET_PREFIX = "preset-"

@@ -1,14 +1,14 @@
 """The latency probe: a trial is timed beside the baseline *before* its evaluation, and one far behind the front
 stops there, its metric never scored.
 
-A trial's paired measurement (:mod:`pipeline.core.paired`) runs right after its stages, with a
-:class:`~pipeline.core.paired.StopRule` whose references are the baseline (1.0) and the speed-ups of the current
-front (:func:`front_references`): it stops as soon as its interval clears each of them. When it is then slower,
+A trial's paired measurement (:mod:`paretorch.pipeline.core.paired`) runs right after its stages, with a
+:class:`~paretorch.pipeline.core.paired.StopRule` whose references are the baseline (1.0) and the speed-ups of the
+current front (:func:`front_references`): it stops as soon as its interval clears each of them. When it is then slower,
 with confidence, than the front trial with the best metric *and* than its runtime running the unchanged model
 (:func:`behind_front`), no metric can put it on the front (it would need a metric above the best one measured)
 and its stages are no building block either: under its runtime they cost speed, so no composition
-(:mod:`pipeline.search.compose`) wants them. A technique that buys speed under its runtime (pruning under eager at
-1.35x, far behind int8 under ONNX Runtime at 3.8x) is scored: its drop is what a composition needs. Such a
+(:mod:`paretorch.pipeline.search.compose`) wants them. A technique that buys speed under its runtime (pruning under
+eager at 1.35x, far behind int8 under ONNX Runtime at 3.8x) is scored: its drop is what a composition needs. Such a
 trial ends as pruned with its measured speed-up and the reason (a 0.07x recipe
 is decided in its first rounds, not after a full evaluation and a full timing). Every other trial goes on to its
 evaluation, and its paired measurement is its latency: it is not timed again (one number per fact).
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import optuna
 
-from pipeline.core.paired import PairedLatency, StopRule
-from pipeline.search.front_rule import MIN_EFFECT, candidates, front_groups
+from paretorch.pipeline.core.paired import PairedLatency, StopRule
+from paretorch.pipeline.search.front_rule import MIN_EFFECT, candidates, front_groups
 
 #: The ends of a paired measurement whose interval the probe may judge: decided by the stop rule, stopped at its cost
 #: cap, or settled (its full rounds, a narrow 95 % interval: the int8 stage list swept under eager at 0.90x
@@ -66,7 +66,7 @@ def behind_front(paired: PairedLatency, front: FrontReferences, runtime: str, pl
     trial's speed-up where measured; never less than the unoptimized model's 1.0). A trial of the ``unchanged``
     model (a runtime alone) has no stages to build on: slower than the best-scoring front trial is enough (its
     metric is the unoptimized model's, which that trial's already matches; its speed-up is recorded for the
-    runtime estimates of :mod:`pipeline.search.dead_ends` all the same)."""
+    runtime estimates of :mod:`paretorch.pipeline.search.dead_ends` all the same)."""
     if front.top is None or paired.unstable is not None or paired.stopped not in DECIDING:
         return None
     number, speedup = front.top

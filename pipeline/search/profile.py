@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
-from pipeline.core.spec import Batch
+from paretorch.pipeline.core.spec import Batch
 
 TRACE_FILE = "profile_trace.json"
 TABLE_FILE = "profile_top_ops.txt"

@@ -2,14 +2,14 @@
 
 :class:`Proposals` is a study callback ``(study, trial, record)`` (the trial loop hands it the record the
 trial objective returned). Once no enqueued trial waits, it enqueues, in this order, the first of these that
-has anything: the compositions of the measured winners (:mod:`pipeline.search.compose`); the ``sweep_top``
+has anything: the compositions of the measured winners (:mod:`paretorch.pipeline.search.compose`); the ``sweep_top``
 fastest feasible stage lists (resolved: a calibrated AMP policy replays, with no calibration) under each
-runtime not yet tried with them (:mod:`pipeline.search.sweep`; a runtime that cannot run a stage list,
+runtime not yet tried with them (:mod:`paretorch.pipeline.search.sweep`; a runtime that cannot run a stage list,
 ``runs``, takes the next fastest it can); the seeds the study held back (:func:`Proposals.release_later`).
 Compositions come before the sweep: where int8 pays, ``prune depth + int8s | ov`` is worth more than
 ``prune depth`` under four more runtimes (the MiniLM CPU search reached the peer's level at trial 18, 955 s,
 while the sweep of the first seeds ran first). Feasible means :meth:`Objectives.verdict
-<pipeline.search.objectives.Objectives.verdict>` says so: the one verdict behind the trial's tag, its
+<paretorch.pipeline.search.objectives.Objectives.verdict>` says so: the one verdict behind the trial's tag, its
 Optuna constraint and these proposals.
 """
 
@@ -22,21 +22,21 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.core.stage import StageConfig, config_from_dict
-from pipeline.search.compose import Composition, composed_count, compositions, measured
-from pipeline.search.config import SearchConfig, SeedRecipe
-from pipeline.search.dead_ends import RuntimeGains
-from pipeline.search.objectives import Baseline, Objectives
-from pipeline.search.presets import ATTR_LATER_SEEDS, is_preset
-from pipeline.search.record import COMPLETE, TrialRecord
-from pipeline.search.sweep import RuntimeSweepIndex, SweepProposal, SweptStages
+from paretorch.pipeline.core.stage import StageConfig, config_from_dict
+from paretorch.pipeline.search.compose import Composition, composed_count, compositions, measured
+from paretorch.pipeline.search.config import SearchConfig, SeedRecipe
+from paretorch.pipeline.search.dead_ends import RuntimeGains
+from paretorch.pipeline.search.objectives import Baseline, Objectives
+from paretorch.pipeline.search.presets import ATTR_LATER_SEEDS, is_preset
+from paretorch.pipeline.search.record import COMPLETE, TrialRecord
+from paretorch.pipeline.search.sweep import RuntimeSweepIndex, SweepProposal, SweptStages
 
-#: Enqueues a seed on the study (:meth:`pipeline.search.study.Search.enqueue`); False if skipped.
+#: Enqueues a seed on the study (:meth:`paretorch.pipeline.search.study.Search.enqueue`); False if skipped.
 Enqueue = Callable[[optuna.Study, SeedRecipe], bool]
 #: Whether a (model stages, runtime) recipe was measured already
-#: (:meth:`pipeline.search.trial_objective.TrialObjective.measured`).
+#: (:meth:`paretorch.pipeline.search.trial_objective.TrialObjective.measured`).
 Known = Callable[[optuna.Study, Sequence[StageConfig], str], bool]
-#: Whether a runtime can run these model stages (:meth:`pipeline.search.rule_out.RuleOut.runtime_reason`).
+#: Whether a runtime can run these model stages (:meth:`paretorch.pipeline.search.rule_out.RuleOut.runtime_reason`).
 Runs = Callable[[Sequence[StageConfig], str], bool]
 
 
@@ -78,8 +78,8 @@ class Proposals:
 
     def release_later(self, study: optuna.Study) -> int:
         """Enqueue the seeds the study held back for the first compositions and the sweep (the presets that do not
-        pay first, the costly seeds: :func:`pipeline.search.presets.initial_queue`); how many were enqueued (a seed
-        already tried is skipped)."""
+        pay first, the costly seeds: :func:`paretorch.pipeline.search.presets.initial_queue`); how many were enqueued (a
+        seed already tried is skipped)."""
         later = study.user_attrs.get(ATTR_LATER_SEEDS) or []
         if not later:
             return 0
@@ -108,7 +108,7 @@ class Proposals:
                                                   estimate={"gain": c.estimated_gain})) for c in options)
 
     def gains(self, study: optuna.Study) -> RuntimeGains:
-        """What the measured trials say about each runtime (:mod:`pipeline.search.dead_ends`), built from the
+        """What the measured trials say about each runtime (:mod:`paretorch.pipeline.search.dead_ends`), built from the
         study's trials with a paired speed-up on first use, then kept up to date."""
         if self._gains is None:
             self._gains = RuntimeGains.of(study, lambda record: self.feasible_latency(record) is not None)

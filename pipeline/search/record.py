@@ -17,11 +17,11 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from pipeline.core.stage import StageConfig
-from pipeline.core.text import plain
-from pipeline.engine.recipe import OFF, Recipe, configs_from_json, configs_to_json, flatten_node_configs
-from pipeline.engine.short_recipe import short_recipe
-from pipeline.search.objectives import (
+from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.core.text import plain
+from paretorch.pipeline.engine.recipe import OFF, Recipe, configs_from_json, configs_to_json, flatten_node_configs
+from paretorch.pipeline.engine.short_recipe import short_recipe
+from paretorch.pipeline.search.objectives import (
     ATTR_CACHE,
     ATTR_CONFIGS,
     ATTR_FEASIBLE,
@@ -42,10 +42,10 @@ from pipeline.search.objectives import (
     TRACEBACK_CHARS,
     DropVerdict,
 )
-from pipeline.search.probe import BEHIND_FRONT
-from pipeline.search.rule_out import ATTR_RULED_OUT
-from pipeline.search.screening import SCREENED_OUT
-from pipeline.tracking.views import namespace_metrics
+from paretorch.pipeline.search.probe import BEHIND_FRONT
+from paretorch.pipeline.search.rule_out import ATTR_RULED_OUT
+from paretorch.pipeline.search.screening import SCREENED_OUT
+from paretorch.pipeline.tracking.views import namespace_metrics
 
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
 #: How the reason of a trial within the drop that a guard rules out starts (a fidelity floor, the tail guard).
@@ -94,7 +94,8 @@ class TrialRecord:
     start_ms: int | None = None
     #: The earlier trial that measured the same recipe (this trial was not run).
     repeat_of: int | None = None
-    #: Why the configuration cannot change the model (this trial was not run: :mod:`pipeline.search.rule_out`).
+    #: Why the configuration cannot change the model (this trial was not run:
+    #: :mod:`paretorch.pipeline.search.rule_out`).
     ruled_out: str | None = None
     #: Complete and within the allowed drop (None: not known, e.g. a record without the drop).
     feasible: bool | None = None
@@ -108,7 +109,8 @@ class TrialRecord:
     tables: dict[str, str] = field(default_factory=dict)
     #: What decided it: :data:`PROBE_FIDELITY`, a subset (``subset 256 of 1797 rows``) or :data:`FULL_FIDELITY`.
     fidelity: str | None = None
-    #: The inputs that agree least with the unoptimized model, worst first (:mod:`pipeline.core.input_agreement`).
+    #: The inputs that agree least with the unoptimized model, worst first
+    #: (:mod:`paretorch.pipeline.core.input_agreement`).
     worst_inputs: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:

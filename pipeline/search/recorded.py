@@ -1,8 +1,8 @@
-"""What a trial measured, carried in its recipe file (``metadata["recorded"]``), so that ``python -m pipeline
+"""What a trial measured, carried in its recipe file (``metadata["recorded"]``), so that ``python -m paretorch
 apply`` prints its own numbers beside the search's without the study's storage.
 
-The keys are the names :meth:`~pipeline.core.evaluate.ModelReport.as_metrics` gives the replay's numbers (the task
-metric, ``latency_ms_p50_b<N>``: the trial's own p50, timed alone as ``apply`` times it), so each compares with its
+The keys are the names :meth:`~paretorch.pipeline.core.evaluate.ModelReport.as_metrics` gives the replay's numbers (the
+task metric, ``latency_ms_p50_b<N>``: the trial's own p50, timed alone as ``apply`` times it), so each compares with its
 namesake; ``speedup`` is the search's paired speed-up over the baseline (``apply`` times no baseline).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.core.evaluate import ModelReport
+from paretorch.pipeline.core.evaluate import ModelReport
 
 #: The recipe metadata key.
 RECORDED = "recorded"

@@ -1,9 +1,9 @@
 """What a resumed study says first about the trials it runs again.
 
 A trial that did not finish is not a trial of the study: its configuration is enqueued once more (interrupted by
-Ctrl-C: :func:`~pipeline.search.storage.retry_trial`; its process died and left it RUNNING, a ``kill -9`` or a lost
-machine: :func:`~pipeline.search.storage.fail_dead_trials`), and the retry runs first. :func:`rerun_lines` names each
-waiting retry's trial, its recipe and why, one line each:
+Ctrl-C: :func:`~paretorch.pipeline.search.storage.retry_trial`; its process died and left it RUNNING, a ``kill -9`` or a
+lost machine: :func:`~paretorch.pipeline.search.storage.fail_dead_trials`), and the retry runs first.
+:func:`rerun_lines` names each waiting retry's trial, its recipe and why, one line each:
 ``resuming: trial 7 (prune 0.3 | ort) is run again: its process died (left RUNNING)``.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.engine.recipe import configs_from_json
-from pipeline.engine.short_recipe import short_recipe
-from pipeline.search.objectives import ATTR_CONFIGS, ATTR_RUNTIME, ATTR_SEED
-from pipeline.search.storage import ATTR_RERUN, DIED
+from paretorch.pipeline.engine.recipe import configs_from_json
+from paretorch.pipeline.engine.short_recipe import short_recipe
+from paretorch.pipeline.search.objectives import ATTR_CONFIGS, ATTR_RUNTIME, ATTR_SEED
+from paretorch.pipeline.search.storage import ATTR_RERUN, DIED
 
 
 def rerun_lines(trials: Sequence[FrozenTrial]) -> list[str]:

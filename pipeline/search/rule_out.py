@@ -6,18 +6,18 @@ a TorchScript model is known as such): :class:`RuleOut`. Before any node of a tr
 runs (so before a costly prefix such as prune + distill), every stage config of the chain is
 checked: the capability table must not call it slower only (``Stage.worthwhile``), and its
 stage must not rule it out against the facts (``Stage.rules_out``), and the trial's runtime must be
-able to run the chain (:meth:`pipeline.core.runtimes.base.Runtime.cannot_run`: no torch.compile of a
+able to run the chain (:meth:`paretorch.pipeline.core.runtimes.base.Runtime.cannot_run`: no torch.compile of a
 TorchScript model, no ONNX Runtime for numerics it does not reproduce, such as AMP; the runtime
 sweep does not propose such pairs either). A ruled-out trial ends
 pruned at once, with its reason in :data:`ATTR_RULED_OUT`; it does not count toward the
-study's trials (:class:`pipeline.search.duplicates.TrialBudget`) and gets no MLflow run.
+study's trials (:class:`paretorch.pipeline.search.duplicates.TrialBudget`) and gets no MLflow run.
 A config the device cannot run (``Stage.requires``) stays what it was, an infeasible trial with
 its reason (:meth:`RuleOut.unavailable`), but it too ends before any stage of the chain runs.
 
 It is never sampled again (a stage list and runtime that cannot go together can be: the sampler
 picks the runtime apart from the stages; each such pair is ruled out again, not counted): each
 stage's ``suggest`` offers only the choices the facts leave
-(:meth:`pipeline.core.stage.StageContext.offered`), a per-model list, stable within a study
+(:meth:`paretorch.pipeline.core.stage.StageContext.offered`), a per-model list, stable within a study
 (Optuna cannot change a categorical's choices within a study: a study that fixed a param's
 choices before keeps them, :func:`study_choices`, and its ruled-out choices are answered here).
 The search skips ruled-out seeds, and the study's count and reasons are stored and printed at
@@ -37,11 +37,11 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial
 from torch import nn
 
-from pipeline.core.device import Capabilities, capabilities, move_module
-from pipeline.core.model_facts import ModelFacts, is_scripted
-from pipeline.core.runtimes.registry import get_runtime
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, export_mirror, stage_for
+from paretorch.pipeline.core.device import Capabilities, capabilities, move_module
+from paretorch.pipeline.core.model_facts import ModelFacts, is_scripted
+from paretorch.pipeline.core.runtimes.registry import get_runtime
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, export_mirror, stage_for
 
 #: Trial user attr: why the trial's configuration cannot change the model (it was not run).
 ATTR_RULED_OUT = "paretorch.ruled_out"

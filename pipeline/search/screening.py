@@ -1,7 +1,7 @@
 """Cheap before costly: a trial with a costly stage (distillation, a calibrated quantization) runs first
 at low fidelity, and pays the full cost only if it can still reach the front.
 
-Each stage says what its low-fidelity config is (:meth:`pipeline.core.stage.StageConfig.low_fidelity`:
+Each stage says what its low-fidelity config is (:meth:`paretorch.pipeline.core.stage.StageConfig.low_fidelity`:
 a quarter of the distillation steps, one calibration batch); the screen runs the trial's chain with
 those configs, eager (no compilation twice), and ends the trial there (pruned, with the reason) when
 
@@ -36,11 +36,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.core.evaluate import ModelReport
-from pipeline.core.input_agreement import SCREEN_FACTOR
-from pipeline.core.stage import StageConfig
-from pipeline.engine.recipe import configs_to_json
-from pipeline.search.objectives import (
+from paretorch.pipeline.core.evaluate import ModelReport
+from paretorch.pipeline.core.input_agreement import SCREEN_FACTOR
+from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.engine.recipe import configs_to_json
+from paretorch.pipeline.search.objectives import (
     ATTR_CONFIGS,
     ATTR_FEASIBLE,
     ATTR_METRICS,

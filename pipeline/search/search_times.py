@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.engine.runner import TIME_CATEGORIES
+from paretorch.pipeline.engine.runner import TIME_CATEGORIES
 
 
 @dataclass

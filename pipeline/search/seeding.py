@@ -18,7 +18,7 @@ from typing import Any, cast
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from pipeline.core.stage import StageConfig, StageContext
+from paretorch.pipeline.core.stage import StageConfig, StageContext
 
 OFF_CHOICE = "none"
 

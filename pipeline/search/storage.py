@@ -9,7 +9,7 @@ A trial whose process died is marked FAIL the next time any worker starts (heart
 (:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback`); an interrupted trial's config is enqueued
 again every time (:func:`retry_trial`). Neither counts toward the study's trials (:func:`retried`). Each retry
 says why its configuration runs again (:data:`ATTR_RERUN`: :data:`INTERRUPTED` or :data:`DIED`), which a resumed
-study prints (:func:`pipeline.search.reruns.rerun_lines`).
+study prints (:func:`paretorch.pipeline.search.reruns.rerun_lines`).
 
 :func:`study_lock` is an exclusive lock per study: a file lock beside a local storage, a PostgreSQL
 advisory lock for a server. Workers hold it to create the schema and the study, and from "how many
@@ -36,13 +36,13 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import text
 
-from pipeline.core.errors import PipelineError
-from pipeline.core.locks import file_lock
-from pipeline.core.paths import sqlite_file
-from pipeline.core.processes import process_exists
-from pipeline.core.secrets import mask_secrets
-from pipeline.core.writable import check_writable_dir
-from pipeline.sources.archive import one_line
+from paretorch.pipeline.core.errors import PipelineError
+from paretorch.pipeline.core.locks import file_lock
+from paretorch.pipeline.core.paths import sqlite_file
+from paretorch.pipeline.core.processes import process_exists
+from paretorch.pipeline.core.secrets import mask_secrets
+from paretorch.pipeline.core.writable import check_writable_dir
+from paretorch.pipeline.sources.archive import one_line
 
 JOURNAL_PREFIX = "journal:"
 #: Seconds between a running trial's heartbeats, and how old the last one may be before the trial counts as dead.

@@ -1,8 +1,8 @@
 """One study's lifecycle: its storage and lock, open or resume, the runner, the baseline and the seeds.
 
-A trial runs in :class:`pipeline.search.trial_objective.TrialObjective` (choose -> rule out -> run ->
-record); what the search proposes after each trial (the runtime sweep, compositions) is
-:class:`pipeline.search.proposals.Proposals`; the trial loop is :func:`pipeline.search.workers.run_trials`.
+A trial runs in :class:`~.trial_objective.TrialObjective` (choose -> rule out -> run -> record); what the search
+proposes after each trial (the runtime sweep, compositions) is :class:`~.proposals.Proposals`; the trial loop is
+:func:`~.workers.run_trials` (all three in :mod:`paretorch.pipeline.search`).
 """
 
 from __future__ import annotations
@@ -17,24 +17,24 @@ import optuna
 import torch
 from torch import Tensor
 
-from pipeline.core.device import capabilities
-from pipeline.core.errors import ConfigError, PipelineError
-from pipeline.core.evaluate import Known
-from pipeline.core.input_agreement import Reference
-from pipeline.core.latency import LATENCY_BUDGETS
-from pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason
-from pipeline.core.noise_floor import NoiseFloor, noise_floor
-from pipeline.core.paths import cache_dir, results_dir
-from pipeline.core.runtimes.registry import available_runtimes, declared_probes
-from pipeline.core.secrets import mask_secrets
-from pipeline.core.self_check import SelfCheck, lazy_reference, require_stable, self_check
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageConfig, StageContext, config_from_dict, registered_stages, stage_for
-from pipeline.core.workload import workload_for
-from pipeline.engine.cache import NodeCache
-from pipeline.engine.graph import load_pipeline
-from pipeline.engine.runner import Runner
-from pipeline.search.config import (
+from paretorch.pipeline.core.device import capabilities
+from paretorch.pipeline.core.errors import ConfigError, PipelineError
+from paretorch.pipeline.core.evaluate import Known
+from paretorch.pipeline.core.input_agreement import Reference
+from paretorch.pipeline.core.latency import LATENCY_BUDGETS
+from paretorch.pipeline.core.machine_probe import MachineProbe, probe_machine, probe_reason
+from paretorch.pipeline.core.noise_floor import NoiseFloor, noise_floor
+from paretorch.pipeline.core.paths import cache_dir, results_dir
+from paretorch.pipeline.core.runtimes.registry import available_runtimes, declared_probes
+from paretorch.pipeline.core.secrets import mask_secrets
+from paretorch.pipeline.core.self_check import SelfCheck, lazy_reference, require_stable, self_check
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import StageConfig, StageContext, config_from_dict, registered_stages, stage_for
+from paretorch.pipeline.core.workload import workload_for
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.engine.graph import load_pipeline
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.search.config import (
     ALL_RUNTIMES,
     SearchConfig,
     SeedRecipe,
@@ -44,7 +44,7 @@ from pipeline.search.config import (
     make_sampler,
     study_name,
 )
-from pipeline.search.objectives import (
+from paretorch.pipeline.search.objectives import (
     ATTR_BASELINE,
     ATTR_CONFIGS,
     ATTR_SEARCH,
@@ -54,8 +54,8 @@ from pipeline.search.objectives import (
     Baseline,
     Objectives,
 )
-from pipeline.search.prepared import Prepared
-from pipeline.search.presets import (
+from paretorch.pipeline.search.prepared import Prepared
+from paretorch.pipeline.search.presets import (
     ATTR_LATER_SEEDS,
     ATTR_SKIPPED_PRESETS,
     initial_queue,
@@ -63,11 +63,11 @@ from pipeline.search.presets import (
     preset_seeds,
     repeats,
 )
-from pipeline.search.rule_out import RuleOut
-from pipeline.search.seeding import merge_params, runtime_params, stage_params
-from pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
-from pipeline.search.study_latency import StudyLatency
-from pipeline.search.study_names import (
+from paretorch.pipeline.search.rule_out import RuleOut
+from paretorch.pipeline.search.seeding import merge_params, runtime_params, stage_params
+from paretorch.pipeline.search.storage import StudyLock, fail_dead_trials, open_storage
+from paretorch.pipeline.search.study_latency import StudyLatency
+from paretorch.pipeline.search.study_names import (
     ATTR_RUNTIMES,
     ATTR_STAGES,
     ATTR_STUDY_KEY,
@@ -76,13 +76,13 @@ from pipeline.search.study_names import (
     runtime_change,
     stage_change,
 )
-from pipeline.search.study_parts import StudyParts
+from paretorch.pipeline.search.study_parts import StudyParts
 
-#: Study user attr: the unoptimized model's self-check (pipeline.core.self_check), measured once per study.
+#: Study user attr: the unoptimized model's self-check (paretorch.pipeline.core.self_check), measured once per study.
 ATTR_SELF_CHECK = "self_check"
-#: Study user attr: the metric's noise floor (:class:`pipeline.core.noise_floor.NoiseFloor`), measured once.
+#: Study user attr: the metric's noise floor (:class:`paretorch.pipeline.core.noise_floor.NoiseFloor`), measured once.
 ATTR_NOISE_FLOOR = "paretorch.noise_floor"
-#: Study user attr: what pays on this machine (pipeline.core.machine_probe), measured once per study.
+#: Study user attr: what pays on this machine (paretorch.pipeline.core.machine_probe), measured once per study.
 ATTR_MACHINE_PROBE = "machine_probe"
 
 
@@ -134,7 +134,7 @@ class Search:
     @property
     def study_name(self) -> str:
         """``--study-name``, else the stored study that answers to the default name (a study named before
-        names stopped hashing the stage list keeps its name: :mod:`pipeline.search.study_names`), else the
+        names stopped hashing the stage list keeps its name: :mod:`paretorch.pipeline.search.study_names`), else the
         default name. Looked up in the storage once."""
         if self._name is None:
             key = study_name(self.spec, self.device, self.config, self.pipeline)
@@ -157,7 +157,7 @@ class Search:
         return self._storage
 
     def lock(self) -> StudyLock:
-        """The study's lock, shared by all workers (see :mod:`pipeline.search.storage`)."""
+        """The study's lock, shared by all workers (see :mod:`paretorch.pipeline.search.storage`)."""
         return StudyLock(self.storage, self.storage_backend(), self.study_name)
 
     def study_names(self) -> list[str]:
@@ -258,12 +258,12 @@ class Search:
 
     @cached_property
     def input_reference(self) -> Reference:
-        """What every trial is compared with input by input (:mod:`pipeline.core.input_agreement`)."""
+        """What every trial is compared with input by input (:mod:`paretorch.pipeline.core.input_agreement`)."""
         return Reference.of(self.reference()[0], self.spec.output_kind, self.config.tail_cosine)
 
     @cached_property
     def rules(self) -> RuleOut:
-        """What the unoptimized model's facts rule out (:mod:`pipeline.search.rule_out`), read once."""
+        """What the unoptimized model's facts rule out (:mod:`paretorch.pipeline.search.rule_out`), read once."""
         stages = [self.pipeline.stage(n.name) for n in self.pipeline.stage_nodes()]
         return RuleOut.read(self.runner.model, self.spec, self.device, stages)
 
@@ -275,8 +275,8 @@ class Search:
 
     def ensure_baseline(self, study: optuna.Study) -> Prepared:
         """The stored baseline, or measure it now, store it and enqueue the baseline, the precision presets under
-        every runtime (:mod:`pipeline.search.presets`: cheap trials first) and the seed trials; with the lines of
-        the self-check and of the presets enqueued (None where there were none)."""
+        every runtime (:mod:`paretorch.pipeline.search.presets`: cheap trials first) and the seed trials; with the lines
+        of the self-check and of the presets enqueued (None where there were none)."""
         presets_line: str | None = None
         with self.lock():  # workers starting together measure and enqueue once
             reference = self.reference
@@ -308,8 +308,8 @@ class Search:
                         probe_line=self.machine.describe(), noise_line=noise_line)
 
     def check_noise_floor(self, study: optuna.Study, baseline: Baseline) -> str | None:
-        """The stored noise floor of the study's metric, or measure it now (:mod:`pipeline.core.noise_floor`): its
-        warning line, None when the metric is above it."""
+        """The stored noise floor of the study's metric, or measure it now (:mod:`paretorch.pipeline.core.noise_floor`):
+        its warning line, None when the metric is above it."""
         stored, check = study.user_attrs.get(ATTR_NOISE_FLOOR), study.user_attrs.get(ATTR_SELF_CHECK)
         floor = NoiseFloor(**stored) if stored is not None else noise_floor(
             self.runner.model, self.spec, self.device, self.reference(), self.input_reference.output_kind,
@@ -319,7 +319,7 @@ class Search:
         return floor.line(self.spec.metric.name)
 
     def probe_machine(self, study: optuna.Study) -> MachineProbe:
-        """What pays here (:mod:`pipeline.core.machine_probe`), stored on the study: a resumed one reads the same."""
+        """What pays (:mod:`paretorch.pipeline.core.machine_probe`), stored on the study; a resumed one reads it."""
         stored = study.user_attrs.get(ATTR_MACHINE_PROBE)
         if stored is not None:
             return MachineProbe(**stored)
@@ -342,12 +342,12 @@ class Search:
         return line
 
     def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
-        """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped
-        (its stages are not in the pipeline or are disabled, or a stage says it is not
-        worth a trial on this device: :meth:`pipeline.core.stage.Stage.not_worthwhile`, or the seed is
-        :attr:`~pipeline.search.config.SeedRecipe.skip_where_unavailable` and this device cannot run it or the model's
-        facts rule it out). Any other seed that cannot change this model is enqueued: it is answered before it runs,
-        with its reason, and not counted (:mod:`pipeline.search.rule_out`), so that the user sees why."""
+        """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped (its stages are not in the
+        pipeline or are disabled, or a stage says it is not worth a trial on this device:
+        :meth:`paretorch.pipeline.core.stage.Stage.not_worthwhile`, or the seed is
+        :attr:`~paretorch.pipeline.search.config.SeedRecipe.skip_where_unavailable` and this device cannot run it or the
+        model's facts rule it out). Any other seed that cannot change this model is enqueued: it is answered before it
+        runs, with its reason, and not counted (:mod:`paretorch.pipeline.search.rule_out`), so the user sees why."""
         available = {n.op for n in self.pipeline.stage_nodes() if n.name not in self.config.disabled}
         if any(raw.get("stage") not in available for raw in seed.stages):
             return False

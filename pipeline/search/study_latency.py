@@ -1,20 +1,20 @@
 """A study's latency measurements: each trial timed in rounds alternating with the unoptimized model.
 
 One object per study holds what every paired measurement shares: the study's latency settings
-(``--latency-budget``, :data:`pipeline.core.latency.LATENCY_BUDGETS`: the same object the runner times
+(``--latency-budget``, :data:`paretorch.pipeline.core.latency.LATENCY_BUDGETS`: the same object the runner times
 trials alone with), the baseline's prepared function (prepared once), the latency inputs per runtime
-(chosen once, :func:`pipeline.core.padding.latency_inputs`: the same samples for every side, each runtime
+(chosen once, :func:`paretorch.pipeline.core.padding.latency_inputs`: the same samples for every side, each runtime
 at its own length: the eager baseline at the batch's longest, a static-shape runtime in its bucket), the
 round timer and the CPU clock (tests inject fakes for both).
 
-What a side runs is the study's workload (:mod:`pipeline.core.workload`, ``--workload``): by default ``serve``, raw
-inputs (strings for a text model) through the model to host outputs, a stream of batches, timed on the host clock
-and read per batch; ``model`` times the model call alone on the latency batch already on the device.
+What a side runs is the study's workload (:mod:`paretorch.pipeline.core.workload`, ``--workload``): by default
+``serve``, raw inputs (strings for a text model) through the model to host outputs, a stream of batches, timed on the
+host clock and read per batch; ``model`` times the model call alone on the latency batch already on the device.
 
 A trial is timed from its run's own result (:meth:`StudyLatency.measure`): the function its evaluation
 prepared and measured, else one prepared again from that run's configs and runtime, never a function
 prepared for another recipe. The unoptimized model under :data:`BASELINE_RUNTIME` is the baseline itself: its pair
-is a self-pair (:func:`~pipeline.core.paired.measure_paired`'s ``self_pair``: 1.00x, or not settled).
+is a self-pair (:func:`~paretorch.pipeline.core.paired.measure_paired`'s ``self_pair``: 1.00x, or not settled).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pipeline.core.latency import LatencySettings, LatencyStats, latency_stats, time_first_call
-from pipeline.core.padding import latency_inputs
-from pipeline.core.paired import (
+from paretorch.pipeline.core.latency import LatencySettings, LatencyStats, latency_stats, time_first_call
+from paretorch.pipeline.core.padding import latency_inputs
+from paretorch.pipeline.core.paired import (
     CpuClock,
     DeviceTimer,
     PairedLatency,
@@ -39,12 +39,12 @@ from pipeline.core.paired import (
     process_clock,
     time_rounds,
 )
-from pipeline.core.runtimes.registry import get_runtime
-from pipeline.core.spec import Batch, ModelSpec, move_batch
-from pipeline.core.stage import StageConfig
-from pipeline.core.workload import Workload
-from pipeline.engine.run_result import RunResult
-from pipeline.engine.runner import Runner
+from paretorch.pipeline.core.runtimes.registry import get_runtime
+from paretorch.pipeline.core.spec import Batch, ModelSpec, move_batch
+from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.core.workload import Workload
+from paretorch.pipeline.engine.run_result import RunResult
+from paretorch.pipeline.engine.runner import Runner
 
 #: The runtime the baseline is timed under: the unoptimized model under it is the baseline itself.
 BASELINE_RUNTIME = "eager"
@@ -95,8 +95,8 @@ class StudyLatency:
         #: What a side runs (None: the model call alone on the device batch, ``--workload model``).
         self.workload = workload
         self._runner = runner  # the study's runner, built on first use
-        #: Warms up and times one round (:mod:`pipeline.core.paired`); tests inject a fake clock here. A workload
-        #: ends on the host, so it is timed on the host clock.
+        #: Warms up and times one round (:mod:`paretorch.pipeline.core.paired`); tests inject a fake clock here. A
+        #: workload ends on the host, so it is timed on the host clock.
         self.timer: RoundTimer = DeviceTimer(device if workload is None else torch.device("cpu"), settings)
         #: Process CPU time against wall time during a measurement: on the CPU only.
         self.cpu_clock: CpuClock | None = process_clock if device.type == "cpu" else None
@@ -163,15 +163,15 @@ class StudyLatency:
              itself: bool = False) -> PairedLatency:
         """``fn`` (a model already prepared for ``runtime``) timed in rounds alternating with the baseline, on
         the inputs ``runtime`` is timed on (the bench's rows: the runner's own measured function); ``stop``: it may
-        stop once its answer is known (:class:`~pipeline.core.paired.StopRule`); ``itself``: ``fn`` is the unoptimized
-        model under :data:`BASELINE_RUNTIME` (a self-pair: 1.00x, or not settled)."""
+        stop once its answer is known (:class:`~paretorch.pipeline.core.paired.StopRule`); ``itself``: ``fn`` is the
+        unoptimized model under :data:`BASELINE_RUNTIME` (a self-pair: 1.00x, or not settled)."""
         return measure_paired(self.baseline_side(), self.timed(fn, runtime), self.round_timer, self.settings,
                               cpu_clock=self.cpu_clock, stop=stop, self_pair=itself)
 
     def probe(self, fn: Callable[..., Tensor], runtime: str, stop: StopRule, itself: bool = False) -> TrialTiming:
-        """A trial's latency before its evaluation (:mod:`pipeline.search.probe`): its first call timed apart (a
-        compiled runtime compiles there), then paired with the baseline under ``stop`` (``itself``: see :meth:`pair`).
-        Its seconds add to :attr:`seconds`."""
+        """A trial's latency before its evaluation (:mod:`paretorch.pipeline.search.probe`): its first call timed apart
+        (a compiled runtime compiles there), then paired with the baseline under ``stop`` (``itself``: see
+        :meth:`pair`). Its seconds add to :attr:`seconds`."""
         start = time.perf_counter()
         try:
             first_call_ms = self.first_call(*self.timed(fn, runtime))

@@ -1,13 +1,13 @@
 """Which stored study a search resumes, and the stages it has: study names that survive a new stage.
 
-The default study name (:func:`pipeline.search.config.study_name`) no longer hashes the default
+The default study name (:func:`paretorch.pipeline.search.config.study_name`) no longer hashes the default
 pipeline's stage list, so installing or adding a stage keeps it. One migration rule finds the
 studies named before that change (:func:`find_study`): a study answers to its *key* (the current
 default name) when its name is the key, when it recorded the key, or when its name is the key's
-legacy form (:func:`pipeline.search.config.legacy_study_name`: the stage list as installed now).
+legacy form (:func:`paretorch.pipeline.search.config.legacy_study_name`: the stage list as installed now).
 A study found the legacy way keeps its name and records the key when opened
 (:data:`ATTR_STUDY_KEY`), so a stage added later still finds it. The same rule finds a default study named while
-the default ``runtimes`` was a list (:data:`pipeline.search.config.LEGACY_DEFAULT_RUNTIMES`), before it became
+the default ``runtimes`` was a list (:data:`paretorch.pipeline.search.config.LEGACY_DEFAULT_RUNTIMES`), before it became
 ``all``.
 
 Each opened study records its pipeline's stage nodes (:data:`ATTR_STAGES`) and the runtimes it searches
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.errors import ConfigError
 
 #: Study user attr: the default name the study answers to (set on every open; see :func:`find_study`).
 ATTR_STUDY_KEY = "paretorch.study_key"

@@ -1,6 +1,6 @@
 """What a study's trials use, as one frozen record: the trial objective, its line and MLflow run, the front's
-re-measure and exports receive it (built once a run by :meth:`pipeline.search.study.Search.parts`), never the
-:class:`~pipeline.search.study.Search` that opened the study."""
+re-measure and exports receive it (built once a run by :meth:`paretorch.pipeline.search.study.Search.parts`), never the
+:class:`~paretorch.pipeline.search.study.Search` that opened the study."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.core.spec import ModelSpec
-from pipeline.engine.graph import Pipeline
-from pipeline.engine.runner import Runner
-from pipeline.search.config import SearchConfig
-from pipeline.search.objectives import Objectives
-from pipeline.search.rule_out import RuleOut
-from pipeline.search.study_latency import StudyLatency
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.engine.graph import Pipeline
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.search.config import SearchConfig
+from paretorch.pipeline.search.objectives import Objectives
+from paretorch.pipeline.search.rule_out import RuleOut
+from paretorch.pipeline.search.study_latency import StudyLatency
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """Evaluation at the fidelity the decision needs: a trial scored on a subset of the evaluation data first.
 
-For a metric whose rows are units of their own (:attr:`pipeline.core.spec.Metric.rowwise`: accuracy), the first
-evaluation batches holding :data:`SUBSET_SHARE` of the rows (at least :data:`SUBSET_MIN_ROWS`) score the trial and
-the unoptimized model alike, and the paired bootstrap (:mod:`pipeline.core.bootstrap`) gives the drop's 95 %
+For a metric whose rows are units of their own (:attr:`paretorch.pipeline.core.spec.Metric.rowwise`: accuracy), the
+first evaluation batches holding :data:`SUBSET_SHARE` of the rows (at least :data:`SUBSET_MIN_ROWS`) score the trial and
+the unoptimized model alike, and the paired bootstrap (:mod:`paretorch.pipeline.core.bootstrap`) gives the drop's 95 %
 interval on them. A trial whose interval lies wholly above the allowed drop cannot be feasible, nor one whose inputs
-broke past the tail guard's limit with confidence (:meth:`pipeline.core.input_agreement.TailGuard.subset_failure`):
-it ends there, pruned with its subset drop and the rows that decided it, and never gets the full evaluation. Every
-other trial is scored in full, so a front trial always is. An evaluation set smaller than :data:`SUBSET_MIN_ROWS` /
+broke past the tail guard's limit with confidence
+(:meth:`paretorch.pipeline.core.input_agreement.TailGuard.subset_failure`): it ends there, pruned with its subset drop
+and the rows that decided it, and never gets the full evaluation. Every other trial is scored in full, so a front trial
+always is. An evaluation set smaller than :data:`SUBSET_MIN_ROWS` /
 :data:`SUBSET_SHARE` rows is scored in full at once (the subset would save little). The unoptimized model's subset
 outputs are computed once per process.
 """
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pipeline.core.bootstrap import drop_interval
-from pipeline.core.evaluate import evaluation_outputs, scoring_chunks
-from pipeline.core.input_agreement import InputAgreement, Reference, TailGuard
-from pipeline.core.spec import LabelledBatch, ModelSpec
+from paretorch.pipeline.core.bootstrap import drop_interval
+from paretorch.pipeline.core.evaluate import evaluation_outputs, scoring_chunks
+from paretorch.pipeline.core.input_agreement import InputAgreement, Reference, TailGuard
+from paretorch.pipeline.core.spec import LabelledBatch, ModelSpec
 
 #: The share of the evaluation rows a subset holds.
 SUBSET_SHARE = 0.25

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from pipeline.search.record import TrialRecord
+from paretorch.pipeline.search.record import TrialRecord
 
 #: Whether a runtime can run a stage list (resolved stages as dicts), e.g. ONNX Runtime cannot run AMP.
 Runnable = Callable[[tuple[dict[str, Any], ...], str], bool]
@@ -102,8 +102,8 @@ class RuntimeSweepIndex:
                   worth: Callable[[SweptStages, str], bool] | None = None) -> list[SweepProposal]:
         """For each of ``runtimes``, the ``top`` fastest feasible stage lists it can run (``runnable``;
         None: all) and that can still win under it (``worth``: not a measured dead end,
-        :mod:`pipeline.search.dead_ends`), but not those whose runtimes were chosen, that have not run under it,
-        fastest stage list first (nothing when there is one runtime), nor those a stage list built on them
+        :mod:`paretorch.pipeline.search.dead_ends`), but not those whose runtimes were chosen, that have not run under
+        it, fastest stage list first (nothing when there is one runtime), nor those a stage list built on them
         dominates (:meth:`SweptStages.dominated_by`; the unoptimized model's, once a faster feasible list with
         no larger drop was measured: the runtimes alone on it are the float32 presets' work, which wait in the
         queue)."""

@@ -11,16 +11,16 @@ from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.progress import Progress
 
-from pipeline.core.device import describe
-from pipeline.core.input_agreement import describe as describe_inputs
-from pipeline.engine.short_recipe import short_recipe
-from pipeline.search.best import best_trials
-from pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
-from pipeline.search.probe import BEHIND_FRONT
-from pipeline.search.record import TrialRecord
-from pipeline.search.screening import SCREENED_OUT
-from pipeline.search.study_parts import StudyParts
-from pipeline.tracking.tracker import Tracker
+from paretorch.pipeline.core.device import describe
+from paretorch.pipeline.core.input_agreement import describe as describe_inputs
+from paretorch.pipeline.engine.short_recipe import short_recipe
+from paretorch.pipeline.search.best import best_trials
+from paretorch.pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
+from paretorch.pipeline.search.probe import BEHIND_FRONT
+from paretorch.pipeline.search.record import TrialRecord
+from paretorch.pipeline.search.screening import SCREENED_OUT
+from paretorch.pipeline.search.study_parts import StudyParts
+from paretorch.pipeline.tracking.tracker import Tracker
 
 
 class TrialLogger:
@@ -61,7 +61,7 @@ class TrialLogger:
                                name=record.run_name())
 
     def _update_best(self, study: optuna.Study) -> None:
-        """The progress bar's note: the front's size and its lead (:func:`pipeline.search.best.best_trials`)."""
+        """The progress bar's note: the front's size, its lead (:func:`paretorch.pipeline.search.best.best_trials`)."""
         best = best_trials(study, self.parts.objectives)
         if not best:
             self.best = "no feasible trial yet"
@@ -110,8 +110,8 @@ class TrialLogger:
         return f"{record.fidelity}, latency {rounds} rounds{early}, "
 
     def _recipe(self, record: TrialRecord) -> str:
-        """The recipe that ran, short (:mod:`pipeline.engine.short_recipe`; the full one: MLflow and the recipe
-        file), with the exports where they ran with the trial (else they run at the end, for the front only)."""
+        """The recipe that ran, short (:mod:`paretorch.pipeline.engine.short_recipe`; the full one: MLflow and the
+        recipe file), with the exports where they ran with the trial (else they run at the end, for the front only)."""
         if record.recipe is None:
             return ""
         text = short_recipe(record.recipe.stages, record.recipe.runtime)

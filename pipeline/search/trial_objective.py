@@ -1,22 +1,22 @@
 """One trial of a study, in four steps: choose -> rule out -> run -> record.
 
-:class:`TrialObjective` is called by the trial loop (:func:`pipeline.search.workers.run_trials`) with
-each Optuna trial and returns a :class:`~pipeline.search.record.TrialOutcome`: the trial's record goes
+:class:`TrialObjective` is called by the trial loop (:func:`paretorch.pipeline.search.workers.run_trials`) with
+each Optuna trial and returns a :class:`~paretorch.pipeline.search.record.TrialOutcome`: the trial's record goes
 straight back to the loop, which hands it to the study callbacks (the trial's line and MLflow run,
-then :class:`~pipeline.search.proposals.Proposals`: the runtime sweep and compositions). The steps:
+then :class:`~paretorch.pipeline.search.proposals.Proposals`: the runtime sweep and compositions). The steps:
 
 * :meth:`~TrialObjective.choose`: per-node configs and the runtime, from the trial's seed or each
   stage's ``suggest``;
 * :meth:`~TrialObjective.rule_out`: a configuration that need not run (one that cannot change this
-  model, :mod:`pipeline.search.rule_out`, checked before any stage of the chain runs; a repeat of a
+  model, :mod:`paretorch.pipeline.search.rule_out`, checked before any stage of the chain runs; a repeat of a
   measured recipe; a config another worker runs) ends here as a pruned trial with its reason;
 * :meth:`~TrialObjective.run`: costly stages screened at low fidelity first (:meth:`~TrialObjective.screen`,
-  :mod:`pipeline.search.screening`), then the runner applies the stages and evaluates, then the paired latency;
-  :meth:`Objectives.verdict <pipeline.search.objectives.Objectives.verdict>` judges the metric;
+  :mod:`paretorch.pipeline.search.screening`), then the runner applies the stages and evaluates, then the paired
+  latency; :meth:`Objectives.verdict <paretorch.pipeline.search.objectives.Objectives.verdict>` judges the metric;
 * :meth:`~TrialObjective.record`: the :class:`TrialRecord` is written to the Optuna trial (user
   attrs, constraint, dashboard note) and indexed for later repeats.
 
-Ctrl-C (:mod:`pipeline.search.interrupt`): an exception raised after SIGINT arrived is the interrupt,
+Ctrl-C (:mod:`paretorch.pipeline.search.interrupt`): an exception raised after SIGINT arrived is the interrupt,
 never the trial's reason; the trial loop stops.
 """
 
@@ -32,20 +32,20 @@ import optuna
 from optuna.trial import TrialState
 from torch import Tensor
 
-from pipeline.core.device import describe
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.evaluate import Known
-from pipeline.core.paired import PairedLatency
-from pipeline.core.stage import StageConfig, StageContext, config_from_dict
-from pipeline.engine.recipe import configs_to_json
-from pipeline.engine.run_result import RunResult
-from pipeline.search.budgets import budget_metrics
-from pipeline.search.dashboard import note_infeasible, set_constraints
-from pipeline.search.dead_ends import RuntimeGains
-from pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
-from pipeline.search.insight import sensitivity_tables
-from pipeline.search.interrupt import Interrupts
-from pipeline.search.objectives import (
+from paretorch.pipeline.core.device import describe
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.evaluate import Known
+from paretorch.pipeline.core.paired import PairedLatency
+from paretorch.pipeline.core.stage import StageConfig, StageContext, config_from_dict
+from paretorch.pipeline.engine.recipe import configs_to_json
+from paretorch.pipeline.engine.run_result import RunResult
+from paretorch.pipeline.search.budgets import budget_metrics
+from paretorch.pipeline.search.dashboard import note_infeasible, set_constraints
+from paretorch.pipeline.search.dead_ends import RuntimeGains
+from paretorch.pipeline.search.duplicates import RepeatIndex, model_configs, recipe_key
+from paretorch.pipeline.search.insight import sensitivity_tables
+from paretorch.pipeline.search.interrupt import Interrupts
+from paretorch.pipeline.search.objectives import (
     ATTR_CONFIGS,
     ATTR_ESTIMATE,
     ATTR_RUNTIME,
@@ -55,18 +55,26 @@ from pipeline.search.objectives import (
     CONSTRAINT_NAME,
     Baseline,
 )
-from pipeline.search.probe import FrontReferences, behind_front, front_references
-from pipeline.search.record import COMPLETE, FAIL, FULL_FIDELITY, PROBE_FIDELITY, PRUNED, TrialOutcome, TrialRecord
-from pipeline.search.recorded import RECORDED, recorded
-from pipeline.search.rule_out import study_choices
-from pipeline.search.screening import CostlyClock, Screened, Screening, record_screen
-from pipeline.search.seeding import stage_params
-from pipeline.search.study_latency import BASELINE_RUNTIME
-from pipeline.search.subset import SubsetJudge, subset_plan
-from pipeline.search.workers import claim_config
+from paretorch.pipeline.search.probe import FrontReferences, behind_front, front_references
+from paretorch.pipeline.search.record import (
+    COMPLETE,
+    FAIL,
+    FULL_FIDELITY,
+    PROBE_FIDELITY,
+    PRUNED,
+    TrialOutcome,
+    TrialRecord,
+)
+from paretorch.pipeline.search.recorded import RECORDED, recorded
+from paretorch.pipeline.search.rule_out import study_choices
+from paretorch.pipeline.search.screening import CostlyClock, Screened, Screening, record_screen
+from paretorch.pipeline.search.seeding import stage_params
+from paretorch.pipeline.search.study_latency import BASELINE_RUNTIME
+from paretorch.pipeline.search.subset import SubsetJudge, subset_plan
+from paretorch.pipeline.search.workers import claim_config
 
 if TYPE_CHECKING:
-    from pipeline.search.study_parts import StudyParts
+    from paretorch.pipeline.search.study_parts import StudyParts
 
 #: A record of this trial with its outcome fields still to fill (state, metrics or reason).
 Draft = Callable[..., TrialRecord]
@@ -82,12 +90,12 @@ class TrialObjective:
         self.exports = [n.name for n in parts.pipeline.export_nodes()]
         self._repeats: RepeatIndex | None = None
         self._choices: dict[str, tuple[object, ...]] | None = None
-        #: Costly stages at low fidelity first (pipeline.search.screening), through the study's runner, within
+        #: Costly stages at low fidelity first (paretorch.pipeline.search.screening), through the study's runner, within
         #: their share of this run's time (the clock starts now).
         clock = CostlyClock(parts.config.costly_share,
                             lambda: {name: tally.seconds for name, tally in parts.runner.stage_tallies.items()})
         plan = subset_plan(parts.spec)
-        #: Scores a trial on a subset of the evaluation first (pipeline.search.subset); None: always in full.
+        #: Scores a trial on a subset of the evaluation first (paretorch.pipeline.search.subset); None: always in full.
         self.subset = None if plan is None else SubsetJudge(
             parts.spec, parts.device, plan, lambda *inputs: parts.latency.baseline()(*inputs),
             parts.objectives.tail, parts.runner.reference)
@@ -146,7 +154,7 @@ class TrialObjective:
     def announce(trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str) -> None:
         """Store what the trial asked for as it starts (its record stores it again when it ends): a trial that never
         ends (interrupted, its process killed) still names its recipe when a resumed study runs it again
-        (:mod:`pipeline.search.reruns`)."""
+        (:mod:`paretorch.pipeline.search.reruns`)."""
         trial.set_user_attr(ATTR_CONFIGS, configs_to_json(configs))
         trial.set_user_attr(ATTR_RUNTIME, runtime)
 
@@ -226,8 +234,8 @@ class TrialObjective:
     def run(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str, draft: Draft,
             start: float) -> TrialOutcome:
         """Screen the costly stages at low fidelity (:meth:`screen`), apply the stages, time the model paired with
-        the baseline (the probe, :mod:`pipeline.search.probe`: one far behind the front ends here, unscored), then
-        evaluate it (its latency is the probe's, not timed again) and judge it. An infeasible config is a pruned
+        the baseline (the probe, :mod:`paretorch.pipeline.search.probe`: one far behind the front ends here, unscored),
+        then evaluate it (its latency is the probe's, not timed again) and judge it. An infeasible config is a pruned
         outcome, an exception a failed one, unless Ctrl-C came first (then it is raised)."""
         parts = self.parts
         try:
@@ -251,7 +259,7 @@ class TrialObjective:
             if stopped is not None:
                 return stopped
             # On a workload the probe timed raw inputs to host outputs: the model call is timed alone in the
-            # evaluation, the figure beside it (pipeline.core.workload).
+            # evaluation, the figure beside it (paretorch.pipeline.core.workload).
             known_latency = {parts.objectives.latency_batch: timing.stats} if parts.latency.workload is None else {}
             result = parts.runner.run(configs, runtime, exports=parts.config.exports == "every_trial",
                                       known=Known(fn, known_latency))
@@ -305,7 +313,7 @@ class TrialObjective:
                                   metrics={**paired.metrics(), "metric_drop_subset": judged.drop}))
 
     def gains(self, study: optuna.Study) -> RuntimeGains:
-        """What the study's measured trials say about each runtime (:mod:`pipeline.search.dead_ends`)."""
+        """What the study's measured trials say about each runtime (:mod:`paretorch.pipeline.search.dead_ends`)."""
         return RuntimeGains.of(study, lambda record: bool(record.feasible))
 
     def screen(self, trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str) -> Screened | None:

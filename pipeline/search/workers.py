@@ -3,7 +3,7 @@
 * :func:`run_trials` starts trials one at a time while fewer than ``trials`` are finished or running,
   counting and starting under the study lock, so N workers finish exactly ``trials`` trials; each trial is
   asked for, run and told (Optuna's ask-and-tell: :func:`ask`, :func:`run_trial`, :func:`tell`), so the
-  objective's :class:`~pipeline.search.record.TrialOutcome` reaches the callbacks as a return value;
+  objective's :class:`~paretorch.pipeline.search.record.TrialOutcome` reaches the callbacks as a return value;
 * :func:`claim_config` marks a trial's config; a config that another trial already runs or ran
   is not run again (the later trial is pruned as "same config as trial N");
 * :func:`launch_workers` runs ``optimize`` in N processes on one study (``--workers N``), after the
@@ -26,12 +26,19 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.core.names import WORKER_FLAG
-from pipeline.search.duplicates import TrialBudget
-from pipeline.search.interrupt import release, releasing
-from pipeline.search.objectives import ATTR_TRACEBACK, TRACEBACK_CHARS
-from pipeline.search.record import TrialOutcome, TrialRecord
-from pipeline.search.storage import ATTR_WORKER, StudyLock, fail_dead_trials, heartbeat, retry_trial, worker_id
+from paretorch.pipeline.core.names import WORKER_FLAG
+from paretorch.pipeline.search.duplicates import TrialBudget
+from paretorch.pipeline.search.interrupt import release, releasing
+from paretorch.pipeline.search.objectives import ATTR_TRACEBACK, TRACEBACK_CHARS
+from paretorch.pipeline.search.record import TrialOutcome, TrialRecord
+from paretorch.pipeline.search.storage import (
+    ATTR_WORKER,
+    StudyLock,
+    fail_dead_trials,
+    heartbeat,
+    retry_trial,
+    worker_id,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -39,7 +46,7 @@ if TYPE_CHECKING:
 #: User attribute: a digest of the trial's per-node configs and runtime.
 ATTR_CONFIG_KEY = "paretorch.config_key"
 
-#: Runs one trial and hands back its outcome (:class:`pipeline.search.trial_objective.TrialObjective`).
+#: Runs one trial and hands back its outcome (:class:`paretorch.pipeline.search.trial_objective.TrialObjective`).
 Objective = Callable[[optuna.Trial], TrialOutcome]
 #: Called after each trial the loop ran, with the record the objective handed back.
 Callback = Callable[[optuna.Study, FrozenTrial, TrialRecord], None]
@@ -69,7 +76,8 @@ def run_trials(objective: Objective, lock: StudyLock, study: optuna.Study, budge
                timeout: float | None, callbacks: Sequence[Callback]) -> bool:
     """Run trials until ``budget.total`` are finished or running (all workers together), the budget is
     exhausted (only repeats proposed) or ``timeout`` passes; True if interrupted (Ctrl-C). The interrupted
-    trial is marked FAIL and its config enqueued again; it does not count (:func:`~pipeline.search.storage.retried`).
+    trial is marked FAIL and its config enqueued again; it does not count
+    (:func:`~paretorch.pipeline.search.storage.retried`).
 
     Each trial is asked for (an enqueued one first), run and told through Optuna's ask-and-tell interface
     (:func:`run_trial`), so its record goes from ``objective`` straight to ``callbacks`` (then the budget) as a
@@ -132,7 +140,8 @@ def run_trial(objective: Objective, study: optuna.Study, trial: optuna.Trial) ->
     ``Study.optimize(catch=(Exception,))`` would: the outcome's values (COMPLETE), PRUNED or FAIL. An exception
     outside the objective's steps fails the trial and its record is read back from storage; ``KeyboardInterrupt``
     fails it and is raised, so no trial is left RUNNING (what the interrupted code held released first, before the
-    heartbeat thread's next write: :func:`~pipeline.search.interrupt.releasing`). The finished trial and its record."""
+    heartbeat thread's next write: :func:`~paretorch.pipeline.search.interrupt.releasing`). The finished trial and its
+    record."""
     try:
         with heartbeat(study, trial), releasing():
             outcome = objective(trial)
@@ -168,11 +177,11 @@ def worker_command(argv: Sequence[str], index: int) -> list[str]:
     """The process of worker ``index``. ``-P``: the working directory is not put on sys.path, so a user's
     pipeline.py or experiments/ there cannot shadow the installed package (as it cannot in the ``paretorch``
     command)."""
-    return [sys.executable, "-P", "-m", "pipeline", *worker_argv(argv, index)]
+    return [sys.executable, "-P", "-m", "paretorch", *worker_argv(argv, index)]
 
 
 def launch_workers(argv: Sequence[str], workers: int, console: Console) -> tuple[bool, list[str]]:
-    """Run ``python -m pipeline <argv>`` as ``workers`` worker processes and wait for them all;
+    """Run ``python -m paretorch <argv>`` as ``workers`` worker processes and wait for them all;
     (interrupted, notes on workers that failed)."""
     console.print(f"starting {workers} workers on one study")
     processes = [subprocess.Popen(worker_command(argv, i)) for i in range(workers)]

@@ -7,7 +7,7 @@
 * ``hf:path/to/dir``: a local Hugging Face directory.
 
 None of them carries data, so each becomes a *fidelity* spec (see
-:mod:`pipeline.core.fidelity`): the targets are the unoptimized model's own outputs
+:mod:`paretorch.pipeline.core.fidelity`): the targets are the unoptimized model's own outputs
 on generated inputs (``--input-shape``), on the samples of ``--inputs-file``
 (a ``.pt`` file for TorchScript / ``.pt2``, a text file for ``hf:``).
 """
@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipeline.core.errors import SpecError
-from pipeline.core.fidelity import OUTPUT_KINDS
-from pipeline.core.spec import ModelSpec
-from pipeline.core.task_data import ClassificationData, load_task_data, task_texts
-from pipeline.sources import exported, huggingface, torchscript
-from pipeline.sources.exported import exported_spec
-from pipeline.sources.huggingface import hf_spec
-from pipeline.sources.torchscript import torchscript_spec
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.fidelity import OUTPUT_KINDS
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.task_data import ClassificationData, load_task_data, task_texts
+from paretorch.pipeline.sources import exported, huggingface, torchscript
+from paretorch.pipeline.sources.exported import exported_spec
+from paretorch.pipeline.sources.huggingface import hf_spec
+from paretorch.pipeline.sources.torchscript import torchscript_spec
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import SpecError
-from pipeline.core.fidelity import fidelity_spec, reference_outputs
-from pipeline.core.spec import ModelSpec
-from pipeline.sources.inputs import TensorInputs
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.fidelity import fidelity_spec, reference_outputs
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.sources.inputs import TensorInputs
 
 ArchiveKind = Literal["torchscript", "pt2", "torch_save"]
 

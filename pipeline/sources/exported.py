@@ -17,11 +17,11 @@ from pathlib import Path
 
 from torch import nn
 
-from pipeline.core.errors import SpecError
-from pipeline.core.spec import Batch, ModelSpec
-from pipeline.sources.archive import SAVE_HINT, archive_kind, file_model_spec, one_line
-from pipeline.sources.inputs import TensorInputs
-from pipeline.sources.pt2_safety import code_entries, untrusted_message
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.spec import Batch, ModelSpec
+from paretorch.pipeline.sources.archive import SAVE_HINT, archive_kind, file_model_spec, one_line
+from paretorch.pipeline.sources.inputs import TensorInputs
+from paretorch.pipeline.sources.pt2_safety import code_entries, untrusted_message
 
 SUFFIXES = (".pt2",)
 

@@ -28,12 +28,12 @@ import numpy
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import SpecError
-from pipeline.core.fidelity import fidelity_spec
-from pipeline.core.paired import usable_cores
-from pipeline.core.spec import Batch, ModelSpec
-from pipeline.sources.archive import one_line
-from pipeline.sources.inputs import read_text_inputs, split_batches, tile
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.fidelity import fidelity_spec
+from paretorch.pipeline.core.paired import usable_cores
+from paretorch.pipeline.core.spec import Batch, ModelSpec
+from paretorch.pipeline.sources.archive import one_line
+from paretorch.pipeline.sources.inputs import read_text_inputs, split_batches, tile
 
 PREFIX = "hf:"
 SEQUENCE_LENGTH = 128

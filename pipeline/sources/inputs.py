@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import SpecError
-from pipeline.core.spec import Batch, split_batches, tile
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.spec import Batch, split_batches, tile
 
 #: Generated evaluation set size for models without data (fixed seed).
 MIN_EVALUATION_SAMPLES = 128

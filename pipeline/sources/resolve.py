@@ -7,8 +7,8 @@ Accepted forms:
 * ``path/to/file.py:attr``;
 * ``package.module:attr``;
 * a TorchScript file (``model.pt``), a ``.pt2`` ExportedProgram, or
-  ``hf:path/to/dir`` (see :mod:`pipeline.sources`; these take
-  :class:`~pipeline.sources.SourceOptions`: ``--input-shape`` / ``--inputs-file``).
+  ``hf:path/to/dir`` (see :mod:`paretorch.pipeline.sources`; these take
+  :class:`~paretorch.pipeline.sources.SourceOptions`: ``--input-shape`` / ``--inputs-file``).
 
 ``attr`` is a :class:`ModelSpec` or a zero-argument callable returning one.
 Every failure raises :class:`SpecError` with one line saying what was tried and
@@ -29,12 +29,12 @@ from typing import Any
 
 from torch import nn
 
-from pipeline.core.errors import SpecError
-from pipeline.core.names import builtin_names, model_entry_points, unknown_model
-from pipeline.core.spec import ModelSpec
-from pipeline.core.task_data import load_task_data
-from pipeline.core.task_spec import with_task_data
-from pipeline.sources import SourceOptions, resolve_source
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.names import builtin_names, model_entry_points, unknown_model
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.task_data import load_task_data
+from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.sources import SourceOptions, resolve_source
 
 #: Resolvers for other model sources (TorchScript, .pt2, hf:...): each takes the
 #: reference and the source options and returns a spec, or None if it is not theirs.
@@ -60,7 +60,7 @@ def attach_eval_data(spec: ModelSpec, options: SourceOptions) -> ModelSpec:
     if not options.eval_data:
         return spec
     scored = with_task_data(spec, load_task_data(options.eval_data), spec.label_names)
-    if scored.evaluation_texts:  # the workload is timed on the user's own texts (pipeline.core.workload)
+    if scored.evaluation_texts:  # the workload is timed on the user's own texts (paretorch.pipeline.core.workload)
         texts = tuple(dict.fromkeys(scored.evaluation_texts))
         scored = dataclasses.replace(scored, latency_texts=lambda: texts)
     # The source names the data too: a study scored on labels is not the fidelity study of the same model.

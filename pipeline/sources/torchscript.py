@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipeline.core.errors import SpecError
-from pipeline.core.spec import Batch, ModelSpec
-from pipeline.sources.archive import SAVE_HINT, archive_kind, file_model_spec, one_line
-from pipeline.sources.inputs import TensorInputs
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.spec import Batch, ModelSpec
+from paretorch.pipeline.sources.archive import SAVE_HINT, archive_kind, file_model_spec, one_line
+from paretorch.pipeline.sources.inputs import TensorInputs
 
 SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
 

@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.core.paths import sqlite_file
+from paretorch.pipeline.core.paths import sqlite_file
 
 if TYPE_CHECKING:
     from mlflow.store.artifact.artifact_repo import ArtifactRepository

@@ -15,7 +15,7 @@
 
 Default store: SQLite in the results directory (``<results>/mlflow.db``, artifacts
 under ``<results>/mlartifacts``), the store ``make ui`` serves. Its experiments keep their
-artifacts at ``mlflow-artifacts:/<experiment folder>`` (``pipeline.tracking.artifacts``), so a
+artifacts at ``mlflow-artifacts:/<experiment folder>`` (``paretorch.pipeline.tracking.artifacts``), so a
 moved or copied results folder shows its own files.
 """
 
@@ -36,13 +36,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.errors import PipelineError
-from pipeline.core.locks import file_lock
-from pipeline.core.paths import results_dir, sqlite_file
-from pipeline.core.secrets import mask_secrets
-from pipeline.core.writable import check_writable_dir
-from pipeline.tracking.artifacts import artifact_root_for, experiment_location, registered
-from pipeline.tracking.columns import KEY_TAGS, VIEW_TAG, headline_view
+from paretorch.pipeline.core.errors import PipelineError
+from paretorch.pipeline.core.locks import file_lock
+from paretorch.pipeline.core.paths import results_dir, sqlite_file
+from paretorch.pipeline.core.secrets import mask_secrets
+from paretorch.pipeline.core.writable import check_writable_dir
+from paretorch.pipeline.tracking.artifacts import artifact_root_for, experiment_location, registered
+from paretorch.pipeline.tracking.columns import KEY_TAGS, VIEW_TAG, headline_view
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -195,8 +195,8 @@ class Tracker:
 
     def show_columns(self, metrics: Sequence[str], tags: Sequence[str] = KEY_TAGS, leading: Sequence[str] = ()) -> None:
         """Add these metrics and run tags to the columns the experiment's runs table opens with
-        (``pipeline.tracking.columns``; the URL ``make ui`` prints): the trial runs, one row each; the ``leading``
-        metrics, then the tags, first."""
+        (``paretorch.pipeline.tracking.columns``; the URL ``make ui`` prints): the trial runs, one row each; the
+        ``leading`` metrics, then the tags, first."""
         current = self._client.get_experiment(self.experiment_id).tags.get(VIEW_TAG)
         view = headline_view([clean_key(m) for m in metrics], [clean_key(t) for t in tags], current,
                              search_filter=f"tags.`{ROLE_TAG}` = 'trial'", leading=[clean_key(m) for m in leading])

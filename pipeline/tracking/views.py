@@ -2,7 +2,7 @@
 
 MLflow 3.17 opens an experiment on its GenAI "Traces" page; the runs table of a training
 experiment is at ``#/experiments/<id>/runs?workflowType=machine_learning``, and
-``&viewStateShareKey=<key>`` opens it with a shared view's columns (``pipeline.tracking.columns``).
+``&viewStateShareKey=<key>`` opens it with a shared view's columns (``paretorch.pipeline.tracking.columns``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
-from pipeline.tracking.columns import VIEW_KEY, VIEW_PARAMETER, VIEW_TAG
-from pipeline.tracking.tracker import ROLE_TAG, STUDY_TAG, experiment_name
+from paretorch.pipeline.tracking.columns import VIEW_KEY, VIEW_PARAMETER, VIEW_TAG
+from paretorch.pipeline.tracking.tracker import ROLE_TAG, STUDY_TAG, experiment_name
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -24,7 +24,7 @@ DETAIL_PREFIX = "detail."
 
 def runs_view_url(base: str, experiment_id: str, view_key: str | None = None) -> str:
     """The runs table (model-training view) of one experiment; with ``view_key``, opened on that shared
-    view (its columns: ``pipeline.tracking.columns``)."""
+    view (its columns: ``paretorch.pipeline.tracking.columns``)."""
     url = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
     return f"{url}&{VIEW_PARAMETER}={view_key}" if view_key else url
 

@@ -4,24 +4,24 @@ Calibration (``fp32_layers=None``) measures, on the spec's calibration batches,
 how much each layer alone in the reduced dtype moves the model output, then
 starts from every layer reduced and moves the most sensitive layers back to
 float32 until the whole model is within ``error_budget`` (see
-:mod:`stages.amp.calibrate`). The fully determined policy is handed
+:mod:`paretorch.stages.amp.calibrate`). The fully determined policy is handed
 back through ``ctx.resolve`` so the recipe replays without calibrating.
 
 The policy persists in the returned module, not in an autocast context
-(:mod:`stages.amp.switch`): a policy that reduces every layer is exactly
+(:mod:`paretorch.stages.amp.switch`): a policy that reduces every layer is exactly
 ``model.to(dtype)`` with floating inputs cast to ``dtype`` and floating outputs to
 float32 at the model boundary, no per-layer cast; a partial policy holds reduced
 layers' parameters (and floating buffers) in the reduced dtype and float32 layers'
 in float32, and casts a layer's floating inputs only where they arrive in another
 dtype than the layer's. Either way the state dict shrinks, the model's floating
 outputs come back as float32 and integer inputs are never cast. The casts are
-functions bound with ``functools.partial`` (:mod:`stages.amp.casting`), so the model
+functions bound with ``functools.partial`` (:mod:`paretorch.stages.amp.casting`), so the model
 survives ``copy.deepcopy``, ``torch.compile`` (one graph, no break) and
 ``torch.export.export``; the module names do not change.
 
 Records: ``amp.calibration`` ("measured", or "reused": the sensitivities of an earlier
 calibration of the same input model and dtype, in this process or an earlier one, see
-:data:`stages.common.sensitivity.SENSITIVITIES`),
+:data:`paretorch.stages.common.sensitivity.SENSITIVITIES`),
 ``amp.sensitivity`` ({layer: error with that layer alone reduced}),
 ``amp.output_error`` (the chosen policy's error), ``amp.steps`` ([layers kept in
 float32, error] per measurement); when they apply, ``amp.groups`` (sibling layers
@@ -39,17 +39,17 @@ import torch
 from pydantic import Field, StringConstraints, field_validator
 from torch import nn
 
-from pipeline.core.device import Capabilities, move_module
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.model_facts import ModelFacts
-from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext, export_mirror
-from stages.amp.casting import REDUCED_DTYPES, dtype_name
-from stages.amp.switch import PrecisionSwitch
-from stages.amp.units import find_precision_units
-from stages.common.mirror_facts import ReducedPrecision, WeightQuantization
-from stages.common.rankings import SENSITIVITIES
-from stages.common.sensitivity import calibrate, run_forward
+from paretorch.pipeline.core.device import Capabilities, move_module
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext, export_mirror
+from paretorch.stages.amp.casting import REDUCED_DTYPES, dtype_name
+from paretorch.stages.amp.switch import PrecisionSwitch
+from paretorch.stages.amp.units import find_precision_units
+from paretorch.stages.common.mirror_facts import ReducedPrecision, WeightQuantization
+from paretorch.stages.common.rankings import SENSITIVITIES
+from paretorch.stages.common.sensitivity import calibrate, run_forward
 
 if TYPE_CHECKING:
     import optuna

@@ -1,6 +1,6 @@
 """Set a precision policy on a model in place, as many times as calibration needs.
 
-Two shapes of policy (:mod:`stages.amp.casting` has the casts):
+Two shapes of policy (:mod:`paretorch.stages.amp.casting` has the casts):
 
 * **full** (every unit reduced, none pinned): exactly a whole-model cast. Every floating
   parameter and buffer of the model is in the reduced dtype, those of the root module
@@ -27,8 +27,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from stages.amp.casting import floating_dtypes, input_cast_hook, set_boundary
-from stages.amp.units import PrecisionUnits, unit_tensors
+from paretorch.stages.amp.casting import floating_dtypes, input_cast_hook, set_boundary
+from paretorch.stages.amp.units import PrecisionUnits, unit_tensors
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ class PrecisionSwitch:
         self._set_casts()
 
     def set_changed(self, names: Iterable[str]) -> None:
-        """:meth:`set_reduced` under the name :class:`stages.common.sensitivity.UnitSwitch` uses."""
+        """:meth:`set_reduced` under the name :class:`paretorch.stages.common.sensitivity.UnitSwitch` uses."""
         self.set_reduced(names)
 
     def keep_needed_casts(self, forward: Callable[[], Any]) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.errors import ConfigError
 
 _PLAIN_TENSOR_TYPES = (Tensor, nn.Parameter)
 

@@ -2,9 +2,9 @@
 
 The stage that changes the numerics gives them (quantize: :class:`WeightQuantization`; amp:
 :class:`ReducedPrecision`; unstructured pruning: :class:`Sparsity`; pack: :class:`PaddingFree`), each saying what
-a runtime must reproduce to run it (:meth:`~pipeline.core.mirror.MirrorFacts.needs`: a quantization scheme,
+a runtime must reproduce to run it (:meth:`~paretorch.pipeline.core.mirror.MirrorFacts.needs`: a quantization scheme,
 a precision, a stage, in words that name no runtime (each runtime declares what it reproduces); the export stages
-read them from the recipe's merged :class:`~pipeline.core.mirror.ExportMirror`
+read them from the recipe's merged :class:`~paretorch.pipeline.core.mirror.ExportMirror`
 (``mirror.of(WeightQuantization)``). Neither side imports the other: both import these classes.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.core.length_groups import PACK
-from pipeline.core.mirror import MirrorFacts, Need, quant_group, quant_scheme
+from paretorch.pipeline.core.length_groups import PACK
+from paretorch.pipeline.core.mirror import MirrorFacts, Need, quant_group, quant_scheme
 
 LayerKind = Literal["linear", "conv"]
 #: What a quantization does to activations: ``float`` (weight-only), ``dynamic`` (scales from each
@@ -81,7 +81,7 @@ class Sparsity(MirrorFacts):
 class PaddingFree(MirrorFacts):
     """Padding-free execution (the pack stage). Exports convert the padded graph (packing is how torch runs it,
     not part of the graph); a runtime that runs a file reproduces it by calling the file once per group of
-    similar-length rows (:mod:`pipeline.core.length_groups`), and declares so."""
+    similar-length rows (:mod:`paretorch.pipeline.core.length_groups`), and declares so."""
 
     def needs(self) -> tuple[Need, ...]:
         return (Need("stage", (PACK,), "pack (padding-free execution)"),)

@@ -1,4 +1,4 @@
-"""The ranking phase of a sensitivity calibration (:mod:`stages.common.sensitivity`): each unit's
+"""The ranking phase of a sensitivity calibration (:mod:`paretorch.stages.common.sensitivity`): each unit's
 whole-model error when it alone is changed, or a block's when all its units are, descending only
 into the blocks more sensitive than their siblings' mean; what was measured is kept when time runs out.
 """
@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.errors import InfeasibleConfig
 
 #: ``measure(changed units, what) -> relative output error`` (raises :class:`UnitForwardError`).
 MeasureFn = Callable[[Sequence[str], str], float]

@@ -1,6 +1,6 @@
 """Where sensitivity rankings are kept: in memory for this process (:class:`RankingMemo`) and
 on disk for later runs and processes (:class:`RankingStore`, :data:`SENSITIVITIES` under the
-results directory's ``cache/sensitivity``). :mod:`stages.common.sensitivity` measures them.
+results directory's ``cache/sensitivity``). :mod:`paretorch.stages.common.sensitivity` measures them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.core.paths import cache_dir
+from paretorch.pipeline.core.paths import cache_dir
 
 
 @dataclass

@@ -23,7 +23,7 @@ Bounding the cost (so that calibration fits inside a search):
 * ``blocks=True`` measures parent blocks first (every unit below ``encoder.layer.3``
   changed at once) and descends only into blocks more sensitive than the mean of
   their siblings; the others are switched as one group.
-* :class:`~stages.common.rankings.RankingStore` keeps what calibration learnt about one input model (the
+* :class:`~paretorch.stages.common.rankings.RankingStore` keeps what calibration learnt about one input model (the
   ranking and every greedy step measured) in memory and on disk, so later trials and
   resumed runs with any budget reuse it.
 * ``seconds`` ends calibration with the best policy found so far: units not yet
@@ -43,12 +43,12 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import InfeasibleConfig, PipelineError
-from pipeline.core.progress import Phase, phase
-from pipeline.core.spec import Batch
-from stages.common.layer_outputs import floating_output_leaves
-from stages.common.partial_ranking import MeasureFn, PartialRanking, UnitForwardError, try_measure
-from stages.common.rankings import SensitivityRanking
+from paretorch.pipeline.core.errors import InfeasibleConfig, PipelineError
+from paretorch.pipeline.core.progress import Phase, phase
+from paretorch.pipeline.core.spec import Batch
+from paretorch.stages.common.layer_outputs import floating_output_leaves
+from paretorch.stages.common.partial_ranking import MeasureFn, PartialRanking, UnitForwardError, try_measure
+from paretorch.stages.common.rankings import SensitivityRanking
 
 #: The greedy phase re-measures the whole model at most this many times: bigger
 #: models move ceil(groups / MAX_MOVES) groups back per step.

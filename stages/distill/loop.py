@@ -1,4 +1,4 @@
-"""The distillation loop: seeded sampling, learning-rate schedule, autocast, progress (pipeline.core.progress)."""
+"""The distillation loop: seeded sampling, LR schedule, autocast, progress (paretorch.pipeline.core.progress)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.progress import phase
-from pipeline.core.spec import Batch, OutputKind, move_batch
-from pipeline.core.training_data import TrainingData
-from stages.distill.losses import LossWeights, captured_outputs, check_layer_names, hidden_loss, output_loss
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.progress import phase
+from paretorch.pipeline.core.spec import Batch, OutputKind, move_batch
+from paretorch.pipeline.core.training_data import TrainingData
+from paretorch.stages.distill.losses import LossWeights, captured_outputs, check_layer_names, hidden_loss, output_loss
 
 Schedule = Literal["constant", "cosine", "linear"]
 #: How many times a run updates the loss on its progress line (reading the loss waits for the device).
@@ -119,7 +119,8 @@ class Distiller:
         self.teacher_layers = check_layer_names(teacher, [t for _, t in layer_map], "teacher")
         self.teacher.eval().requires_grad_(False)
         #: The teacher's outputs per sample: ``teacher_outputs`` where given (kept across distillations by the same
-        #: teacher on the same data, :func:`stages.distill.stage.shared_teacher_outputs`), unless layers are matched.
+        #: teacher on the same data, :func:`paretorch.stages.distill.stage.shared_teacher_outputs`), unless layers are
+        #: matched.
         self.teacher_outputs = (teacher_outputs if teacher_outputs is not None and not layer_map
                                 else TeacherOutputs(data.samples, enabled=not layer_map))
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import OutputKind
-from stages.common.layer_outputs import tensor_leaves
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import OutputKind
+from paretorch.stages.common.layer_outputs import tensor_leaves
 
 
 @dataclass(frozen=True)

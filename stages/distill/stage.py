@@ -5,7 +5,7 @@ The loss follows the spec's output kind (``ModelSpec.output_kind``; ``auto`` dec
 the teacher's output): KL divergence at a temperature on logits, cosine plus MSE on
 embeddings; optionally MSE between mapped hidden layers (``layer_map``: student module ->
 teacher module, for students that lost layers); plus the spec's task loss when its
-training data has labels. The data is :func:`pipeline.core.training_data.distillation_data`.
+training data has labels. The data is :func:`paretorch.pipeline.core.training_data.distillation_data`.
 The stage is structural for exports: its new weights are in the float graph they convert.
 """
 
@@ -20,15 +20,15 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from pipeline.core.device import Capabilities, move_module
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.fidelity import infer_output_kind
-from pipeline.core.model_facts import ModelFacts
-from pipeline.core.spec import OutputKind
-from pipeline.core.stage import Stage, StageConfig, StageContext
-from pipeline.core.training_data import TrainingData, distillation_data
-from stages.distill.loop import Distiller, Optimization, Schedule, TeacherOutputs
-from stages.distill.losses import LossWeights
+from paretorch.pipeline.core.device import Capabilities, move_module
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.fidelity import infer_output_kind
+from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.spec import OutputKind
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext
+from paretorch.pipeline.core.training_data import TrainingData, distillation_data
+from paretorch.stages.distill.loop import Distiller, Optimization, Schedule, TeacherOutputs
+from paretorch.stages.distill.losses import LossWeights
 
 if TYPE_CHECKING:
     import optuna
@@ -107,7 +107,7 @@ class DistillConfig(StageConfig):
         return None
 
     def low_fidelity(self) -> Self | None:
-        """The screen of a search (:mod:`pipeline.search.screening`): :data:`SCREEN_FRACTION` of the
+        """The screen of a search (:mod:`paretorch.pipeline.search.screening`): :data:`SCREEN_FRACTION` of the
         steps, of the time budget and of the stop step, the schedule fitted to the shorter run. None
         below :data:`SCREEN_MIN_STEPS` steps (cheap already)."""
         if self.steps < SCREEN_MIN_STEPS:

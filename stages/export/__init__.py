@@ -9,6 +9,6 @@
 * :mod:`.coreml_export`, :mod:`.coreml_convert`, :mod:`.coreml_compress`,
   :mod:`.onnx_export`, :mod:`.pt2_export`: one exporter each.
 
-What to mirror comes from :func:`pipeline.core.stage.export_mirror` (each model
+What to mirror comes from :func:`paretorch.pipeline.core.stage.export_mirror` (each model
 stage declares its own mirror); no exporter imports another stage.
 """

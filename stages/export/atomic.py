@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.core.errors import PipelineError
+from paretorch.pipeline.core.errors import PipelineError
 
 STAGING_SUFFIX = ".partial"
 

@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.fidelity import FIDELITY_METRIC_NAMES
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.spec import Batch, ModelSpec
-from pipeline.core.stage import StageContext
-from stages.common.mirror_facts import PaddingFree
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.fidelity import FIDELITY_METRIC_NAMES
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.spec import Batch, ModelSpec
+from paretorch.pipeline.core.stage import StageContext
+from paretorch.stages.common.mirror_facts import PaddingFree
 
 CPU = torch.device("cpu")
 #: Exact exports (same float32 graph): max abs error <= this x max(1, max |reference|).

@@ -1,7 +1,7 @@
 """The ``export.coreml`` stage: a Core ML ML Program (``<spec>.mlpackage``) of the float graph,
 with the recipe's compression mirrored through ``coremltools.optimize``. Core ML files are
 built and checked here; predictions need macOS, and the validation text says so.
-The machinery is :mod:`stages.export.coreml_export`."""
+The machinery is :mod:`paretorch.stages.export.coreml_export`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import Field
 from torch import nn
 
-from pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
-from stages.export.coreml_export import export_coreml
+from paretorch.pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
+from paretorch.stages.export.coreml_export import export_coreml
 
 
 class CoreMLExportConfig(ExportConfig):

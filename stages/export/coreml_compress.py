@@ -14,7 +14,7 @@ The mapping (torch recipe -> Core ML weight compression):
 * ``palettize_bits`` -> ``palettize_weights`` on every weight still uncompressed.
 
 Quantization touches the weights the quantize stage chose
-(:mod:`stages.export.layer_filter`), selected by constant name. Sparse
+(:mod:`paretorch.stages.export.layer_filter`), selected by constant name. Sparse
 storage and palettization follow coremltools' size rule: weights with no more
 than ``weight_threshold`` elements stay as they are (coremltools' default 2048).
 """
@@ -26,10 +26,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.mirror import ExportMirror
-from stages.common.mirror_facts import Sparsity, WeightQuantization
-from stages.export.layer_filter import LayerFilter, module_weight_key, untraced_protected
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.stages.common.mirror_facts import Sparsity, WeightQuantization
+from paretorch.stages.export.layer_filter import LayerFilter, module_weight_key, untraced_protected
 
 if TYPE_CHECKING:
     import coremltools as ct

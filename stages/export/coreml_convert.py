@@ -24,15 +24,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import Batch
-from stages.common.mirror_facts import ReducedPrecision
-from stages.export.checks import short_error
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
+from paretorch.stages.common.mirror_facts import ReducedPrecision
+from paretorch.stages.export.checks import short_error
 
 if TYPE_CHECKING:
     import coremltools as ct
 
-    from stages.export.coreml import CoreMLExportConfig
+    from paretorch.stages.export.coreml import CoreMLExportConfig
 
 PLAIN_ROUTE = "torch.export"
 CORE_ATEN_ROUTE = "torch.export + core ATen decompositions"

@@ -2,10 +2,10 @@
 
 coremltools cannot convert a torchao-quantized graph, so the float graph
 (``ctx.float_model``) is converted - through ``torch.export`` first, then
-``torch.jit.trace`` (:mod:`stages.export.coreml_convert`), with the compute
+``torch.jit.trace`` (:mod:`paretorch.stages.export.coreml_convert`), with the compute
 precision of the recipe's AMP policy - and the recipe's compression is
 re-applied with ``coremltools.optimize.coreml``
-(:mod:`stages.export.coreml_compress`). The package is reloaded and its
+(:mod:`paretorch.stages.export.coreml_compress`). The package is reloaded and its
 inputs and outputs checked; on macOS it is also run and compared with torch.
 """
 
@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import Batch
-from pipeline.core.stage import ExportResult, StageContext, export_mirror
-from stages.common.mirror_facts import PaddingFree, ReducedPrecision
-from stages.export.atomic import artifact_size_bytes, atomic_artifact
-from stages.export.checks import (
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
+from paretorch.pipeline.core.stage import ExportResult, StageContext, export_mirror
+from paretorch.stages.common.mirror_facts import PaddingFree, ReducedPrecision
+from paretorch.stages.export.atomic import artifact_size_bytes, atomic_artifact
+from paretorch.stages.export.checks import (
     OutputComparison,
     compare_outputs,
     converter_failure,
@@ -31,13 +31,13 @@ from stages.export.checks import (
     require_close,
     run_reference,
 )
-from stages.export.coreml_compress import compressed_weight_ops, mirror_compression
-from stages.export.coreml_convert import convert_float_graph
-from stages.export.layer_filter import LayerFilter
-from stages.export.metadata import RECIPE_KEY, artifact_metadata
+from paretorch.stages.export.coreml_compress import compressed_weight_ops, mirror_compression
+from paretorch.stages.export.coreml_convert import convert_float_graph
+from paretorch.stages.export.layer_filter import LayerFilter
+from paretorch.stages.export.metadata import RECIPE_KEY, artifact_metadata
 
 if TYPE_CHECKING:
-    from stages.export.coreml import CoreMLExportConfig
+    from paretorch.stages.export.coreml import CoreMLExportConfig
 
 NOT_PREDICTED = "not predicted: Core ML predictions need macOS"
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.core.mirror import ExportMirror
-from stages.common.mirror_facts import LayerKind, WeightQuantization
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.stages.common.mirror_facts import LayerKind, WeightQuantization
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from importlib import metadata
 
-from pipeline.core.stage import StageConfig
+from paretorch.pipeline.core.stage import StageConfig
 
 RECIPE_KEY = "paretorch.recipe"
 VERSIONS_KEY = "paretorch.versions"

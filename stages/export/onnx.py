@@ -1,6 +1,6 @@
 """The ``export.onnx`` stage: a self-contained ONNX file of the float graph, with ONNX Runtime's
 transformer fusions and its int8 mirror of the quantize stage, checked and measured with onnxruntime.
-The machinery is :mod:`stages.export.onnx_export`; the ``onnxruntime`` runtime runs this stage's file."""
+The machinery is :mod:`paretorch.stages.export.onnx_export`; the ``onnxruntime`` runtime runs this stage's file."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import Field
 from torch import nn
 
-from pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
-from stages.export.onnx_export import export_onnx
+from paretorch.pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
+from paretorch.stages.export.onnx_export import export_onnx
 
 
 class ONNXExportConfig(ExportConfig):

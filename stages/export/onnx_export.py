@@ -4,8 +4,8 @@ The artifact is one self-contained ``<spec name>.onnx`` (weights embedded, so
 models up to protobuf's 2 GB limit), the file a user deploys with plain
 ``onnxruntime.InferenceSession(path)``. Token models get ONNX Runtime's fused
 transformer ops, matched in the dynamo graph by onnxscript
-(:mod:`stages.export.onnx_fusions`); with ``quantize="mirror"`` the recipe's int8 methods
-are mirrored with onnxruntime's quantization (:mod:`stages.export.onnx_int8`: dynamic,
+(:mod:`paretorch.stages.export.onnx_fusions`); with ``quantize="mirror"`` the recipe's int8 methods
+are mirrored with onnxruntime's quantization (:mod:`paretorch.stages.export.onnx_int8`: dynamic,
 or static QDQ calibrated on the spec's data, on the layers the torch side quantized);
 4-bit and float8 methods, AMP and sparsity are not mirrored and the
 validation text says so (or, for the ``onnxruntime`` runtime, the export is infeasible).
@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.ort_session import OrtModel, open_session
-from pipeline.core.spec import Batch
-from pipeline.core.stage import ExportResult, StageContext, export_mirror
-from pipeline.core.token_inputs import is_token_input
-from stages.common.mirror_facts import ReducedPrecision, Sparsity
-from stages.export.atomic import artifact_size_bytes, atomic_artifact
-from stages.export.checks import (
+from paretorch.pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.ort_session import OrtModel, open_session
+from paretorch.pipeline.core.spec import Batch
+from paretorch.pipeline.core.stage import ExportResult, StageContext, export_mirror
+from paretorch.pipeline.core.token_inputs import is_token_input
+from paretorch.stages.common.mirror_facts import ReducedPrecision, Sparsity
+from paretorch.stages.export.atomic import artifact_size_bytes, atomic_artifact
+from paretorch.stages.export.checks import (
     CPU,
     compare_outputs,
     converter_failure,
@@ -40,16 +40,16 @@ from stages.export.checks import (
     require_close,
     run_reference,
 )
-from stages.export.layer_filter import untraced_protected
-from stages.export.metadata import artifact_metadata
-from stages.export.onnx_fusions import transformer_fusions
-from stages.export.onnx_int8 import count_int8_ops, int8_plan, quantize_int8, select_nodes
-from stages.export.onnx_residual_order import residual_before_bias
+from paretorch.stages.export.layer_filter import untraced_protected
+from paretorch.stages.export.metadata import artifact_metadata
+from paretorch.stages.export.onnx_fusions import transformer_fusions
+from paretorch.stages.export.onnx_int8 import count_int8_ops, int8_plan, quantize_int8, select_nodes
+from paretorch.stages.export.onnx_residual_order import residual_before_bias
 
 if TYPE_CHECKING:
     import onnx
 
-    from stages.export.onnx import ONNXExportConfig
+    from paretorch.stages.export.onnx import ONNXExportConfig
 
 
 def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -> ExportResult:

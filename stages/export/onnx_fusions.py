@@ -6,7 +6,7 @@ graphs): ``MultiHeadAttention`` (the decomposed ``scaled_dot_product_attention``
 bias and the Q/K/V biases) and ``BiasGelu``. Nothing but the file is needed (no download, no config).
 
 Not ``SkipLayerNormalization`` (residual Add + LayerNormalization): on ORT's CPU provider that kernel is
-about 8x slower than the two ops it replaces (:mod:`stages.export.onnx_residual_order`, which also keeps
+about 8x slower than the two ops it replaces (:mod:`paretorch.stages.export.onnx_residual_order`, which also keeps
 ORT's own session-level fusion from making it).
 
 Why not ``onnxruntime.transformers.optimizer.optimize_model(model_type="bert")``: its patterns were
@@ -17,7 +17,7 @@ constant Mul on both Q and K, a boolean mask through ``Where``, ``IsNaN``/``Wher
 Giving it the real ``num_heads``/``hidden_size`` changes nothing.
 
 The Q/K/V projections stay separate MatMuls with their constant weights (MultiHeadAttention, not the
-packed ``Attention`` op of ``optimize_for_ort``): the int8 step (:mod:`stages.export.onnx_int8`)
+packed ``Attention`` op of ``optimize_for_ort``): the int8 step (:mod:`paretorch.stages.export.onnx_int8`)
 quantizes MatMuls with initializer weights, and a packed QKV weight (a Concat, with
 ``qkv_hidden_sizes``, which ORT's quantizer leaves float) would keep a quarter of each layer's linear
 work in float. On MiniLM (1 thread, batch 32, 61 tokens; residual adds reordered in both) the fused
@@ -25,7 +25,7 @@ attention ran 245 ms against 270 ms without it in fp32, 106 against 129 ms in dy
 Attention was as fast in fp32 and slower in int8 (measured before the reorder).
 
 ORT's session-level graph optimizations still run when the file is loaded
-(:data:`pipeline.core.ort_session.GRAPH_OPTIMIZATION`). Fusions run before int8 (ORT's order).
+(:data:`paretorch.pipeline.core.ort_session.GRAPH_OPTIMIZATION`). Fusions run before int8 (ORT's order).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stages.export.checks import converter_failure
+from paretorch.stages.export.checks import converter_failure
 
 if TYPE_CHECKING:
     import onnx

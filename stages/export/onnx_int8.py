@@ -4,7 +4,7 @@ The recipe's quantize method decides the ORT method: torch-side dynamic int8 -> 
 (int8 weights per output channel, activations quantized per call); static int8 (PT2E, calibrated)
 -> ``quantize_static`` in the QDQ format, calibrated (a high percentile of each activation) on the spec's
 calibration batches. The layers it touches are the ones the torch side quantized: the quantize stage's
-layer filter (:class:`~stages.export.layer_filter.LayerFilter`), with the layers its float fallback kept
+layer filter (:class:`~paretorch.stages.export.layer_filter.LayerFilter`), with the layers its float fallback kept
 float left float here too. What ORT cannot reproduce (4-bit and float8 weights, int8 weight-only, AMP, any
 stage marked not mirrored) is a note on the file, or with ``unmirrored="infeasible"`` (the
 ``onnxruntime`` runtime, which must never measure a float model in place of a quantized one) an
@@ -21,18 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
-from pipeline.core.spec import Batch
-from stages.common.mirror_facts import WeightQuantization
-from stages.export.checks import converter_failure
-from stages.export.layer_filter import LayerFilter, module_weight_key
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
+from paretorch.pipeline.core.spec import Batch
+from paretorch.stages.common.mirror_facts import WeightQuantization
+from paretorch.stages.export.checks import converter_failure
+from paretorch.stages.export.layer_filter import LayerFilter, module_weight_key
 
 if TYPE_CHECKING:
     import onnx
 
-    from stages.export.onnx import ONNXExportConfig
+    from paretorch.stages.export.onnx import ONNXExportConfig
 
 #: ONNX op types of the layer kinds a quantization touches.
 ONNX_OP_TYPES = {"linear": ("MatMul", "Gemm"), "conv": ("Conv",)}

@@ -1,7 +1,7 @@
 """The ``export.openvino`` stage: an OpenVINO IR (``.xml`` + ``.bin``) of the float graph with NNCF's int8
 mirror of the quantize stage and the recipe's inference precision, checked and measured with OpenVINO.
 Not in the default pipeline (``order=None``): the ``openvino`` runtime makes it on demand. The machinery is
-:mod:`stages.export.openvino_export`."""
+:mod:`paretorch.stages.export.openvino_export`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Literal
 
 from torch import nn
 
-from pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
-from stages.export.openvino_export import export_openvino
+from paretorch.pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
+from paretorch.stages.export.openvino_export import export_openvino
 
 
 class OpenVINOExportConfig(ExportConfig):

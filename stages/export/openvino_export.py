@@ -3,8 +3,8 @@
 The float graph is converted from the torch model (the PyTorch frontend traces it; the ExportedProgram
 route of openvino 2026.4 fails on torch 2.13's guard function), with every input's batch and, for token
 inputs, sequence dimension dynamic. The recipe's numeric stages are then re-applied with OpenVINO's tools
-(:mod:`stages.export.openvino_nncf`; which ones it can, the runtime declares:
-:data:`pipeline.core.runtimes.openvino.REPRODUCES`), and the IR is saved with float32
+(:mod:`paretorch.stages.export.openvino_nncf`; which ones it can, the runtime declares:
+:data:`paretorch.pipeline.core.runtimes.openvino.REPRODUCES`), and the IR is saved with float32
 weights (``save_model`` would otherwise halve them to float16, a numeric change of its own). The artifact is a directory
 ``<spec>.openvino`` holding ``<spec>.xml`` + ``<spec>.bin``; the IR's ``rt_info`` records the inference
 precision, the recipe and the library versions, and keeps OpenVINO's dynamic activation quantization off
@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.ov_session import InferencePrecision, OvModel, default_precision, open_ir, record_settings
-from pipeline.core.padding import cut_to, longest, trim_to_longest
-from pipeline.core.runtimes.openvino import OPENVINO
-from pipeline.core.spec import Batch, ModelSpec
-from pipeline.core.stage import ExportResult, StageContext, export_mirror
-from pipeline.core.token_inputs import is_token_input
-from stages.common.mirror_facts import ReducedPrecision, WeightQuantization
-from stages.export.atomic import artifact_size_bytes, atomic_artifact
-from stages.export.checks import (
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.ov_session import InferencePrecision, OvModel, default_precision, open_ir, record_settings
+from paretorch.pipeline.core.padding import cut_to, longest, trim_to_longest
+from paretorch.pipeline.core.runtimes.openvino import OPENVINO
+from paretorch.pipeline.core.spec import Batch, ModelSpec
+from paretorch.pipeline.core.stage import ExportResult, StageContext, export_mirror
+from paretorch.pipeline.core.token_inputs import is_token_input
+from paretorch.stages.common.mirror_facts import ReducedPrecision, WeightQuantization
+from paretorch.stages.export.atomic import artifact_size_bytes, atomic_artifact
+from paretorch.stages.export.checks import (
     CPU,
     compare_outputs,
     converter_failure,
@@ -43,9 +43,9 @@ from stages.export.checks import (
     require_close,
     run_reference,
 )
-from stages.export.layer_filter import LayerFilter
-from stages.export.metadata import artifact_metadata
-from stages.export.openvino_nncf import (
+from paretorch.stages.export.layer_filter import LayerFilter
+from paretorch.stages.export.metadata import artifact_metadata
+from paretorch.stages.export.openvino_nncf import (
     NNCFModelType,
     OvQuantMode,
     compress_weights,
@@ -57,7 +57,7 @@ from stages.export.openvino_nncf import (
 if TYPE_CHECKING:
     import openvino
 
-    from stages.export.openvino import OpenVINOExportConfig
+    from paretorch.stages.export.openvino import OpenVINOExportConfig
 
 #: The IR's ``runtime_options`` that ``openvino.Core.compile_model`` applies by itself (a plain user's load
 #: gets them): dynamic activation quantization off, so int8 weight-only keeps float activations.
@@ -79,7 +79,7 @@ class OvPlan:
 def ov_plan(config: OpenVINOExportConfig, upstream: ExportMirror, token_model: bool,
             device_default: InferencePrecision = "f32") -> OvPlan:
     """Decide the NNCF step and the precision from ``config`` and the recipe (``device_default``: the precision
-    OpenVINO picks by itself on the device, :func:`~pipeline.core.ov_session.default_precision`); with
+    OpenVINO picks by itself on the device, :func:`~paretorch.pipeline.core.ov_session.default_precision`); with
     ``config.unmirrored == "infeasible"`` a numeric stage OpenVINO cannot reproduce raises
     :class:`InfeasibleConfig`."""
     exported = upstream if config.quantize == "mirror" else upstream.without(WeightQuantization)

@@ -1,7 +1,7 @@
 """NNCF, the OpenVINO mirror of the quantize stage, and the layers it touches.
 
 The recipe's quantize method decides the NNCF call (which ones OpenVINO mirrors:
-:data:`pipeline.core.runtimes.openvino.REPRODUCES`):
+:data:`paretorch.pipeline.core.runtimes.openvino.REPRODUCES`):
 static int8 (PT2E, calibrated) -> ``nncf.quantize`` calibrated on the spec's calibration data one sample per
 NNCF item (token samples cut to their own length: no padding token's activation widens a range), every
 sample used, preset MIXED (asymmetric activations, symmetric per-channel weights: the x86 PT2E recipe's
@@ -10,7 +10,7 @@ weights), with NNCF's transformer model type for token models: the parameters se
 OpenVINO backend (optimum-intel's ``OVQuantizationConfig``) quantizes with; int8
 weight-only -> ``nncf.compress_weights`` (INT8, per output channel) with the CPU plugin's dynamic
 activation quantization off. The layers are the ones the torch side quantized: the quantize stage's layer
-filter (:class:`~stages.export.layer_filter.LayerFilter`) read on each weighted op of the IR, every other
+filter (:class:`~paretorch.stages.export.layer_filter.LayerFilter`) read on each weighted op of the IR, every other
 weighted op in NNCF's ignored scope.
 """
 
@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import Batch
-from pipeline.core.token_inputs import is_token_input
-from stages.export.checks import converter_failure
-from stages.export.layer_filter import LayerFilter, module_weight_key
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
+from paretorch.pipeline.core.token_inputs import is_token_input
+from paretorch.stages.export.checks import converter_failure
+from paretorch.stages.export.layer_filter import LayerFilter, module_weight_key
 
 if TYPE_CHECKING:
     import openvino

@@ -1,13 +1,13 @@
 """The ``export.pt2`` stage: a ``torch.export`` ExportedProgram (``<spec>.pt2``) of the final
 model, as the recipe left it. Not in the default pipeline (add it to a pipeline or recipe).
-The machinery is :mod:`stages.export.pt2_export`."""
+The machinery is :mod:`paretorch.stages.export.pt2_export`."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
-from stages.export.pt2_export import export_pt2
+from paretorch.pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext
+from paretorch.stages.export.pt2_export import export_pt2
 
 
 class PT2ExportConfig(ExportConfig):

@@ -14,16 +14,22 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from pipeline.core.device import move_module
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import Batch
-from pipeline.core.stage import ExportResult, StageContext
-from stages.export.atomic import artifact_size_bytes, atomic_artifact
-from stages.export.checks import compare_outputs, converter_failure, flatten_outputs, require_close, run_reference
-from stages.export.metadata import RECIPE_KEY, VERSIONS_KEY, artifact_metadata
+from paretorch.pipeline.core.device import move_module
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
+from paretorch.pipeline.core.stage import ExportResult, StageContext
+from paretorch.stages.export.atomic import artifact_size_bytes, atomic_artifact
+from paretorch.stages.export.checks import (
+    compare_outputs,
+    converter_failure,
+    flatten_outputs,
+    require_close,
+    run_reference,
+)
+from paretorch.stages.export.metadata import RECIPE_KEY, VERSIONS_KEY, artifact_metadata
 
 if TYPE_CHECKING:
-    from stages.export.pt2 import PT2ExportConfig
+    from paretorch.stages.export.pt2 import PT2ExportConfig
 
 #: Batch size of the traced example; a dynamic batch dimension is checked at another size too.
 EXAMPLE_BATCH = 2

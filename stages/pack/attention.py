@@ -1,7 +1,7 @@
 """Attention per sequence over packed tokens: each sequence's tokens attend to their own sequence only.
 
 Four kernels, all taking ``(T, heads, head_size)`` query / key / value and a
-:class:`~stages.pack.layout.PackedLayout`, returning ``(T, heads * head_size)``:
+:class:`~paretorch.stages.pack.layout.PackedLayout`, returning ``(T, heads * head_size)``:
 
 * ``varlen``: :func:`torch.nn.attention.varlen.varlen_attn` (Flash Attention over the sequence
   starts): CUDA, float16 / bfloat16 only (:func:`varlen_available`);
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional
 
-from stages.pack.layout import PackedLayout
+from paretorch.stages.pack.layout import PackedLayout
 
 AttentionKind = Literal["varlen", "flex", "nested", "padded"]
 #: Whether this torch has variable-length Flash Attention (``torch.nn.attention.varlen``, torch >= 2.10).

@@ -1,7 +1,7 @@
 """What a packable model is: a Hugging Face BERT encoder behind the pipeline's text wrappers.
 
 The pipeline's text models take ``(input_ids, attention_mask)`` and return one tensor per row
-(:mod:`pipeline.sources.huggingface`): ``PooledEmbedding`` (mean or CLS pooling of an encoder,
+(:mod:`paretorch.pipeline.sources.huggingface`): ``PooledEmbedding`` (mean or CLS pooling of an encoder,
 optionally L2-normalized; MiniLM and ``hf:`` embedding directories) or ``ClassifierLogits``
 (a ``...ForSequenceClassification`` model's logits). The stage packs those whose encoder is
 BERT's: ``embeddings`` (word + token type + absolute position by column, then LayerNorm)

@@ -2,7 +2,7 @@
 
 Input contract of :class:`PackedEncoder` (the model a pack recipe builds, ``run_chain(...).model``, under the
 recipe's runtime; the pack stage's ``deploy``: ``pipeline apply`` writes the files it is rebuilt from and
-:func:`pipeline.api.load_deployment` rebuilds it):
+:func:`paretorch.pipeline.api.load_deployment` rebuilds it):
 
 * ``encoder(token_lists)``: ``B`` lists of token ids, each the tokenizer's ``input_ids`` for one text
   **without padding** (``[CLS] ... [SEP]`` for BERT; ``tokenizer(texts)["input_ids"]`` hands exactly
@@ -12,9 +12,9 @@ recipe's runtime; the pack stage's ``deploy``: ``pipeline apply`` writes the fil
 
 Both return the wrapper's output, one row per text (embeddings, or logits for a classifier), as a
 ``(B, dim)`` float32 CPU tensor. Per call: the ids and sequence starts are packed on the host into
-one int64 buffer (:func:`stages.pack.layout.pack_token_lists`), copied to the device once, run as
+one int64 buffer (:func:`paretorch.stages.pack.layout.pack_token_lists`), copied to the device once, run as
 one graph per token bucket under a compiled runtime (the layout is built inside it:
-:meth:`PackedBert.forward_packed <stages.pack.packed.PackedBert.forward_packed>`), and the output is
+:meth:`PackedBert.forward_packed <paretorch.stages.pack.packed.PackedBert.forward_packed>`), and the output is
 copied back.
 """
 
@@ -25,15 +25,15 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.length_groups import check_token_lists
-from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
-from pipeline.core.text_batches import TextBatches
-from stages.pack.layout import HostPacked, pack_padded, pack_token_lists
-from stages.pack.packed import PackedBert
+from paretorch.pipeline.core.length_groups import check_token_lists
+from paretorch.pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
+from paretorch.pipeline.core.text_batches import TextBatches
+from paretorch.stages.pack.layout import HostPacked, pack_padded, pack_token_lists
+from paretorch.stages.pack.packed import PackedBert
 
 #: Runtimes that run the packed torch module (``onnxruntime`` and ``openvino`` deploy their file, called per length
-#: group: :func:`pipeline.api.load_deployment`; ``compile_dynamic`` marks the sequence dim dynamic, which the packed
-#: buffer does not have).
+#: group: :func:`paretorch.pipeline.api.load_deployment`; ``compile_dynamic`` marks the sequence dim dynamic, which the
+#: packed buffer does not have).
 DEPLOY_RUNTIMES = ("eager", "compile", "compile_cudagraphs")
 
 
@@ -55,7 +55,7 @@ class PackedEncoder(TextBatches):
     ``model``: the recipe's model (a :class:`PackedBert`, e.g. ``run_chain(model, recipe.stages, ctx).model``);
     ``runtime``: the recipe's runtime (:data:`DEPLOY_RUNTIMES`). Strings in: :meth:`~TextBatches.encode` (a corpus
     sorted by length, tokenized a batch ahead, rows in input order) once ``encode_text`` is set, as
-    :func:`pipeline.api.load_deployment` does."""
+    :func:`paretorch.pipeline.api.load_deployment` does."""
 
     def __init__(self, model: nn.Module, device: torch.device | str, runtime: str = "eager") -> None:
         if not isinstance(model, PackedBert):
@@ -64,7 +64,7 @@ class PackedEncoder(TextBatches):
         self.device = torch.device(device)
         if runtime not in DEPLOY_RUNTIMES:
             raise ValueError(f"PackedEncoder runs under {', '.join(DEPLOY_RUNTIMES)}; {runtime!r} is not one of them "
-                             "(onnxruntime and openvino deploy their file: pipeline.api.load_deployment)")
+                             "(onnxruntime and openvino deploy their file: paretorch.pipeline.api.load_deployment)")
         if runtime not in available_runtimes(self.device):
             raise ValueError(f"runtime {runtime!r} does not run on {self.device.type} here: use eager")
         self.model = model.to(self.device).eval()

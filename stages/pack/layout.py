@@ -5,7 +5,7 @@ The layout is built in two parts, so that nothing inside a call reads device mem
 * **on the host, where the lengths are known**: the row lengths give the sequence starts
   (``B + 2`` integers: each row's start, the dummy sequence's start, the packed length ``T``) and
   two static integers, ``T`` (the real tokens, or their bucket under static shapes:
-  :mod:`stages.pack.buckets`) and the attention width (the longest row, or its bucket under
+  :mod:`paretorch.stages.pack.buckets`) and the attention width (the longest row, or its bucket under
   static shapes). From token id lists (:func:`pack_token_lists`: the packed ids and the starts
   in one int64 buffer, one copy to the device) or from a padded host batch (:func:`pack_padded`)
   this is host work on the user's data before the copy; from a padded batch already on the
@@ -33,7 +33,7 @@ import numpy
 import torch
 from torch import Tensor
 
-from stages.pack.buckets import TOKEN_BUCKETS, smallest_bucket
+from paretorch.stages.pack.buckets import TOKEN_BUCKETS, smallest_bucket
 
 
 class PackedLayout(NamedTuple):

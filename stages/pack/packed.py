@@ -5,15 +5,15 @@ returns its output. It registers the wrapper's children under their own names (t
 ``nn.Linear`` / ``nn.LayerNorm`` / ``nn.Embedding`` objects, so module names, state dict keys and
 what pruning, quantization and mixed precision see are unchanged) and runs them on the packed
 ``(tokens, hidden)`` sequence: embeddings, the layers' linear layers, norms and activations
-(their own ``forward``s), attention per sequence (:mod:`stages.pack.attention`), then the
+(their own ``forward``s), attention per sequence (:mod:`paretorch.stages.pack.attention`), then the
 wrapper's pooling or classifier. Pruned heads, FFN widths and layers are read from the modules.
 
 Two inputs: a padded batch (``forward``, the pipeline's interface: its token count is read once, a
 one-row batch runs at its padded width with no read) and a batch packed on the host
-(``forward_packed``: what :class:`stages.pack.deploy.PackedEncoder` feeds it from token id lists, with
+(``forward_packed``: what :class:`paretorch.stages.pack.deploy.PackedEncoder` feeds it from token id lists, with
 no read at all). Either way the index tensors are built on the device inside the call
-(:func:`stages.pack.layout.device_layout`). Under ``torch.compile`` the packed length is bucketed
-(:mod:`stages.pack.buckets`), so compiled graphs see static shapes; in eager mode it is the exact count.
+(:func:`paretorch.stages.pack.layout.device_layout`). Under ``torch.compile`` the packed length is bucketed
+(:mod:`paretorch.stages.pack.buckets`), so compiled graphs see static shapes; in eager mode it is the exact count.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from stages.pack.attention import choose_kernel, document_blocks, packed_attention
-from stages.pack.bert import PackablePaths
-from stages.pack.buckets import TOKEN_BUCKETS
-from stages.pack.layout import (
+from paretorch.stages.pack.attention import choose_kernel, document_blocks, packed_attention
+from paretorch.stages.pack.bert import PackablePaths
+from paretorch.stages.pack.buckets import TOKEN_BUCKETS
+from paretorch.stages.pack.layout import (
     PackedLayout,
     device_layout,
     device_starts,
@@ -42,7 +42,7 @@ class PackedBert(nn.Module):
 
     ``attention``: ``auto`` (FlexAttention inside a compiled CUDA graph, else varlen Flash Attention where it
     runs, else ``padded``), ``varlen``, ``flex``, ``nested`` or ``padded``
-    (:func:`stages.pack.attention.choose_kernel`); ``buckets``: the
+    (:func:`paretorch.stages.pack.attention.choose_kernel`); ``buckets``: the
     total-token buckets used under ``torch.compile``."""
 
     def __init__(self, wrapper: nn.Module, paths: PackablePaths, attention: str = "auto",
@@ -96,7 +96,7 @@ class PackedBert(nn.Module):
         return functional.normalize(pooled, p=2, dim=1) if self.paths.normalize else pooled
 
     def forward_packed(self, buffer: Tensor, tokens: int, width: int) -> Tensor:
-        """The wrapper's output for a batch packed on the host (:func:`stages.pack.layout.pack_token_lists`:
+        """The wrapper's output for a batch packed on the host (:func:`paretorch.stages.pack.layout.pack_token_lists`:
         ``[ids (T), sequence starts (B + 2)]``, ``T`` and the attention width): no host read, the layout
         built inside the graph."""
         layout = device_layout(buffer[tokens:], tokens, width)

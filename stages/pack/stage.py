@@ -1,21 +1,21 @@
 """The pack stage: run a padded BERT-family sequence model on its real tokens only.
 
 A padded batch spends most of its matrix work on padding (MiniLM's latency batch at 256 rows:
-68 % on an H100). :class:`~stages.pack.packed.PackedBert` takes the same inputs and returns the
+68 % on an H100). :class:`~paretorch.stages.pack.packed.PackedBert` takes the same inputs and returns the
 same outputs, but packs the batch's real tokens into one sequence for the embeddings, linear
-layers, norms and activations, and runs attention per sequence (:mod:`stages.pack.attention`).
+layers, norms and activations, and runs attention per sequence (:mod:`paretorch.stages.pack.attention`).
 It reuses the model's own modules, so the stages after it (quantize, amp) see the same layers.
 
 Exports keep the padded graph: the stage is ``numeric`` in the registry's sense (exports convert
-the model before it, ``ctx.float_model``) and its mirror is :class:`~stages.common.mirror_facts.PaddingFree`: a
-runtime that runs a file reproduces it by calling the padded file once per group of similar-length rows
-(``onnxruntime`` and ``openvino`` declare so: :mod:`pipeline.core.length_groups`), and the export records the
+the model before it, ``ctx.float_model``) and its mirror is :class:`~paretorch.stages.common.mirror_facts.PaddingFree`:
+a runtime that runs a file reproduces it by calling the padded file once per group of similar-length rows
+(``onnxruntime`` and ``openvino`` declare so: :mod:`paretorch.pipeline.core.length_groups`), and the export records the
 padding-mask input those calls group by; a runtime that declares nothing of the kind (MLX) rules a packed recipe
 out before it runs.
 The packing layout is built inside the graph from the sequence starts, which come from the host where
-the lengths are known (:mod:`stages.pack.layout`); under ``torch.compile`` the packed length is bucketed
-(static shapes). A deployment runs the packed model from token id lists: :mod:`stages.pack.deploy` (the record's
-``deploy``; ``pipeline apply`` writes its files, :func:`pipeline.api.load_deployment` rebuilds it).
+the lengths are known (:mod:`paretorch.stages.pack.layout`); under ``torch.compile`` the packed length is bucketed
+(static shapes). A deployment runs the packed model from token id lists: :mod:`paretorch.stages.pack.deploy` (the
+record's ``deploy``; ``pipeline apply`` writes its files, :func:`paretorch.pipeline.api.load_deployment` rebuilds it).
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Literal, Self
 import torch
 from torch import nn
 
-from pipeline.core.device import move_module
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.length_groups import PACK
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.model_facts import ModelFacts
-from pipeline.core.stage import Stage, StageConfig, StageContext
-from stages.common.mirror_facts import PaddingFree
-from stages.pack.bert import MASK_INPUT, find_packable
-from stages.pack.deploy import PackedEncoder
-from stages.pack.packed import PackedBert
+from paretorch.pipeline.core.device import move_module
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.length_groups import PACK
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext
+from paretorch.stages.common.mirror_facts import PaddingFree
+from paretorch.stages.pack.bert import MASK_INPUT, find_packable
+from paretorch.stages.pack.deploy import PackedEncoder
+from paretorch.stages.pack.packed import PackedBert
 
 if TYPE_CHECKING:
     import optuna

@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import Batch
-from stages.common.layer_outputs import tensor_leaves
-from stages.prune.model_checks import WEIGHT_LAYERS, check_pruned_forward
-from stages.prune.training import split_steps
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
+from paretorch.stages.common.layer_outputs import tensor_leaves
+from paretorch.stages.prune.model_checks import WEIGHT_LAYERS, check_pruned_forward
+from paretorch.stages.prune.training import split_steps
 
 if TYPE_CHECKING:
-    from pipeline.core.stage import StageContext
-    from stages.prune.stage import PruneConfig
+    from paretorch.pipeline.core.stage import StageContext
+    from paretorch.stages.prune.stage import PruneConfig
 
 #: How many calibration batches the importance of each block is measured on.
 DEPTH_BATCHES = 4

@@ -1,5 +1,5 @@
 """What the prune stage knows about the unoptimized model before any trial: the blocks depth
-pruning could remove (:func:`stages.prune.depth.candidate_blocks`, one forward pass with hooks).
+pruning could remove (:func:`paretorch.stages.prune.depth.candidate_blocks`, one forward pass with hooks).
 
 Prune runs first in the default pipeline, so these facts are exact for depth pruning there (no
 stage adds blocks anyway); a config's own ``protected_layers`` can only remove candidates.
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from pipeline.core.stage import StageContext
-from stages.prune.depth import candidate_blocks
-from stages.prune.model_checks import protected_modules
+from paretorch.pipeline.core.stage import StageContext
+from paretorch.stages.prune.depth import candidate_blocks
+from paretorch.stages.prune.model_checks import protected_modules
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.spec import Batch
-from stages.common.layer_outputs import forward_with_layer_outputs
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
+from paretorch.stages.common.layer_outputs import forward_with_layer_outputs
 
 #: Layers that pruning removes channels from or zeroes weights in.
 WEIGHT_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.modules.conv._ConvNd)

@@ -8,7 +8,7 @@ fraction of weights zeroed in the pruned layers (unstructured) or the fraction
 of removable blocks removed (depth). The output head (found automatically) keeps its outputs and the
 protected layers (spec + config) keep all their weights. Every pruned model is
 run on the spec's example inputs; if it fails or its output shapes change, the
-config is infeasible. The machinery lives in :mod:`stages.prune`.
+config is infeasible. The machinery lives in :mod:`paretorch.stages.prune`.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 from pydantic import Field, model_validator
 from torch import nn
 
-from pipeline.core.device import move_module
-from pipeline.core.evaluate import count_params
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.model_facts import ModelFacts
-from pipeline.core.stage import Stage, StageConfig, StageContext
-from stages.common.mirror_facts import Sparsity
-from stages.prune.depth import prune_depth
-from stages.prune.facts import PruneFacts, read_facts
-from stages.prune.model_checks import find_output_head, protected_modules, reference_shapes
-from stages.prune.structured import prune_structured
-from stages.prune.training import recovery_finetune, require_training
-from stages.prune.unstructured import prune_unstructured
+from paretorch.pipeline.core.device import move_module
+from paretorch.pipeline.core.evaluate import count_params
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext
+from paretorch.stages.common.mirror_facts import Sparsity
+from paretorch.stages.prune.depth import prune_depth
+from paretorch.stages.prune.facts import PruneFacts, read_facts
+from paretorch.stages.prune.model_checks import find_output_head, protected_modules, reference_shapes
+from paretorch.stages.prune.structured import prune_structured
+from paretorch.stages.prune.training import recovery_finetune, require_training
+from paretorch.stages.prune.unstructured import prune_unstructured
 
 if TYPE_CHECKING:
     import optuna
@@ -42,18 +42,18 @@ class PruneConfig(StageConfig):
       ``unstructured`` zeroes single weights (same shapes; pays off only through
       sparse export, e.g. Core ML); ``depth`` removes whole residual blocks (encoder
       layers, ResNet / MobileNet blocks), those whose skipping changes the output on
-      the calibration batches least (:mod:`stages.prune.depth`).
+      the calibration batches least (:mod:`paretorch.stages.prune.depth`).
     * ``ratio``: fraction of channels (structured), weights (unstructured) or removable
       blocks (depth; at least one) removed.
     * ``head_ratio``: structured only: fraction of attention heads removed (None: ``ratio``;
       0: keep every head).
     * ``ffn_ratio``: structured only: fraction of the intermediate width of every FFN block
       (``Linear -> activation -> Linear``, e.g. BERT's ``intermediate.dense``) removed
-      (None: ``ratio``; 0: keep the FFN widths). :mod:`stages.prune.ffn` finds the blocks.
+      (None: ``ratio``; 0: keep the FFN widths). :mod:`paretorch.stages.prune.ffn` finds the blocks.
     * ``importance``: channel ranking for structured pruning: group L1/L2 weight
       norm, BatchNorm scale (needs BatchNorm), or first-order Taylor |w * dL/dw|
       (gradients of the spec's loss on training batches, else of a pseudo-label
-      loss on calibration batches; see :func:`stages.prune.training.taylor_gradients`).
+      loss on calibration batches; see :func:`paretorch.stages.prune.training.taylor_gradients`).
       Unstructured pruning ranks single weights by magnitude (``l1`` and ``l2`` agree).
     * ``scope``: ``uniform`` prunes every layer/group by ``ratio``; ``global`` ranks
       all of them together (layers lose different fractions, ``ratio`` on average).
@@ -144,7 +144,7 @@ def apply_prune(model: nn.Module, config: PruneConfig, ctx: StageContext) -> nn.
     importance, ``prune.taylor_loss``: which loss gave the gradients; when attention
     heads were pruned, ``prune.attention_heads``: {attention module: heads left}; when FFN
     blocks were pruned, ``prune.ffn_widths``: {first Linear: width left}; for depth pruning,
-    the block costs and removed blocks, see :func:`stages.prune.depth.prune_depth`).
+    the block costs and removed blocks, see :func:`paretorch.stages.prune.depth.prune_depth`).
     """
     if config.finetune_steps > 0:
         require_training(ctx.spec, "recovery fine-tuning (finetune_steps > 0)")

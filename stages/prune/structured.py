@@ -5,8 +5,8 @@ The dependency graph groups every layer whose channels must shrink together
 it), so a traced model stays consistent. The output head keeps its output
 channels; protected layers keep every weight (no group that touches them is
 pruned, neither their outputs nor their inputs). Attention projections lose
-whole heads, never channels inside a head (:mod:`stages.prune.attention`), at
-``head_ratio``; FFN blocks (:mod:`stages.prune.ffn`) lose ``ffn_ratio`` of their
+whole heads, never channels inside a head (:mod:`paretorch.stages.prune.attention`), at
+``head_ratio``; FFN blocks (:mod:`paretorch.stages.prune.ffn`) lose ``ffn_ratio`` of their
 intermediate width; every other group loses ``ratio``.
 """
 
@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import Batch
-from stages.prune.attention import attention_heads, sync_head_counts
-from stages.prune.ffn import ffn_input_layers, ffn_widths, sync_intermediate_size
-from stages.prune.model_checks import check_pruned_forward
-from stages.prune.training import clear_gradients, split_steps, taylor_gradients
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
+from paretorch.stages.prune.attention import attention_heads, sync_head_counts
+from paretorch.stages.prune.ffn import ffn_input_layers, ffn_widths, sync_intermediate_size
+from paretorch.stages.prune.model_checks import check_pruned_forward
+from paretorch.stages.prune.training import clear_gradients, split_steps, taylor_gradients
 
 if TYPE_CHECKING:
-    from pipeline.core.stage import StageContext
-    from stages.prune.stage import PruneConfig
+    from paretorch.pipeline.core.stage import StageContext
+    from paretorch.stages.prune.stage import PruneConfig
 
 
 def make_importance(name: str) -> Any:

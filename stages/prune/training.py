@@ -9,9 +9,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import LabelledBatch, ModelSpec, move_batch
-from stages.prune.model_checks import tensors_in
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import LabelledBatch, ModelSpec, move_batch
+from paretorch.stages.prune.model_checks import tensors_in
 
 #: How many batches the Taylor importance accumulates gradients over.
 TAYLOR_BATCHES = 4

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, cast
 from torch import Tensor, nn
 from torch.nn.utils import prune
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import Batch
-from stages.prune.model_checks import WEIGHT_LAYERS, check_pruned_forward
-from stages.prune.training import split_steps
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
+from paretorch.stages.prune.model_checks import WEIGHT_LAYERS, check_pruned_forward
+from paretorch.stages.prune.training import split_steps
 
 if TYPE_CHECKING:
-    from stages.prune.stage import PruneConfig
+    from paretorch.stages.prune.stage import PruneConfig
 
 
 def prunable_weight_layers(model: nn.Module, excluded: list[nn.Module]) -> list[tuple[str, nn.Module]]:

@@ -1,2 +1,2 @@
-"""Helpers of the quantize stage (:mod:`stages.quantize`): which layers to quantize,
+"""Helpers of the quantize stage (:mod:`paretorch.stages.quantize`): which layers to quantize,
 the torchao ``quantize_`` methods, and the static PT2E flow."""

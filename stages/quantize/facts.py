@@ -1,7 +1,7 @@
 """What the quantize stage knows about the unoptimized model before any trial: its Conv/Linear
 layers (kind, weight size, output layer, protected), and the configs these facts rule out.
 
-The layer filter of :func:`stages.quantize.layers.select_layers` is applied to these facts
+The layer filter of :func:`paretorch.stages.quantize.layers.select_layers` is applied to these facts
 without running the model again. Upstream stages only remove layers or shrink them (pruning)
 or retrain them (distillation), so a method that touches no layer of the unoptimized model
 touches none after them either. The per-group filter (input size a multiple of
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from pipeline.core.stage import StageContext
-from stages.common.mirror_facts import LayerKind
-from stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, is_candidate, output_layer_names
-from stages.quantize.methods import method
+from paretorch.pipeline.core.stage import StageContext
+from paretorch.stages.common.mirror_facts import LayerKind
+from paretorch.stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, is_candidate, output_layer_names
+from paretorch.stages.quantize.methods import method
 
 #: How many skipped layers a reason names before "and N more".
 NAMED_LAYERS = 4

@@ -1,6 +1,6 @@
 """Accuracy-aware quantization: which selected layers stay float to hold an output-error budget.
 
-The switches hand :func:`stages.common.sensitivity.calibrate` a copy of the model whose
+The switches hand :func:`paretorch.stages.common.sensitivity.calibrate` a copy of the model whose
 selected layers can each be quantized or float:
 
 * :class:`QuantizedSwap` (torchao ``quantize_`` methods): the layers of a fully
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from pipeline.core.spec import Batch
+from paretorch.pipeline.core.spec import Batch
 
 
 def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from pipeline.core.spec import Batch
-from stages.common.layer_outputs import forward_with_layer_outputs, tensor_leaves
+from paretorch.pipeline.core.spec import Batch
+from paretorch.stages.common.layer_outputs import forward_with_layer_outputs, tensor_leaves
 
 #: Layer types that ``torchao.quantization.quantize_`` quantizes.
 LINEAR_TYPES: tuple[type[nn.Module], ...] = (nn.Linear,)

@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import torch
 
-from pipeline.core.device import Capabilities
-from stages.common.mirror_facts import ActivationQuant, LayerKind
+from paretorch.pipeline.core.device import Capabilities
+from paretorch.stages.common.mirror_facts import ActivationQuant, LayerKind
 
 #: Whether torchao may change global inductor settings when it quantizes: it would
 #: otherwise change process-wide inductor settings (coordinate-descent tuning, ...)

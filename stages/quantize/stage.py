@@ -1,7 +1,7 @@
 """The quantize stage: torchao weight-only / dynamic quantization of Linear layers, or
 static int8 PT2E quantization of convolutions and linears.
 
-Methods (the records of :data:`stages.quantize.methods.METHODS`: how each is built, where it
+Methods (the records of :data:`paretorch.stages.quantize.methods.METHODS`: how each is built, where it
 runs and how exports mirror it):
 
 * ``int8_weight_only``, ``int8_dynamic``, ``int4_weight_only``, ``intx_weight_only``
@@ -10,7 +10,7 @@ runs and how exports mirror it):
 * ``int8_static_pt2e``: ``torch.export`` + the x86 inductor quantizer, calibrated on the
   spec's calibration batches; quantizes convolutions and linears. The result is a
   ``GraphModule`` that is slow eager and fast under ``torch.compile`` with inductor
-  freezing (see :data:`stages.quantize.static_pt2e.INDUCTOR_FREEZING_META_KEY`).
+  freezing (see :data:`paretorch.stages.quantize.static_pt2e.INDUCTOR_FREEZING_META_KEY`).
 
 ``mapping="asymmetric"`` is accepted only where the torchao config has a choice:
 ``intx_weight_only`` (weight mapping) and ``int8_dynamic`` (activation mapping; its
@@ -25,7 +25,7 @@ skipped layers are recorded as ``quantize.layers`` and ``quantize.skipped``.
 
 Accuracy budget (``fallback_budget``, any method): the selected layers are ranked by
 sensitivity (the relative output error of the whole model when that layer alone is
-quantized, the measure AMP uses: :mod:`stages.common.sensitivity`) on the first
+quantized, the measure AMP uses: :mod:`paretorch.stages.common.sensitivity`) on the first
 ``calibration_batches`` calibration batches, parent blocks first; then the most sensitive
 layers go back to float until the error is within the budget, or ``calibration_seconds``
 run out (the best policy so far is kept). Rankings are reused across trials and runs
@@ -47,21 +47,21 @@ import torch
 from pydantic import Field, StringConstraints, field_validator, model_validator
 from torch import nn
 
-from pipeline.core.device import Capabilities, move_module
-from pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
-from pipeline.core.length_groups import PACK
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.model_facts import ModelFacts
-from pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext, stage_for
-from stages.common.mirror_facts import WeightQuantization
-from stages.common.rankings import SENSITIVITIES
-from stages.common.sensitivity import calibrate, reference_outputs, relative_output_error
-from stages.quantize.facts import QuantizeFacts, read_facts, why_untouched
-from stages.quantize.fallback import QuantizedSwap, SimulatedStaticInt8
-from stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, LayerSelection, select_layers
-from stages.quantize.methods import METHODS, method, methods_on
-from stages.quantize.static_pt2e import quantize_static_pt2e, quantized_layer_names
-from stages.quantize.weight_methods import quantize_linear_layers
+from paretorch.pipeline.core.device import Capabilities, move_module
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig, PipelineError
+from paretorch.pipeline.core.length_groups import PACK
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext, stage_for
+from paretorch.stages.common.mirror_facts import WeightQuantization
+from paretorch.stages.common.rankings import SENSITIVITIES
+from paretorch.stages.common.sensitivity import calibrate, reference_outputs, relative_output_error
+from paretorch.stages.quantize.facts import QuantizeFacts, read_facts, why_untouched
+from paretorch.stages.quantize.fallback import QuantizedSwap, SimulatedStaticInt8
+from paretorch.stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, LayerSelection, select_layers
+from paretorch.stages.quantize.methods import METHODS, method, methods_on
+from paretorch.stages.quantize.static_pt2e import quantize_static_pt2e, quantized_layer_names
+from paretorch.stages.quantize.weight_methods import quantize_linear_layers
 
 if TYPE_CHECKING:
     import optuna
@@ -77,7 +77,7 @@ class QuantizeConfig(StageConfig):
 
     stage = "quantize"
 
-    #: A name from :data:`stages.quantize.methods.METHODS`.
+    #: A name from :data:`paretorch.stages.quantize.methods.METHODS`.
     method: str
     #: Elements per quantization group along the input dimension (int4 / intx only; ignored otherwise).
     group_size: Literal[32, 64, 128, 256] = 128
@@ -143,7 +143,7 @@ class QuantizeConfig(StageConfig):
         )
 
     def low_fidelity(self) -> Self | None:
-        """The screen of a search (:mod:`pipeline.search.screening`): a calibrating config (a
+        """The screen of a search (:mod:`paretorch.pipeline.search.screening`): a calibrating config (a
         ``fallback_budget``, no ``float_layers``) on one calibration batch and a quarter of its time
         budget; None for a config that does not calibrate."""
         if self.fallback_budget is None or self.float_layers is not None:
@@ -320,7 +320,7 @@ def _ranking_key(config: QuantizeConfig, ctx: StageContext, layers: list[str]) -
 
 
 def rules_out(config: QuantizeConfig, facts: ModelFacts) -> str | None:
-    """Why ``config`` cannot change the model ``facts`` describe (:mod:`stages.quantize.facts`): a
+    """Why ``config`` cannot change the model ``facts`` describe (:mod:`paretorch.stages.quantize.facts`): a
     TorchScript model, no layer its method touches, every one kept float, a fallback over one layer."""
     if (scripted := facts.scripted_reason("quantization cannot rewrite")) is not None:
         return scripted

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import Batch
-from pipeline.core.token_inputs import is_token_input
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
+from paretorch.pipeline.core.token_inputs import is_token_input
 
 #: Key in ``GraphModule.meta``: True when the graph needs ``torch.compile`` with
 #: inductor freezing (``options={"freezing": True}``) to run its int8 kernels.

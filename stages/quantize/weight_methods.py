@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from stages.quantize.methods import method
+from paretorch.stages.quantize.methods import method
 
 
 def quantize_linear_layers(model: nn.Module, name: str, group_size: int, mapping: str, layers: list[str]) -> None:

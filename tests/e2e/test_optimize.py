@@ -24,10 +24,10 @@ import torch
 from mlflow import MlflowClient
 from torch import nn
 
-from experiments.screenshots import chromium, free_port, serving, take
-from pipeline.api import load_deployment
-from pipeline.search.pareto import pareto_trials
-from pipeline.sources.resolve import resolve_spec
+from paretorch.experiments.screenshots import chromium, free_port, serving, take
+from paretorch.pipeline.api import load_deployment
+from paretorch.pipeline.search.pareto import pareto_trials
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 pytestmark = pytest.mark.slow
 
@@ -154,7 +154,7 @@ def test_mlflow_children_carry_the_trial_values(optimized: Study) -> None:
         else:
             assert child.data.tags["reason"]
         if trial.state.name == "COMPLETE":
-            # latencies are logged to 4 significant digits (pipeline.tracking.tracker.display_value)
+            # latencies are logged to 4 significant digits (paretorch.pipeline.tracking.tracker.display_value)
             assert [child.data.metrics[name] for name in names] == pytest.approx(trial.values, rel=1e-3)
             assert child.data.params["runtime"] == "eager"
             assert "version.torch" in child.data.tags
@@ -232,7 +232,7 @@ def test_pareto_recipe_replays_to_the_same_metric(optimized: Study, tmp_path: Pa
     trial = max(pareto_trials(study), key=lambda t: len(t.user_attrs["paretorch.recipe"]["stages"]))
     recipe = optimized.results / "studies" / study.study_name / f"trial-{trial.number:03d}" / "recipe.json"
     assert recipe.is_file()
-    run([sys.executable, "-m", "pipeline", "apply", "--recipe", str(recipe), "--model", "digits",
+    run([sys.executable, "-m", "paretorch", "apply", "--recipe", str(recipe), "--model", "digits",
                   "--results-dir", str(optimized.results), "--output", str(tmp_path), "--json", "--threads", "1",
                   "--latency-budget", "quick"])
     summary = json.loads((tmp_path / "apply.json").read_text())

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-COMMANDS = ("experiments.bench", "experiments.bench.ort_rows", "experiments.bench.gpu_rows",
-            "experiments.bench.peers", "experiments.bench.pack_agreement", "experiments.bench.pack_b1_ab")
+COMMANDS = tuple(f"paretorch.experiments.bench{name}" for name in (
+    "", ".ort_rows", ".gpu_rows", ".peers", ".pack_agreement", ".pack_b1_ab"))
 
 
 @pytest.mark.parametrize("module", COMMANDS)

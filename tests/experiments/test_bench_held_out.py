@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.bench import harness, recipe_rows
-from experiments.bench.harness import held_out_check, measure_recipe
-from pipeline.core.device import move_module
-from pipeline.core.evaluate import task_metric
-from pipeline.core.runtimes.eager import Eager
-from pipeline.core.spec import ModelSpec
-from pipeline.core.task_data import load_task_data
-from pipeline.core.task_spec import with_task_data
-from pipeline.search.allowed_drop import AllowedDrop
-from stages.quantize.stage import QuantizeConfig
+from paretorch.experiments.bench import harness, recipe_rows
+from paretorch.experiments.bench.harness import held_out_check, measure_recipe
+from paretorch.pipeline.core.device import move_module
+from paretorch.pipeline.core.evaluate import task_metric
+from paretorch.pipeline.core.runtimes.eager import Eager
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.task_data import load_task_data
+from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.search.allowed_drop import AllowedDrop
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 
 @pytest.fixture()
@@ -36,7 +36,7 @@ def test_an_onnxruntime_best_is_scored_through_its_session(digits_spec: ModelSpe
     report, _, prepare, _ = measure_recipe(digits_spec, cpu, configs, "onnxruntime", (8,))
     assert "onnxruntime" in report.device, "the recipe was measured through ORT"
     fn = prepare()
-    assert type(fn).__module__ == "pipeline.core.ort_session", "scored by the file's session, not the torch module"
+    assert type(fn).__module__ == "paretorch.pipeline.core.ort_session", "scored by the file's session, not torch"
     held = held_out_check(digits_spec, cpu, held_out_file, prepare, "onnxruntime", (8,), AllowedDrop("absolute", 0.01))
     assert held["runtime"] == "onnxruntime" and held["rows"] == len(torch.load(held_out_file)["labels"])
     assert held["best"] == pytest.approx(report.metric_value, abs=1e-9), "the same data as the evaluation split"

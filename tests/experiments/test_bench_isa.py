@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.bench.isa import ISA_CAPS, isa_info
+from paretorch.experiments.bench.isa import ISA_CAPS, isa_info
 
 
 def test_a_row_without_caps_is_not_emulated(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.bench import harness
-from experiments.bench.render import render_table
-from pipeline.core.latency import LatencySettings
-from pipeline.core.paired import Timed
-from pipeline.core.spec import ModelSpec
-from pipeline.search.allowed_drop import AllowedDrop
-from stages.prune.stage import PruneConfig
+from paretorch.experiments.bench import harness
+from paretorch.experiments.bench.render import render_table
+from paretorch.pipeline.core.latency import LatencySettings
+from paretorch.pipeline.core.paired import Timed
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.search.allowed_drop import AllowedDrop
+from paretorch.stages.prune.stage import PruneConfig
 
 CPU = torch.device("cpu")
 #: Seconds, not the bench's thorough budget: 10 rounds of 5 calls a side.

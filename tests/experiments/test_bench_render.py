@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments.bench.recovery import RECOVERY_PREFIX
-from experiments.bench.render import render_markdown, render_table
+from paretorch.experiments.bench.recovery import RECOVERY_PREFIX
+from paretorch.experiments.bench.render import render_markdown, render_table
 
 
 def _row(name: str, kind: str, ms: float, drop: float = 0.0) -> dict[str, Any]:

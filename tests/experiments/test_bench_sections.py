@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.bench.paths import RESULTS_DIR
-from experiments.bench.render import SECTIONS, render_markdown
+from paretorch.experiments.bench.paths import RESULTS_DIR
+from paretorch.experiments.bench.render import SECTIONS, render_markdown
 
 
 def test_every_result_file_in_the_repository_renders() -> None:

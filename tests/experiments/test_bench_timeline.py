@@ -7,8 +7,8 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from experiments.bench.timeline import best_so_far, best_within, render, time_split, time_to_best
-from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS, ATTR_RECIPE
+from paretorch.experiments.bench.timeline import best_so_far, best_within, render, time_split, time_to_best
+from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS, ATTR_RECIPE
 
 START = datetime(2026, 11, 25, 12, 0, 0)
 BASELINE_MS = 100.0

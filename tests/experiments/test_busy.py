@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.bench.busy import render, verdict
+from paretorch.experiments.bench.busy import render, verdict
 
 
 def _front(**rows: tuple[float, float, float]) -> dict[str, object]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from experiments.models import digits
-from pipeline.core.evaluate import compute_metric
-from pipeline.core.spec import ModelSpec
+from paretorch.experiments.models import digits
+from paretorch.pipeline.core.evaluate import compute_metric
+from paretorch.pipeline.core.spec import ModelSpec
 
 
 def test_splits_never_overlap() -> None:

@@ -9,7 +9,7 @@ import random
 import numpy as np
 from optuna._hypervolume import compute_hypervolume
 
-from experiments.bench.hypervolume import (
+from paretorch.experiments.bench.hypervolume import (
     TrialPoint,
     counted_prefix,
     history,

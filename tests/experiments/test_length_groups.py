@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from experiments.bench import length_groups
-from experiments.bench.length_groups import measure, render
-from pipeline.core.latency import LatencySettings
+from paretorch.experiments.bench import length_groups
+from paretorch.experiments.bench.length_groups import measure, render
+from paretorch.pipeline.core.latency import LatencySettings
 from tests.stages.test_pack_apply import SPEC_SOURCE
 
 FEW_ROUNDS = LatencySettings(warmup_runs=1, min_runs=1, min_seconds=0.0, rounds=4, round_runs=1, round_seconds=0.0)

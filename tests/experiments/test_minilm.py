@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.bootstrap import percentile, resample_count
-from pipeline.core.evaluate import compute_metrics, evaluation_outputs, metric_resamples
-from pipeline.core.spec import ModelSpec
-from pipeline.core.task_data import PairsData
-from pipeline.core.task_metrics import PAIRS_METRIC
-from pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.core.bootstrap import percentile, resample_count
+from paretorch.pipeline.core.evaluate import compute_metrics, evaluation_outputs, metric_resamples
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.task_data import PairsData
+from paretorch.pipeline.core.task_metrics import PAIRS_METRIC
+from paretorch.pipeline.core.task_spec import with_task_data
 
 CPU = torch.device("cpu")
 
@@ -25,8 +25,8 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="session")
 def minilm(results_dir: Path) -> Iterator[tuple[ModelSpec, nn.Module]]:
     """The spec and its model, loaded once with every socket connection refused."""
-    from experiments.models.minilm import spec
-    from pipeline.core.spec import load_model
+    from paretorch.experiments.models.minilm import spec
+    from paretorch.pipeline.core.spec import load_model
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise OSError("network access attempted while loading MiniLM")
@@ -57,7 +57,7 @@ def test_loads_offline_as_an_embedding_model(minilm: tuple[ModelSpec, nn.Module]
 def test_latency_batches_use_real_sentence_lengths(minilm: tuple[ModelSpec, nn.Module]) -> None:
     """Latency batches are pydoc sentences padded to each batch's longest (not 128), with the embeddings of
     full padding; a static-shape runtime gets the smallest length bucket that fits."""
-    from pipeline.core.padding import bucket_length, latency_inputs, pad_to
+    from paretorch.pipeline.core.padding import bucket_length, latency_inputs, pad_to
 
     spec, model = minilm
     inputs, lengths = latency_inputs(spec, 32, "eager")
@@ -77,7 +77,7 @@ def test_embeddings_match_sentence_transformers(minilm: tuple[ModelSpec, nn.Modu
     """Mean pooling + normalization as the model card defines them: same vectors as the library."""
     from sentence_transformers import SentenceTransformer
 
-    from experiments.models.minilm import model_dir, sentences
+    from paretorch.experiments.models.minilm import model_dir, sentences
 
     spec, model = minilm
     texts = sentences("evaluation")[:4]
@@ -88,8 +88,8 @@ def test_embeddings_match_sentence_transformers(minilm: tuple[ModelSpec, nn.Modu
 
 
 def test_sentences_are_distinct_english_and_splits_do_not_overlap() -> None:
-    from experiments.data import minilm_sentences
-    from experiments.models.minilm import SETTINGS, sentences
+    from paretorch.experiments.data import minilm_sentences
+    from paretorch.experiments.models.minilm import SETTINGS, sentences
 
     evaluation, calibration = sentences("evaluation"), sentences("calibration")
     assert len(evaluation) == SETTINGS["evaluation"] == 256 and len(calibration) == SETTINGS["calibration"]
@@ -101,8 +101,8 @@ def test_sentences_are_distinct_english_and_splits_do_not_overlap() -> None:
 
 
 def test_training_inputs_are_every_other_distinct_sentence(minilm: tuple[ModelSpec, nn.Module]) -> None:
-    from experiments.models.minilm import sentences
-    from pipeline.core.training_data import distillation_data
+    from paretorch.experiments.models.minilm import sentences
+    from paretorch.pipeline.core.training_data import distillation_data
 
     spec, _ = minilm
     training, evaluation = sentences("training"), sentences("evaluation")
@@ -125,8 +125,8 @@ def test_unoptimized_model_scores_the_human_task_and_full_fidelity(minilm: tuple
 def test_news_floor_is_measured_on_its_own_sentences(minilm: tuple[ModelSpec, nn.Module]) -> None:
     """The floor's 512 news sentences follow the word pairs in the evaluation (the task metric sees only
     the pairs), and the floor is the one the README and the fidelity check name."""
-    from experiments.data import news_sentences
-    from experiments.models.minilm import NEWS_FLOOR, NEWS_FLOOR_METRIC, sentences
+    from paretorch.experiments.data import news_sentences
+    from paretorch.experiments.models.minilm import NEWS_FLOOR, NEWS_FLOOR_METRIC, sentences
 
     spec, _ = minilm
     [floor] = spec.fidelity_floors
@@ -155,8 +155,8 @@ def test_a_damaged_copy_loses_task_score_and_fidelity(minilm: tuple[ModelSpec, n
 
 
 def test_structured_pruning_removes_whole_attention_heads(minilm: tuple[ModelSpec, nn.Module]) -> None:
-    from pipeline.core.stage import StageContext, apply_stage
-    from stages.prune.stage import PruneConfig
+    from paretorch.pipeline.core.stage import StageContext, apply_stage
+    from paretorch.stages.prune.stage import PruneConfig
 
     spec, model = minilm
     ctx = StageContext(spec=spec, device=CPU)
@@ -179,8 +179,8 @@ def test_sentences_come_from_the_shipped_file_not_the_interpreter(monkeypatch: p
     the file holds what this interpreter's pydoc gave when it was written (one sentence a line)."""
     import sys
 
-    from experiments.data import minilm_sentences
-    from experiments.models import minilm
+    from paretorch.experiments.data import minilm_sentences
+    from paretorch.experiments.models import minilm
 
     before = {split: minilm.sentences(split) for split in ("evaluation", "calibration", "training")}
     minilm._splits.cache_clear()
@@ -202,7 +202,7 @@ def test_shipped_sentences_are_package_data() -> None:
     """pyproject ships the sentence file with the ``experiments`` package (an installed wheel has it)."""
     import tomllib
 
-    from experiments.data import minilm_sentences
+    from paretorch.experiments.data import minilm_sentences
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     patterns = pyproject["tool"]["setuptools"]["package-data"]["experiments"]

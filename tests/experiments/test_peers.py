@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.bench import isa, peer_envs, peers, peers_runner
-from experiments.bench.render import render_markdown
-from experiments.data.sts_benchmark import convert
-from experiments.models import minilm
-from pipeline.core.padding import latency_inputs
-from pipeline.core.task_data import PairsData, load_task_data
+from paretorch.experiments.bench import isa, peer_envs, peers, peers_runner
+from paretorch.experiments.bench.render import render_markdown
+from paretorch.experiments.data.sts_benchmark import convert
+from paretorch.experiments.models import minilm
+from paretorch.pipeline.core.padding import latency_inputs
+from paretorch.pipeline.core.task_data import PairsData, load_task_data
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.bench import proxy_verdict
-from experiments.bench.fidelity_check import Pairs
-from experiments.models import minilm
+from paretorch.experiments.bench import proxy_verdict
+from paretorch.experiments.bench.fidelity_check import Pairs
+from paretorch.experiments.models import minilm
 
 RESULT = Path(proxy_verdict.__file__).parent / "results" / proxy_verdict.RESULT_FILE
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench import peers, recipe_rows
-from experiments.models import minilm
+from paretorch.experiments.bench import peers, recipe_rows
+from paretorch.experiments.models import minilm
 
 
 def test_token_batches_pad_each_batch_to_its_own_longest_row() -> None:

@@ -12,10 +12,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from experiments.bench.render import render_markdown
-from experiments.bench.search_quality import analyse, main, render
-from experiments.bench.study_points import study_points
-from pipeline.search.objectives import ATTR_BASELINE, ATTR_RECIPE_LINE, ATTR_REPEAT_OF, ATTR_SEARCH
+from paretorch.experiments.bench.render import render_markdown
+from paretorch.experiments.bench.search_quality import analyse, main, render
+from paretorch.experiments.bench.study_points import study_points
+from paretorch.pipeline.search.objectives import ATTR_BASELINE, ATTR_RECIPE_LINE, ATTR_REPEAT_OF, ATTR_SEARCH
 
 BASELINE = {"metric_value": 0.9, "latency_ms": 8.0, "size_bytes": 100.0, "trial": 0}
 SEARCH = {"pipeline": "default", "objectives": ["metric", "latency"], "max_drop": 0.01, "sampler": "tpe", "seed": 0,

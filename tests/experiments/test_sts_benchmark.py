@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.data.sts_benchmark import convert, main
-from pipeline.core.task_data import PairsData, load_task_data
+from paretorch.experiments.data.sts_benchmark import convert, main
+from paretorch.pipeline.core.task_data import PairsData, load_task_data
 
 SHARED_STS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "sentence-similarity-dev" / "pairs.tsv"
 

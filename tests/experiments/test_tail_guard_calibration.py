@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench import tail_guard
-from pipeline.core.input_agreement import COSINE_FLOOR, TAIL_LIMIT, TailGuard
-from pipeline.search.config import SearchConfig
+from paretorch.experiments.bench import tail_guard
+from paretorch.pipeline.core.input_agreement import COSINE_FLOOR, TAIL_LIMIT, TailGuard
+from paretorch.pipeline.search.config import SearchConfig
 
 RESULT = Path(tail_guard.__file__).parent / "results" / tail_guard.RESULT_FILE
 LOSSLESS = ("fp32", "int8 dynamic", "int8 static (PT2E)", "bf16 AMP", "pack", "pack + int8 dynamic")

@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 from torch import nn
 
-from experiments.screenshots import free_port, serving
+from paretorch.experiments.screenshots import free_port, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,7 +79,7 @@ def test_three_workers_on_postgresql_and_an_mlflow_server(postgres: str, mlflow_
     # The session's trained digits weights, as the e2e test does: the search does not train the model again.
     shutil.copytree(results_dir / "cache" / "weights", results / "cache" / "weights")
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline", "optimize", "--model", "digits", "--workers", "3", "--trials",
+        [sys.executable, "-m", "paretorch", "optimize", "--model", "digits", "--workers", "3", "--trials",
          str(TRIALS), "--storage", postgres, "--tracking-uri", tracking, "--latency-budget", "quick",
          "--exports", "none", "--runtimes", "eager", "--threads", "1", "--results-dir", str(results)],
         cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -8,12 +8,12 @@ import onnxruntime
 import torch
 from torch import nn
 
-from pipeline.api import StageContext, run_chain
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import ExportResult
-from pipeline.engine.deliver import companions, deliver
-from stages.export.onnx import ONNXExportConfig
-from stages.prune.stage import PruneConfig
+from paretorch.pipeline.api import StageContext, run_chain
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import ExportResult
+from paretorch.pipeline.engine.deliver import companions, deliver
+from paretorch.stages.export.onnx import ONNXExportConfig
+from paretorch.stages.prune.stage import PruneConfig
 
 CPU = torch.device("cpu")
 

@@ -14,14 +14,14 @@ pytest.importorskip("mlx.core", reason="the MLX plugin installs where an MLX whe
 from paretorch_mlx.lower import UnsupportedOps, lower, to_mx, to_torch
 from paretorch_mlx.runtime import MLX
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import export_mirror
-from pipeline.engine.cache import NodeCache
-from pipeline.engine.graph import recipe_pipeline
-from pipeline.engine.runner import Runner
-from stages.amp.stage import AmpConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import export_mirror
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.engine.graph import recipe_pipeline
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 
@@ -42,7 +42,7 @@ def test_digits_logits_match_torch_within_1e_4(digits_spec: ModelSpec, digits_mo
 
 
 def test_minilm_embeddings_cosine_at_least_0_9999_in_float32(tmp_path: Path) -> None:
-    from experiments.models.minilm import spec
+    from paretorch.experiments.models.minilm import spec
 
     minilm = spec()
     model = minilm.build().eval()

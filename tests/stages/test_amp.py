@@ -15,14 +15,14 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
 
-import pipeline.core.stage_context
-from pipeline.api import run_chain
-from pipeline.core.device import Capabilities
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.evaluate import compute_metric, serialized_size_bytes
-from pipeline.core.spec import ACCURACY, Batch, ModelSpec
-from pipeline.core.stage import StageContext, apply, config_from_dict, get_stage
-from stages.amp.stage import AmpConfig
+import paretorch.pipeline.core.stage_context
+from paretorch.pipeline.api import run_chain
+from paretorch.pipeline.core.device import Capabilities
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.evaluate import compute_metric, serialized_size_bytes
+from paretorch.pipeline.core.spec import ACCURACY, Batch, ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply, config_from_dict, get_stage
+from paretorch.stages.amp.stage import AmpConfig
 
 CPU = torch.device("cpu")
 DIGITS_LAYERS = {
@@ -371,8 +371,8 @@ def test_residual_mlp_calibrates_within_budget(residual_spec: ModelSpec) -> None
 
 
 def test_applies_after_prune_and_pins_quantized_layers(digits_spec: ModelSpec, digits_model: nn.Module) -> None:
-    from stages.prune.stage import PruneConfig
-    from stages.quantize.stage import QuantizeConfig
+    from paretorch.stages.prune.stage import PruneConfig
+    from paretorch.stages.quantize.stage import QuantizeConfig
 
     recipe = [PruneConfig(ratio=0.5), QuantizeConfig(method="int8_weight_only", min_weight_elements=0, skip_head=False)]
     upstream_model, _, upstream = run_chain(digits_model, recipe, StageContext(spec=digits_spec, device=CPU))
@@ -405,7 +405,7 @@ def _capabilities(reduced: tuple[torch.dtype, ...]) -> Capabilities:
 def test_dtype_the_device_lacks_is_infeasible(
     monkeypatch: pytest.MonkeyPatch, digits_spec: ModelSpec, digits_model: nn.Module, reduced, dtype, match
 ) -> None:
-    monkeypatch.setattr(pipeline.core.stage_context, "capabilities", lambda device: _capabilities(reduced))
+    monkeypatch.setattr(paretorch.pipeline.core.stage_context, "capabilities", lambda device: _capabilities(reduced))
     with pytest.raises(InfeasibleConfig, match=match):
         _calibrate(digits_spec, digits_model, AmpConfig(dtype=dtype))
 
@@ -414,7 +414,7 @@ def test_suggest_space(monkeypatch: pytest.MonkeyPatch, digits_spec: ModelSpec) 
     import optuna
 
     fast_bf16 = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=(torch.bfloat16,))
-    monkeypatch.setattr(pipeline.core.stage_context, "capabilities", lambda device: fast_bf16)
+    monkeypatch.setattr(paretorch.pipeline.core.stage_context, "capabilities", lambda device: fast_bf16)
     ctx = StageContext(spec=digits_spec, device=CPU)
     off = optuna.trial.FixedTrial({"amp.enabled": False})
     assert AmpConfig.suggest(off, ctx) is None  # type: ignore[arg-type]
@@ -437,7 +437,7 @@ def test_no_amp_trial_without_a_fast_reduced_dtype(monkeypatch: pytest.MonkeyPat
     import optuna
 
     slow = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=())
-    monkeypatch.setattr(pipeline.core.stage_context, "capabilities", lambda device: slow)
+    monkeypatch.setattr(paretorch.pipeline.core.stage_context, "capabilities", lambda device: slow)
     study = optuna.create_study()
     study.enqueue_trial({"amp.enabled": True})
     trial = study.ask()

@@ -13,12 +13,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.spec import ACCURACY, Batch, ModelSpec
-from pipeline.core.stage import StageContext, apply
-from stages.amp.casting import cast_floating
-from stages.amp.stage import AmpConfig
-from stages.amp.switch import PrecisionSwitch
-from stages.amp.units import find_precision_units
+from paretorch.pipeline.core.spec import ACCURACY, Batch, ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply
+from paretorch.stages.amp.casting import cast_floating
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.amp.switch import PrecisionSwitch
+from paretorch.stages.amp.units import find_precision_units
 
 CPU = torch.device("cpu")
 MINILM_LAYER = "encoder.encoder.layer"
@@ -28,8 +28,8 @@ MINILM_FP32 = ("encoder.embeddings", f"{MINILM_LAYER}.5.output")
 
 @pytest.fixture(scope="module")
 def minilm(results_dir: Path) -> Iterator[tuple[ModelSpec, nn.Module]]:
-    from experiments.models.minilm import spec
-    from pipeline.core.spec import load_model
+    from paretorch.experiments.models.minilm import spec
+    from paretorch.pipeline.core.spec import load_model
 
     minilm_spec = spec()
     yield minilm_spec, load_model(minilm_spec)

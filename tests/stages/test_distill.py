@@ -13,21 +13,21 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from pipeline.api import run_chain
-from pipeline.core.errors import ConfigError, InfeasibleConfig, SpecError
-from pipeline.core.evaluate import LatencySettings
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageContext, apply_stage, config_from_dict
-from pipeline.core.training_data import distillation_data, sample_digests
-from pipeline.engine.cache import NodeCache
-from pipeline.engine.graph import default_pipeline
-from pipeline.engine.runner import Runner
-from stages.distill.loop import lr_factor
-from stages.distill.losses import LossWeights, embedding_loss, logits_loss
-from stages.distill.stage import DistillConfig
-from stages.export.onnx import ONNXExportConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.api import run_chain
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig, SpecError
+from paretorch.pipeline.core.evaluate import LatencySettings
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply_stage, config_from_dict
+from paretorch.pipeline.core.training_data import distillation_data, sample_digests
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.engine.graph import default_pipeline
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.stages.distill.loop import lr_factor
+from paretorch.stages.distill.losses import LossWeights, embedding_loss, logits_loss
+from paretorch.stages.distill.stage import DistillConfig
+from paretorch.stages.export.onnx import ONNXExportConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 #: Structured pruning this deep costs digits about 0.28 accuracy (0.987 -> 0.703, measured).

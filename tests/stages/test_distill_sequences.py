@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.device import capabilities
-from pipeline.core.errors import SpecError
-from pipeline.core.spec import ACCURACY, ModelSpec
-from pipeline.core.stage import StageContext, apply_stage
-from pipeline.core.training_data import distillation_data
-from stages.distill.loop import LENGTH_GROUP_BATCHES, Distiller, length_grouped
-from stages.distill.losses import LossWeights
-from stages.distill.stage import DistillConfig, autocast_dtype
+from paretorch.pipeline.core.device import capabilities
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.spec import ACCURACY, ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply_stage
+from paretorch.pipeline.core.training_data import distillation_data
+from paretorch.stages.distill.loop import LENGTH_GROUP_BATCHES, Distiller, length_grouped
+from paretorch.stages.distill.losses import LossWeights
+from paretorch.stages.distill.stage import DistillConfig, autocast_dtype
 
 CPU = torch.device("cpu")
 PADDED = 24

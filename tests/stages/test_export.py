@@ -18,12 +18,12 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.device import capabilities
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.evaluate import compute_metric
-from pipeline.core.mirror import NotMirrored
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import (
+from paretorch.pipeline.core.device import capabilities
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.evaluate import compute_metric
+from paretorch.pipeline.core.mirror import NotMirrored
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import (
     ExportResult,
     Stage,
     StageConfig,
@@ -33,13 +33,13 @@ from pipeline.core.stage import (
     get_stage,
     registered,
 )
-from stages.export import coreml_export, onnx_export
-from stages.export.atomic import STAGING_SUFFIX, atomic_artifact
-from stages.export.coreml import CoreMLExportConfig
-from stages.export.metadata import RECIPE_KEY, VERSIONS_KEY
-from stages.export.onnx import ONNXExportConfig
-from stages.export.pt2 import PT2ExportConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.stages.export import coreml_export, onnx_export
+from paretorch.stages.export.atomic import STAGING_SUFFIX, atomic_artifact
+from paretorch.stages.export.coreml import CoreMLExportConfig
+from paretorch.stages.export.metadata import RECIPE_KEY, VERSIONS_KEY
+from paretorch.stages.export.onnx import ONNXExportConfig
+from paretorch.stages.export.pt2 import PT2ExportConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 #: The int8 artifacts must be at most this fraction of the float ones. Measured on this CPU
@@ -285,8 +285,8 @@ def test_coreml_mirrors_amp_sparsity_and_int8_jointly(
     tmp_path: Path, float_exports: Exports, digits_spec: ModelSpec, digits_model: nn.Module
 ) -> None:
     """AMP -> float16 with the fp32 layer kept; pruned zeros stored sparse and int8 on top (iOS18 joint)."""
-    from stages.amp.stage import AmpConfig
-    from stages.prune.stage import PruneConfig
+    from paretorch.stages.amp.stage import AmpConfig
+    from paretorch.stages.prune.stage import PruneConfig
 
     pruned = copy.deepcopy(digits_model)
     with torch.no_grad():

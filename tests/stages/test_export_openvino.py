@@ -11,25 +11,25 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core import device as device_module
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.evaluate import compute_metric
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.ov_session import default_precision, open_ir, recorded_settings
-from pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
-from pipeline.core.runtimes.openvino import OPENVINO
-from pipeline.core.runtimes.registry import available_runtimes, get_runtime
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageContext, apply_stage, export_mirror
-from pipeline.search import Search, SearchConfig, SeedRecipe, run_search
-from pipeline.search.objectives import ATTR_SEED
-from pipeline.search.rule_out import ATTR_RULED_OUT
-from stages.amp.stage import AmpConfig
-from stages.common.mirror_facts import WeightQuantization
-from stages.export.openvino import OpenVINOExportConfig
-from stages.export.openvino_nncf import calibration_samples, matmul_precision, weighted_ops
-from stages.pack.stage import PackConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core import device as device_module
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.evaluate import compute_metric
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.ov_session import default_precision, open_ir, recorded_settings
+from paretorch.pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
+from paretorch.pipeline.core.runtimes.openvino import OPENVINO
+from paretorch.pipeline.core.runtimes.registry import available_runtimes, get_runtime
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply_stage, export_mirror
+from paretorch.pipeline.search import Search, SearchConfig, SeedRecipe, run_search
+from paretorch.pipeline.search.objectives import ATTR_SEED
+from paretorch.pipeline.search.rule_out import ATTR_RULED_OUT
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.common.mirror_facts import WeightQuantization
+from paretorch.stages.export.openvino import OpenVINOExportConfig
+from paretorch.stages.export.openvino_nncf import calibration_samples, matmul_precision, weighted_ops
+from paretorch.stages.pack.stage import PackConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 
@@ -147,12 +147,12 @@ def test_a_recipe_openvino_cannot_run_is_ruled_out_and_not_counted(residual_spec
 def test_a_trial_under_openvino_replays_to_the_same_ir_and_metric(digits_spec: ModelSpec, tmp_path: Path) -> None:
     """The runner makes the IR through export.openvino (the recipe names that export), the metric is
     OpenVINO's, and the recipe replayed from its JSON elsewhere rebuilds a byte-identical IR and metric."""
-    from pipeline.core.evaluate import LatencySettings
-    from pipeline.core.stage import config_from_dict
-    from pipeline.engine.cache import NodeCache
-    from pipeline.engine.graph import recipe_pipeline
-    from pipeline.engine.recipe import Recipe
-    from pipeline.engine.runner import Runner
+    from paretorch.pipeline.core.evaluate import LatencySettings
+    from paretorch.pipeline.core.stage import config_from_dict
+    from paretorch.pipeline.engine.cache import NodeCache
+    from paretorch.pipeline.engine.graph import recipe_pipeline
+    from paretorch.pipeline.engine.recipe import Recipe
+    from paretorch.pipeline.engine.runner import Runner
 
     fast = LatencySettings(warmup_runs=1, min_runs=3, min_seconds=0)
 
@@ -177,8 +177,8 @@ def tiny_bert_spec() -> tuple[ModelSpec, nn.Module]:
     """A 4-layer BERT (random weights, nothing downloaded) pooled to an embedding; 8 right-padded samples."""
     from transformers import BertConfig, BertModel
 
-    from pipeline.core.spec import ACCURACY
-    from pipeline.sources.huggingface import PooledEmbedding
+    from paretorch.pipeline.core.spec import ACCURACY
+    from paretorch.pipeline.sources.huggingface import PooledEmbedding
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,

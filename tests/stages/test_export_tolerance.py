@@ -1,5 +1,5 @@
-"""An export's check against torch (stages.export.checks): a broken float export is always infeasible; a lossy one
-below the cosine floor is infeasible for a spec judged by fidelity, and only noted for one judged by labels
+"""An export's check against torch (paretorch.stages.export.checks): a broken float export is always infeasible; a lossy
+one below the cosine floor is infeasible for a spec judged by fidelity, and only noted for one judged by labels
 (--eval-data), whose labelled metric and allowed drop decide."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 import torch
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.fidelity import MEAN_COSINE
-from pipeline.core.spec import ACCURACY, ModelSpec
-from stages.export.checks import compare_outputs, judged_by_labels, require_close
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.fidelity import MEAN_COSINE
+from paretorch.pipeline.core.spec import ACCURACY, ModelSpec
+from paretorch.stages.export.checks import compare_outputs, judged_by_labels, require_close
 
 
 def spec(metric: object) -> ModelSpec:

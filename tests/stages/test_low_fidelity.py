@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.core.stage import config_from_dict
-from stages.distill.stage import DistillConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.stage import config_from_dict
+from paretorch.stages.distill.stage import DistillConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 
 def test_a_screened_distillation_runs_a_quarter_of_the_steps_and_time() -> None:

@@ -9,12 +9,12 @@ import onnx
 import pytest
 import torch
 
-from pipeline.core.ort_session import open_session
-from pipeline.sources.huggingface import PooledEmbedding
-from stages.export.onnx import ONNXExportConfig
-from stages.export.onnx_export import _export_float_graph
-from stages.export.onnx_fusions import ORT_DOMAIN, transformer_fusions
-from stages.export.onnx_residual_order import residual_before_bias
+from paretorch.pipeline.core.ort_session import open_session
+from paretorch.pipeline.sources.huggingface import PooledEmbedding
+from paretorch.stages.export.onnx import ONNXExportConfig
+from paretorch.stages.export.onnx_export import _export_float_graph
+from paretorch.stages.export.onnx_fusions import ORT_DOMAIN, transformer_fusions
+from paretorch.stages.export.onnx_residual_order import residual_before_bias
 from tests.ort_graphs import session_ops
 
 transformers = pytest.importorskip("transformers")

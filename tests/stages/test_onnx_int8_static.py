@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from stages.export.layer_filter import LayerFilter
-from stages.export.onnx_int8 import Int8Plan, count_int8_ops, quantize_int8
+from paretorch.stages.export.layer_filter import LayerFilter
+from paretorch.stages.export.onnx_int8 import Int8Plan, count_int8_ops, quantize_int8
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:

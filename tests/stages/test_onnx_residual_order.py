@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from stages.export.onnx_residual_order import residual_before_bias
+from paretorch.stages.export.onnx_residual_order import residual_before_bias
 from tests.ort_graphs import session_ops
 
 HIDDEN = 16

@@ -16,21 +16,21 @@ from torch import Tensor, nn
 from torch._dynamo.testing import CompileCounter
 from transformers import BertConfig, BertForSequenceClassification, BertModel
 
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.model_facts import ModelFacts
-from pipeline.core.padding import latency_sample, trim_to_longest
-from pipeline.core.spec import ACCURACY, ModelSpec
-from pipeline.core.stage import StageContext, apply, export_mirror, get_stage
-from pipeline.sources.huggingface import ClassifierLogits, PooledEmbedding
-from stages.amp.stage import AmpConfig
-from stages.common.mirror_facts import PaddingFree
-from stages.pack.attention import choose_kernel
-from stages.pack.bert import find_packable
-from stages.pack.buckets import TOKEN_BUCKETS, geometric_buckets, smallest_bucket
-from stages.pack.layout import device_layout, host_starts, input_index
-from stages.pack.packed import PackedBert
-from stages.pack.stage import PackConfig, PackFacts, rules_out
-from stages.prune.stage import PruneConfig
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
+from paretorch.pipeline.core.spec import ACCURACY, ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply, export_mirror, get_stage
+from paretorch.pipeline.sources.huggingface import ClassifierLogits, PooledEmbedding
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.common.mirror_facts import PaddingFree
+from paretorch.stages.pack.attention import choose_kernel
+from paretorch.stages.pack.bert import find_packable
+from paretorch.stages.pack.buckets import TOKEN_BUCKETS, geometric_buckets, smallest_bucket
+from paretorch.stages.pack.layout import device_layout, host_starts, input_index
+from paretorch.stages.pack.packed import PackedBert
+from paretorch.stages.pack.stage import PackConfig, PackFacts, rules_out
+from paretorch.stages.prune.stage import PruneConfig
 
 CPU = torch.device("cpu")
 FP32_TOLERANCE = 1e-5
@@ -174,7 +174,7 @@ def test_packed_shares_the_modules_and_names_of_the_padded_model() -> None:
 
 @pytest.fixture(scope="module")
 def minilm() -> tuple[ModelSpec, nn.Module]:
-    from experiments.models.minilm import spec
+    from paretorch.experiments.models.minilm import spec
 
     minilm_spec = spec()
     return minilm_spec, minilm_spec.build()

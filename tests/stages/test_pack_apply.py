@@ -17,29 +17,35 @@ from typing import Any
 import pytest
 import torch
 
-from pipeline.api import StageContext, load_deployment, run_chain
-from pipeline.cli.main import main
-from pipeline.core.errors import ConfigError
-from pipeline.core.spec import ModelSpec
-from pipeline.engine.deployment import MANIFEST, PICKLED_WEIGHTS, SAFE_WEIGHTS, rebuild_configs, save_deployment
-from pipeline.engine.graph import recipe_pipeline
-from pipeline.engine.recipe import Recipe
-from pipeline.engine.runner import Runner
-from pipeline.search.finish import export_trial
-from pipeline.sources.resolve import resolve_spec
-from stages.distill.stage import DistillConfig
-from stages.pack.deploy import PackedEncoder
-from stages.pack.stage import PackConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.api import StageContext, load_deployment, run_chain
+from paretorch.pipeline.cli.main import main
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.engine.deployment import (
+    MANIFEST,
+    PICKLED_WEIGHTS,
+    SAFE_WEIGHTS,
+    rebuild_configs,
+    save_deployment,
+)
+from paretorch.pipeline.engine.graph import recipe_pipeline
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.search.finish import export_trial
+from paretorch.pipeline.sources.resolve import resolve_spec
+from paretorch.stages.distill.stage import DistillConfig
+from paretorch.stages.pack.deploy import PackedEncoder
+from paretorch.stages.pack.stage import PackConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 from tests.stages.test_pack import CPU, FP32_TOLERANCE, batch, max_diff, one_thread  # noqa: F401  (autouse)
 from tests.stages.test_pack_deploy import token_lists
 
 SPEC_SOURCE = '''
 import torch
 from transformers import BertConfig, BertModel
-from pipeline.core.fidelity import fidelity_spec
-from pipeline.sources.huggingface import PooledEmbedding
+from paretorch.pipeline.core.fidelity import fidelity_spec
+from paretorch.pipeline.sources.huggingface import PooledEmbedding
 
 LENGTHS = torch.tensor([16, 12, 9, 3, 16, 5, 7, 11])
 IDS = torch.randint(1, 100, (8, 16), generator=torch.Generator().manual_seed(0))

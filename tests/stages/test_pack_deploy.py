@@ -16,13 +16,13 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from pipeline.api import StageContext, run_chain
-from pipeline.core.padding import latency_inputs, latency_sample, trim_to_longest
-from pipeline.engine.recipe import Recipe
-from stages.pack.deploy import PackedEncoder
-from stages.pack.layout import host_starts, pack_padded, pack_token_lists
-from stages.pack.packed import PackedBert
-from stages.pack.stage import PackConfig
+from paretorch.pipeline.api import StageContext, run_chain
+from paretorch.pipeline.core.padding import latency_inputs, latency_sample, trim_to_longest
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.stages.pack.deploy import PackedEncoder
+from paretorch.stages.pack.layout import host_starts, pack_padded, pack_token_lists
+from paretorch.stages.pack.packed import PackedBert
+from paretorch.stages.pack.stage import PackConfig
 from tests.stages.test_pack import (
     CPU,
     FP32_TOLERANCE,

@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.api import load_deployment
-from pipeline.cli.main import main
-from pipeline.core.errors import ConfigError
-from pipeline.core.length_groups import GroupedEncoder
-from pipeline.core.runtimes.registry import get_runtime, registered_runtimes
-from pipeline.core.stage import ExportResult, export_mirror
-from pipeline.engine.deployment import MANIFEST, SAFE_WEIGHTS, save_deployment
-from pipeline.engine.recipe import Recipe
-from pipeline.sources.resolve import resolve_spec
-from stages.common.mirror_facts import PaddingFree
-from stages.pack.stage import PackConfig
+from paretorch.pipeline.api import load_deployment
+from paretorch.pipeline.cli.main import main
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.length_groups import GroupedEncoder
+from paretorch.pipeline.core.runtimes.registry import get_runtime, registered_runtimes
+from paretorch.pipeline.core.stage import ExportResult, export_mirror
+from paretorch.pipeline.engine.deployment import MANIFEST, SAFE_WEIGHTS, save_deployment
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.sources.resolve import resolve_spec
+from paretorch.stages.common.mirror_facts import PaddingFree
+from paretorch.stages.pack.stage import PackConfig
 from tests.stages.test_pack import batch, max_diff, one_thread  # noqa: F401  (autouse)
 from tests.stages.test_pack_apply import SPEC_SOURCE, pareto_trial
 from tests.stages.test_pack_deploy import token_lists

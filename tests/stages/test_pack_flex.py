@@ -12,9 +12,9 @@ import copy
 import pytest
 import torch
 
-from stages.pack.attention import FLEX_BLOCK, choose_kernel, document_blocks, flex_length
-from stages.pack.bert import find_packable
-from stages.pack.layout import (
+from paretorch.stages.pack.attention import FLEX_BLOCK, choose_kernel, document_blocks, flex_length
+from paretorch.stages.pack.bert import find_packable
+from paretorch.stages.pack.layout import (
     attention_width,
     device_layout,
     device_starts,
@@ -23,7 +23,7 @@ from stages.pack.layout import (
     packed_length,
     starts_of,
 )
-from stages.pack.packed import PackedBert
+from paretorch.stages.pack.packed import PackedBert
 from tests.stages.test_pack import (
     CPU,
     FP32_TOLERANCE,

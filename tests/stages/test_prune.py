@@ -19,12 +19,12 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
 
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.evaluate import compute_metric, count_macs, count_params
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageContext, apply, config_from_dict, get_stage
-from stages.prune.model_checks import find_output_head
-from stages.prune.stage import PruneConfig
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.evaluate import compute_metric, count_macs, count_params
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply, config_from_dict, get_stage
+from paretorch.stages.prune.model_checks import find_output_head
+from paretorch.stages.prune.stage import PruneConfig
 
 CPU = torch.device("cpu")
 

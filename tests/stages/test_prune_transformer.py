@@ -17,13 +17,13 @@ import torch
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel
 
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.evaluate import count_params
-from pipeline.core.spec import ACCURACY, ModelSpec
-from pipeline.core.stage import StageContext, apply, config_from_dict
-from pipeline.sources.huggingface import PooledEmbedding
-from stages.prune.depth import candidate_blocks
-from stages.prune.stage import PruneConfig
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.evaluate import count_params
+from paretorch.pipeline.core.spec import ACCURACY, ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply, config_from_dict
+from paretorch.pipeline.sources.huggingface import PooledEmbedding
+from paretorch.stages.prune.depth import candidate_blocks
+from paretorch.stages.prune.stage import PruneConfig
 
 CPU = torch.device("cpu")
 

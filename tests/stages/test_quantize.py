@@ -12,16 +12,16 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from pipeline.core.device import capabilities
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.evaluate import compute_metric, serialized_size_bytes
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageContext, apply, config_from_dict
-from stages.pack.stage import PackConfig
-from stages.quantize import stage as quantize_stage
-from stages.quantize.layers import LayerSelection
-from stages.quantize.methods import METHODS, methods_on
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.device import capabilities
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.evaluate import compute_metric, serialized_size_bytes
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply, config_from_dict
+from paretorch.stages.pack.stage import PackConfig
+from paretorch.stages.quantize import stage as quantize_stage
+from paretorch.stages.quantize.layers import LayerSelection
+from paretorch.stages.quantize.methods import METHODS, methods_on
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 CPU_METHODS = methods_on(capabilities(CPU))

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.spec import ACCURACY, ModelSpec
-from pipeline.core.stage import StageContext, apply, export_mirror
-from stages.common.rankings import SENSITIVITIES
-from stages.export.layer_filter import LayerFilter
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.spec import ACCURACY, ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply, export_mirror
+from paretorch.stages.common.rankings import SENSITIVITIES
+from paretorch.stages.export.layer_filter import LayerFilter
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 BUDGET = 0.05
@@ -128,9 +128,9 @@ def test_sensitivities_persist_for_another_run(fragile: tuple[nn.Module, ModelSp
 def test_another_process_reuses_the_persisted_sensitivities(tmp_path: Path) -> None:
     script = """
 import sys, torch
-from pipeline.core.paths import set_results_dir
-from pipeline.core.stage import StageContext, apply
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.paths import set_results_dir
+from paretorch.pipeline.core.stage import StageContext, apply
+from paretorch.stages.quantize.stage import QuantizeConfig
 sys.path.insert(0, "tests/stages")
 from test_quantize_fallback import FragileMLP, _spec
 set_results_dir(sys.argv[1])

@@ -8,16 +8,16 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.device import Capabilities
-from pipeline.core.model_facts import ModelFacts
-from pipeline.core.spec import ACCURACY, ModelSpec
-from pipeline.core.stage import StageContext, config_from_dict, get_stage
-from pipeline.search.rule_out import RuleOut
-from stages.amp.stage import AmpConfig
-from stages.distill.stage import DistillConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.methods import methods_on
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.device import Capabilities
+from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.spec import ACCURACY, ModelSpec
+from paretorch.pipeline.core.stage import StageContext, config_from_dict, get_stage
+from paretorch.pipeline.search.rule_out import RuleOut
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.distill.stage import DistillConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.methods import methods_on
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 CPU = torch.device("cpu")
 TORCHAO_METHODS = ("int8_weight_only", "int8_dynamic", "intx_weight_only", "float8_weight_only")

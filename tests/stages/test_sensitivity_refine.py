@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from stages.common.sensitivity import calibrate
+from paretorch.stages.common.sensitivity import calibrate
 
 #: What changing each unit costs: the whole-model relative output error adds up exactly.
 COSTS = {"a.0.p": 0.001, "a.0.q": 0.001, "a.0.fragile": 0.5, "a.1.p": 0.004, "a.1.fragile": 0.02}

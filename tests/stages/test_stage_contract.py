@@ -3,7 +3,7 @@
 Parametrized over the registry: a new stage is held to these tests with no new test
 code. The toy stage (``tests/stages/toy_plugin``) is a separate package installed with
 pip into a temporary folder; it is found through its entry point, like the built-ins,
-and run through ``python -m pipeline optimize`` (what ``make optimize`` runs).
+and run through ``python -m paretorch optimize`` (what ``make optimize`` runs).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.mirror import ExportMirror, NotMirrored
-from pipeline.core.runtimes.registry import registered_runtimes
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import (
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.mirror import ExportMirror, NotMirrored
+from paretorch.pipeline.core.runtimes.registry import registered_runtimes
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import (
     ENTRY_POINT_GROUP,
     ExportResult,
     Stage,
@@ -35,7 +35,7 @@ from pipeline.core.stage import (
     config_from_dict,
     registered_stages,
 )
-from pipeline.engine.graph import default_pipeline
+from paretorch.pipeline.engine.graph import default_pipeline
 
 CPU = torch.device("cpu")
 TOY_STAGE = "toy.scale_bias"
@@ -206,14 +206,14 @@ def test_toy_stage_sits_where_it_says_in_the_default_pipeline(
 
 
 def test_toy_stage_runs_through_optimize(toy_plugin_site: Path, tmp_path: Path) -> None:
-    """``python -m pipeline optimize`` finds the installed toy stage, searches it (on/off and its integer are the
+    """``python -m paretorch optimize`` finds the installed toy stage, searches it (on/off and its integer are the
     study's params) and runs it: a recipe with it is enqueued, so the test does not hang on the sampler's draws."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(toy_plugin_site), str(REPO)]),
            "PARETORCH_RESULTS_DIR": str(tmp_path)}
     recipe = tmp_path / "toy-twice.json"
     recipe.write_text(json.dumps({"stages": [{"stage": TOY_STAGE, "repeats": 2}], "runtime": "eager"}))
     run = subprocess.run(
-        [sys.executable, "-m", "pipeline", "optimize", "--model", "digits", "--trials", "5", "--no-tracking",
+        [sys.executable, "-m", "paretorch", "optimize", "--model", "digits", "--trials", "5", "--no-tracking",
          "--runtimes", "eager", "--latency-budget", "quick", "--exports", "none", "--disable", "prune,distill,amp",
          "--threads", "1", "--enqueue", str(recipe)],
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stages.quantize.static_pt2e import quantize_static_pt2e
+from paretorch.stages.quantize.static_pt2e import quantize_static_pt2e
 
 
 class TokenModel(nn.Module):
@@ -40,8 +40,8 @@ def test_sequence_length_stays_dynamic() -> None:
 def test_onnx_export_keeps_the_sequence_axis_dynamic(tmp_path: object) -> None:
     import onnxruntime
 
-    from stages.export.onnx import ONNXExportConfig
-    from stages.export.onnx_export import _export_float_graph
+    from paretorch.stages.export.onnx import ONNXExportConfig
+    from paretorch.stages.export.onnx_export import _export_float_graph
 
     torch.manual_seed(0)
     model = TokenModel().eval()

@@ -6,7 +6,7 @@ Runtime, OpenVINO, MLX) asks the handle for it, and only then does the engine ma
 cache (once per stage prefix); a runtime that wraps the torch module (eager, ``torch.compile``) never asks.
 Which export a runtime reads is declared (:attr:`Runtime.export`, a :class:`RuntimeExport`), as is what
 the runtime and its export reproduce of a recipe (:attr:`Runtime.reproduces`,
-:class:`~pipeline.core.runtimes.reproduces.Reproduces`): a recipe that asks for anything undeclared is
+:class:`~paretorch.pipeline.core.runtimes.reproduces.Reproduces`): a recipe that asks for anything undeclared is
 refused with the reason before any stage runs (:meth:`Runtime.cannot_run`). Either way the evaluator gets a
 callable ``fn(*tensors) -> first output`` and measures it the same way.
 
@@ -23,12 +23,12 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.machine_probe import DEFAULT_ENGINE, EngineProbe, torch_gains
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.runtimes.reproduces import Reproduces
-from pipeline.core.spec import Batch
-from pipeline.core.stage_context import ExportResult
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.machine_probe import DEFAULT_ENGINE, EngineProbe, torch_gains
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.runtimes.reproduces import Reproduces
+from paretorch.pipeline.core.spec import Batch
+from paretorch.pipeline.core.stage_context import ExportResult
 
 
 @runtime_checkable
@@ -63,7 +63,7 @@ class ExportHandle(Protocol):
 
     def result(self) -> ExportResult:
         """The export (written once per stage prefix, through the export cache); a runtime that declares no
-        :attr:`Runtime.export` gets a :class:`~pipeline.core.errors.ConfigError` saying so."""
+        :attr:`Runtime.export` gets a :class:`~paretorch.pipeline.core.errors.ConfigError` saying so."""
         ...
 
 
@@ -74,13 +74,15 @@ class Runtime(ABC):
     name: ClassVar[str]
     #: Compiles on the first call of each input shape: that time is reported as compile time, never latency.
     compiles: ClassVar[bool] = False
-    #: Needs a few fixed input shapes: sequence inputs are fed in length buckets (:mod:`pipeline.core.padding`).
+    #: Needs a few fixed input shapes: sequence inputs are fed in length buckets
+    #: (:mod:`paretorch.pipeline.core.padding`).
     static_shapes: ClassVar[bool] = False
     #: The export it reads through :meth:`prepare`'s handle (None: it runs the torch module itself).
     export: ClassVar[RuntimeExport | None] = None
     #: What it (and its export) reproduces of a recipe; the default, everything: it runs the built torch model.
     reproduces: ClassVar[Reproduces] = Reproduces()
-    #: Whose kernels it runs: runtimes of one engine share one machine probe (:mod:`pipeline.core.machine_probe`).
+    #: Whose kernels it runs: runtimes of one engine share one machine probe
+    #: (:mod:`paretorch.pipeline.core.machine_probe`).
     engine: ClassVar[str] = DEFAULT_ENGINE
 
     def probe(self, device: torch.device) -> EngineProbe:
@@ -111,7 +113,7 @@ class Runtime(ABC):
         """What a user deploys from a trial under this runtime."""
         if self.export is not None:
             return f"the file {self.export.stage} writes (the recipe names its export config)"
-        return "the torch model: `python -m pipeline apply --recipe recipe.json` rebuilds it"
+        return "the torch model: `python -m paretorch apply --recipe recipe.json` rebuilds it"
 
 
 class GivenExport:
@@ -133,4 +135,4 @@ class NoExport:
 
     def result(self) -> ExportResult:
         raise ConfigError(f"runtime {self.runtime} runs its export: run the model through the Runner "
-                          "(pipeline.engine.runner), which makes the export and hands it over")
+                          "(paretorch.pipeline.engine.runner), which makes the export and hands it over")

@@ -14,11 +14,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.device import capabilities
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.runtimes.base import ExportHandle, Runtime
-from pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
+from paretorch.pipeline.core.device import capabilities
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime
+from paretorch.pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
 
 #: Errors of compiled code that are a known limit of a kernel, not a bug: (message
 #: fragment, what it means for the user). Raised as :class:`InfeasibleConfig`.
@@ -34,7 +34,8 @@ KNOWN_COMPILED_LIMITS = (
 
 #: Graphs one compiled frame may hold before dynamo runs it eager (its default, 8, falls back silently, with a
 #: warning only). The static-shape runtimes compile one graph per shape by design, bounded by the buckets (length
-#: buckets of :mod:`pipeline.core.padding`; a packed model's total-token buckets too): a replayed MiniLM pack + int8
+#: buckets of :mod:`paretorch.pipeline.core.padding`; a packed model's total-token buckets too): a replayed MiniLM pack
+#: + int8
 #: + bf16 recipe ran 1.85x instead of its 3.73x once its evaluation passes had compiled 8 packed shapes.
 RECOMPILE_LIMIT = 64
 

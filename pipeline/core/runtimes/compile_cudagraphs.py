@@ -11,9 +11,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.device import capabilities
-from pipeline.core.runtimes.base import ExportHandle
-from pipeline.core.runtimes.compile import Compile
+from paretorch.pipeline.core.device import capabilities
+from paretorch.pipeline.core.runtimes.base import ExportHandle
+from paretorch.pipeline.core.runtimes.compile import Compile
 
 
 class CompileCudaGraphs(Compile):

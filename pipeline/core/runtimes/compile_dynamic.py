@@ -1,8 +1,8 @@
 """``compile_dynamic``: ``torch.compile`` (inductor, weights frozen) with the sequence length dynamic.
 
 The ``compile`` runtime compiles one graph per input shape, so sequence inputs are padded up to
-length buckets (:mod:`pipeline.core.padding`) and the bucket's padding is paid on every call. This
-runtime marks dim 1 of each token input (:func:`~pipeline.core.token_inputs.is_token_input`: ids,
+length buckets (:mod:`paretorch.pipeline.core.padding`) and the bucket's padding is paid on every call. This
+runtime marks dim 1 of each token input (:func:`~paretorch.pipeline.core.token_inputs.is_token_input`: ids,
 masks) dynamic, so one graph runs every batch at its own longest sample, as eager does; the batch
 dim stays static (a graph per batch size, as under ``compile``). Which of the two is faster depends
 on the model, the device and the lengths users send (symbolic-shape kernels can be slower than
@@ -22,11 +22,11 @@ import torch
 from torch import Tensor, nn
 from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.mirror import ExportMirror
-from pipeline.core.runtimes.base import ExportHandle
-from pipeline.core.runtimes.compile import Compile, allow_bucket_graphs, known_limits_infeasible
-from pipeline.core.token_inputs import is_token_input
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.mirror import ExportMirror
+from paretorch.pipeline.core.runtimes.base import ExportHandle
+from paretorch.pipeline.core.runtimes.compile import Compile, allow_bucket_graphs, known_limits_infeasible
+from paretorch.pipeline.core.token_inputs import is_token_input
 
 #: Whether this torch's ``torch.compile`` keeps a compiled module's graphs to itself (``isolate_recompiles``,
 #: torch 2.12+). Without it a dynamic graph of a module could serve the static ``compile`` of the same module

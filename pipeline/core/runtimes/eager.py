@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.runtimes.base import ExportHandle, Runtime
+from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime
 
 
 class Eager(Runtime):

@@ -1,7 +1,7 @@
 """``onnxruntime``: the ONNX export run in ONNX Runtime.
 
 The file is the ``export.onnx`` stage's (its float graph, ORT's transformer fusions and ORT's int8
-mirror of the quantize stage), opened with :func:`pipeline.core.ort_session.open_session` (the device's
+mirror of the quantize stage), opened with :func:`paretorch.pipeline.core.ort_session.open_session` (the device's
 first provider from the capability table). What it reproduces is declared here (:data:`REPRODUCES`): a recipe
 needing anything else is never measured as a float model: the search rules it out before it runs, and a run
 that gets there anyway (``pipeline apply``) is infeasible with the reason (the export reads the same
@@ -16,24 +16,24 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.device import capabilities, ort_provider_note
-from pipeline.core.length_groups import PACK, length_grouped
-from pipeline.core.machine_probe import EngineProbe
-from pipeline.core.mirror import quant_scheme
-from pipeline.core.ort_session import open_session
-from pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
-from pipeline.core.runtimes.onnxruntime_probe import onnxruntime_gains
-from pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
+from paretorch.pipeline.core.device import capabilities, ort_provider_note
+from paretorch.pipeline.core.length_groups import PACK, length_grouped
+from paretorch.pipeline.core.machine_probe import EngineProbe
+from paretorch.pipeline.core.mirror import quant_scheme
+from paretorch.pipeline.core.ort_session import open_session
+from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
+from paretorch.pipeline.core.runtimes.onnxruntime_probe import onnxruntime_gains
+from paretorch.pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
 
 _FLOAT32_GRAPH = "ONNX Runtime runs the exported float32 graph: the recipe's reduced precision is not mirrored"
 _INT8_ONLY = "only int8 methods have an ONNX Runtime mirror here"
 
-#: Float32 graphs with ORT's dynamic or static (QDQ, calibrated) int8 (:mod:`stages.export.onnx_int8`).
+#: Float32 graphs with ORT's dynamic or static (QDQ, calibrated) int8 (:mod:`paretorch.stages.export.onnx_int8`).
 REPRODUCES = Reproduces(
     precisions=frozenset({"float32"}),
     quantization=frozenset({quant_scheme(8, "dynamic"), quant_scheme(8, "static")}),
     groups=frozenset(),  # int8 per output channel only
-    stages=frozenset({PACK}),  # the padded file called once per length group (pipeline.core.length_groups)
+    stages=frozenset({PACK}),  # the padded file called once per length group (paretorch.pipeline.core.length_groups)
     outputs=frozenset(),
     notes={
         "bfloat16": _FLOAT32_GRAPH, "float16": _FLOAT32_GRAPH, "auto": _FLOAT32_GRAPH, "mixed": _FLOAT32_GRAPH,

@@ -1,5 +1,5 @@
 """ONNX Runtime's machine probe: ``MatMul`` against ``MatMulInteger`` on its CPU provider, paired
-(:func:`pipeline.core.machine_probe.paired_gain`)."""
+(:func:`paretorch.pipeline.core.machine_probe.paired_gain`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.machine_probe import SHAPE, Gain, paired_gain
+from paretorch.pipeline.core.machine_probe import SHAPE, Gain, paired_gain
 
 #: The ONNX IR version of the probe graphs (the newest onnx writes one the pinned onnxruntime may not read).
 IR_VERSION = 8

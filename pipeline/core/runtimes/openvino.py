@@ -2,7 +2,7 @@
 
 The file is the ``export.openvino`` stage's (the float graph converted with ``openvino.convert_model``,
 NNCF's int8 mirror of the quantize stage, the recipe's inference precision: f32, or bf16 where the recipe's
-AMP runs the whole model in bfloat16), opened with :func:`pipeline.core.ov_session.open_ir` on the device's
+AMP runs the whole model in bfloat16), opened with :func:`paretorch.pipeline.core.ov_session.open_ir` on the device's
 first OpenVINO device from the capability table (dynamic shapes, torch's thread count, one stream, LATENCY).
 What it reproduces is declared here (:data:`REPRODUCES`): a recipe needing anything else is never measured as
 another model: the search rules it out before it runs, and a run that gets there anyway (``pipeline apply``,
@@ -17,14 +17,14 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.device import capabilities, ov_device_note
-from pipeline.core.length_groups import PACK, length_grouped
-from pipeline.core.machine_probe import EngineProbe
-from pipeline.core.mirror import quant_scheme
-from pipeline.core.ov_session import open_ir
-from pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
-from pipeline.core.runtimes.openvino_probe import openvino_gains
-from pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
+from paretorch.pipeline.core.device import capabilities, ov_device_note
+from paretorch.pipeline.core.length_groups import PACK, length_grouped
+from paretorch.pipeline.core.machine_probe import EngineProbe
+from paretorch.pipeline.core.mirror import quant_scheme
+from paretorch.pipeline.core.ov_session import open_ir
+from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
+from paretorch.pipeline.core.runtimes.openvino_probe import openvino_gains
+from paretorch.pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
 
 _INT8_ONLY = ("only int8 methods have an OpenVINO mirror here (NNCF's 4-bit weight compression is not wired to "
               "the quantize stage)")
@@ -35,7 +35,7 @@ REPRODUCES = Reproduces(
     precisions=frozenset({"float32", "bfloat16", "auto"}),
     quantization=frozenset({quant_scheme(8, "float"), quant_scheme(8, "static")}),
     groups=frozenset(),  # int8 per output channel only
-    stages=frozenset({PACK}),  # the padded file called once per length group (pipeline.core.length_groups)
+    stages=frozenset({PACK}),  # the padded file called once per length group (paretorch.pipeline.core.length_groups)
     outputs=frozenset(),
     notes={
         "float16": "OpenVINO's CPU plugin runs f16 only on CPUs with native fp16 arithmetic, not wired here "

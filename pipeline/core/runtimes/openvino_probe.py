@@ -1,6 +1,6 @@
 """OpenVINO's machine probe: the CPU plugin's float32 ``MatMul`` against the same product under the bfloat16
 precision hint and in int8 (both inputs behind ``FakeQuantize``, the pattern NNCF writes and the plugin's
-low-precision pass runs as int8), paired (:func:`pipeline.core.machine_probe.paired_gain`). On an AVX2 CPU
+low-precision pass runs as int8), paired (:func:`paretorch.pipeline.core.machine_probe.paired_gain`). On an AVX2 CPU
 without VNNI its int8 product ran 0.92x float32, which is why its static int8 preset ran slower than fp32 there.
 A precision the plugin cannot compile here does not pay (an exact 0)."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.machine_probe import SHAPE, Gain, paired_gain
-from pipeline.core.ov_core import shared_core
+from paretorch.pipeline.core.machine_probe import SHAPE, Gain, paired_gain
+from paretorch.pipeline.core.ov_core import shared_core
 
 
 def openvino_gains() -> dict[str, Gain]:

@@ -2,7 +2,7 @@
 
 Runtimes are found through the ``paretorch.runtimes`` entry-point group (:data:`ENTRY_POINT_GROUP`), exactly
 as stages are through ``paretorch.stages``: the built-ins declare theirs in ``pyproject.toml``, a separately
-installed package does the same (``name = "module:RUNTIME"``, a :class:`~pipeline.core.runtimes.base.Runtime`
+installed package does the same (``name = "module:RUNTIME"``, a :class:`~paretorch.pipeline.core.runtimes.base.Runtime`
 instance whose ``name`` is the entry point's). Nothing here imports a runtime module.
 """
 
@@ -14,14 +14,14 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.machine_probe import EngineProbe, Gain
-from pipeline.core.names import BUILT_IN_RUNTIMES, RUNTIME_ENTRY_POINT_GROUP
-from pipeline.core.plugins import load_group
-from pipeline.core.runtimes.base import ExportHandle, NoExport, Runtime
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.machine_probe import EngineProbe, Gain
+from paretorch.pipeline.core.names import BUILT_IN_RUNTIMES, RUNTIME_ENTRY_POINT_GROUP
+from paretorch.pipeline.core.plugins import load_group
+from paretorch.pipeline.core.runtimes.base import ExportHandle, NoExport, Runtime
 
 #: Entry-point group through which packages declare their runtimes, and the built-ins' order (one table:
-#: :mod:`pipeline.core.names`, which the command line reads before torch).
+#: :mod:`paretorch.pipeline.core.names`, which the command line reads before torch).
 ENTRY_POINT_GROUP = RUNTIME_ENTRY_POINT_GROUP
 BUILT_IN_ORDER = BUILT_IN_RUNTIMES
 
@@ -116,7 +116,7 @@ _PROBED: dict[tuple[str, str, int], Mapping[str, Gain | float]] = {}
 def declared_probes(names: Iterable[str], device: torch.device) -> tuple[dict[str, EngineProbe], dict[str, str]]:
     """The machine probes the runtimes ``names`` declare on ``device``, one per engine (the first runtime of an
     engine gives it; each runs once per process, device and thread count), and which engine each runtime runs:
-    :func:`pipeline.core.machine_probe.probe_machine`'s arguments."""
+    :func:`paretorch.pipeline.core.machine_probe.probe_machine`'s arguments."""
     probes: dict[str, EngineProbe] = {}
     engines: dict[str, str] = {}
     for name in names:

@@ -1,7 +1,7 @@
 """What a runtime (and its export) declares it reproduces of a recipe: the one check of a recipe against it.
 
 A recipe's stages say what they need in words that name no runtime (:meth:`ExportMirror.needs
-<pipeline.core.mirror.ExportMirror.needs>`: a precision, a quantization scheme, a stage's output, a model
+<paretorch.pipeline.core.mirror.ExportMirror.needs>`: a precision, a quantization scheme, a stage's output, a model
 form); each runtime declares, on the same axes, what it reproduces. Anything a recipe needs that the runtime
 does not declare is refused with the reason (and the runtime's own note on why, where it gives one), before
 any stage runs. ``None`` on an axis means everything: the runtime runs the built torch model itself.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pipeline.core.mirror import ExportMirror, Need, NeedKind
+from paretorch.pipeline.core.mirror import ExportMirror, Need, NeedKind
 
 #: The model form a TorchScript source is (an ordinary module needs nothing).
 TORCHSCRIPT = "torchscript"
@@ -20,7 +20,7 @@ TORCHSCRIPT = "torchscript"
 
 @dataclass(frozen=True)
 class Reproduces:
-    """The values a runtime reproduces on each axis of :data:`~pipeline.core.mirror.NeedKind` (None: all), and
+    """The values a runtime reproduces on each axis of :data:`~paretorch.pipeline.core.mirror.NeedKind` (None: all), and
     ``notes``: why it does not reproduce a value it leaves out (keyed by the value), as refusals say it."""
 
     precisions: frozenset[str] | None = None

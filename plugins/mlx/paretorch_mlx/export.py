@@ -12,18 +12,18 @@ import mlx.core as mx
 import torch
 from torch import nn
 
+from paretorch.pipeline.core.device import move_module
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.spec import Batch
+from paretorch.pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext, export_mirror
+from paretorch.pipeline.core.token_inputs import is_token_input
+from paretorch.stages.common.mirror_facts import WeightQuantization
+from paretorch.stages.export.atomic import artifact_size_bytes, atomic_artifact
+from paretorch.stages.export.checks import compare_outputs, converter_failure, require_close, run_reference
+from paretorch.stages.export.metadata import artifact_metadata
 from paretorch_mlx.lower import UnsupportedOps, lower, to_mx, to_torch
 from paretorch_mlx.plan import QuantPlan, quant_plan
 from paretorch_mlx.reproduces import REPRODUCES
-from pipeline.core.device import move_module
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.spec import Batch
-from pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext, export_mirror
-from pipeline.core.token_inputs import is_token_input
-from stages.common.mirror_facts import WeightQuantization
-from stages.export.atomic import artifact_size_bytes, atomic_artifact
-from stages.export.checks import compare_outputs, converter_failure, require_close, run_reference
-from stages.export.metadata import artifact_metadata
 
 #: The extra file of the ``.pt2`` that holds the quantization plan.
 PLAN_FILE = "paretorch.mlx_plan.json"

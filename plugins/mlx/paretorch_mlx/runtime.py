@@ -19,14 +19,14 @@ import mlx.core as mx
 import torch
 from torch import Tensor, nn
 
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.machine_probe import EngineProbe
+from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
+from paretorch.pipeline.core.spec import Batch
 from paretorch_mlx.export import PLAN_FILE
 from paretorch_mlx.lower import lower, to_mx, to_torch
 from paretorch_mlx.plan import QuantPlan
 from paretorch_mlx.reproduces import REPRODUCES
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.machine_probe import EngineProbe
-from pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
-from pipeline.core.spec import Batch
 
 #: torch device type -> whether this MLX build runs there, and on which MLX device.
 METAL_NOTE = "unverified: not yet run on a Mac"
@@ -46,7 +46,7 @@ def mlx_device(device: torch.device) -> mx.Device | None:
 
 class MLXFunction:
     """A lowered program, compiled, called like the torch model (a
-    :class:`~pipeline.core.runtimes.base.LoadedModel`)."""
+    :class:`~paretorch.pipeline.core.runtimes.base.LoadedModel`)."""
 
     def __init__(self, path: Path, device: torch.device) -> None:
         start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""`python -m pipeline apply`: as quiet as optimize (third-party output to its log file), and the numbers the
+"""`python -m paretorch apply`: as quiet as optimize (third-party output to its log file), and the numbers the
 search recorded for the trial printed beside the replay's own."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.cli.main import main
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
-from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
-from pipeline.search.recorded import RECORDED, latency_key
-from pipeline.sources.resolve import resolve_spec
+from paretorch.pipeline.cli.main import main
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from paretorch.pipeline.search import Search, SearchConfig, run_search
+from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
+from paretorch.pipeline.search.recorded import RECORDED, latency_key
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 SPEC_SOURCE = '''
 import torch
 from torch import nn
-from pipeline.core.fidelity import fidelity_spec
+from paretorch.pipeline.core.fidelity import fidelity_spec
 
 DATA = torch.randn(96, 8, generator=torch.Generator().manual_seed(0))
 

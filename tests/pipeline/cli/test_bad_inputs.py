@@ -9,15 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.cli.main import main
-from pipeline.cli.store_urls import validate_storage_url
-from pipeline.core.errors import ConfigError, PipelineError, SpecError
-from pipeline.core.secrets import mask_secrets
-from pipeline.core.writable import check_writable_dir
-from pipeline.engine.recipe import Recipe
-from pipeline.search.config import SearchConfig
-from pipeline.sources.archive import check_batch_flexible
-from pipeline.sources.inputs import TensorInputs, parse_input_shape
+from paretorch.pipeline.cli.main import main
+from paretorch.pipeline.cli.store_urls import validate_storage_url
+from paretorch.pipeline.core.errors import ConfigError, PipelineError, SpecError
+from paretorch.pipeline.core.secrets import mask_secrets
+from paretorch.pipeline.core.writable import check_writable_dir
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.search.config import SearchConfig
+from paretorch.pipeline.sources.archive import check_batch_flexible
+from paretorch.pipeline.sources.inputs import TensorInputs, parse_input_shape
 
 
 def test_mask_secrets_masks_url_passwords_and_password_keys() -> None:

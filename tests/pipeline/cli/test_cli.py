@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli.main import EXIT_USER_ERROR, main
+from paretorch.pipeline.cli.main import EXIT_USER_ERROR, main
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=300, cwd=cwd
+        [sys.executable, "-m", "paretorch", *args], capture_output=True, text=True, timeout=300, cwd=cwd
     )
 
 

@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 
-from pipeline.cli.main import OPTIONAL_KERNEL_LOGGERS, quiet_optional_kernels
+from paretorch.pipeline.cli.main import OPTIONAL_KERNEL_LOGGERS, quiet_optional_kernels
 
 IMPORT = "import torchao"
 
@@ -20,5 +20,6 @@ def stderr_of(code: str) -> str:
 def test_the_optional_kernel_loggers_are_quiet_before_anything_imports_them() -> None:
     quiet_optional_kernels()
     assert all(logging.getLogger(name).getEffectiveLevel() >= logging.ERROR for name in OPTIONAL_KERNEL_LOGGERS)
-    quieted = stderr_of(f"from pipeline.cli.main import quiet_optional_kernels; quiet_optional_kernels(); {IMPORT}")
+    quieted = stderr_of("from paretorch.pipeline.cli.main import quiet_optional_kernels; "
+                        f"quiet_optional_kernels(); {IMPORT}")
     assert "Failed to load" not in quieted

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli.main import EXIT_USER_ERROR, main
-from pipeline.cli.store_urls import validate_storage_url, validate_tracking_uri
-from pipeline.core.errors import ConfigError
-from pipeline.core.paths import RESULTS_ENV_VAR
+from paretorch.pipeline.cli.main import EXIT_USER_ERROR, main
+from paretorch.pipeline.cli.store_urls import validate_storage_url, validate_tracking_uri
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.paths import RESULTS_ENV_VAR
 
 
 def error_line(capsys: pytest.CaptureFixture[str], *flags: str) -> str:

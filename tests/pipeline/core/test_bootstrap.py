@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.core.bootstrap import (
+from paretorch.pipeline.core.bootstrap import (
     INDEX_BUDGET,
     MIN_RESAMPLES,
     RESAMPLES,
@@ -14,10 +14,10 @@ from pipeline.core.bootstrap import (
     resample_count,
     resample_indices,
 )
-from pipeline.core.evaluate import metric_resamples
-from pipeline.core.ranking import row_spearman, spearman
-from pipeline.core.spec import ACCURACY
-from pipeline.core.task_metrics import pairs_metric, retrieval_metrics
+from paretorch.pipeline.core.evaluate import metric_resamples
+from paretorch.pipeline.core.ranking import row_spearman, spearman
+from paretorch.pipeline.core.spec import ACCURACY
+from paretorch.pipeline.core.task_metrics import pairs_metric, retrieval_metrics
 
 
 def test_percentile_interpolates_between_order_statistics() -> None:
@@ -167,9 +167,9 @@ def test_a_large_evaluation_set_gets_fewer_resamples_within_the_memory_budget() 
 
 
 def test_the_median_interval_holds_its_coverage_by_the_binomial() -> None:
-    """:func:`pipeline.core.noise.median_ci` picks order statistics whose binomial coverage (scipy) is >= 95 %."""
+    """:func:`paretorch.pipeline.core.noise.median_ci` picks order statistics of binomial coverage (scipy) >= 95 %."""
     stats = pytest.importorskip("scipy.stats")
-    from pipeline.core.noise import median_ci
+    from paretorch.pipeline.core.noise import median_ci
 
     for n in range(6, 61):
         samples = [float(i) for i in range(n)]

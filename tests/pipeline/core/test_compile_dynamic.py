@@ -9,16 +9,16 @@ import torch
 from torch import Tensor, nn
 from torch._dynamo.utils import counters
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.evaluate import LatencySettings, evaluate_model
-from pipeline.core.padding import to_bucket, trim_to_longest
-from pipeline.core.runtimes import compile_dynamic
-from pipeline.core.runtimes.compile import COMPILE
-from pipeline.core.runtimes.compile_dynamic import COMPILE_DYNAMIC, sequence_dynamic
-from pipeline.core.runtimes.registry import get_runtime, prepare_runtime
-from pipeline.core.spec import Batch, Metric, ModelSpec
-from pipeline.search.config import SearchConfig
-from pipeline.sources.huggingface import PooledEmbedding
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.evaluate import LatencySettings, evaluate_model
+from paretorch.pipeline.core.padding import to_bucket, trim_to_longest
+from paretorch.pipeline.core.runtimes import compile_dynamic
+from paretorch.pipeline.core.runtimes.compile import COMPILE
+from paretorch.pipeline.core.runtimes.compile_dynamic import COMPILE_DYNAMIC, sequence_dynamic
+from paretorch.pipeline.core.runtimes.registry import get_runtime, prepare_runtime
+from paretorch.pipeline.core.spec import Batch, Metric, ModelSpec
+from paretorch.pipeline.search.config import SearchConfig
+from paretorch.pipeline.sources.huggingface import PooledEmbedding
 
 CPU = torch.device("cpu")
 QUICK = LatencySettings(warmup_runs=1, min_runs=2, min_seconds=0.0)

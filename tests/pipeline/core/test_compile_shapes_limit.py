@@ -11,9 +11,9 @@ import torch
 from torch import Tensor, nn
 from torch._dynamo.utils import counters
 
-from pipeline.core.runtimes import compile as compile_runtime
-from pipeline.core.runtimes.compile import RECOMPILE_LIMIT
-from pipeline.core.runtimes.registry import prepare_runtime
+from paretorch.pipeline.core.runtimes import compile as compile_runtime
+from paretorch.pipeline.core.runtimes.compile import RECOMPILE_LIMIT
+from paretorch.pipeline.core.runtimes.registry import prepare_runtime
 
 CPU = torch.device("cpu")
 

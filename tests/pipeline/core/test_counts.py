@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.core.evaluate import count_macs, count_params
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageContext, apply_stage, config_from_dict
+from paretorch.pipeline.core.evaluate import count_macs, count_params
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import StageContext, apply_stage, config_from_dict
 
 CPU_METHODS = ["int8_dynamic", "int8_weight_only", "intx_weight_only", "int8_static_pt2e"]
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-import pipeline.core.device as device_module
-from pipeline.core.device import (
+import paretorch.pipeline.core.device as device_module
+from paretorch.pipeline.core.device import (
     Stopwatch,
     available_kinds,
     capabilities,
@@ -21,7 +21,7 @@ from pipeline.core.device import (
     reset_peak_memory,
     resolve_device,
 )
-from pipeline.core.errors import DeviceError, InfeasibleConfig
+from paretorch.pipeline.core.errors import DeviceError, InfeasibleConfig
 
 
 def test_auto_picks_first_available_in_order() -> None:

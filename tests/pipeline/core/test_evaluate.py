@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.evaluate import (
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.evaluate import (
     STATE_DICT_FILENAME,
     LatencySettings,
     count_macs,
@@ -18,8 +18,8 @@ from pipeline.core.evaluate import (
     measure_latency,
     serialized_size_bytes,
 )
-from pipeline.core.runtimes.compile import known_limits_infeasible
-from pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.runtimes.compile import known_limits_infeasible
+from paretorch.pipeline.core.spec import ModelSpec
 
 QUICK = LatencySettings(warmup_runs=1, min_runs=5, min_seconds=0.0)
 

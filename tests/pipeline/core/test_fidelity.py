@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.errors import SpecError
-from pipeline.core.evaluate import compute_metric
-from pipeline.core.fidelity import (
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.evaluate import compute_metric
+from paretorch.pipeline.core.fidelity import (
     KL_DIVERGENCE,
     MEAN_COSINE,
     NEIGHBOUR_AGREEMENT,

@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.errors import SpecError
-from pipeline.core.evaluate import compute_metrics
-from pipeline.core.fidelity import MEAN_COSINE, PAIRWISE_RANK_CORRELATION, SQNR_DB
-from pipeline.core.fidelity_floor import floor_failures, with_fidelity_floor
-from pipeline.core.spec import ModelSpec
-from pipeline.core.task_data import PairsData
-from pipeline.core.task_spec import with_task_data
-from pipeline.search.objectives import FLOOR_REASON, Baseline, Objectives
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.evaluate import compute_metrics
+from paretorch.pipeline.core.fidelity import MEAN_COSINE, PAIRWISE_RANK_CORRELATION, SQNR_DB
+from paretorch.pipeline.core.fidelity_floor import floor_failures, with_fidelity_floor
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.task_data import PairsData
+from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.search.objectives import FLOOR_REASON, Baseline, Objectives
 
 CPU = torch.device("cpu")
 VOCAB, WIDTH = 50, 8

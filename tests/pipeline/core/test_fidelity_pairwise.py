@@ -11,8 +11,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from experiments.bench.fidelity_check import human_score, read_pairs, render, tracking
-from pipeline.core.fidelity import (
+from paretorch.experiments.bench.fidelity_check import human_score, read_pairs, render, tracking
+from paretorch.pipeline.core.fidelity import (
     MAX_PAIRS,
     PAIRWISE_RANK_CORRELATION,
     fidelity_metrics,
@@ -23,10 +23,10 @@ from pipeline.core.fidelity import (
     pair_indices,
     pairwise_rank_correlation,
 )
-from pipeline.core.ranking import spearman
-from pipeline.core.spec import ACCURACY
-from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.loop import FIDELITY_NOTE_TAG
+from paretorch.pipeline.core.ranking import spearman
+from paretorch.pipeline.core.spec import ACCURACY
+from paretorch.pipeline.search import Search, SearchConfig, run_search
+from paretorch.pipeline.search.loop import FIDELITY_NOTE_TAG
 
 
 def on_circle(*degrees: float) -> torch.Tensor:

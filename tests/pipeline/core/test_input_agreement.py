@@ -1,12 +1,12 @@
-"""Per-input agreement and the tail guard (pipeline.core.input_agreement) on stored outputs with planted tails."""
+"""Per-input agreement and the tail guard (paretorch.pipeline.core.input_agreement) on outputs with planted tails."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pipeline.core.errors import SpecError
-from pipeline.core.input_agreement import (
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.input_agreement import (
     BROKEN_SHARE,
     COSINE_P01,
     FLIP_SHARE,

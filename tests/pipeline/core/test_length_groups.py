@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.length_groups import (
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.length_groups import (
     GroupedEncoder,
     LengthGrouped,
     check_token_lists,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipeline.core.noise import median_ci, overlaps
+from paretorch.pipeline.core.noise import median_ci, overlaps
 
 
 def test_interval_ranks_follow_the_binomial() -> None:

@@ -4,7 +4,7 @@ OpenVINO 2026.4's CPU plugin installs a signal stack (``sigaltstack``) on the th
 the previous one back when it is destroyed. Two ``Core`` objects destroyed in the order they were made leave
 the thread on the first one's freed stack, and the next signal handled there (Python's SIGINT handler runs
 on the signal stack) ends the process with SIGSEGV instead of ``KeyboardInterrupt``. Every OpenVINO model
-this project compiles goes through one process-wide ``Core`` (:func:`pipeline.core.ov_core.shared_core`).
+this project compiles goes through one process-wide ``Core`` (:func:`paretorch.pipeline.core.ov_core.shared_core`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ SCRIPT = textwrap.dedent('''
     import gc, os, signal, sys, time
     from pathlib import Path
     import openvino, torch
-    from pipeline.core.ov_session import open_ir
-    from pipeline.core.device import openvino_devices
+    from paretorch.pipeline.core.ov_session import open_ir
+    from paretorch.pipeline.core.device import openvino_devices
 
     path = Path(sys.argv[1])
     openvino.save_model(openvino.convert_model(torch.nn.Linear(8, 4).eval(), example_input=torch.randn(2, 8)),

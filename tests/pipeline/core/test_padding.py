@@ -7,8 +7,14 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.evaluate import LatencySettings, compute_metrics, evaluate_model, fixed_size_chunks, task_metric
-from pipeline.core.padding import (
+from paretorch.pipeline.core.evaluate import (
+    LatencySettings,
+    compute_metrics,
+    evaluate_model,
+    fixed_size_chunks,
+    task_metric,
+)
+from paretorch.pipeline.core.padding import (
     BUCKETS,
     bucket_length,
     latency_inputs,
@@ -18,9 +24,9 @@ from pipeline.core.padding import (
     to_bucket,
     trim_to_longest,
 )
-from pipeline.core.runtimes.eager import Eager
-from pipeline.core.spec import Batch, Metric, ModelSpec
-from pipeline.sources.huggingface import PooledEmbedding
+from paretorch.pipeline.core.runtimes.eager import Eager
+from paretorch.pipeline.core.spec import Batch, Metric, ModelSpec
+from paretorch.pipeline.sources.huggingface import PooledEmbedding
 
 CPU = torch.device("cpu")
 QUICK = LatencySettings(warmup_runs=1, min_runs=3, min_seconds=0.0)

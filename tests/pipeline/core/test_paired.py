@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 import torch
 
-from pipeline.core.latency import LATENCY_BUDGETS, LatencySettings
-from pipeline.core.paired import (
+from paretorch.pipeline.core.latency import LATENCY_BUDGETS, LatencySettings
+from paretorch.pipeline.core.paired import (
     UNSTABLE_ADVICE,
     DeviceTimer,
     StopRule,
@@ -23,7 +23,7 @@ from pipeline.core.paired import (
     round_order,
     time_rounds,
 )
-from pipeline.core.spec import Batch
+from paretorch.pipeline.core.spec import Batch
 
 INPUTS: Batch = (torch.zeros(1, 4),)
 SETTINGS = LATENCY_BUDGETS["normal"]

@@ -6,9 +6,9 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from pipeline.core import plugins
-from pipeline.core.errors import ConfigError
-from pipeline.core.runtimes.base import Runtime
+from paretorch.pipeline.core import plugins
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.runtimes.base import Runtime
 
 GROUP = "paretorch.runtimes"
 
@@ -20,17 +20,17 @@ def _load(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> list[Runtim
 
 
 def test_a_declared_runtime_loads_under_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    (runtime,) = _load(monkeypatch, "eager", "pipeline.core.runtimes.eager:EAGER")
+    (runtime,) = _load(monkeypatch, "eager", "paretorch.pipeline.core.runtimes.eager:EAGER")
     assert runtime.name == "eager"
 
 
 @pytest.mark.parametrize(("name", "value", "error"), [
     ("broken", "no_such_module_here:RUNTIME",
      r"^runtime entry point 'broken' \(no_such_module_here:RUNTIME\) failed to load: ModuleNotFoundError"),
-    ("eager", "pipeline.core.runtimes.eager:Eager",
-     r"^runtime entry point 'eager' \(pipeline.core.runtimes.eager:Eager\) is a ABCMeta, not a "
-     r"pipeline.core.runtimes.base.Runtime"),
-    ("fast", "pipeline.core.runtimes.eager:EAGER",
+    ("eager", "paretorch.pipeline.core.runtimes.eager:Eager",
+     r"^runtime entry point 'eager' \(paretorch.pipeline.core.runtimes.eager:Eager\) is a ABCMeta, not a "
+     r"paretorch.pipeline.core.runtimes.base.Runtime"),
+    ("fast", "paretorch.pipeline.core.runtimes.eager:EAGER",
      r"^runtime entry point 'fast' names runtime 'eager': the entry-point name must be the runtime name"),
 ])
 def test_a_broken_plugin_is_one_error_naming_its_entry_point(monkeypatch: pytest.MonkeyPatch, name: str,

@@ -10,8 +10,8 @@ import pytest
 from rich.console import Console
 from rich.progress import Progress
 
-from pipeline.core.progress import phase, progress_columns, sharing
-from pipeline.core.text import plain
+from paretorch.pipeline.core.progress import phase, progress_columns, sharing
+from paretorch.pipeline.core.text import plain
 
 
 class Terminal(io.StringIO):

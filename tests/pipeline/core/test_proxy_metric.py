@@ -1,13 +1,14 @@
-"""A proxy task metric (pipeline.core.proxy_metric): a rise over the unoptimized model is not credited, a fall is."""
+"""A proxy task metric (paretorch.pipeline.core.proxy_metric): a rise over the unoptimized model is not credited, a fall
+is."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.evaluate import evaluation_outputs
-from pipeline.core.proxy_metric import AS_MEASURED, with_proxy_metric
-from pipeline.core.spec import ACCURACY, ModelSpec
+from paretorch.pipeline.core.evaluate import evaluation_outputs
+from paretorch.pipeline.core.proxy_metric import AS_MEASURED, with_proxy_metric
+from paretorch.pipeline.core.spec import ACCURACY, ModelSpec
 
 INPUTS = torch.eye(8)
 LABELS = torch.arange(8)

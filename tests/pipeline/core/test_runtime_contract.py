@@ -11,16 +11,21 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.errors import ConfigError, InfeasibleConfig
-from pipeline.core.mirror import ExportMirror, MirrorFacts, Need
-from pipeline.core.runtimes.base import NoExport, Runtime
-from pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime, registered_runtimes
-from pipeline.core.runtimes.reproduces import TORCHSCRIPT
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import get_stage
-from pipeline.engine.cache import NodeCache
-from pipeline.engine.graph import recipe_pipeline
-from pipeline.engine.runner import Runner
+from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
+from paretorch.pipeline.core.mirror import ExportMirror, MirrorFacts, Need
+from paretorch.pipeline.core.runtimes.base import NoExport, Runtime
+from paretorch.pipeline.core.runtimes.registry import (
+    available_runtimes,
+    get_runtime,
+    prepare_runtime,
+    registered_runtimes,
+)
+from paretorch.pipeline.core.runtimes.reproduces import TORCHSCRIPT
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import get_stage
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.engine.graph import recipe_pipeline
+from paretorch.pipeline.engine.runner import Runner
 
 CPU = torch.device("cpu")
 TOY_RUNTIME = "inference_mode"

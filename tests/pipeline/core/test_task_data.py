@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.core.errors import SpecError
-from pipeline.core.ranking import average_ranks, ndcg_at_k, recall_at_k, spearman
-from pipeline.core.task_data import (
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.ranking import average_ranks, ndcg_at_k, recall_at_k, spearman
+from paretorch.pipeline.core.task_data import (
     ClassificationData,
     PairsData,
     RetrievalData,
     load_task_data,
     resolve_labels,
 )
-from pipeline.core.task_metrics import pairs_metric, top_k_accuracy
+from paretorch.pipeline.core.task_metrics import pairs_metric, top_k_accuracy
 
 # --------------------------------------------------------------------------- rank statistics
 

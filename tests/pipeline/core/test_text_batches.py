@@ -1,5 +1,5 @@
-"""A deployed encoder's ``encode`` (pipeline.core.text_batches): rows back in input order, a batch tokenized ahead
-while the model runs (injected delays on both sides), and one clear error without a tokenizer."""
+"""A deployed encoder's ``encode`` (paretorch.pipeline.core.text_batches): rows back in input order, a batch tokenized
+ahead while the model runs (injected delays on both sides), and one clear error without a tokenizer."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.text_batches import TextBatches
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.text_batches import TextBatches
 
 DELAY_S = 0.04
 

@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from pipeline.core.word_table import WordTable, fit_widths
+from paretorch.pipeline.core.word_table import WordTable, fit_widths
 
 
 def rendered(table: WordTable, width: int) -> str:

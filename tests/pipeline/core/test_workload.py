@@ -1,5 +1,5 @@
-"""The workload the search times (pipeline.core.workload): raw inputs to host outputs, tokenization inside the timed
-call, a serve stream in the given order, a corpus sorted and returned in input order, a static-shape runtime's
+"""The workload the search times (paretorch.pipeline.core.workload): raw inputs to host outputs, tokenization inside the
+timed call, a serve stream in the given order, a corpus sorted and returned in input order, a static-shape runtime's
 buckets, and one clear error for an unknown workload."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.evaluate import ModelReport
-from pipeline.core.latency import LATENCY_BUDGETS, latency_stats
-from pipeline.core.padding import BUCKETS
-from pipeline.core.spec import ModelSpec
-from pipeline.core.task_metrics import classification_metrics
-from pipeline.core.text_batches import to_host
-from pipeline.core.workload import SERVE_BATCHES, Workload, workload_for
-from pipeline.search.objectives import Objectives
-from pipeline.search.study_latency import StudyLatency
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.evaluate import ModelReport
+from paretorch.pipeline.core.latency import LATENCY_BUDGETS, latency_stats
+from paretorch.pipeline.core.padding import BUCKETS
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.task_metrics import classification_metrics
+from paretorch.pipeline.core.text_batches import to_host
+from paretorch.pipeline.core.workload import SERVE_BATCHES, Workload, workload_for
+from paretorch.pipeline.search.objectives import Objectives
+from paretorch.pipeline.search.study_latency import StudyLatency
 
 CPU = torch.device("cpu")
 TEXTS = [f"sentence number {i} " + "word " * (i % 7) for i in range(40)]

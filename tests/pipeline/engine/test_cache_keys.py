@@ -7,7 +7,7 @@ from importlib import metadata
 
 import pytest
 
-from pipeline.engine import cache
+from paretorch.pipeline.engine import cache
 
 
 @pytest.mark.parametrize("library", ["openvino", "nncf", "transformers", "mlx", "onnxruntime", "coremltools"])

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.paths import PIPELINES_DIR
-from pipeline.engine.graph import Node, Pipeline, default_pipeline, load_pipeline, recipe_pipeline
-from stages.export.onnx import ONNXExportConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.paths import PIPELINES_DIR
+from paretorch.pipeline.engine.graph import Node, Pipeline, default_pipeline, load_pipeline, recipe_pipeline
+from paretorch.stages.export.onnx import ONNXExportConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 #: The built-in stages of the default pipeline, in their places (a plugin's stage may sit anywhere among them).
 BUILTIN_MODEL_STAGES = ["prune", "distill", "pack", "quantize", "amp"]

@@ -13,23 +13,23 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core import device as device_table
-from pipeline.core.device import ORT_PROVIDERS, Capabilities, capabilities, installed_ort_providers
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.evaluate import LatencySettings, compute_metric
-from pipeline.core.ort_session import SessionSettings
-from pipeline.core.runtimes import onnxruntime as runtime_module
-from pipeline.core.runtimes.registry import available_runtimes, get_runtime
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import config_from_dict
-from pipeline.engine.cache import NodeCache
-from pipeline.engine.graph import recipe_pipeline
-from pipeline.engine.recipe import Recipe
-from pipeline.engine.runner import Runner
-from pipeline.search.config import SearchConfig
-from pipeline.search.loop import run_search
-from pipeline.search.objectives import ATTR_REASON
-from pipeline.search.study import Search
+from paretorch.pipeline.core import device as device_table
+from paretorch.pipeline.core.device import ORT_PROVIDERS, Capabilities, capabilities, installed_ort_providers
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.evaluate import LatencySettings, compute_metric
+from paretorch.pipeline.core.ort_session import SessionSettings
+from paretorch.pipeline.core.runtimes import onnxruntime as runtime_module
+from paretorch.pipeline.core.runtimes.registry import available_runtimes, get_runtime
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import config_from_dict
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.engine.graph import recipe_pipeline
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.search.config import SearchConfig
+from paretorch.pipeline.search.loop import run_search
+from paretorch.pipeline.search.objectives import ATTR_REASON
+from paretorch.pipeline.search.study import Search
 
 CPU = torch.device("cpu")
 FAST = LatencySettings(warmup_runs=1, min_runs=3, min_seconds=0)
@@ -199,7 +199,7 @@ def test_fused_graphs_declare_the_ort_domain_so_int8_shape_inference_runs() -> N
     import onnx
     from onnx import TensorProto, helper
 
-    from stages.export.onnx_fusions import ORT_DOMAIN, declare_ort_domain
+    from paretorch.stages.export.onnx_fusions import ORT_DOMAIN, declare_ort_domain
 
     node = helper.make_node("BiasGelu", ["x", "b"], ["y"], domain=ORT_DOMAIN)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),

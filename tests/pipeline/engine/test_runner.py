@@ -16,15 +16,15 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.evaluate import LatencySettings
-from pipeline.core.mirror import NotMirrored
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import ExportResult, Stage, StageConfig, StageContext, registered
-from pipeline.engine.cache import CacheWriteError, NodeCache, model_digest
-from pipeline.engine.graph import EVALUATE_OP, Node, Pipeline, recipe_pipeline
-from pipeline.engine.recipe import Recipe, describe_config, flatten_node_configs
-from pipeline.engine.runner import Runner
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.evaluate import LatencySettings
+from paretorch.pipeline.core.mirror import NotMirrored
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import ExportResult, Stage, StageConfig, StageContext, registered
+from paretorch.pipeline.engine.cache import CacheWriteError, NodeCache, model_digest
+from paretorch.pipeline.engine.graph import EVALUATE_OP, Node, Pipeline, recipe_pipeline
+from paretorch.pipeline.engine.recipe import Recipe, describe_config, flatten_node_configs
+from paretorch.pipeline.engine.runner import Runner
 
 FAST = LatencySettings(warmup_runs=1, min_runs=3, min_seconds=0)
 CALLS: Counter[str] = Counter()

@@ -8,9 +8,9 @@ import optuna
 from pydantic import Field
 from torch import nn
 
-from pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
-from pipeline.engine.recipe import Recipe
-from pipeline.engine.short_recipe import short_recipe
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.short_recipe import short_recipe
 
 
 def configs(*raw: dict[str, object]) -> list[StageConfig]:

@@ -1,5 +1,5 @@
 """Fixtures of the search tests: ``tag_stage``, a test-only stage that labels the model for a fake clock and
-changes nothing it computes (a no-op plugin stage), registered with :func:`pipeline.core.stage.registered`."""
+changes nothing it computes (a no-op plugin stage), registered with :func:`paretorch.pipeline.core.stage.registered`."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from optuna_dashboard import wsgi
 from rich.console import Console
 from torch import nn
 
-from pipeline.core.paired import RoundTimer
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext
-from pipeline.search import Search, SearchConfig, run_search
+from paretorch.pipeline.core.paired import RoundTimer
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext
+from paretorch.pipeline.search import Search, SearchConfig, run_search
 
 
 class TagConfig(StageConfig):

@@ -9,14 +9,14 @@ import pytest
 import torch
 from pydantic import Field
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.spec import Metric, ModelSpec
-from pipeline.engine.graph import default_pipeline
-from pipeline.search import Search, SearchConfig, run_search, study_name
-from pipeline.search.allowed_drop import AllowedDrop
-from pipeline.search.loop import trial_parts
-from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_REASON, CONSTRAINT_NAME, Baseline, Objectives
-from pipeline.search.record import TrialRecord
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.spec import Metric, ModelSpec
+from paretorch.pipeline.engine.graph import default_pipeline
+from paretorch.pipeline.search import Search, SearchConfig, run_search, study_name
+from paretorch.pipeline.search.allowed_drop import AllowedDrop
+from paretorch.pipeline.search.loop import trial_parts
+from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_REASON, CONSTRAINT_NAME, Baseline, Objectives
+from paretorch.pipeline.search.record import TrialRecord
 
 PRUNE_HARD = {"stage": "prune", "method": "unstructured", "ratio": 0.9}
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.search.budgets import budget_metrics
-from stages.amp.stage import AmpConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.search.budgets import budget_metrics
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 
 def test_a_budget_that_kept_layers_float_is_logged_with_the_task_headroom() -> None:

@@ -6,9 +6,9 @@ import json
 import random
 from collections.abc import Sequence
 
-from pipeline.core.stage import StageConfig, config_from_dict
-from pipeline.engine.recipe import Recipe
-from pipeline.search.compose import (
+from paretorch.pipeline.core.stage import StageConfig, config_from_dict
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.search.compose import (
     COMPOSED_PREFIX,
     Measured,
     components,
@@ -16,7 +16,7 @@ from pipeline.search.compose import (
     measured,
     winners,
 )
-from pipeline.search.record import COMPLETE, TrialRecord
+from paretorch.pipeline.search.record import COMPLETE, TrialRecord
 
 ORDER = ["prune", "distill", "quantize", "amp"]
 PRUNE = config_from_dict({"stage": "prune", "ratio": 0.3})

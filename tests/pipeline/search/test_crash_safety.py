@@ -46,7 +46,7 @@ class Study:
         self.name = f"crash-{os.getpid()}"
 
     def command(self, trials: int) -> list[str]:
-        return [sys.executable, "-m", "pipeline", "optimize", "--model", "digits", "--search-config",
+        return [sys.executable, "-m", "paretorch", "optimize", "--model", "digits", "--search-config",
                 str(self.config), "--storage", self.storage, "--tracking-uri", self.tracking, "--study-name",
                 self.name, "--trials", str(trials), "--threads", "1"]
 

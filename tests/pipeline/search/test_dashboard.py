@@ -8,8 +8,8 @@ import math
 import optuna
 import pytest
 
-from pipeline.search.best import BestTrial
-from pipeline.search.dashboard import (
+from paretorch.pipeline.search.best import BestTrial
+from paretorch.pipeline.search.dashboard import (
     badged,
     badged_infeasible,
     note_infeasible,
@@ -17,7 +17,7 @@ from pipeline.search.dashboard import (
     set_constraints,
     study_dashboard_note,
 )
-from pipeline.search.pareto import ParetoRow
+from paretorch.pipeline.search.pareto import ParetoRow
 from tests.pipeline.search.conftest import study_detail
 
 #: (accuracy, latency ms, drop): trial 1 is the fastest but over the allowed drop of 0.01.

@@ -12,14 +12,14 @@ import pytest
 import torch
 from rich.console import Console
 
-from pipeline.core.evaluate import ModelReport
-from pipeline.core.latency import LatencyStats
-from pipeline.core.spec import ModelSpec
-from pipeline.search.drop_text import uncertain_note
-from pipeline.search.objectives import ATTR_UNCERTAIN, Baseline, Objectives
-from pipeline.search.pareto import ParetoRow, pareto_table
-from pipeline.search.record import TrialRecord
-from pipeline.search.trial_log import TrialLogger
+from paretorch.pipeline.core.evaluate import ModelReport
+from paretorch.pipeline.core.latency import LatencyStats
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.search.drop_text import uncertain_note
+from paretorch.pipeline.search.objectives import ATTR_UNCERTAIN, Baseline, Objectives
+from paretorch.pipeline.search.pareto import ParetoRow, pareto_table
+from paretorch.pipeline.search.record import TrialRecord
+from paretorch.pipeline.search.trial_log import TrialLogger
 
 #: The baseline's accuracy on five resamples, and a trial's drops on them (0.000 .. 0.020, point drop 0.010).
 BASE = (0.90, 0.92, 0.94, 0.96, 0.98)

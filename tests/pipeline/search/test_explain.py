@@ -8,12 +8,12 @@ import torch
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import StageContext, config_from_dict, get_stage
-from pipeline.search.duplicates import RepeatIndex, TrialBudget, recipe_key
-from pipeline.search.explain import dominated_by, dominates, front_tags
-from pipeline.search.objectives import ATTR_REPEAT_OF
-from pipeline.search.seeding import stage_params
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import StageContext, config_from_dict, get_stage
+from paretorch.pipeline.search.duplicates import RepeatIndex, TrialBudget, recipe_key
+from paretorch.pipeline.search.explain import dominated_by, dominates, front_tags
+from paretorch.pipeline.search.objectives import ATTR_REPEAT_OF
+from paretorch.pipeline.search.seeding import stage_params
 
 MAX, MIN = StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import optuna
 from optuna.trial import TrialState
 
-from pipeline.search.front_rule import (
+from paretorch.pipeline.search.front_rule import (
     Candidate,
     FrontGroup,
     beaten_by,

@@ -17,14 +17,14 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 from rich.console import Console
 
-from pipeline.core.paired import Timed
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, registered
-from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.explain import dominated_by, front_tags
-from pipeline.search.front_rule import MIN_EFFECT, beats, candidates, faster, front_groups, tied
-from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE, ATTR_RECIPE_LINE, ATTR_SEED
-from pipeline.search.pareto import ParetoRow, distinct_front, pareto_rows, pareto_trials, remeasured_cell
+from paretorch.pipeline.core.paired import Timed
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, registered
+from paretorch.pipeline.search import Search, SearchConfig, run_search
+from paretorch.pipeline.search.explain import dominated_by, front_tags
+from paretorch.pipeline.search.front_rule import MIN_EFFECT, beats, candidates, faster, front_groups, tied
+from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE, ATTR_RECIPE_LINE, ATTR_SEED
+from paretorch.pipeline.search.pareto import ParetoRow, distinct_front, pareto_rows, pareto_trials, remeasured_cell
 
 
 def add(study: optuna.Study, metric: float, speedup: float, ci: tuple[float, float], stages: int = 0,

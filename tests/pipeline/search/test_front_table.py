@@ -9,15 +9,15 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.core.spec import ModelSpec
-from pipeline.core.task_metrics import ACCURACY
-from pipeline.engine.recipe import Recipe
-from pipeline.search.finish import runtime_export
-from pipeline.search.objectives import Baseline, Objectives
-from pipeline.search.pareto import FRONT_NOTE, ParetoRow, exports_cell, pareto_table
-from stages.export.onnx import ONNXExportConfig
-from stages.export.openvino import OpenVINOExportConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.task_metrics import ACCURACY
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.search.finish import runtime_export
+from paretorch.pipeline.search.objectives import Baseline, Objectives
+from paretorch.pipeline.search.pareto import FRONT_NOTE, ParetoRow, exports_cell, pareto_table
+from paretorch.stages.export.onnx import ONNXExportConfig
+from paretorch.stages.export.openvino import OpenVINOExportConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 #: The widest cells a study shows: a long metric name, ties, a re-measure outside its interval, repeats, a failed
 #: export, amp and quantize with layers kept float under the longest runtime name.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pipeline.search.insight import sensitivity_tables
-from stages.amp.stage import AmpConfig
+from paretorch.pipeline.search.insight import sensitivity_tables
+from paretorch.stages.amp.stage import AmpConfig
 
 
 def test_sensitivity_table_lists_costliest_layers_first_and_what_stayed_float() -> None:

@@ -13,16 +13,16 @@ import optuna
 import pytest
 from torch import nn
 
-from pipeline.cli.main import main
-from pipeline.core.errors import InfeasibleConfig
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
-from pipeline.search.objectives import ATTR_INFEASIBLE, ATTR_REASON, ATTR_SEED
+from paretorch.pipeline.cli.main import main
+from paretorch.pipeline.core.errors import InfeasibleConfig
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from paretorch.pipeline.search.objectives import ATTR_INFEASIBLE, ATTR_REASON, ATTR_SEED
 
 SPEC_SOURCE = '''
 import torch
 from torch import nn
 
-from pipeline.core.fidelity import fidelity_spec
+from paretorch.pipeline.core.fidelity import fidelity_spec
 
 DATA = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
 

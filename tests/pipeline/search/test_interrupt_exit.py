@@ -24,10 +24,10 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from torch import nn
 
-from pipeline.cli.main import main
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
-from pipeline.search.objectives import ATTR_CONFIGS, ATTR_RUNTIME
-from pipeline.search.storage import ATTR_WORKER
+from paretorch.pipeline.cli.main import main
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from paretorch.pipeline.search.objectives import ATTR_CONFIGS, ATTR_RUNTIME
+from paretorch.pipeline.search.storage import ATTR_WORKER
 from tests.pipeline.search.test_interrupt import SPEC_SOURCE
 
 #: The exit after the interrupt, at most (it takes about a second; the bug took the 60 s busy timeout and more).

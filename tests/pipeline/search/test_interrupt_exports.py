@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 from optuna.trial import TrialState
 
-from pipeline.search.interrupt import HELD_NOTE
+from paretorch.pipeline.search.interrupt import HELD_NOTE
 from tests.cpu_seconds import stop
 
 pytestmark = pytest.mark.slow  # three runs of a subprocess (about a minute)
@@ -35,7 +35,7 @@ SPEC = '''
 import torch
 from torch import nn
 
-from pipeline.core.fidelity import fidelity_spec
+from paretorch.pipeline.core.fidelity import fidelity_spec
 
 DATA = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
 
@@ -44,16 +44,16 @@ def spec():
     return fidelity_spec("tiny", lambda: nn.Linear(8, 4).eval(), lambda b: (DATA[:b],), lambda: [(DATA[:16],)],
                          lambda: [(DATA[16:48],)], latency_batch_sizes=(4,))
 '''
-#: ``python -m pipeline`` with two toy stages registered and a tracker whose closing can be slowed.
+#: ``python -m paretorch`` with two toy stages registered and a tracker whose closing can be slowed.
 SCRIPT = '''
 import os, sys, time
 from pathlib import Path
 
 import torch
 
-from pipeline.cli.main import run
-from pipeline.core.stage import ExportConfig, ExportResult, Stage, StageConfig, registered
-from pipeline.tracking.tracker import Tracker
+from paretorch.pipeline.cli.main import run
+from paretorch.pipeline.core.stage import ExportConfig, ExportResult, Stage, StageConfig, registered
+from paretorch.pipeline.tracking.tracker import Tracker
 
 MARKS = Path(os.environ["MARKS"])
 

@@ -1,5 +1,6 @@
-"""The noise-floor warning at the start of a study (pipeline.core.noise_floor): a metric that bf16 rounding, a second
-evaluation or near ties move by more than the allowed drop is said to be noise, with the pointer to --eval-data."""
+"""The noise-floor warning at the start of a study (paretorch.pipeline.core.noise_floor): a metric that bf16 rounding, a
+second evaluation or near ties move by more than the allowed drop is said to be noise, with the pointer to
+--eval-data."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.noise_floor import LABELLED_DATA_HINT, NoiseFloor, near_tie_share
-from pipeline.core.spec import ModelSpec, load_model
-from pipeline.search import Search, SearchConfig
-from pipeline.search.study import ATTR_NOISE_FLOOR
+from paretorch.pipeline.core.noise_floor import LABELLED_DATA_HINT, NoiseFloor, near_tie_share
+from paretorch.pipeline.core.spec import ModelSpec, load_model
+from paretorch.pipeline.search import Search, SearchConfig
+from paretorch.pipeline.search.study import ATTR_NOISE_FLOOR
 
 
 class Flattened(nn.Module):

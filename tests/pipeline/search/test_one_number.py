@@ -1,6 +1,6 @@
 """One number for one recipe: the search's ``serve`` speed-up (its own paired measurement, StudyLatency), the bench's
-end-to-end row (experiments.bench.end_to_end) and a timed ``load_deployment(...).encode`` against fp32 run the same
-way agree within their intervals.
+end-to-end row (paretorch.experiments.bench.end_to_end) and a timed ``load_deployment(...).encode`` against fp32 run the
+same way agree within their intervals.
 
 The model is a toy text encoder whose forward waits a fixed time (the ``toy.wait`` stage halves it), so the three
 measurements time a known, stable difference through the real paths: strings through the tokenizer, the model,
@@ -16,20 +16,20 @@ import optuna
 import torch
 from torch import Tensor, nn
 
-from experiments.bench.end_to_end import BASELINE, measure
-from pipeline.api import StageContext, load_deployment, run_chain
-from pipeline.core.latency import LATENCY_BUDGETS
-from pipeline.core.paired import DeviceTimer, measure_paired, process_clock
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, registered
-from pipeline.core.text_batches import ModelEncoder
-from pipeline.core.workload import workload_for
-from pipeline.engine.cache import NodeCache
-from pipeline.engine.deployment import save_deployment
-from pipeline.engine.graph import EVALUATE_OP, Node, Pipeline
-from pipeline.engine.recipe import Recipe
-from pipeline.engine.runner import Runner
-from pipeline.search.study_latency import StudyLatency
+from paretorch.experiments.bench.end_to_end import BASELINE, measure
+from paretorch.pipeline.api import StageContext, load_deployment, run_chain
+from paretorch.pipeline.core.latency import LATENCY_BUDGETS
+from paretorch.pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, registered
+from paretorch.pipeline.core.text_batches import ModelEncoder
+from paretorch.pipeline.core.workload import workload_for
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.engine.deployment import save_deployment
+from paretorch.pipeline.engine.graph import EVALUATE_OP, Node, Pipeline
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.search.study_latency import StudyLatency
 
 CPU = torch.device("cpu")
 TEXTS = [f"request {i}: " + "token " * (i % 5) for i in range(16)]

@@ -16,12 +16,12 @@ import torch
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from pipeline.core.paired import UNSTABLE_ADVICE, Timed
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, registered
-from pipeline.search import Search, SearchConfig
-from pipeline.search.front import machine_line
-from pipeline.search.objectives import (
+from paretorch.pipeline.core.paired import UNSTABLE_ADVICE, Timed
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, registered
+from paretorch.pipeline.search import Search, SearchConfig
+from paretorch.pipeline.search.front import machine_line
+from paretorch.pipeline.search.objectives import (
     ATTR_FEASIBLE,
     ATTR_LATENCY_UNSTABLE,
     ATTR_METRICS,
@@ -29,8 +29,8 @@ from pipeline.search.objectives import (
     ATTR_REMEASURED,
     CONSTRAINT_NAME,
 )
-from pipeline.search.pareto import pareto_rows, pareto_trials, table_columns
-from pipeline.tracking.tracker import TRIAL_TAG, experiment_name
+from paretorch.pipeline.search.pareto import pareto_rows, pareto_trials, table_columns
+from paretorch.pipeline.tracking.tracker import TRIAL_TAG, experiment_name
 from tests.pipeline.search.conftest import run_on_fake_clock, trials_by_seed
 
 #: True latency (ms) per label; "busy" is timed while another job runs (everything 10x slower).

@@ -9,15 +9,15 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from pipeline.core.spec import ModelSpec
-from pipeline.search.front import BASELINE, Remeasured, with_remeasured
-from pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE, Baseline, Objectives
-from pipeline.search.pareto import (
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.search.front import BASELINE, Remeasured, with_remeasured
+from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE, Baseline, Objectives
+from paretorch.pipeline.search.pareto import (
     latency_cell,
     table_columns,
     trial_row,
 )
-from pipeline.search.pareto_figure import pareto_figure_html, pareto_figure_png
+from paretorch.pipeline.search.pareto_figure import pareto_figure_html, pareto_figure_png
 
 
 def _study(objectives: Objectives, trials: list[tuple[float, float, str]]) -> optuna.Study:

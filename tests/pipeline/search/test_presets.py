@@ -11,16 +11,23 @@ import torch
 from optuna.trial import TrialState
 from torch import Tensor, nn
 
-from pipeline.core.machine_probe import stage_precision
-from pipeline.core.runtimes.base import ExportHandle, Runtime
-from pipeline.core.runtimes.registry import registered_runtime
-from pipeline.core.runtimes.reproduces import Reproduces
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import config_from_dict
-from pipeline.search import Preset, Search, SearchConfig, run_search
-from pipeline.search.config import SeedRecipe
-from pipeline.search.objectives import ATTR_SEED, ATTR_SEED_RECIPE
-from pipeline.search.presets import ATTR_LATER_SEEDS, PRESET_PREFIX, is_preset, preset_name, preset_rank, preset_seeds
+from paretorch.pipeline.core.machine_probe import stage_precision
+from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime
+from paretorch.pipeline.core.runtimes.registry import registered_runtime
+from paretorch.pipeline.core.runtimes.reproduces import Reproduces
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import config_from_dict
+from paretorch.pipeline.search import Preset, Search, SearchConfig, run_search
+from paretorch.pipeline.search.config import SeedRecipe
+from paretorch.pipeline.search.objectives import ATTR_SEED, ATTR_SEED_RECIPE
+from paretorch.pipeline.search.presets import (
+    ATTR_LATER_SEEDS,
+    PRESET_PREFIX,
+    is_preset,
+    preset_name,
+    preset_rank,
+    preset_seeds,
+)
 
 BF16 = Preset(name="bf16", stages=({"stage": "amp", "dtype": "bfloat16", "fp32_layers": []},))
 INT8 = Preset(name="int8-dynamic", stages=({"stage": "quantize", "method": "int8_dynamic"},))

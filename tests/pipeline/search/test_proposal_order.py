@@ -13,14 +13,14 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.paired import Timed
-from pipeline.core.runtimes.base import ExportHandle, Runtime
-from pipeline.core.runtimes.registry import registered_runtime
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
-from pipeline.search import SearchConfig
-from pipeline.search.compose import COMPOSED_PREFIX
-from pipeline.search.objectives import ATTR_SEED
+from paretorch.pipeline.core.paired import Timed
+from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime
+from paretorch.pipeline.core.runtimes.registry import registered_runtime
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from paretorch.pipeline.search import SearchConfig
+from paretorch.pipeline.search.compose import COMPOSED_PREFIX
+from paretorch.pipeline.search.objectives import ATTR_SEED
 from tests.pipeline.search.conftest import run_on_fake_clock
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.search.quiet import stderr_to
+from paretorch.pipeline.search.quiet import stderr_to
 
 
 def test_stderr_of_python_c_and_subprocesses_goes_to_the_log(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

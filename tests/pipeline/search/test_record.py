@@ -8,14 +8,14 @@ import optuna
 import torch
 from mlflow import MlflowClient
 
-from pipeline.core.spec import ModelSpec
-from pipeline.engine.recipe import Recipe
-from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
-from stages.amp.stage import AmpConfig
-from stages.export.onnx import ONNXExportConfig
-from stages.prune.stage import PruneConfig
-from stages.quantize.stage import QuantizeConfig
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.search import Search, SearchConfig, run_search
+from paretorch.pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
+from paretorch.stages.amp.stage import AmpConfig
+from paretorch.stages.export.onnx import ONNXExportConfig
+from paretorch.stages.prune.stage import PruneConfig
+from paretorch.stages.quantize.stage import QuantizeConfig
 
 
 def _complete_record(number: int = 0) -> TrialRecord:

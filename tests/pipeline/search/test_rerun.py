@@ -12,9 +12,9 @@ import torch
 from mlflow import MlflowClient
 from rich.console import Console
 
-from pipeline.core.spec import ModelSpec
-from pipeline.search import Search, SearchConfig, SearchOutcome, run_search
-from pipeline.search.record import FAIL, PRUNED, TrialRecord
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.search import Search, SearchConfig, SearchOutcome, run_search
+from paretorch.pipeline.search.record import FAIL, PRUNED, TrialRecord
 
 CPU = torch.device("cpu")
 

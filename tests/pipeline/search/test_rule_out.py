@@ -13,16 +13,16 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.device import capabilities
-from pipeline.core.model_facts import ModelFacts
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
-from pipeline.engine.graph import load_pipeline
-from pipeline.search import Search, SearchConfig, SeedRecipe, run_search
-from pipeline.search.config import finished_states
-from pipeline.search.duplicates import TrialBudget
-from pipeline.search.objectives import ATTR_REASON, ATTR_SEED
-from pipeline.search.rule_out import ATTR_RULED_OUT, ATTR_RULED_OUT_COUNTS, RuleOut, study_choices
+from paretorch.pipeline.core.device import capabilities
+from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
+from paretorch.pipeline.engine.graph import load_pipeline
+from paretorch.pipeline.search import Search, SearchConfig, SeedRecipe, run_search
+from paretorch.pipeline.search.config import finished_states
+from paretorch.pipeline.search.duplicates import TrialBudget
+from paretorch.pipeline.search.objectives import ATTR_REASON, ATTR_SEED
+from paretorch.pipeline.search.rule_out import ATTR_RULED_OUT, ATTR_RULED_OUT_COUNTS, RuleOut, study_choices
 
 NEVER = "toy.never cannot change this model"
 #: One entry per run of the costly toy stage (a distillation, say).

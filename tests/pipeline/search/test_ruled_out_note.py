@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState, create_trial
 
-from pipeline.search.rule_out import ATTR_RULED_OUT, ATTR_RULED_OUT_COUNTS, summarize
+from paretorch.pipeline.search.rule_out import ATTR_RULED_OUT, ATTR_RULED_OUT_COUNTS, summarize
 
 AMP = "onnxruntime: ONNX Runtime does not reproduce AMP (float32 layers kept)"
 DEPTH = "prune: no removable block in this model"

@@ -13,11 +13,18 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
-from pipeline.search import Search, SearchConfig, run_search, screening
-from pipeline.search.objectives import ATTR_CONFIGS, ATTR_FEASIBLE, ATTR_METRICS, ATTR_REASON, ATTR_RECIPE, ATTR_SEED
-from pipeline.search.screening import (
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
+from paretorch.pipeline.search import Search, SearchConfig, run_search, screening
+from paretorch.pipeline.search.objectives import (
+    ATTR_CONFIGS,
+    ATTR_FEASIBLE,
+    ATTR_METRICS,
+    ATTR_REASON,
+    ATTR_RECIPE,
+    ATTR_SEED,
+)
+from paretorch.pipeline.search.screening import (
     ATTR_SCREEN,
     ATTR_SCREENED_OUT,
     CostlyClock,

@@ -11,15 +11,15 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
-from pipeline.engine.graph import default_pipeline
-from pipeline.engine.recipe import Recipe
-from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
-from pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
-from pipeline.search.loop import spent
-from pipeline.search.objectives import (
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
+from paretorch.pipeline.engine.graph import default_pipeline
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
+from paretorch.pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
+from paretorch.pipeline.search.loop import spent
+from paretorch.pipeline.search.objectives import (
     ATTR_CACHE,
     ATTR_FEASIBLE,
     ATTR_INFEASIBLE,
@@ -260,19 +260,19 @@ def test_seeds_the_capability_table_rules_out_are_not_enqueued(
     monkeypatch: pytest.MonkeyPatch, residual_spec: ModelSpec, tmp_path: Path
 ) -> None:
     """On a device without a fast reduced dtype, an AMP seed could only give a slower model."""
-    import pipeline.search.study
-    from pipeline.core.device import Capabilities
+    import paretorch.pipeline.search.study
+    from paretorch.pipeline.core.device import Capabilities
 
     config = SearchConfig.load(None, runtimes=("eager",), exports="none", seeds=[])
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
     study = optuna.create_study()
     amp_seed = SeedRecipe(name="amp-only", stages=[{"stage": "amp"}])
     slow = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=())
-    monkeypatch.setattr(pipeline.search.study, "capabilities", lambda device: slow)
+    monkeypatch.setattr(paretorch.pipeline.search.study, "capabilities", lambda device: slow)
     assert not search.enqueue(study, amp_seed)
     assert search.enqueue(study, SeedRecipe(name="int8", stages=[{"stage": "quantize", "method": "int8_dynamic"}]))
     fast = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16,), fast_dtypes=(torch.bfloat16,))
-    monkeypatch.setattr(pipeline.search.study, "capabilities", lambda device: fast)
+    monkeypatch.setattr(paretorch.pipeline.search.study, "capabilities", lambda device: fast)
     assert search.enqueue(study, amp_seed)
 
 

@@ -14,16 +14,16 @@ import pytest
 import torch
 from rich.console import Console
 
-from pipeline.cli.main import EXIT_USER_ERROR, main
-from pipeline.core import progress
-from pipeline.core.errors import SpecError
-from pipeline.core.fidelity import MEAN_ABS_ERROR, OUTPUT_R2, R2_FLOOR, default_fidelity_metrics, output_r2
-from pipeline.core.progress import say
-from pipeline.core.self_check import reference_outputs, require_stable, self_check
-from pipeline.core.spec import ModelSpec, load_model
-from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.study import ATTR_SELF_CHECK
-from pipeline.sources.resolve import resolve_spec
+from paretorch.pipeline.cli.main import EXIT_USER_ERROR, main
+from paretorch.pipeline.core import progress
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.fidelity import MEAN_ABS_ERROR, OUTPUT_R2, R2_FLOOR, default_fidelity_metrics, output_r2
+from paretorch.pipeline.core.progress import say
+from paretorch.pipeline.core.self_check import reference_outputs, require_stable, self_check
+from paretorch.pipeline.core.spec import ModelSpec, load_model
+from paretorch.pipeline.search import Search, SearchConfig, run_search
+from paretorch.pipeline.search.study import ATTR_SELF_CHECK
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 CPU = torch.device("cpu")
 
@@ -31,7 +31,7 @@ SPEC_SOURCE = '''
 import torch
 from torch import nn
 
-from pipeline.core.fidelity import fidelity_spec
+from paretorch.pipeline.core.fidelity import fidelity_spec
 
 DATA = torch.randn(200, 8, generator=torch.Generator().manual_seed(0))
 
@@ -154,7 +154,7 @@ def test_search_stops_before_any_trial_unless_allowed(spec_file: Path, tmp_path:
     assert "warning: the baseline is unstable (--allow-nondeterministic): output_r2 1, then " in out.read_text()
 
     # Resumed: the recorded check is read back, not measured again, and still needs the flag.
-    monkeypatch.setattr("pipeline.search.study.self_check", lambda *a: pytest.fail("self-check measured again"))
+    monkeypatch.setattr("paretorch.pipeline.search.study.self_check", lambda *a: pytest.fail("measured again"))
     again = _search(spec, tmp_path)
     with pytest.raises(SpecError, match="moved from 1 to"):
         again.ensure_baseline(again.open_study(create=False))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.core.paths import sqlite_file
-from pipeline.search.storage import StudyLock, local_path, open_storage
-from pipeline.tracking.artifacts import artifact_root_for
-from pipeline.tracking.tracker import Tracker
+from paretorch.pipeline.core.paths import sqlite_file
+from paretorch.pipeline.search.storage import StudyLock, local_path, open_storage
+from paretorch.pipeline.tracking.artifacts import artifact_root_for
+from paretorch.pipeline.tracking.tracker import Tracker
 
 SECRET = "hunter2"
 

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
-from pipeline.core.latency import LatencySettings
-from pipeline.core.paired import Timed
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, config_from_dict, registered
-from pipeline.engine.cache import NodeCache
-from pipeline.engine.graph import EVALUATE_OP, Node, Pipeline
-from pipeline.engine.run_result import RunResult
-from pipeline.engine.runner import Runner
-from pipeline.search.study_latency import StudyLatency
+from paretorch.pipeline.core.latency import LatencySettings
+from paretorch.pipeline.core.paired import Timed
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, config_from_dict, registered
+from paretorch.pipeline.engine.cache import NodeCache
+from paretorch.pipeline.engine.graph import EVALUATE_OP, Node, Pipeline
+from paretorch.pipeline.engine.run_result import RunResult
+from paretorch.pipeline.engine.runner import Runner
+from paretorch.pipeline.search.study_latency import StudyLatency
 
 CPU = torch.device("cpu")
 FAST = LatencySettings(warmup_runs=1, min_runs=3, min_seconds=0, rounds=4, round_runs=1)

@@ -14,17 +14,17 @@ import torch
 from rich.console import Console
 from torch import Tensor, nn
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.runtimes.base import ExportHandle, Runtime
-from pipeline.core.runtimes.registry import registered_runtime
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
-from pipeline.engine.graph import default_pipeline, load_pipeline
-from pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
-from pipeline.search.config import LEGACY_DEFAULT_RUNTIMES, legacy_study_name
-from pipeline.search.objectives import ATTR_SEED, Baseline
-from pipeline.search.study import Prepared
-from pipeline.search.study_names import ATTR_RUNTIMES, ATTR_STAGES, ATTR_STUDY_KEY
+from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime
+from paretorch.pipeline.core.runtimes.registry import registered_runtime
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from paretorch.pipeline.engine.graph import default_pipeline, load_pipeline
+from paretorch.pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
+from paretorch.pipeline.search.config import LEGACY_DEFAULT_RUNTIMES, legacy_study_name
+from paretorch.pipeline.search.objectives import ATTR_SEED, Baseline
+from paretorch.pipeline.search.study import Prepared
+from paretorch.pipeline.search.study_names import ATTR_RUNTIMES, ATTR_STAGES, ATTR_STUDY_KEY
 
 CPU = torch.device("cpu")
 FOLD = "toy.fold:toy.fold"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.core.stage import StageConfig, config_from_dict
-from pipeline.engine.recipe import Recipe
-from pipeline.search.record import COMPLETE, TrialRecord
-from pipeline.search.sweep import RuntimeSweepIndex
+from paretorch.pipeline.core.stage import StageConfig, config_from_dict
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.search.record import COMPLETE, TrialRecord
+from paretorch.pipeline.search.sweep import RuntimeSweepIndex
 
 BF16 = config_from_dict({"stage": "amp", "dtype": "bfloat16"})
 FP16 = config_from_dict({"stage": "amp", "dtype": "float16"})

@@ -1,6 +1,6 @@
 """The tail guard in a search: a recipe that breaks a share of the inputs is infeasible with its reason, at full
 evaluation and at the low-fidelity screen; every trial shows its per-input view on its line, in the table and in
-MLflow, and names its worst inputs (pipeline.core.input_agreement)."""
+MLflow, and names its worst inputs (paretorch.pipeline.core.input_agreement)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from mlflow import MlflowClient
 from rich.console import Console
 from torch import Tensor, nn
 
-from pipeline.core.paired import Timed
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
-from pipeline.search import Search, SearchConfig, run_search
-from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_METRICS, ATTR_REASON, Baseline, Objectives
-from pipeline.search.record import ATTR_WORST_INPUTS, WORST_INPUTS_FILE
-from pipeline.search.screening import ATTR_SCREENED_OUT
-from pipeline.tracking.tracker import experiment_name
+from paretorch.pipeline.core.paired import Timed
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from paretorch.pipeline.search import Search, SearchConfig, run_search
+from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_METRICS, ATTR_REASON, Baseline, Objectives
+from paretorch.pipeline.search.record import ATTR_WORST_INPUTS, WORST_INPUTS_FILE
+from paretorch.pipeline.search.screening import ATTR_SCREENED_OUT
+from paretorch.pipeline.tracking.tracker import experiment_name
 from tests.pipeline.search.conftest import run_on_fake_clock, trials_by_seed
 
 #: Every this-many-th row of a batch flips its (confident) class.

@@ -21,7 +21,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import Tensor, nn
 
-from pipeline.core.machine_probe import (
+from paretorch.pipeline.core.machine_probe import (
     MIN_ROUNDS,
     Gain,
     MachineProbe,
@@ -30,21 +30,21 @@ from pipeline.core.machine_probe import (
     probe_reason,
     stage_precision,
 )
-from pipeline.core.paired import MachineLoad, PairedLatency, Timed
-from pipeline.core.runtimes.base import ExportHandle, Runtime
-from pipeline.core.runtimes.registry import declared_probes, registered_runtime
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import Stage, StageConfig, StageContext, registered
-from pipeline.search import Search, SearchConfig
-from pipeline.search.config import Preset, SeedRecipe
-from pipeline.search.dead_ends import RuntimeGains
-from pipeline.search.objectives import ATTR_FEASIBLE, ATTR_INFEASIBLE, ATTR_METRICS
-from pipeline.search.presets import initial_queue, preset_seeds
-from pipeline.search.probe import BEHIND_FRONT, FrontReferences, behind_front
-from pipeline.search.record import ATTR_FIDELITY, FULL_FIDELITY, PROBE_FIDELITY, TrialRecord
-from pipeline.search.subset import OVER_ON_SUBSET
-from pipeline.search.time_to_result import best_so_far, time_to_reach, time_to_result
-from pipeline.tracking.tracker import experiment_name
+from paretorch.pipeline.core.paired import MachineLoad, PairedLatency, Timed
+from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime
+from paretorch.pipeline.core.runtimes.registry import declared_probes, registered_runtime
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from paretorch.pipeline.search import Search, SearchConfig
+from paretorch.pipeline.search.config import Preset, SeedRecipe
+from paretorch.pipeline.search.dead_ends import RuntimeGains
+from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_INFEASIBLE, ATTR_METRICS
+from paretorch.pipeline.search.presets import initial_queue, preset_seeds
+from paretorch.pipeline.search.probe import BEHIND_FRONT, FrontReferences, behind_front
+from paretorch.pipeline.search.record import ATTR_FIDELITY, FULL_FIDELITY, PROBE_FIDELITY, TrialRecord
+from paretorch.pipeline.search.subset import OVER_ON_SUBSET
+from paretorch.pipeline.search.time_to_result import best_so_far, time_to_reach, time_to_result
+from paretorch.pipeline.tracking.tracker import experiment_name
 from tests.pipeline.search.conftest import run_on_fake_clock, trials_by_seed
 
 #: True latency (ms) per label: the baseline 1.0, a 4x trial, a 14x slower one, a fast one with a wrecked metric.

@@ -9,12 +9,12 @@ import pytest
 import torch
 from rich.console import Console
 
-from pipeline.core.spec import ModelSpec
-from pipeline.core.stage import config_from_dict
-from pipeline.engine.recipe import Recipe
-from pipeline.search.objectives import Objectives
-from pipeline.search.record import TrialRecord
-from pipeline.search.trial_log import TrialLogger
+from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage import config_from_dict
+from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.search.objectives import Objectives
+from paretorch.pipeline.search.record import TrialRecord
+from paretorch.pipeline.search.trial_log import TrialLogger
 
 STAGES = ({"stage": "prune", "ratio": 0.3}, {"stage": "distill", "max_seconds": 300},
           {"stage": "quantize", "method": "int8_static_pt2e"}, {"stage": "export.onnx"})

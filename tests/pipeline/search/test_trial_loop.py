@@ -1,4 +1,4 @@
-"""The trial loop (:func:`pipeline.search.workers.run_trials`) on Optuna's ask-and-tell interface, with a fake
+"""The trial loop (:func:`paretorch.pipeline.search.workers.run_trials`) on Optuna's ask-and-tell interface, with a fake
 objective: enqueued trials run first, each record reaches the callbacks as the objective returned it, every
 way a trial ends is told to the study (values, pruned, failed, an error outside the objective), Ctrl-C leaves no
 trial RUNNING (even a second one while the first is recorded), and the heartbeat runs for the trial's length."""
@@ -15,11 +15,11 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
-from pipeline.search.config import finished_states
-from pipeline.search.duplicates import TrialBudget
-from pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialOutcome, TrialRecord
-from pipeline.search.storage import StudyLock, heartbeat, open_storage, retried
-from pipeline.search.workers import run_trials
+from paretorch.pipeline.search.config import finished_states
+from paretorch.pipeline.search.duplicates import TrialBudget
+from paretorch.pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialOutcome, TrialRecord
+from paretorch.pipeline.search.storage import StudyLock, heartbeat, open_storage, retried
+from paretorch.pipeline.search.workers import run_trials
 
 Ending = Callable[[optuna.Trial, float], TrialOutcome]
 

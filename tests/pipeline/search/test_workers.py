@@ -22,7 +22,7 @@ TRIALS = 5
 
 def test_two_commands_and_two_workers_start_together(tmp_path: Path) -> None:
     results = tmp_path / "results"
-    base = [sys.executable, "-m", "pipeline", "optimize", "--model", "digits", "--trials", str(TRIALS),
+    base = [sys.executable, "-m", "paretorch", "optimize", "--model", "digits", "--trials", str(TRIALS),
             "--latency-budget", "quick", "--runtimes", "eager", "--exports", "none", "--threads", "1",
             "--results-dir", str(results)]
     processes = [subprocess.Popen([*base, *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

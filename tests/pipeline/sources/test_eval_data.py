@@ -11,14 +11,14 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.cli.main import main
-from pipeline.core.evaluate import compute_metric
-from pipeline.core.paths import RESULTS_ENV_VAR
-from pipeline.core.spec import ACCURACY
-from pipeline.core.task_metrics import PAIRS_METRIC
-from pipeline.search.objectives import ATTR_BASELINE
-from pipeline.sources import SourceOptions
-from pipeline.sources.resolve import resolve_spec
+from paretorch.pipeline.cli.main import main
+from paretorch.pipeline.core.evaluate import compute_metric
+from paretorch.pipeline.core.paths import RESULTS_ENV_VAR
+from paretorch.pipeline.core.spec import ACCURACY
+from paretorch.pipeline.core.task_metrics import PAIRS_METRIC
+from paretorch.pipeline.search.objectives import ATTR_BASELINE
+from paretorch.pipeline.sources import SourceOptions
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 CPU = torch.device("cpu")
 
@@ -99,7 +99,7 @@ def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small BERT encoder with MiniLM's tokenizer, saved as a sentence-transformers directory."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from experiments.models.minilm import model_dir
+    from paretorch.experiments.models.minilm import model_dir
 
     directory = tmp_path_factory.mktemp("tiny_hf")
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir()), local_files_only=True)
@@ -147,8 +147,8 @@ def test_hf_embedding_model_is_scored_on_pairs(tiny_hf_dir: Path, pairs_file: Pa
 def test_hf_latency_sample_is_the_eval_texts_at_their_own_lengths(tiny_hf_dir: Path, pairs_file: Path) -> None:
     """Without --inputs-file the --eval-data texts are the latency sample; each batch is cut to its longest
     text (a bucket for static shapes), with the outputs of full padding."""
-    from pipeline.core.padding import latency_inputs, pad_to
-    from pipeline.core.spec import load_model
+    from paretorch.pipeline.core.padding import latency_inputs, pad_to
+    from paretorch.pipeline.core.spec import load_model
 
     spec = resolve_spec(f"hf:{tiny_hf_dir}", SourceOptions(eval_data=str(pairs_file)))
     texts = list(dict.fromkeys([a for a, _, _ in PAIRS] + [b for _, b, _ in PAIRS]))
@@ -179,7 +179,7 @@ def test_hf_embedding_model_optimized_with_eval_data(tiny_hf_dir: Path, pairs_fi
 
 
 def test_python_spec_takes_eval_data(digits_spec: object, tmp_path: Path) -> None:
-    from experiments.models import digits
+    from paretorch.experiments.models import digits
 
     batches = digits.spec().evaluation()
     inputs = torch.cat([b[0][0] for b in batches])[:100]
@@ -191,8 +191,8 @@ def test_python_spec_takes_eval_data(digits_spec: object, tmp_path: Path) -> Non
 
 
 def test_minilm_task_data_loads_offline() -> None:
-    from experiments.data import word_similarity
-    from experiments.models import minilm
+    from paretorch.experiments.data import word_similarity
+    from paretorch.experiments.models import minilm
 
     data = word_similarity.load()
     assert len(data) == 353 + 999 and data.first[0] == "love" and data.second[0] == "sex"

@@ -1,14 +1,14 @@
-"""A fast tokenizer's batches (pipeline.sources.huggingface.PaddedBatches) are what transformers' own call returns:
-the same ids and mask, padded to the longest text, truncated to the model's length, special tokens included."""
+"""A fast tokenizer's batches (paretorch.pipeline.sources.huggingface.PaddedBatches) are what transformers' own call
+returns: the same ids and mask, padded to the longest text, truncated to the model's length, special tokens included."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from experiments.models import minilm
-from pipeline.sources import huggingface
-from pipeline.sources.huggingface import PaddedBatches, encode_texts
+from paretorch.experiments.models import minilm
+from paretorch.pipeline.sources import huggingface
+from paretorch.pipeline.sources.huggingface import PaddedBatches, encode_texts
 
 TEXTS = ["A man is playing a guitar.", "", "short", "Ünïcödé, emoji 🙂 and numbers 1,234.5!",
          "word " * 400, "  leading and trailing spaces  ", "A child is riding a horse."]

@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.errors import SpecError
-from pipeline.sources.exported import load_exported
-from pipeline.sources.pt2_safety import code_entries
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.sources.exported import load_exported
+from paretorch.pipeline.sources.pt2_safety import code_entries
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -98,7 +98,7 @@ def test_malicious_archive_is_refused_before_unpickling(archives: tuple[Path, Pa
 def test_cli_prints_one_line_and_runs_nothing(archives: tuple[Path, Path, Path], tmp_path: Path) -> None:
     _clean, evil, marker = archives
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "pipeline", "evaluate", "--model", str(evil), "--input-shape",
+    done = subprocess.run([sys.executable, "-m", "paretorch", "evaluate", "--model", str(evil), "--input-shape",
                            "2x4", "--results-dir", str(tmp_path / "results")],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert done.returncode == 2

@@ -9,15 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.core.errors import SpecError
-from pipeline.core.names import MODEL_ENTRY_POINT_GROUP, builtin_names, model_entry_points
-from pipeline.core.spec import ACCURACY, ModelSpec, load_model
-from pipeline.sources.resolve import resolve_spec
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.names import MODEL_ENTRY_POINT_GROUP, builtin_names, model_entry_points
+from paretorch.pipeline.core.spec import ACCURACY, ModelSpec, load_model
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 GOOD_SPEC_FILE = '''
 import torch
 from torch import nn
-from pipeline.core.spec import ACCURACY, ModelSpec
+from paretorch.pipeline.core.spec import ACCURACY, ModelSpec
 
 def _build():
     torch.manual_seed(0)
@@ -64,7 +64,7 @@ def test_builtin_names_include_digits() -> None:
 def test_builtin_models_are_declared_as_entry_points() -> None:
     declared = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=MODEL_ENTRY_POINT_GROUP)}
     assert {"digits", "minilm"} <= set(declared)
-    assert declared["digits"] == "experiments.models.digits:spec"
+    assert declared["digits"] == "paretorch.experiments.models.digits:spec"
 
 
 @pytest.mark.parametrize("name", sorted(model_entry_points()))
@@ -77,7 +77,7 @@ def test_every_model_entry_point_loads_to_its_named_spec(name: str) -> None:
 
 def test_a_model_entry_point_that_fails_to_load_is_one_spec_error(monkeypatch: pytest.MonkeyPatch) -> None:
     broken = importlib.metadata.EntryPoint("broken", "no_such_module_here:spec", MODEL_ENTRY_POINT_GROUP)
-    monkeypatch.setattr("pipeline.sources.resolve.model_entry_points", lambda: {"broken": broken})
+    monkeypatch.setattr("paretorch.pipeline.sources.resolve.model_entry_points", lambda: {"broken": broken})
     with pytest.raises(SpecError, match=r"model entry point 'broken' \(no_such_module_here:spec\) failed to load: "
                                         "ModuleNotFoundError"):
         resolve_spec("broken")
@@ -94,7 +94,7 @@ def test_file_attr_spec_and_callable(spec_file: Path) -> None:
 
 
 def test_module_attr() -> None:
-    assert resolve_spec("experiments.models.digits:spec").name == "digits"
+    assert resolve_spec("paretorch.experiments.models.digits:spec").name == "digits"
 
 
 def test_unknown_name_lists_builtins() -> None:

@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.cli.main import main
-from pipeline.core.errors import SpecError
-from pipeline.core.evaluate import LatencySettings, compute_metric, evaluate_model
-from pipeline.core.fidelity import MEAN_COSINE, TOP1_AGREEMENT
-from pipeline.core.spec import load_model
-from pipeline.sources import SourceOptions, layer_access_problem, source_kind
-from pipeline.sources.inputs import MIN_EVALUATION_SAMPLES, parse_input_shape
-from pipeline.sources.resolve import resolve_spec
+from paretorch.pipeline.cli.main import main
+from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.evaluate import LatencySettings, compute_metric, evaluate_model
+from paretorch.pipeline.core.fidelity import MEAN_COSINE, TOP1_AGREEMENT
+from paretorch.pipeline.core.spec import load_model
+from paretorch.pipeline.sources import SourceOptions, layer_access_problem, source_kind
+from paretorch.pipeline.sources.inputs import MIN_EVALUATION_SAMPLES, parse_input_shape
+from paretorch.pipeline.sources.resolve import resolve_spec
 
 CPU = torch.device("cpu")
 FAST = LatencySettings(warmup_runs=1, min_runs=3, min_seconds=0)
@@ -158,7 +158,7 @@ def test_hf_directory_with_text_inputs(files: dict[str, Path], minilm_dir: Path)
 
 @pytest.fixture(scope="module")
 def minilm_dir() -> Path:
-    from experiments.models.minilm import model_dir
+    from paretorch.experiments.models.minilm import model_dir
 
     return model_dir()
 

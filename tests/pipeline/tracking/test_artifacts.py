@@ -11,10 +11,10 @@ from mlflow.store.artifact.artifact_repository_registry import get_artifact_repo
 from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
 
-from pipeline.core.errors import PipelineError
-from pipeline.tracking import artifacts
-from pipeline.tracking.artifacts import experiment_location, local_path
-from pipeline.tracking.tracker import TRIAL_TAG, Tracker, experiment_name
+from paretorch.pipeline.core.errors import PipelineError
+from paretorch.pipeline.tracking import artifacts
+from paretorch.pipeline.tracking.artifacts import experiment_location, local_path
+from paretorch.pipeline.tracking.tracker import TRIAL_TAG, Tracker, experiment_name
 
 
 def store(results: Path) -> str:

@@ -9,8 +9,8 @@ import pytest
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
 
-from pipeline.tracking.artifacts import artifact_root_for
-from pipeline.tracking.tracker import PARENT_TAG, Tracker, clean_key, display_value, experiment_name
+from paretorch.pipeline.tracking.artifacts import artifact_root_for
+from paretorch.pipeline.tracking.tracker import PARENT_TAG, Tracker, clean_key, display_value, experiment_name
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.tracking.columns import (
+from paretorch.pipeline.tracking.columns import (
     CREATED,
     DURATION,
     RANK_METRIC,
@@ -19,8 +19,8 @@ from pipeline.tracking.columns import (
     VIEW_TAG,
     headline_view,
 )
-from pipeline.tracking.tracker import Tracker
-from pipeline.tracking.views import (
+from paretorch.pipeline.tracking.tracker import Tracker
+from paretorch.pipeline.tracking.views import (
     experiment_links,
     markdown_table,
     namespace_metrics,
@@ -29,7 +29,8 @@ from pipeline.tracking.views import (
     study_links,
 )
 
-#: The leading metrics a search shows (pipeline.search.loop.open_search): the rank, the speed-up, the metric, its drop.
+#: The leading metrics a search shows (paretorch.pipeline.search.loop.open_search): the rank, the speed-up, the metric,
+#: its drop.
 LEADING = (RANK_METRIC, SORT_METRIC, "accuracy", "metric_drop")
 
 

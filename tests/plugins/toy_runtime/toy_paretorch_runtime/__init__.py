@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from pipeline.core.runtimes.base import ExportHandle, Runtime
+from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime
 
 
 class InferenceMode(Runtime):

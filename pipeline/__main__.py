@@ -1,8 +1,0 @@
-import time
-
-#: When the command started, before the imports (torch takes seconds): the `time:` line of optimize covers them.
-STARTED = time.perf_counter()
-
-from pipeline.cli.main import run  # noqa: E402
-
-run(started=STARTED)
