@@ -17,6 +17,7 @@ from paretorch.pipeline.core.progress import phase
 from paretorch.pipeline.core.spec import Batch, OutputKind, move_batch
 from paretorch.pipeline.core.training_data import TrainingData
 from paretorch.stages.distill.losses import LossWeights, captured_outputs, check_layer_names, hidden_loss, output_loss
+from paretorch.stages.distill.lr_fit import FittedRate, fit_lr, not_lowered
 
 Schedule = Literal["constant", "cosine", "linear"]
 #: How many times a run updates the loss on its progress line (reading the loss waits for the device).
@@ -58,6 +59,8 @@ class Optimization:
     stop_step: int | None = None
     #: Stop once training has taken this long (the schedule stays that of ``steps``).
     max_seconds: float | None = None
+    #: Fit the rate first (:func:`~paretorch.stages.distill.lr_fit.fit_lr`: ``lr`` is then the highest rate tried).
+    fit_lr: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class Outcome:
     seconds: float
     #: True when ``max_seconds`` ended training before ``steps``.
     cut_short: bool = False
+    #: The learning rate trained with, and the range test that chose it (None: the configured rate, not fitted).
+    lr: float = 0.0
+    fitted: FittedRate | None = None
 
 
 class TeacherOutputs:
@@ -182,7 +188,8 @@ class Distiller:
             yield from batches
 
     def run(self, opt: Optimization) -> Outcome:
-        """Train the student for ``opt.steps`` steps; it is left in eval mode."""
+        """Train the student for ``opt.steps`` steps (at a fitted rate with ``opt.fit_lr``); it is left in eval
+        mode. A run that ends with the probe loss above where it started raises :class:`InfeasibleConfig`."""
         start = time.perf_counter()
         parameters = [p for p in self.student.parameters() if p.is_floating_point()]
         if not parameters:
@@ -191,26 +198,53 @@ class Distiller:
             p.requires_grad_(True)
         self.student.eval()  # BatchNorm statistics and dropout as deployed
         before = self.probe_loss(opt.batch_size)
-        optimizer = torch.optim.AdamW(parameters, lr=opt.lr, weight_decay=opt.weight_decay)
+        fitted = None
+        if opt.fit_lr:
+            scaler = self._scaler()
+            with phase(f"distill: fitting the learning rate (from {opt.lr:.2g} down)"):
+                fitted = fit_lr(self.student, parameters, opt.lr, opt.steps, before,
+                                lambda optimizer, index: self._step(optimizer, scaler, parameters, index, opt),
+                                lambda: self._indices(opt.batch_size, opt.seed),
+                                lambda: self.probe_loss(opt.batch_size), opt.weight_decay)
+        lr = fitted.lr if fitted is not None else opt.lr
+        done, cut_short = self._train(parameters, opt, lr, start)
+        after = self.probe_loss(opt.batch_size)
+        if not_lowered(after, before):
+            raise InfeasibleConfig(f"distill made the model worse: loss {before:.4g} -> {after:.4g} over {done} steps "
+                                   f"at lr={lr:.2g} (leave distill out here, or try a lower lr)")
+        return Outcome(before, after, done, time.perf_counter() - start, cut_short, lr, fitted)
+
+    def _scaler(self) -> torch.amp.GradScaler:
+        return torch.amp.GradScaler(self.device.type, enabled=self.autocast_dtype == torch.float16)
+
+    def _step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, parameters: list[nn.Parameter],
+              index: Tensor, opt: Optimization) -> Tensor:
+        """One training step on samples ``index``; its loss (a non-finite one raises :class:`InfeasibleConfig`)."""
+        optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(index)
+        if not bool(torch.isfinite(loss.detach())):
+            rate = optimizer.param_groups[0]["lr"]
+            raise InfeasibleConfig(f"distill diverged: loss is {float(loss)} at lr={rate:.2g} (try a smaller lr)")
+        scaler.scale(loss).backward()
+        if opt.grad_clip is not None:
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(parameters, opt.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+
+    def _train(self, parameters: list[nn.Parameter], opt: Optimization, lr: float, start: float) -> tuple[int, bool]:
+        """The run's steps at base rate ``lr`` on its schedule: (steps done, whether the time budget cut them short)."""
+        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=opt.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(step, opt.steps, opt.schedule, opt.warmup))
-        scaler = torch.amp.GradScaler(self.device.type, enabled=self.autocast_dtype == torch.float16)
+        scaler = self._scaler()
         every = max(1, opt.steps // PROGRESS_LINES)
         last = min(opt.steps, opt.stop_step or opt.steps)
         done, cut_short = 0, False
         with phase(f"distill: {last} steps", total=last) as shown:
             for step, index in zip(range(last), self._indices(opt.batch_size, opt.seed), strict=False):
-                optimizer.zero_grad(set_to_none=True)
-                loss = self.loss(index)
-                if not bool(torch.isfinite(loss.detach())):
-                    raise InfeasibleConfig(f"distill diverged: loss is {float(loss)} at step {step + 1} "
-                                           f"with lr={opt.lr} (try a smaller lr)")
-                scaler.scale(loss).backward()
-                if opt.grad_clip is not None:
-                    scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(parameters, opt.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
+                loss = self._step(optimizer, scaler, parameters, index, opt)
                 scheduler.step()
                 done = step + 1
                 cut_short = opt.max_seconds is not None and time.perf_counter() - start > opt.max_seconds \
@@ -225,8 +259,7 @@ class Distiller:
         optimizer.zero_grad(set_to_none=True)
         for p in parameters:
             p.grad = None
-        after = self.probe_loss(opt.batch_size)
-        return Outcome(before, after, done, time.perf_counter() - start, cut_short)
+        return done, cut_short
 
 
 def length_grouped(batches: list[Tensor], lengths: Tensor, generator: torch.Generator) -> list[Tensor]:

@@ -47,6 +47,9 @@ class DistillConfig(StageConfig):
     """How to distill.
 
     * ``steps`` / ``lr`` / ``batch_size``: AdamW steps, base learning rate, samples per step.
+    * ``fit_lr``: fit the rate to the model first (:mod:`paretorch.stages.distill.lr_fit`: ``lr`` and up to three
+      rates below it, each for a few steps; the first that lowers the loss trains). The resolved config holds the
+      fitted rate and ``fit_lr: false``, so a replay trains the same steps at the same rate.
     * ``schedule`` / ``warmup``: learning rate after a linear warm-up over the first
       ``warmup`` share of the steps: ``constant``, ``cosine`` or ``linear`` decay to 0.
     * ``temperature`` / ``kd_weight``: softmax temperature and weight of the KL term (logits).
@@ -64,6 +67,7 @@ class DistillConfig(StageConfig):
 
     steps: int = Field(default=200, ge=1, le=100_000)
     lr: float = Field(default=1e-4, gt=0.0, le=1.0)
+    fit_lr: bool = True
     batch_size: int = Field(default=32, ge=1, le=65_536)
     schedule: Schedule = "cosine"
     warmup: float = Field(default=0.1, ge=0.0, lt=1.0)
@@ -123,7 +127,8 @@ class DistillConfig(StageConfig):
     def optimization(self) -> Optimization:
         return Optimization(steps=self.steps, lr=self.lr, batch_size=self.batch_size, schedule=self.schedule,
                             warmup=self.warmup, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
-                            seed=self.seed, stop_step=self.stop_step, max_seconds=self.max_seconds)
+                            seed=self.seed, stop_step=self.stop_step, max_seconds=self.max_seconds,
+                            fit_lr=self.fit_lr)
 
     def loss_weights(self) -> LossWeights:
         return LossWeights(temperature=self.temperature, kd=self.kd_weight, cosine=self.cosine_weight,
@@ -177,7 +182,10 @@ def apply_distill(model: nn.Module, config: DistillConfig, ctx: StageContext) ->
     and ``distill.loss_after`` (mean loss on up to 256 training samples), ``distill.steps``,
     ``distill.teacher_passes`` (teacher forward batches: its outputs are kept per sample),
     ``distill.samples``, ``distill.data`` (which spec data: training, training_inputs or
-    calibration), ``distill.output_kind`` and ``distill.autocast`` (dtype or float32).
+    calibration), ``distill.output_kind``, ``distill.autocast`` (dtype or float32), ``distill.lr`` (the rate
+    trained with) and, when fitted, ``distill.lr_fit`` (each rate tried and its loss). A run that leaves the loss
+    above its start, or whose range test finds no rate that lowers it, is :class:`InfeasibleConfig`: the trial
+    stops there, with its reason.
     """
     data = distillation_data(ctx.spec)
     if data is None:
@@ -199,10 +207,17 @@ def apply_distill(model: nn.Module, config: DistillConfig, ctx: StageContext) ->
     ctx.record("distill.steps", outcome.steps)
     ctx.record("distill.teacher_passes", distiller.teacher_outputs.passes - (
         passes_before if distiller.teacher_outputs is shared else 0))
+    ctx.record("distill.lr", outcome.lr)
+    resolved: dict[str, object] = {}
+    if outcome.fitted is not None:
+        ctx.record("distill.lr_fit", ", ".join(f"{rate:.2g} -> {loss:.4g}" for rate, loss in outcome.fitted.tried))
+        resolved.update(lr=outcome.lr, fit_lr=False)
     if outcome.cut_short:
         budget = f"time budget of {config.max_seconds:g} s"
         ctx.record("distill.cut_short", f"{budget}: {outcome.steps} of {config.steps} steps")
-        ctx.resolve(config.model_copy(update={"max_seconds": None, "stop_step": outcome.steps}))
+        resolved.update(max_seconds=None, stop_step=outcome.steps)
+    if resolved:
+        ctx.resolve(config.model_copy(update=resolved))
     ctx.record("distill.samples", data.samples)
     ctx.record("distill.data", data.source)
     ctx.record("distill.output_kind", kind)
