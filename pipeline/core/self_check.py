@@ -1,19 +1,20 @@
-"""Can the metric tell the unoptimized model from itself? Score it twice, and re-batched, before a search.
+"""Can the metric tell the unoptimized model from itself? Score it again, twice and re-batched, before a search.
 
 A model that keeps state between calls (a streaming voice-activity detector, a running
 normalizer) or draws random numbers in eval mode scores differently each time it is
 scored: its metric then measures the call history, not the optimization, and a search
-would put unchanged copies on the Pareto front. :func:`self_check` computes the spec's
-metric three times on the model as it is (twice at the evaluation set's own batching, once
-re-cut at another batch size) and compares the metric and, on the CPU, the raw outputs;
-:func:`require_stable` turns a moving metric into a :class:`SpecError` unless the user
-allows it.
+would put unchanged copies on the Pareto front. :func:`self_check` takes the model's first scoring (the study's
+one reference pass over the evaluation data, or one pass here), then re-scores a leading subset of
+:data:`SUBSET_SAMPLES` samples three ways: at the evaluation's own batching, again at it (a move between those
+two is state or randomness), and re-cut at another batch size (a move there only is a batch-size dependence).
+It compares the metric on those rows and, on the CPU, the raw outputs; :func:`require_stable` turns a moving
+metric into a :class:`SpecError` unless the user allows it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any, TextIO
@@ -26,17 +27,22 @@ from paretorch.pipeline.core.errors import SpecError
 from paretorch.pipeline.core.evaluate import compute_metrics, evaluation_outputs
 from paretorch.pipeline.core.names import ALLOW_FLAG
 from paretorch.pipeline.core.progress import phase
-from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.spec import LabelledBatch, ModelSpec
 
 #: On the CPU, float32 outputs of the passes must agree within these (same kernels, any batch size).
 CPU_RTOL, CPU_ATOL = 1e-4, 1e-5
 #: The metric may move by this times max(1, |metric|): on the CPU (ties), on accelerators (nondeterministic kernels).
 CPU_METRIC_TOLERANCE, ACCELERATOR_METRIC_TOLERANCE = 1e-4, 1e-3
+#: The leading evaluation batches re-scored hold at least this many samples (all of them, for a smaller set).
+SUBSET_SAMPLES = 256
+#: Why a model's scores move, by the pass where they moved (the error line says what to fix).
+STATE_CAUSE = "it keeps state between calls or is nondeterministic"
+BATCH_CAUSE = "its outputs depend on the batch size (padding or batch statistics in eval mode)"
 
 
 @dataclass(frozen=True)
 class SelfCheck:
-    """The spec's metric on the unoptimized model, scored twice and re-batched."""
+    """The spec's metric on the unoptimized model's re-scored subset: first scored, twice again and re-batched."""
 
     metric: str
     first: float
@@ -46,9 +52,11 @@ class SelfCheck:
     rebatch_size: int
     #: Largest absolute difference between the first pass's outputs and another pass's.
     output_change: float
-    #: What moved (a phrase for the error line), or "" when the model is stable.
+    #: What moved and why (a phrase for the error line), or "" when the model is stable.
     moved: str
     seconds: float
+    #: The samples re-scored (0: a check stored before subsets, which re-scored every sample).
+    samples: int = 0
 
     @property
     def stable(self) -> bool:
@@ -66,8 +74,9 @@ class SelfCheck:
     def summary(self) -> str:
         """One line: what was compared, the result and the cost."""
         if self.stable:
-            return (f"self-check: {self.metric} {self.first:.6g} scored twice and at batch {self.rebatch_size}, "
-                    f"stable (largest output change {self.output_change:.1g}; {self.seconds:.1f} s)")
+            return (f"self-check: {self.metric} {self.first:.6g} on {self.samples} samples scored again twice and at "
+                    f"batch {self.rebatch_size}, stable (largest output change {self.output_change:.1g}; "
+                    f"{self.seconds:.1f} s)")
         return (f"warning: the baseline is unstable ({ALLOW_FLAG}): {self.metric} {self.first:.6g}, then "
                 f"{self.second:.6g}, then {self.rebatched:.6g} at batch {self.rebatch_size} (moves by up to "
                 f"{self.spread:.3g}; outputs by up to {self.output_change:.3g}): "
@@ -89,30 +98,27 @@ def lazy_reference(model: nn.Module, spec: ModelSpec, device: torch.device) -> C
 
 def self_check(model: nn.Module, spec: ModelSpec, device: torch.device, stream: TextIO | None = None,
                reference: tuple[Tensor, Tensor] | None = None) -> SelfCheck:
-    """Score ``model`` (moved to ``device``, eval mode, eager) with ``spec.metric`` three times on
-    ``spec.evaluation()``: twice at its batching, once re-cut at another batch size. ``stream``: where its
-    progress lines go (default: standard output; ``evaluate --json`` keeps them off the JSON). ``reference``: the
-    model's outputs and targets at the evaluation's own batching, computed once per study (the baseline's
-    evaluation reads the same): the first pass is read from them, and the re-batched pass is the second scoring (a
-    model that keeps state between calls moves there too), so the model runs over the data once here, not three
-    times."""
+    """Score ``model`` (moved to ``device``, eval mode, eager) with ``spec.metric`` as the module docstring says.
+    ``stream``: where its progress lines go (default: standard output; ``evaluate --json`` keeps them off the JSON).
+    ``reference``: the model's outputs and targets at the evaluation's own batching, computed once per study (the
+    baseline's evaluation reads the same): the first scoring is read from them, so the model runs here over the
+    subset alone (three times :data:`SUBSET_SAMPLES` samples at most), not over the whole set."""
     start = time.perf_counter()
     model = move_module(model, device).eval()
     batches = spec.evaluation()
     batch_size = int(batches[0][1].shape[0])
     rebatch_size = batch_size // 2 if batch_size > 1 else 2
-    samples = sum(int(target.shape[0]) for _, target in batches)
-    passes: list[tuple[float, Tensor]] = []
-    sizes: tuple[int | None, ...] = (None, None, rebatch_size)
-    if reference is not None:
-        known_outputs, known_targets = reference
-        first_value = float(spec.metric.compute(known_outputs, known_targets).item())
-        passes.append((first_value, known_outputs.float()[:samples]))
-        sizes = (rebatch_size,)
+    subset = leading_batches(batches, SUBSET_SAMPLES)
+    samples = sum(int(target.shape[0]) for _, target in subset)
+    if reference is None:
+        reference = evaluation_outputs(model, batches, device)
+    known_outputs, known_targets = reference
+    first = float(spec.metric.compute(known_outputs[:samples], known_targets[:samples]).item())
+    passes: list[tuple[float, Tensor]] = [(first, known_outputs.float()[:samples])]
+    sizes = (None, None, rebatch_size)
     # A long step says so when it starts (a large model's passes take minutes on a loaded CPU).
-    with phase(f"self-check: scoring {spec.name} "
-               + ("again" if reference is not None else "twice and") + f" at batch {rebatch_size} "
-               f"({samples} samples each)", total=len(sizes), stream=stream) as shown:
+    with phase(f"self-check: scoring {spec.name} again on {samples} samples, twice and at batch {rebatch_size}",
+               total=len(sizes), stream=stream) as shown:
         for size in sizes:
             outputs: list[Tensor] = []
 
@@ -121,26 +127,38 @@ def self_check(model: nn.Module, spec: ModelSpec, device: torch.device, stream: 
                 store.append(output.detach().float().clone())
                 return output
 
-            metrics = compute_metrics(recording, batches, (spec.metric,), device, size, spec.padding_mask)
+            metrics = compute_metrics(recording, subset, (spec.metric,), device, size, spec.padding_mask)
             passes.append((metrics[spec.metric.name], torch.cat(outputs)[:samples]))
             shown.advance()
-    (first, first_outputs), *others = passes
+    (_, first_outputs), *others = passes
     changes = [_largest_change(first_outputs, later) for _, later in others]
     tolerance = (CPU_METRIC_TOLERANCE if device.type == "cpu" else ACCELERATOR_METRIC_TOLERANCE) * max(1.0, abs(first))
+    again = "when the same inputs were scored again in the same batches"
+    hows = ((again, STATE_CAUSE), (again, STATE_CAUSE),
+            (f"when the same inputs were scored in batches of {rebatch_size} instead of {batch_size}", BATCH_CAUSE))
     moved = ""
-    # The same inputs a second time, only cut differently: a move there is the model's state or randomness, not the
-    # batch size (a stateless model gives the same rows at any batch size, within the tolerance).
-    rebatched = f"when the same inputs were scored again (in batches of {rebatch_size}, not {batch_size})"
-    hows = ("when scored twice", rebatched) if reference is None else (rebatched,)
-    for (value, later), change, how in zip(others, changes, hows, strict=True):
+    for (value, later), change, (how, cause) in zip(others, changes, hows, strict=True):
         if abs(value - first) > tolerance:
-            moved = f"its {spec.metric.name} moved from {first:.6g} to {value:.6g} {how}"
+            moved = f"its {spec.metric.name} moved from {first:.6g} to {value:.6g} {how}: {cause}"
         elif device.type == "cpu" and not _close(first_outputs, later):
-            moved = f"its outputs moved by up to {change:.3g} {how} ({spec.metric.name} {first:.6g} -> {value:.6g})"
+            moved = (f"its outputs moved by up to {change:.3g} {how} ({spec.metric.name} {first:.6g} -> {value:.6g}): "
+                     f"{cause}")
         if moved:
             break
-    return SelfCheck(spec.metric.name, first, passes[1][0], passes[-1][0], batch_size, rebatch_size,
-                     max(changes), moved, time.perf_counter() - start)
+    return SelfCheck(spec.metric.name, first, others[1][0], others[2][0], batch_size, rebatch_size,
+                     max(changes), moved, time.perf_counter() - start, samples)
+
+
+def leading_batches(batches: Sequence[LabelledBatch], samples: int) -> list[LabelledBatch]:
+    """The first of ``batches`` that hold at least ``samples`` samples between them (all, if they hold fewer)."""
+    taken: list[LabelledBatch] = []
+    count = 0
+    for batch in batches:
+        if count >= samples:
+            break
+        taken.append(batch)
+        count += int(batch[1].shape[0])
+    return taken
 
 
 def _largest_change(a: Tensor, b: Tensor) -> float:
@@ -154,7 +172,6 @@ def _close(a: Tensor, b: Tensor) -> bool:
 def require_stable(check: SelfCheck, model_name: str, allow: bool, action: str = "search") -> str:
     """The line to print about ``check``; raises :class:`SpecError` if the metric moved and ``allow`` is False."""
     if not check.stable and not allow:
-        raise SpecError(f"model '{model_name}': {check.moved}: it keeps state between calls or is nondeterministic; "
-                        f"fix the model (reset its state in forward, eval mode, a fixed seed) or pass {ALLOW_FLAG} "
-                        f"to {action} anyway")
+        raise SpecError(f"model '{model_name}': {check.moved}; fix the model (reset its state in forward, eval "
+                        f"mode, a fixed seed) or pass {ALLOW_FLAG} to {action} anyway")
     return check.summary()

@@ -1,4 +1,5 @@
-"""The unoptimized model is scored twice and re-batched before any trial: a metric that moves stops the run.
+"""The unoptimized model is scored again on a subset, twice and re-batched, before any trial: a metric that moves
+stops the run, with its cause (state or the batch size).
 
 The toy model keeps a running state between calls and resets it when the batch size changes, like a
 streaming voice-activity TorchScript model: load_model's batch-2 forward and a new batch size leave
@@ -19,10 +20,10 @@ from paretorch.pipeline.core import progress
 from paretorch.pipeline.core.errors import SpecError
 from paretorch.pipeline.core.fidelity import MEAN_ABS_ERROR, OUTPUT_R2, R2_FLOOR, default_fidelity_metrics, output_r2
 from paretorch.pipeline.core.progress import say
-from paretorch.pipeline.core.self_check import reference_outputs, require_stable, self_check
+from paretorch.pipeline.core.self_check import SUBSET_SAMPLES, reference_outputs, require_stable, self_check
 from paretorch.pipeline.core.spec import ModelSpec, load_model
 from paretorch.pipeline.search import Search, SearchConfig, run_search
-from paretorch.pipeline.search.study import ATTR_SELF_CHECK
+from paretorch.pipeline.search.store import ATTR_SELF_CHECK
 from paretorch.pipeline.sources.resolve import resolve_spec
 
 CPU = torch.device("cpu")
@@ -70,6 +71,26 @@ def spec():
 
 def stateless():
     return make(False)
+
+
+class BatchCentred(nn.Module):
+    """Stateless, but each row minus its batch's mean: the outputs depend on how the inputs are cut."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - x.mean(dim=0, keepdim=True)).sum(dim=1, keepdim=True)
+
+
+LARGE = torch.randn(1280, 8, generator=torch.Generator().manual_seed(1))
+
+
+def batch_centred():
+    return fidelity_spec("centred", BatchCentred, lambda b: (DATA[:b],), lambda: [(DATA[:32],)],
+                         lambda: [(DATA[i : i + 32],) for i in range(0, 160, 32)], latency_batch_sizes=(4,))
+
+
+def large():
+    return fidelity_spec("large", lambda: StreamingScorer(False), lambda b: (LARGE[:b],), lambda: [(LARGE[:32],)],
+                         lambda: [(LARGE[i : i + 32],) for i in range(0, 1280, 32)], latency_batch_sizes=(4,))
 '''
 
 
@@ -111,23 +132,45 @@ def test_stateful_model_is_caught_with_one_line(spec_file: Path) -> None:
         require_stable(check, spec.name, allow=False)
     message = str(caught.value)
     assert message.startswith("model 'streaming': its output_r2 moved from 1 to ")
-    assert message.endswith("when scored twice: it keeps state between calls or is nondeterministic; fix the model "
-                            "(reset its state in forward, eval mode, a fixed seed) or pass --allow-nondeterministic "
-                            "to search anyway")
+    assert message.endswith("when the same inputs were scored again in the same batches: it keeps state between "
+                            "calls or is nondeterministic; fix the model (reset its state in forward, eval mode, a "
+                            "fixed seed) or pass --allow-nondeterministic to search anyway")
     assert "\n" not in message
     assert require_stable(check, spec.name, allow=True).startswith("warning: the baseline is unstable")
 
 
 def test_with_the_studys_reference_the_line_names_state_not_the_batch_size(spec_file: Path) -> None:
-    """A search reads the first scoring from its one reference pass and scores again re-batched: a move there is
-    said as the same inputs scored again (issue 46: Silero VAD's line read like a batch-size dependence)."""
+    """A search reads the first scoring from its one reference pass and scores the subset again twice in the same
+    batches before re-batching: a stateful model moves there, and the line names state, not the batch size (issue
+    46: Silero VAD's line read like a batch-size dependence)."""
     spec = _spec(spec_file)
     model = load_model(spec)
     check = self_check(model, spec, CPU, reference=reference_outputs(load_model(spec), spec, CPU))
     assert not check.stable
-    assert "when the same inputs were scored again (in batches of" in check.moved, check.moved
+    assert check.moved.endswith("when the same inputs were scored again in the same batches: it keeps state between "
+                                "calls or is nondeterministic"), check.moved
     with pytest.raises(SpecError, match="it keeps state between calls or is nondeterministic"):
         require_stable(check, spec.name, allow=False)
+
+
+def test_a_batch_size_dependence_is_named_as_such(spec_file: Path) -> None:
+    spec = _spec(spec_file, "batch_centred")
+    check = self_check(load_model(spec), spec, CPU)
+    assert check.first == check.second and not check.stable
+    assert check.moved.endswith("when the same inputs were scored in batches of 16 instead of 32: its outputs depend "
+                                "on the batch size (padding or batch statistics in eval mode)"), check.moved
+    assert "keeps state" not in check.moved
+
+
+def test_with_a_reference_only_a_subset_is_scored_again(spec_file: Path) -> None:
+    """Issue 46: the self-check re-scores a small subset, not the whole set; the first scoring is the study's."""
+    spec = _spec(spec_file, "large")
+    model = load_model(spec)
+    rows: list[int] = []
+    model.register_forward_hook(lambda _module, inputs, _output: rows.append(int(inputs[0].shape[0])))
+    check = self_check(model, spec, CPU, reference=reference_outputs(load_model(spec), spec, CPU))
+    assert check.stable and check.samples == SUBSET_SAMPLES
+    assert sum(rows) == 3 * SUBSET_SAMPLES < 1280  # three passes over the subset; none over the 1280 samples
 
 
 def test_deterministic_models_pass(spec_file: Path, residual_spec: ModelSpec) -> None:
@@ -154,7 +197,7 @@ def test_search_stops_before_any_trial_unless_allowed(spec_file: Path, tmp_path:
     assert "warning: the baseline is unstable (--allow-nondeterministic): output_r2 1, then " in out.read_text()
 
     # Resumed: the recorded check is read back, not measured again, and still needs the flag.
-    monkeypatch.setattr("paretorch.pipeline.search.study.self_check", lambda *a: pytest.fail("measured again"))
+    monkeypatch.setattr("paretorch.pipeline.search.store.self_check", lambda *a: pytest.fail("measured again"))
     again = _search(spec, tmp_path)
     with pytest.raises(SpecError, match="moved from 1 to"):
         again.ensure_baseline(again.open_study(create=False))
@@ -182,7 +225,8 @@ def test_the_self_check_says_when_it_starts(residual_spec: ModelSpec, monkeypatc
     stream = io.StringIO()
     self_check(load_model(residual_spec), residual_spec, CPU, stream)
     lines = stream.getvalue().splitlines()
-    assert lines[0].startswith("self-check: scoring residual_mlp twice and at batch ") and lines[0].endswith(" ...")
+    assert lines[0].startswith("self-check: scoring residual_mlp again on 64 samples, twice and at batch ")
+    assert lines[0].endswith(" ...")
     assert len(lines) == 2 and " done in " in lines[1]
 
 
