@@ -45,7 +45,7 @@ start)
     extra_args+=(--held-out "$held")
   fi
   code=/tmp/code-$model-b${BATCH:-1}
-  rm -rf "$code" && mkdir -p "$code" && cp -r pipeline stages experiments pyproject.toml README.md "$code"/
+  rm -rf "$code" && mkdir -p "$code" && cp -r paretorch pipeline stages experiments pyproject.toml README.md "$code"/
   # Stages are found through entry points: install the project's metadata (no network, no deps).
   python3 -m pip install -q --no-deps --no-index --no-build-isolation --no-compile --target "$code/.dist" "$code" \
     || exit 1
