@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.paths import cache_dir, results_dir
 from paretorch.pipeline.core.runtimes.registry import prepare_runtime
 from paretorch.pipeline.core.spec import ModelSpec, load_model
@@ -73,7 +74,7 @@ def run_chain(
     model: nn.Module,
     configs: Sequence[StageConfig],
     ctx: StageContext,
-    runtime: str = "eager",
+    runtime: str = DEFAULT_RUNTIME,
     cache: NodeCache | None = None,
 ) -> ChainResult:
     """Apply ``configs`` to ``model`` (not modified): model stages in order, then exports.

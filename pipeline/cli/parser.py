@@ -16,6 +16,7 @@ from pathlib import Path
 from paretorch.pipeline.core.errors import ConfigError
 from paretorch.pipeline.core.names import (
     ALLOW_FLAG,
+    DEFAULT_RUNTIME,
     LATENCY_BUDGET_NAMES,
     WORKER_FLAG,
     WORKLOADS,
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Measure a model as it is: task metric, latency per batch size "
                               "(p50/p90), peak memory, serialized size, parameters and MACs.")
     add_model_args(evaluate)
-    evaluate.add_argument("--runtime", default="eager", help=" | ".join(runtime_names()))
+    evaluate.add_argument("--runtime", default=DEFAULT_RUNTIME, help=" | ".join(runtime_names()))
     evaluate.add_argument("--json", action="store_true", help="print the measurements as JSON")
     add_threads_arg(evaluate)
     add_nondeterministic_arg(evaluate)

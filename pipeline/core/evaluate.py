@@ -18,6 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from paretorch.pipeline.core.device import describe, move_module, peak_memory_bytes, reset_peak_memory
 from paretorch.pipeline.core.input_agreement import Reference
 from paretorch.pipeline.core.latency import LatencySettings, LatencyStats, measure_latency
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.padding import LatencyInputs, pad_to, to_bucket, trim_to_longest
 from paretorch.pipeline.core.padding import latency_inputs as choose_latency_inputs
 from paretorch.pipeline.core.runtimes.registry import get_runtime, prepare_runtime
@@ -289,7 +290,7 @@ def evaluate_model(
     model: nn.Module,
     spec: ModelSpec,
     device: torch.device,
-    runtime: str = "eager",
+    runtime: str = DEFAULT_RUNTIME,
     settings: LatencySettings = LatencySettings(),
     batch_sizes: Sequence[int] | None = None,
     fn: Callable[..., Tensor] | None = None,
@@ -315,7 +316,7 @@ def evaluate_model(
         agreement = known.reference.compare(outputs)
         values.update(agreement.metrics())
         worst = tuple(agreement.worst(texts=spec.evaluation_texts))
-    macs = count_macs(model, move_batch(choose_latency_inputs(spec, 1, "eager")[0], device))
+    macs = count_macs(model, move_batch(choose_latency_inputs(spec, 1, DEFAULT_RUNTIME)[0], device))
     return ModelReport(
         metric_name=spec.metric.name,
         metric_value=metric_value,

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from paretorch.pipeline.core.device import Stopwatch, synchronize
+from paretorch.pipeline.core.stage import config_from_dict, registered_stages
 
 #: The product timed on a CPU: (m, k) @ (k, n), a transformer layer's projection at batch 32 x 16 tokens.
 SHAPE = (512, 384, 1536)
@@ -234,15 +235,30 @@ def probe_machine(device: torch.device, engines: Mapping[str, EngineProbe] | Non
     return MachineProbe(gains, time.perf_counter() - start, spreads, dict(runtime_engines or {}))
 
 
+#: The precisions the probe times against float32 (a stage's other reduced ones: :data:`OTHER`).
+PROBED = ("int8", "bf16", "fp16")
+#: A chain's precision when a stage lowers it to one the probe does not time (int4 weights, float8).
+OTHER = "other"
+#: How far each precision lowers a chain's matmuls: a quantization replaces the products a reduced float dtype
+#: would run, so it decides (an undeclared name ranks as a quantization).
+_DEPTH = {"fp32": 0, "bf16": 1, "fp16": 1}
+
+
 def stage_precision(stages: tuple[Mapping[str, Any], ...]) -> str:
-    """The lowest matmul precision a stage list (as dicts) asks for: ``int8``, ``bf16``, ``fp16``, ``fp32``, or
-    ``other`` (a quantization the probe does not time, e.g. int4 weights)."""
+    """The lowest matmul precision a stage list (as dicts) asks for, as its stages declare it
+    (:attr:`paretorch.pipeline.core.stage.Stage.precision`): ``int8``, ``bf16``, ``fp16``, ``fp32``, or ``other``
+    (a reduced precision the probe does not time, e.g. int4 weights). A stage not installed here declares nothing
+    (its chain is not a trial here)."""
     found = "fp32"
+    stages_by_name = registered_stages()
     for raw in stages:
-        if raw.get("stage") == "quantize":
-            return "int8" if str(raw.get("method", "")).startswith("int8") else "other"
-        if raw.get("stage") == "amp":
-            found = {"bfloat16": "bf16", "float16": "fp16"}.get(str(raw.get("dtype", "")), found)
+        stage = stages_by_name.get(str(raw.get("stage")))
+        if stage is None or not stage.lowers_precision:
+            continue
+        declared = stage.precision_of(config_from_dict(raw)) or "fp32"
+        declared = declared if declared in (*PROBED, "fp32") else OTHER
+        if _DEPTH.get(declared, 2) >= _DEPTH.get(found, 2):
+            found = declared
     return found
 
 

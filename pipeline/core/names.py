@@ -19,6 +19,9 @@ AUTO_ORDER = ("mps", "cuda", "cpu")
 RUNTIME_ENTRY_POINT_GROUP = "paretorch.runtimes"
 #: The console's order for the built-in runtimes (a plugin's runtimes follow, by name).
 BUILT_IN_RUNTIMES = ("eager", "compile", "compile_dynamic", "compile_cudagraphs", "onnxruntime", "openvino")
+#: The runtime of the baseline, of a recipe that names none and of a runtime-free measurement (the screen, the
+#: subset, the reference outputs): the torch module as it is, the reference every other runtime is there to beat.
+DEFAULT_RUNTIME = "eager"
 #: ``--runtimes all``: every runtime available on the device.
 ALL = "all"
 #: The settings of :data:`paretorch.pipeline.core.latency.LATENCY_BUDGETS` (``--latency-budget``).

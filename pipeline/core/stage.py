@@ -87,6 +87,11 @@ RulesOutFn = Callable[[C, ModelFacts], str | None]
 AfterFn = Callable[[C, Sequence[StageConfig]], str | None]
 #: ``(model, device, runtime) -> callable``: what a deployment calls, built from a recipe's final model.
 DeployFn = Callable[[nn.Module, torch.device, str], Callable[..., Any]]
+#: The matmul precision a config runs in (``int8``, ``bf16``, ``fp16``: the ones the machine probe times; another
+#: name, e.g. ``int4``, for a reduced precision it does not time), or None: float32, or not known before it runs.
+PrecisionFn = Callable[[C], str | None]
+#: A config in the short recipe notation (``prune 0.3``, ``int8s``, ``bf16 (12 fp32)``).
+ShortFn = Callable[[C], str]
 
 
 @dataclass(frozen=True)
@@ -115,8 +120,15 @@ class Stage(Generic[C_co]):
       model (no layer it touches, no block it removes, a TorchScript model it cannot act on);
       a search checks every stage of a trial's chain before any of them runs, and such a
       configuration is not a trial. ``suggest`` reads it through :meth:`StageContext.offered`.
-    * ``precision``: the stage lowers the precision of the matrix products (quantize, amp): two such stages
-      speed up the same work, so their gains do not multiply (the search's composition reads this).
+    * ``precision``: ``config -> "int8" | "bf16" | "fp16" | other | None``: the precision of the matrix products a
+      config runs (quantize, amp; None: float32), what the machine probe judges a chain by
+      (:func:`paretorch.pipeline.core.machine_probe.stage_precision`). A stage that declares one lowers the
+      precision of the matrix products: two such stages speed up the same work, so their gains do not multiply
+      (the search's composition reads :attr:`lowers_precision`).
+    * ``short``: ``config -> str``: the config in the short recipe notation (``prune 0.3``, ``int8s``); None: its
+      name and the values of its required fields (:mod:`paretorch.pipeline.engine.short_recipe`).
+    * ``libraries``: the distributions whose versions change what the stage produces (torchao for quantize): a
+      node of the stage is cache-keyed on them (torch always; :mod:`paretorch.pipeline.engine.cache`).
     * ``traceable``: ``torch.export`` can trace the model the stage returns (pack: no, its forward gathers
       the real tokens by data-dependent indices).
     * ``after``: ``(config, upstream configs) -> reason | None``: why ``config`` cannot apply to the model
@@ -141,10 +153,12 @@ class Stage(Generic[C_co]):
     worthwhile: RequiresFn[C_co] | None = None
     facts: FactsFn | None = None
     rules_out: RulesOutFn[C_co] | None = None
-    precision: bool = False
+    precision: PrecisionFn[C_co] | None = None
     traceable: bool = True
     after: AfterFn[C_co] | None = None
     deploy: DeployFn | None = None
+    short: ShortFn[C_co] | None = None
+    libraries: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.config_type.stage:
@@ -164,6 +178,11 @@ class Stage(Generic[C_co]):
     @property
     def is_export(self) -> bool:
         return self.produces == "export"
+
+    @property
+    def lowers_precision(self) -> bool:
+        """Whether the stage declares the precision of its matrix products (quantize, amp)."""
+        return self.precision is not None
 
     def own(self, config: StageConfig) -> C_co:
         """``config``, checked to be this stage's config type (a TypeError names both otherwise)."""
@@ -190,6 +209,14 @@ class Stage(Generic[C_co]):
     def cannot_follow(self, config: StageConfig, upstream: Sequence[StageConfig]) -> str | None:
         """Why ``config`` cannot apply after the ``upstream`` configs (None: it may)."""
         return self.after(self.own(config), upstream) if self.after is not None else None
+
+    def precision_of(self, config: StageConfig) -> str | None:
+        """The matmul precision ``config`` runs in (None: float32, or the stage declares none)."""
+        return self.precision(self.own(config)) if self.precision is not None else None
+
+    def short_of(self, config: StageConfig) -> str | None:
+        """``config`` in the short notation (None: the stage declares none)."""
+        return self.short(self.own(config)) if self.short is not None else None
 
     def mirror_of(self, config: StageConfig) -> ExportMirror:
         """What exports must reproduce of ``config`` (empty for float-graph stages)."""

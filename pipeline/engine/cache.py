@@ -2,7 +2,11 @@
 
 A node's key is a hash of (operation, config, the keys of its inputs, device
 type, library versions): two trials with the same prune config and different
-quantization share the pruned model. Models and evaluation reports live in
+quantization share the pruned model. The versions are those the node depends on: torch
+and the project's own always, plus the libraries its stage or runtime declares (and the
+distribution that provides it), plus, for the source model, the distributions defining its
+modules; a node's inputs' keys carry theirs, so a key covers its chain's libraries and no
+other (installing an unrelated runtime changes no key). Models and evaluation reports live in
 memory (models under a byte bound, least recently used evicted first); exports
 live on disk under ``<results>/cache/exports/<key>/``, written to a staging
 directory and renamed into place, so a half-written export is never a hit. The staging
@@ -19,7 +23,9 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import metadata
@@ -30,14 +36,14 @@ import torch
 from torch import nn
 
 from paretorch.pipeline.core.errors import PipelineError
+from paretorch.pipeline.core.names import RUNTIME_ENTRY_POINT_GROUP as RUNTIME_GROUP
 from paretorch.pipeline.core.processes import process_exists
-from paretorch.pipeline.core.stage import ExportResult, StageConfig, config_from_dict
+from paretorch.pipeline.core.runtimes.base import Runtime
+from paretorch.pipeline.core.stage import ENTRY_POINT_GROUP as STAGE_GROUP
+from paretorch.pipeline.core.stage import ExportResult, Stage, StageConfig, config_from_dict, get_stage
 
-#: Libraries whose versions change what a node produces: every converter an export or runtime uses.
-KEYED_LIBRARIES = ("torch", "torchao", "torch-pruning", "coremltools", "onnx", "onnxruntime", "onnxscript",
-                   "openvino", "nncf", "transformers", "mlx")
-#: Entry-point groups whose installed distributions (a plugin's stages and runtimes) key the cache too.
-PLUGIN_GROUPS = ("paretorch.stages", "paretorch.runtimes")
+#: Keyed on every node: torch and the project's own distribution (the engine, the evaluation, the built-ins).
+ALWAYS_KEYED = ("torch", "paretorch")
 DEFAULT_MEMORY_BYTES = 2 * 1024**3
 MANIFEST = "manifest.json"
 #: ``.<key>.staging-<pid>``: where a process writes an export before it is renamed into the cache.
@@ -49,27 +55,76 @@ class CacheWriteError(PipelineError):
 
 
 @cache
-def library_versions() -> dict[str, str]:
-    """Installed versions of the libraries that shape node outputs (absent ones: 'none'), and of the distributions
-    that provide stages and runtimes (the project's own and each plugin's)."""
-    versions = {}
-    for name in KEYED_LIBRARIES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "none"
-    for group in PLUGIN_GROUPS:
-        for entry_point in metadata.entry_points(group=group):
-            if entry_point.dist is not None:
-                versions[entry_point.dist.name] = entry_point.dist.version
-    return versions
+def installed_version(distribution: str) -> str:
+    """The installed version of ``distribution`` ('none' when it is not installed)."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "none"
 
 
-def node_key(op: str, config: dict[str, Any] | None, input_keys: tuple[str, ...], device_type: str) -> str:
-    """The content key of one node output."""
+@cache
+def provider(group: str, name: str) -> tuple[str, ...]:
+    """The distribution that declares the entry point ``name`` in ``group`` (a plugin's stage or runtime: its own
+    code shapes what the node produces); empty for one registered in code."""
+    return tuple(ep.dist.name for ep in metadata.entry_points(group=group, name=name) if ep.dist is not None)
+
+
+def stage_libraries(stage: Stage[StageConfig]) -> tuple[str, ...]:
+    """What a node of ``stage`` is keyed on: the libraries it declares and the distribution that provides it."""
+    return (*stage.libraries, *provider(STAGE_GROUP, stage.name))
+
+
+def runtime_libraries(runtime: Runtime) -> tuple[str, ...]:
+    """What an evaluation under ``runtime`` is keyed on: its declared libraries, its distribution's, and those of
+    the export stage it reads."""
+    export = stage_libraries(get_stage(runtime.export.stage)) if runtime.export is not None else ()
+    return (*runtime.libraries, *provider(RUNTIME_GROUP, runtime.name), *export)
+
+
+def model_libraries(model: nn.Module) -> tuple[str, ...]:
+    """The distributions whose code defines ``model``'s modules (transformers for a Hugging Face model): its
+    forward changes with their versions, its weights do not."""
+    packages = {type(module).__module__.partition(".")[0] for module in model.modules()}
+    return tuple(sorted({dist for package in packages for dist in _installed_from(package)}))
+
+
+@cache
+def _installed_from(package: str) -> tuple[str, ...]:
+    """The distributions whose installed files hold the imported top-level ``package`` itself (a checkout's own
+    ``tests`` package is not the ``tests`` folder some wheel also ships)."""
+    origin = getattr(sys.modules.get(package), "__file__", None)
+    if origin is None:
+        return ()
+    target, found = Path(origin).resolve(), []
+    for name in _package_owners().get(package, ()):
+        dist = metadata.distribution(name)
+        root = Path(str(dist.locate_file(""))).resolve()
+        listed = {file.as_posix() for file in dist.files or ()}
+        if target.is_relative_to(root) and target.relative_to(root).as_posix() in listed:
+            found.append(name)
+    return tuple(found)
+
+
+@cache
+def _package_owners() -> Mapping[str, list[str]]:
+    """Top-level import names -> the distributions that install them (read once: it lists every installed file)."""
+    return metadata.packages_distributions()
+
+
+def library_versions(libraries: Iterable[str] = ()) -> dict[str, str]:
+    """The installed versions of :data:`ALWAYS_KEYED` and ``libraries`` (absent ones: 'none')."""
+    return {name: installed_version(name) for name in sorted({*ALWAYS_KEYED, *libraries})}
+
+
+def node_key(op: str, config: dict[str, Any] | None, input_keys: tuple[str, ...], device_type: str,
+             libraries: Iterable[str] = ()) -> str:
+    """The content key of one node output: its operation, config, inputs' keys (which hold the chain's own
+    libraries), device type, and the versions of the ``libraries`` the node itself depends on (its stage's or
+    runtime's declaration) plus :data:`ALWAYS_KEYED`, so an unrelated installed plugin changes no key."""
     payload = json.dumps(
         {"op": op, "config": config, "inputs": list(input_keys), "device": device_type,
-         "versions": library_versions()},
+         "versions": library_versions(libraries)},
         sort_keys=True,
         default=str,
     )

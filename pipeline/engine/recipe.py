@@ -25,6 +25,7 @@ from typing import Any
 from pydantic_core import PydanticUndefined
 
 from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.runtimes.registry import check_runtime_names
 from paretorch.pipeline.core.stage import StageConfig, config_from_dict, is_export
 
@@ -37,7 +38,7 @@ class Recipe:
     """Ordered stage configs (model stages, then exports), the runtime, and where it came from."""
 
     stages: tuple[StageConfig, ...] = ()
-    runtime: str = "eager"
+    runtime: str = DEFAULT_RUNTIME
     model: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -63,7 +64,7 @@ class Recipe:
         if not isinstance(raw_stages, list):
             raise ConfigError("a recipe's 'stages' must be a list of stage configs")
         configs = tuple(config_from_dict(item) for item in raw_stages)
-        runtime = str(data.get("runtime", "eager"))
+        runtime = str(data.get("runtime", DEFAULT_RUNTIME))
         check_runtime_names([runtime], " in the recipe")
         return cls(
             stages=configs,

@@ -42,6 +42,7 @@ from paretorch.pipeline.core.device import move_module
 from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
 from paretorch.pipeline.core.evaluate import Known, LatencySettings, evaluate_model
 from paretorch.pipeline.core.input_agreement import Reference
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.padding import LATENCY_INPUTS
 from paretorch.pipeline.core.paths import cache_dir, results_dir
 from paretorch.pipeline.core.runtimes.base import Runtime
@@ -55,7 +56,16 @@ from paretorch.pipeline.core.stage import (
     config_from_dict,
     get_stage,
 )
-from paretorch.pipeline.engine.cache import CachedOutput, NodeCache, model_bytes, model_digest, node_key
+from paretorch.pipeline.engine.cache import (
+    CachedOutput,
+    NodeCache,
+    model_bytes,
+    model_digest,
+    model_libraries,
+    node_key,
+    runtime_libraries,
+    stage_libraries,
+)
 from paretorch.pipeline.engine.exported import LazyExport, OpenSessions, exported_report
 from paretorch.pipeline.engine.graph import Pipeline
 from paretorch.pipeline.engine.run_result import NodeResult, RunResult, StageTally
@@ -98,7 +108,8 @@ class Runner:
         self.totals: dict[str, float] = dict.fromkeys(TIME_CATEGORIES, 0.0)
         start = time.perf_counter()
         self.model = model if model is not None else load_model(spec)
-        self.source_key = node_key("model", {"spec": spec.name, "weights": model_digest(self.model)}, (), device.type)
+        self.source_key = node_key("model", {"spec": spec.name, "weights": model_digest(self.model)}, (), device.type,
+                                   model_libraries(self.model))
         self.totals["model_load"] = time.perf_counter() - start
 
     # ------------------------------------------------------------------ public
@@ -106,7 +117,7 @@ class Runner:
     def run(
         self,
         configs: Mapping[str, StageConfig | None] | None = None,
-        runtime: str = "eager",
+        runtime: str = DEFAULT_RUNTIME,
         exports: bool = True,
         evaluate: bool = True,
         known: Known | None = None,
@@ -211,7 +222,7 @@ class Runner:
         stage = self.pipeline.stage(name)
         if not isinstance(config, stage.config_type):
             raise ConfigError(f"node '{name}' runs stage '{stage.name}' but got a {type(config).__name__}")
-        key = node_key(stage.name, config.to_dict(), (parent.key,), self.device.type)
+        key = node_key(stage.name, config.to_dict(), (parent.key,), self.device.type, stage_libraries(stage))
         if kind == "export":
             return self._export(name, key, config, parent)
         tally = self.stage_tallies.setdefault(stage.name, StageTally())
@@ -266,7 +277,7 @@ class Runner:
             settings["export"] = handle.config.to_dict()
         if self.reference is not None:
             settings["per_input_cosine_floor"] = self.reference().cosine_floor
-        key = node_key("evaluate", settings, (parent.key,), self.device.type)
+        key = node_key("evaluate", settings, (parent.key,), self.device.type, runtime_libraries(get_runtime(runtime)))
         cached = self.cache.get(key, "evaluation")
         if cached is not None:  # the export the runtime ran, as its stage resolved it (an ``auto`` decided)
             return NodeResult(name, "evaluate", key, cached.value, cached=True,
@@ -323,7 +334,8 @@ class Runner:
         if base is None:
             base = get_stage(declared.stage).config_type()
         config = config_from_dict({**base.to_dict(), **declared.settings})
-        key = node_key(declared.stage, config.to_dict(), (parent.key,), self.device.type)
+        key = node_key(declared.stage, config.to_dict(), (parent.key,), self.device.type,
+                       stage_libraries(get_stage(declared.stage)))
         return LazyExport(runtime.name, config, key, lambda: self._export(f"runtime.{declared.stage}", key, config,
                                                                           parent))
 

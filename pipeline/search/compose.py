@@ -148,7 +148,7 @@ def components(stages: Sequence[NodeConfig], numeric: Callable[[StageConfig], bo
             parts.append([])
         parts[-1].append((node, config))
         structural = not numeric(config)
-    return [Component(tuple(part), precision=stage_for(part[0][1]).precision) for part in parts]
+    return [Component(tuple(part), precision=stage_for(part[0][1]).lowers_precision) for part in parts]
 
 
 def _origins(trials: Sequence[Measured]) -> dict[str, StageConfig]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.noise import median_ci
 from paretorch.pipeline.core.paired import noise_line
 from paretorch.pipeline.core.progress import phase
@@ -55,7 +56,7 @@ def remeasure(parts: StudyParts, candidates: Mapping[int, tuple[Mapping[str, Sta
 def front_candidates(parts: StudyParts, trials: Sequence[FrozenTrial]
                      ) -> dict[int, tuple[Mapping[str, StageConfig | None], str]]:
     """The baseline (all stages off, eager) and the given trials' requested configs and runtimes."""
-    candidates: dict[int, tuple[Mapping[str, StageConfig | None], str]] = {BASELINE: ({}, "eager")}
+    candidates: dict[int, tuple[Mapping[str, StageConfig | None], str]] = {BASELINE: ({}, DEFAULT_RUNTIME)}
     for trial in trials:
         record = TrialRecord.from_trial(trial)
         if record.recipe is not None:

@@ -49,6 +49,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.search.drop_text import stored_interval
 from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE, ATTR_RECIPE_LINE, ATTR_RUNTIME
 
@@ -111,7 +112,7 @@ class Candidate:
     def simplicity(self) -> tuple[int, int, int]:
         """Sorts the simplest recipe first: fewest parts (model stages, plus one for a runtime other than
         eager), then eager first, then the earlier trial."""
-        exotic = int(self.runtime != "eager")
+        exotic = int(self.runtime != DEFAULT_RUNTIME)
         return self.stages + exotic, exotic, self.trial.number
 
     @property
@@ -208,7 +209,7 @@ def candidate(trial: FrozenTrial, kinds: Sequence[str], directions: Sequence[Stu
         ci=(float(metrics.get("speedup_ci_low", math.nan)), float(metrics.get("speedup_ci_high", math.nan))),
         size=values["size"][0] if "size" in values else None,
         stages=stages,
-        runtime=str(recipe.get("runtime", trial.user_attrs.get(ATTR_RUNTIME, "eager"))),
+        runtime=str(recipe.get("runtime", trial.user_attrs.get(ATTR_RUNTIME, DEFAULT_RUNTIME))),
         recipe=str(trial.user_attrs.get(ATTR_RECIPE_LINE, trial.number)),
         feasible=all(v <= 0 for v in trial.constraints.values()),
         metric_ci=metric_interval(signed, float(metrics.get("metric_drop", math.nan)), stored_interval(metrics)),

@@ -37,6 +37,7 @@ from typing import Any
 import optuna
 
 from paretorch.pipeline.core.machine_probe import MachineProbe, stage_precision
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.stage import config_from_dict
 from paretorch.pipeline.search.config import Preset, SeedRecipe
 from paretorch.pipeline.search.objectives import ATTR_SEED_RECIPE
@@ -48,7 +49,7 @@ ATTR_LATER_SEEDS = "paretorch.later_seeds"
 #: The precisions the machine probe times against float32.
 REDUCED = ("int8", "bf16", "fp16")
 #: The baseline's runtime: last within each preset.
-REFERENCE_RUNTIME = "eager"
+REFERENCE_RUNTIME = DEFAULT_RUNTIME
 
 #: How many distinct skip reasons the presets' line names, and how long each may be.
 REASONS_SHOWN, REASON_CHARS = 3, 160

@@ -38,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from paretorch.pipeline.core.evaluate import ModelReport
 from paretorch.pipeline.core.input_agreement import SCREEN_FACTOR
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.stage import StageConfig
 from paretorch.pipeline.engine.recipe import configs_to_json
 from paretorch.pipeline.search.objectives import (
@@ -55,7 +56,7 @@ ATTR_SCREEN = "paretorch.screen"
 #: Trial user attr: why the screen ended the trial (only on screened-out trials).
 ATTR_SCREENED_OUT = "paretorch.screened_out"
 #: The runtime a screen runs under (no compilation paid twice).
-SCREEN_RUNTIME = "eager"
+SCREEN_RUNTIME = DEFAULT_RUNTIME
 #: How a screened-out trial's reason starts.
 SCREENED_OUT = "screened out at low fidelity"
 

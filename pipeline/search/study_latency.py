@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from paretorch.pipeline.core.latency import LatencySettings, LatencyStats, latency_stats, time_first_call
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.padding import latency_inputs
 from paretorch.pipeline.core.paired import (
     CpuClock,
@@ -47,7 +48,7 @@ from paretorch.pipeline.engine.run_result import RunResult
 from paretorch.pipeline.engine.runner import Runner
 
 #: The runtime the baseline is timed under: the unoptimized model under it is the baseline itself.
-BASELINE_RUNTIME = "eager"
+BASELINE_RUNTIME = DEFAULT_RUNTIME
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class StudyLatency:
         #: Seconds spent in paired measurements (:meth:`measure`): evaluation time, in the run's time split.
         self.seconds = 0.0
 
-    def inputs(self, runtime: str = "eager") -> Batch:
+    def inputs(self, runtime: str = DEFAULT_RUNTIME) -> Batch:
         """The inputs latency is timed on for ``runtime``, on the device (chosen once per runtime)."""
         if runtime not in self._inputs:
             chosen = latency_inputs(self.spec, self.batch_size, runtime)[0]

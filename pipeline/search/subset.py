@@ -23,6 +23,7 @@ from torch import Tensor
 from paretorch.pipeline.core.bootstrap import drop_interval
 from paretorch.pipeline.core.evaluate import evaluation_outputs, scoring_chunks
 from paretorch.pipeline.core.input_agreement import InputAgreement, Reference, TailGuard
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.spec import LabelledBatch, ModelSpec
 
 #: The share of the evaluation rows a subset holds.
@@ -103,7 +104,7 @@ class SubsetJudge:
         """``fn`` (prepared for ``runtime``) against the unoptimized model on the subset, judged against the
         ``allowed`` absolute drop, and by the tail guard: its inputs against the unoptimized model's."""
         if self._reference is None:
-            self._reference = self._score(self._baseline, "eager", batch_size)
+            self._reference = self._score(self._baseline, DEFAULT_RUNTIME, batch_size)
         base_value, base_resamples, base_outputs = self._reference
         value, resamples, outputs = self._score(fn, runtime, batch_size)
         metric = self.spec.metric

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.search.record import TrialRecord
 
 #: Whether a runtime can run a stage list (resolved stages as dicts), e.g. ONNX Runtime cannot run AMP.
@@ -34,7 +35,7 @@ class SweptStages:
     number: int
     stages: tuple[dict[str, Any], ...]
     #: The runtime it ran under.
-    runtime: str = "eager"
+    runtime: str = DEFAULT_RUNTIME
     #: Its metric drop (positive: worse than the unoptimized model; NaN: not known, never dominated).
     drop: float = math.nan
 
@@ -54,7 +55,7 @@ class SweepProposal:
     runtime: str
     #: Trial ``number``'s objective latency and the runtime it ran under (what the proposal's estimate moves).
     latency: float = 0.0
-    measured_under: str = "eager"
+    measured_under: str = DEFAULT_RUNTIME
 
 
 @dataclass

@@ -43,6 +43,7 @@ from paretorch.pipeline.core.device import Capabilities, move_module
 from paretorch.pipeline.core.errors import InfeasibleConfig
 from paretorch.pipeline.core.mirror import ExportMirror
 from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.short_notation import kept_layers
 from paretorch.pipeline.core.stage import BudgetUse, Stage, StageConfig, StageContext, export_mirror
 from paretorch.stages.amp.casting import REDUCED_DTYPES, dtype_name
 from paretorch.stages.amp.switch import PrecisionSwitch
@@ -227,5 +228,20 @@ def mirror(config: AmpConfig) -> ExportMirror:
     return ExportMirror((ReducedPrecision(dtype=config.dtype, fp32_layers=fp32_layers),))
 
 
+#: Each reduced dtype as the short notation and the machine probe name it (``auto``, the device's choice, is known
+#: only on the device: the notation writes ``amp``, the probe judges nothing).
+PRECISIONS = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def precision(config: AmpConfig) -> str | None:
+    """The matmul precision of the reduced layers (None for ``auto``: the device decides when it runs)."""
+    return PRECISIONS.get(config.dtype)
+
+
+def short(config: AmpConfig) -> str:
+    """``bf16`` (the whole model), ``bf16 (12 fp32)`` (12 layers kept in float32), ``amp`` for ``auto``."""
+    return PRECISIONS.get(config.dtype, "amp") + kept_layers(len(config.fp32_layers or ()))
+
+
 STAGE = Stage(AmpConfig, apply, numeric=True, mirror=mirror, requires=requires, order=40, worthwhile=worthwhile,
-              rules_out=rules_out, precision=True, after=after)
+              rules_out=rules_out, precision=precision, after=after, short=short)

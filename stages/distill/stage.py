@@ -230,4 +230,9 @@ def rules_out(config: DistillConfig, facts: ModelFacts) -> str | None:
     return facts.scripted_reason("distillation cannot train (requires_grad_ is not supported on ScriptModules)")
 
 
-STAGE = Stage(DistillConfig, apply_distill, order=20, rules_out=rules_out)
+def short(config: DistillConfig) -> str:
+    """``distill 200``: the steps that ran (a time budget that stopped it early resolves to ``stop_step``)."""
+    return f"distill {config.stop_step or config.steps}"
+
+
+STAGE = Stage(DistillConfig, apply_distill, order=20, rules_out=rules_out, short=short)

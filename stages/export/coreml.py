@@ -42,4 +42,4 @@ def apply(model: nn.Module, config: CoreMLExportConfig, ctx: StageContext) -> Ex
     return export_coreml(model, config, ctx)
 
 
-STAGE = Stage(CoreMLExportConfig, apply, produces="export", order=100)
+STAGE = Stage(CoreMLExportConfig, apply, produces="export", order=100, libraries=("coremltools",))

@@ -44,4 +44,5 @@ def apply(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -> Expo
     return export_onnx(model, config, ctx)
 
 
-STAGE = Stage(ONNXExportConfig, apply, produces="export", order=110)
+STAGE = Stage(ONNXExportConfig, apply, produces="export", order=110,
+              libraries=("onnx", "onnxscript", "onnx-ir", "onnxruntime"))  # onnxruntime: its int8, its check

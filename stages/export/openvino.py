@@ -43,4 +43,4 @@ def apply(model: nn.Module, config: OpenVINOExportConfig, ctx: StageContext) -> 
     return export_openvino(model, config, ctx)
 
 
-STAGE = Stage(OpenVINOExportConfig, apply, produces="export", order=None)
+STAGE = Stage(OpenVINOExportConfig, apply, produces="export", order=None, libraries=("openvino", "nncf"))

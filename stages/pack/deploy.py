@@ -26,15 +26,29 @@ import torch
 from torch import Tensor, nn
 
 from paretorch.pipeline.core.length_groups import check_token_lists
-from paretorch.pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
+from paretorch.pipeline.core.runtimes.base import Runtime
+from paretorch.pipeline.core.runtimes.registry import (
+    available_runtimes,
+    get_runtime,
+    prepare_runtime,
+    registered_runtimes,
+)
 from paretorch.pipeline.core.text_batches import TextBatches
 from paretorch.stages.pack.layout import HostPacked, pack_padded, pack_token_lists
 from paretorch.stages.pack.packed import PackedBert
 
-#: Runtimes that run the packed torch module (``onnxruntime`` and ``openvino`` deploy their file, called per length
-#: group: :func:`paretorch.pipeline.api.load_deployment`; ``compile_dynamic`` marks the sequence dim dynamic, which the
-#: packed buffer does not have).
-DEPLOY_RUNTIMES = ("eager", "compile", "compile_cudagraphs")
+
+def runs_packed(runtime: Runtime) -> bool:
+    """Whether ``runtime`` runs the packed torch module, as it declares: it runs the torch module itself (a runtime
+    of a file deploys that file, called per length group: :func:`paretorch.pipeline.api.load_deployment`), and
+    compiles either not at all or per static shape (token buckets); one that compiles for dynamic shapes marks the
+    sequence dim of token inputs, which the packed buffer does not have."""
+    return runtime.runs_torch_module() and (runtime.static_shapes or not runtime.compiles)
+
+
+def deploy_runtimes() -> tuple[str, ...]:
+    """The registered runtimes a pack recipe deploys under (:func:`runs_packed`)."""
+    return tuple(name for name, runtime in registered_runtimes().items() if runs_packed(runtime))
 
 
 class PackedTokens(nn.Module):
@@ -53,8 +67,8 @@ class PackedEncoder(TextBatches):
     """A pack recipe's model as a deployment calls it (the module docstring has the input contract).
 
     ``model``: the recipe's model (a :class:`PackedBert`, e.g. ``run_chain(model, recipe.stages, ctx).model``);
-    ``runtime``: the recipe's runtime (:data:`DEPLOY_RUNTIMES`). Strings in: :meth:`~TextBatches.encode` (a corpus
-    sorted by length, tokenized a batch ahead, rows in input order) once ``encode_text`` is set, as
+    ``runtime``: the recipe's runtime (one of :func:`deploy_runtimes`). Strings in: :meth:`~TextBatches.encode` (a
+    corpus sorted by length, tokenized a batch ahead, rows in input order) once ``encode_text`` is set, as
     :func:`paretorch.pipeline.api.load_deployment` does."""
 
     def __init__(self, model: nn.Module, device: torch.device | str, runtime: str = "eager") -> None:
@@ -62,9 +76,9 @@ class PackedEncoder(TextBatches):
             raise TypeError(f"PackedEncoder runs a pack recipe's model (a PackedBert), got a {type(model).__name__}: "
                             "apply a recipe with the pack stage first")
         self.device = torch.device(device)
-        if runtime not in DEPLOY_RUNTIMES:
-            raise ValueError(f"PackedEncoder runs under {', '.join(DEPLOY_RUNTIMES)}; {runtime!r} is not one of them "
-                             "(onnxruntime and openvino deploy their file: paretorch.pipeline.api.load_deployment)")
+        if not runs_packed(get_runtime(runtime)):
+            raise ValueError(f"PackedEncoder runs under {', '.join(deploy_runtimes())}; {runtime!r} is not one of "
+                             "them (a runtime of a file deploys its file: paretorch.pipeline.api.load_deployment)")
         if runtime not in available_runtimes(self.device):
             raise ValueError(f"runtime {runtime!r} does not run on {self.device.type} here: use eager")
         self.model = model.to(self.device).eval()

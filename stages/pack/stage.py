@@ -139,5 +139,10 @@ def mirror(config: PackConfig) -> ExportMirror:
     return ExportMirror((PaddingFree(),))
 
 
+def short(config: PackConfig) -> str:
+    """``pack`` (its attention kernel is in the full recipe)."""
+    return config.stage
+
+
 STAGE = Stage(PackConfig, apply_pack, numeric=True, mirror=mirror, order=25, facts=read_facts, traceable=False,
-              rules_out=rules_out, deploy=PackedEncoder)
+              rules_out=rules_out, deploy=PackedEncoder, short=short)

@@ -22,6 +22,7 @@ from paretorch.pipeline.core.device import move_module
 from paretorch.pipeline.core.evaluate import count_params
 from paretorch.pipeline.core.mirror import ExportMirror
 from paretorch.pipeline.core.model_facts import ModelFacts
+from paretorch.pipeline.core.short_notation import short_value
 from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext
 from paretorch.stages.common.mirror_facts import Sparsity
 from paretorch.stages.prune.depth import prune_depth
@@ -197,4 +198,24 @@ def mirror(config: PruneConfig) -> ExportMirror:
     return ExportMirror((Sparsity(ratio=config.ratio),))
 
 
-STAGE = Stage(PruneConfig, apply_prune, mirror=mirror, order=10, facts=read_facts, rules_out=rules_out)
+def short(config: PruneConfig) -> str:
+    """``prune 0.3``; ``prune depth 0.25`` / ``prune sparse 0.5``; ``prune heads 0.25`` (FFN widths kept),
+    ``prune ffn 0.25`` (heads kept); other head / FFN ratios follow as ``heads 0.1 ffn 0.4``."""
+    ratio, heads, ffn = config.ratio, config.head_ratio, config.ffn_ratio
+    if config.method == "depth":
+        return f"prune depth {short_value(ratio)}"
+    if config.method == "unstructured":
+        return f"prune sparse {short_value(ratio)}"
+    if ffn == 0 and heads != 0:
+        return f"prune heads {short_value(ratio if heads is None else heads)}"
+    if heads == 0 and ffn != 0:
+        return f"prune ffn {short_value(ratio if ffn is None else ffn)}"
+    text = f"prune {short_value(ratio)}"
+    for name, value in (("heads", heads), ("ffn", ffn)):
+        if value is not None and value != ratio:
+            text += f" {name} {short_value(value)}"
+    return text
+
+
+STAGE = Stage(PruneConfig, apply_prune, mirror=mirror, order=10, facts=read_facts, rules_out=rules_out, short=short,
+              libraries=("torch-pruning",))

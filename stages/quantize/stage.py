@@ -60,6 +60,7 @@ from paretorch.stages.quantize.facts import QuantizeFacts, read_facts, why_untou
 from paretorch.stages.quantize.fallback import QuantizedSwap, SimulatedStaticInt8
 from paretorch.stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, LayerSelection, select_layers
 from paretorch.stages.quantize.methods import METHODS, method, methods_on
+from paretorch.stages.quantize.notation import precision, short
 from paretorch.stages.quantize.static_pt2e import quantize_static_pt2e, quantized_layer_names
 from paretorch.stages.quantize.weight_methods import quantize_linear_layers
 
@@ -373,4 +374,4 @@ def mirror(config: QuantizeConfig) -> ExportMirror:
 
 
 STAGE = Stage(QuantizeConfig, apply, numeric=True, mirror=mirror, requires=requires, order=30, facts=read_facts,
-              rules_out=rules_out, precision=True, after=after)
+              rules_out=rules_out, precision=precision, after=after, short=short, libraries=("torchao",))

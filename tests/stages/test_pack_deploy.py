@@ -18,8 +18,11 @@ from torch.overrides import TorchFunctionMode
 
 from paretorch.pipeline.api import StageContext, run_chain
 from paretorch.pipeline.core.padding import latency_inputs, latency_sample, trim_to_longest
+from paretorch.pipeline.core.runtimes.base import RuntimeExport
+from paretorch.pipeline.core.runtimes.eager import Eager
+from paretorch.pipeline.core.runtimes.registry import registered_runtime
 from paretorch.pipeline.engine.recipe import Recipe
-from paretorch.stages.pack.deploy import PackedEncoder
+from paretorch.stages.pack.deploy import PackedEncoder, deploy_runtimes
 from paretorch.stages.pack.layout import host_starts, pack_padded, pack_token_lists
 from paretorch.stages.pack.packed import PackedBert
 from paretorch.stages.pack.stage import PackConfig
@@ -171,3 +174,30 @@ def test_a_compiled_one_row_batch_runs_the_unpacked_graph() -> None:
     compiled = torch.compile(packed, dynamic=False)
     with torch.inference_mode():
         assert max_diff(compiled(ids, mask), model(ids, mask)) < FP32_TOLERANCE
+
+
+class TorchPlugin(Eager):
+    """A plugin runtime that runs the torch module itself (eager's behaviour under another name)."""
+
+    name = "toy.torch_plugin"
+
+
+class FilePlugin(Eager):
+    """A plugin runtime that declares the file it runs."""
+
+    name = "toy.file_plugin"
+    export = RuntimeExport("export.onnx")
+
+
+def test_the_runtimes_a_pack_recipe_deploys_under_are_declared_not_listed() -> None:
+    assert set(deploy_runtimes()) >= {"eager", "compile"} and not {"onnxruntime", "openvino",
+                                                                   "compile_dynamic"} & set(deploy_runtimes())
+    with registered_runtime(TorchPlugin(), FilePlugin()):
+        assert "toy.torch_plugin" in deploy_runtimes() and "toy.file_plugin" not in deploy_runtimes()
+        model = tiny_pooled()
+        encoder = PackedEncoder(packed_of(copy.deepcopy(model)), CPU, "toy.torch_plugin")
+        ids, mask = batch([5, 2, 7])
+        with torch.inference_mode():
+            assert max_diff(encoder(token_lists(ids, mask)), model(ids, mask)) < FP32_TOLERANCE
+        with pytest.raises(ValueError, match="toy.file_plugin"):
+            PackedEncoder(packed_of(tiny_pooled()), CPU, "toy.file_plugin")

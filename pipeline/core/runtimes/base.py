@@ -84,6 +84,12 @@ class Runtime(ABC):
     #: Whose kernels it runs: runtimes of one engine share one machine probe
     #: (:mod:`paretorch.pipeline.core.machine_probe`).
     engine: ClassVar[str] = DEFAULT_ENGINE
+    #: How the short recipe notation writes it (``ort``, ``cudagraphs``; empty: its name): :meth:`short`.
+    short_label: ClassVar[str] = ""
+    #: The distributions whose versions change what it produces (``onnxruntime``): an evaluation under it is
+    #: keyed on them (and on its export stage's), a node it does not run is not
+    #: (:mod:`paretorch.pipeline.engine.cache`). torch is always keyed.
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     def probe(self, device: torch.device) -> EngineProbe:
         """Its engine's machine probe on ``device``: each reduced precision's matmul against float32, paired
@@ -93,6 +99,15 @@ class Runtime(ABC):
     @abstractmethod
     def available(self, device: torch.device) -> bool:
         """Whether it runs on ``device`` here (read from the capability table, or the toolkit's own probe)."""
+
+    def short(self) -> str:
+        """The name as the short recipe notation writes it (``prune 0.3 + int8s | ort``)."""
+        return self.short_label or self.name
+
+    def runs_torch_module(self) -> bool:
+        """Whether it runs the built torch module itself (it declares no :attr:`export`): a deployment of a recipe
+        can hand it the model (pack's ``PackedEncoder``), where a runtime of a file needs that file."""
+        return self.export is None
 
     def label(self, device: torch.device) -> str:
         """The name as the console shows it on ``device`` (file runtimes add their provider or device)."""

@@ -20,6 +20,7 @@ class CompileCudaGraphs(Compile):
     """torch.compile with CUDA graphs: launch overhead removed, static shapes (CUDA only)."""
 
     name = "compile_cudagraphs"
+    short_label = "cudagraphs"
     mode = "reduce-overhead"
 
     def available(self, device: torch.device) -> bool:

@@ -51,6 +51,7 @@ class CompileDynamic(Compile):
     """``torch.compile`` with the sequence dim of token inputs dynamic: no length buckets."""
 
     name = "compile_dynamic"
+    short_label = "compile-dyn"
     static_shapes = False
 
     def available(self, device: torch.device) -> bool:

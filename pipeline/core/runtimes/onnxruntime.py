@@ -52,6 +52,8 @@ class OnnxRuntime(Runtime):
     export = RuntimeExport("export.onnx", {"measure_latency": False, "unmirrored": "infeasible"})
     reproduces = REPRODUCES
     engine = "onnxruntime"
+    short_label = "ort"
+    libraries = ("onnxruntime",)
 
     def probe(self, device: torch.device) -> EngineProbe:
         return onnxruntime_gains

@@ -59,6 +59,8 @@ class OpenVINORuntime(Runtime):
     export = RuntimeExport("export.openvino", {"measure_latency": False, "unmirrored": "infeasible"})
     reproduces = REPRODUCES
     engine = "openvino"
+    short_label = "ov"
+    libraries = ("openvino",)
 
     def probe(self, device: torch.device) -> EngineProbe:
         return openvino_gains

@@ -85,6 +85,7 @@ class MLXRuntime(Runtime):
     reproduces = REPRODUCES
     #: MLX's own kernels: no machine probe times them, so the probe judges none of its presets (trials do).
     engine = "mlx"
+    libraries = ("mlx",)
 
     def probe(self, device: torch.device) -> EngineProbe:
         return dict

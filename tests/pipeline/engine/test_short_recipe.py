@@ -8,6 +8,8 @@ import optuna
 from pydantic import Field
 from torch import nn
 
+from paretorch.pipeline.core.runtimes.eager import Eager
+from paretorch.pipeline.core.runtimes.registry import registered_runtime
 from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, config_from_dict, registered
 from paretorch.pipeline.engine.recipe import Recipe
 from paretorch.pipeline.engine.short_recipe import short_recipe
@@ -75,3 +77,16 @@ def test_an_empty_list_has_one_spelling() -> None:
     assert recipe.describe(brief=True) == recipe.describe() == "amp(dtype=bfloat16, fp32_layers=[]) | eager"
     full = Recipe(stages=tuple(configs({"stage": "amp", "dtype": "bfloat16", "fp32_layers": ["a", "b"]})))
     assert "fp32_layers=[2 items]" in full.describe(brief=True)
+
+
+def test_a_plugin_stage_and_runtime_write_their_own_short_forms() -> None:
+    class Pinned(Eager):  # eager's behaviour under a plugin's name and label
+        name = "toy.pinned"
+        short_label = "pin"
+
+    def widget(config: WidgetConfig) -> str:
+        return f"w{config.size}x{config.scale:g}"
+
+    with registered(Stage(WidgetConfig, _identity, short=widget)), registered_runtime(Pinned()):
+        assert short_recipe([WidgetConfig(size=3, scale=2.0)], "toy.pinned") == "w3x2 | pin"
+    assert short_recipe([], "toy.not-installed") == "baseline | toy.not-installed", "a stored trial's runtime"
