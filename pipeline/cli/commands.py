@@ -23,8 +23,7 @@ import torch
 from rich.console import Console
 
 from paretorch.pipeline.cli.args import spec_from_args
-from paretorch.pipeline.cli.parser import split_list
-from paretorch.pipeline.cli.store_urls import validate_storage_url, validate_tracking_uri
+from paretorch.pipeline.cli.checks import search_overrides
 from paretorch.pipeline.core.device import resolve_device
 from paretorch.pipeline.core.errors import ConfigError, PipelineError
 from paretorch.pipeline.core.input_agreement import Reference
@@ -104,21 +103,9 @@ def make_console() -> Any:
 
 
 def build_search(args: argparse.Namespace, spec: ModelSpec, track: bool = True, name: str | None = None) -> Search:
-    """The :class:`Search` that the CLI options describe (``name``: this study, not the one they name)."""
-    objectives = split_list(args.objectives)
-    if args.minimize_size:
-        objectives = tuple(dict.fromkeys((*(objectives or ("metric", "latency")), "size")))
-    config = SearchConfig.load(
-        args.search_config, pipeline=args.pipeline, max_drop=args.max_drop, sampler=args.sampler, seed=args.seed,
-        objectives=objectives, runtimes=split_list(args.runtimes), latency_budget=args.latency_budget,
-        latency_batch=args.latency_batch, disabled=split_list(args.disable), exports=args.exports,
-        cache_mb=args.cache_mb, tail_limit=args.tail_limit, tail_cosine=args.tail_cosine,
-        workload=args.workload,
-    )
-    if args.storage:
-        validate_storage_url(args.storage)
-    if track and args.tracking_uri:
-        validate_tracking_uri(args.tracking_uri)
+    """The :class:`Search` that the CLI options describe (``name``: this study, not the one they name); the config,
+    the storage URL and the tracking URI were checked before torch loaded (:mod:`paretorch.pipeline.cli.checks`)."""
+    config = SearchConfig.load(args.search_config, **search_overrides(args))
     return Search(spec, resolve_device(args.device), config, storage=args.storage,
                   tracking_uri=args.tracking_uri, track=track, name=name or args.study_name,
                   worker=getattr(args, "worker_index", None) or 0, extra_seeds=enqueued(getattr(args, "enqueue", [])),

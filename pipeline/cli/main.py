@@ -1,7 +1,8 @@
 """``python -m paretorch``: the command-line interface.
 
-The command line is parsed and checked (:mod:`paretorch.pipeline.cli.parser`) before torch is imported:
-an argument error costs a fraction of a second. Every :class:`PipelineError` is printed as one
+The command line is parsed and checked (:mod:`paretorch.pipeline.cli.parser`), then the files, configs and stores it
+names (:mod:`paretorch.pipeline.cli.checks`), before torch is imported: such an error costs a fraction of a second
+of CPU. Every :class:`PipelineError` is printed as one
 ``error:`` line with exit code 2; nothing the user mistyped produces a traceback.
 """
 
@@ -14,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
+from paretorch.pipeline.cli.checks import check_inputs
 from paretorch.pipeline.cli.parser import build_parser, check_args, parse_args
 from paretorch.pipeline.core.errors import PipelineError
 from paretorch.pipeline.core.paths import set_results_dir
@@ -56,6 +58,7 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         check_args(args)
         if getattr(args, "results_dir", None):
             set_results_dir(args.results_dir)
+        check_inputs(args)  # files, configs, stores, options together: still no torch
         quiet_optional_kernels()
         # Imported only now, with the command line checked: it loads torch, Optuna and MLflow (seconds of CPU).
         from paretorch.pipeline.cli.commands import COMMANDS

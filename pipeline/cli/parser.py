@@ -2,16 +2,16 @@
 
 :func:`parse_args` runs before any module that imports torch, MLflow or Optuna is loaded
 (:mod:`paretorch.pipeline.cli.main` imports :mod:`paretorch.pipeline.cli.commands` only after it), so a mistyped
-option, number, name or model costs a fraction of a second of CPU, not the seconds torch's
-import takes. What can only be checked with torch (a device present here, a storage URL,
-the search config's contents, the model itself) is checked by the commands.
+option, number or name costs a fraction of a second of CPU, not the seconds torch's
+import takes. The files, configs and stores the options name are checked next, still without torch
+(:mod:`paretorch.pipeline.cli.checks`); what only torch can tell (a device present here, the model itself) the
+commands check.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from pathlib import Path
 
 from paretorch.pipeline.core.errors import ConfigError
 from paretorch.pipeline.core.names import (
@@ -21,9 +21,7 @@ from paretorch.pipeline.core.names import (
     WORKER_FLAG,
     WORKLOADS,
     device_name,
-    model_entry_points,
     runtime_names,
-    unknown_model,
     unknown_runtime,
     unknown_runtimes,
 )
@@ -33,8 +31,6 @@ from paretorch.pipeline.core.version import VERSION
 POSITIVE = (("trials", "--trials", "the study's total number of trials"), ("workers", "--workers", None),
             ("threads", "--threads", None), ("latency_batch", "--latency-batch", None),
             ("cache_mb", "--cache-mb", None))
-#: Suffixes of the model files that :mod:`paretorch.pipeline.sources` opens (TorchScript, torch.export).
-MODEL_FILE_SUFFIXES = (".pt", ".pt2", ".ts", ".py")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,8 +188,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Every check that needs no torch: numbers in range, device, runtime and model names, the recipe file.
-    A problem is a :class:`~paretorch.pipeline.core.errors.PipelineError` (one ``error:`` line, exit code 2)."""
+    """Each option on its own: numbers in range, device and runtime names (the files and configs they name:
+    :func:`paretorch.pipeline.cli.checks.check_inputs`). A problem is a
+    :class:`~paretorch.pipeline.core.errors.PipelineError` (one ``error:`` line, exit code 2)."""
     for attr, flag, meaning in POSITIVE:
         value = getattr(args, attr, None)
         if value is not None and value < 1:
@@ -203,16 +200,3 @@ def check_args(args: argparse.Namespace) -> None:
         raise unknown_runtime(args.runtime)
     if (problem := unknown_runtimes(split_list(getattr(args, "runtimes", None)) or ())) is not None:
         raise ConfigError(f"--runtimes: {problem}")
-    if (recipe := getattr(args, "recipe", None)) is not None and not Path(recipe).is_file():
-        raise ConfigError(f"recipe file not found: {recipe}")
-    _check_model_name(args)
-
-
-def _check_model_name(args: argparse.Namespace) -> None:
-    """A bare word that is no registered model (``--model digitz``) fails here; files, ``module:attr`` and
-    ``hf:`` references, and any model given with source options, are resolved (and checked) by the command."""
-    ref = args.model.strip()
-    plain_word = ref and not any(c in ref for c in ":/\\") and not ref.endswith(MODEL_FILE_SUFFIXES)
-    with_options = args.input_shape or args.inputs_file or args.output_kind != "auto" or args.trust_pickle
-    if plain_word and not with_options and not Path(ref).exists() and ref not in model_entry_points():
-        raise unknown_model(ref)

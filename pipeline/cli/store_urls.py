@@ -8,9 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from paretorch.pipeline.core.errors import ConfigError
-from paretorch.pipeline.core.paths import results_dir, sqlite_file
+from paretorch.pipeline.core.paths import JOURNAL_PREFIX, local_path, results_dir, sqlite_file
 from paretorch.pipeline.core.secrets import mask_secrets
-from paretorch.pipeline.search.storage import JOURNAL_PREFIX, local_path
 
 #: What ``--storage`` accepts, as its errors list it.
 STORAGE_FORMS = ("sqlite:///PATH (one machine; the file's directory must exist), journal:PATH (one machine, Optuna's "

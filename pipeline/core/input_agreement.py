@@ -35,15 +35,12 @@ from torch import Tensor
 
 from paretorch.pipeline.core.errors import SpecError
 from paretorch.pipeline.core.fidelity import infer_output_kind
+from paretorch.pipeline.core.tail_limit import COSINE_FLOOR, TAIL_LIMIT
 
 #: What an input is compared by.
 Measure = Literal["cosine", "flip", "abs_error"]
-#: An embedding input breaks below this cosine to its unoptimized output (the default guard).
-COSINE_FLOOR = 0.9
 #: A class prediction counts as confident at this top-1 probability of the unoptimized model.
 CONFIDENT = 0.9
-#: The share of inputs allowed to break (the default guard): 1 %.
-TAIL_LIMIT = 0.01
 #: The low quantile shown on the trial line (1st percentile).
 LOW_QUANTILE = 0.01
 #: The inputs named in a trial's files.
@@ -230,18 +227,3 @@ class TailGuard:
             return None
         return (f"{TAIL_ON_SUBSET} ({rows}): {self.failure(agreement.metrics())}, at least {100 * low:.1f} % "
                 "with 95 % confidence; not scored in full")
-
-
-
-def parse_tail_limit(limit: object) -> float | None:
-    """``--tail-limit``: a share of the inputs (``1%``, ``0.02``), or ``off`` / None (no guard)."""
-    if limit is None or (isinstance(limit, str) and limit.strip().lower() == "off"):
-        return None
-    text = str(limit).strip()
-    try:
-        share = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
-    except ValueError:
-        raise ValueError(f"{limit!r} is not a share of inputs: give one such as 1% or 0.02, or off") from None
-    if not 0.0 <= share < 1.0:
-        raise ValueError(f"{limit!r}: give a share from 0 to below 100 % (or off)")
-    return share

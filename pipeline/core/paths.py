@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from paretorch.pipeline.core.errors import ConfigError
 from paretorch.pipeline.core.writable import check_writable_dir
 
 DEFAULT_RESULTS_DIR = "runs"
@@ -40,6 +41,18 @@ DEFAULT_SEARCH_CONFIG = CONFIGS_DIR / "search.yaml"
 PIPELINES_DIR = CONFIGS_DIR / "pipelines"
 
 
+def pipeline_file(ref: str | Path) -> Path:
+    """The YAML file of ``--pipeline ref`` other than ``default``: a path, or a name in :data:`PIPELINES_DIR`; one
+    :class:`ConfigError` when there is none."""
+    path = Path(ref)
+    if not path.exists() and (PIPELINES_DIR / f"{ref}.yaml").exists():
+        path = PIPELINES_DIR / f"{ref}.yaml"
+    if not path.is_file():
+        shipped = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")) if PIPELINES_DIR.is_dir() else []
+        raise ConfigError(f"pipeline '{ref}' not found: use 'default', a YAML path, or one of {shipped}")
+    return path
+
+
 SQLITE_PREFIX = "sqlite:///"
 
 
@@ -49,3 +62,15 @@ def sqlite_file(url: str) -> Path | None:
     if not url.startswith(SQLITE_PREFIX):
         return None
     return Path(url.removeprefix(SQLITE_PREFIX).partition("?")[0]).expanduser()
+
+
+#: An Optuna journal file as a ``--storage`` (``journal:PATH``).
+JOURNAL_PREFIX = "journal:"
+
+
+def local_path(url: str) -> Path | None:
+    """The file of a local Optuna storage (SQLite or journal), None for a server."""
+    if url.startswith(JOURNAL_PREFIX):
+        return Path(url.removeprefix(JOURNAL_PREFIX)).expanduser().resolve()
+    database = sqlite_file(url)
+    return database.resolve() if database is not None else None

@@ -38,9 +38,8 @@ from torch import Tensor
 
 from paretorch.pipeline.core.errors import SpecError
 from paretorch.pipeline.core.spec import Batch
+from paretorch.pipeline.core.user_files import TENSOR_SUFFIXES, check_eval_data
 
-TEXT_SUFFIXES = (".tsv", ".csv", ".jsonl")
-TENSOR_SUFFIXES = (".pt",)
 #: Columns that name each text task (a table's header must hold one of these sets).
 CLASSIFICATION_COLUMNS = ("text", "label")
 PAIRS_COLUMNS = ("sentence1", "sentence2", "score")
@@ -104,17 +103,11 @@ TaskData = ClassificationData | PairsData | RetrievalData
 def load_task_data(path_text: str) -> TaskData:
     """Read ``--eval-data``: a table (classification or pairs), a ``.pt`` file or a BEIR directory."""
     path = Path(path_text).expanduser()
+    check_eval_data(path)  # a BEIR directory, or a file of a known format
     if path.is_dir():
         return _read_beir(path)
-    if not path.is_file():
-        raise SpecError(f"--eval-data {path}: no such file or directory (a .tsv/.csv/.jsonl table, a .pt file "
-                        "or a BEIR retrieval directory)")
-    suffix = path.suffix.lower()
-    if suffix in TENSOR_SUFFIXES:
+    if path.suffix.lower() in TENSOR_SUFFIXES:
         return _read_tensor_classification(path)
-    if suffix not in TEXT_SUFFIXES:
-        raise SpecError(f"--eval-data {path}: unknown format '{suffix or path.name}': use .tsv, .csv or .jsonl "
-                        "(text tables), .pt (tensor inputs and labels) or a BEIR directory (retrieval)")
     rows = list(_read_table(path))
     if not rows:
         raise SpecError(f"--eval-data {path}: no data rows: give a header and at least {MIN_ROWS} rows")

@@ -28,11 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from paretorch.pipeline.core.errors import ConfigError
-from paretorch.pipeline.core.paths import PIPELINES_DIR
+from paretorch.pipeline.core.paths import pipeline_file
 from paretorch.pipeline.core.stage import Stage, StageConfig, config_from_dict, default_order, get_stage, is_export
+from paretorch.pipeline.core.yaml_file import read_yaml
 
 SOURCE_OP = "model"
 EVALUATE_OP = "evaluate"
@@ -307,14 +306,5 @@ def load_pipeline(ref: str | Path) -> Pipeline:
     """``default``, a name in ``pipeline/defaults/pipelines/`` or a path to a pipeline YAML file."""
     if str(ref) == "default":
         return default_pipeline()
-    path = Path(ref)
-    if not path.exists() and (PIPELINES_DIR / f"{ref}.yaml").exists():
-        path = PIPELINES_DIR / f"{ref}.yaml"
-    if not path.is_file():
-        shipped = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml")) if PIPELINES_DIR.is_dir() else []
-        raise ConfigError(f"pipeline '{ref}' not found: use 'default', a YAML path, or one of {shipped}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return Pipeline.from_dict(data, name=path.stem)
+    path = pipeline_file(ref)
+    return Pipeline.from_dict(read_yaml(path, "--pipeline"), name=path.stem)

@@ -1,55 +1,59 @@
-"""The search config (``pipeline/defaults/search.yaml`` + CLI overrides), the study's name, storage and sampler."""
+"""The search config (``pipeline/defaults/search.yaml`` + CLI overrides), the study's name, storage and sampler.
+
+The fields and their checks are :mod:`paretorch.pipeline.search.schema` (loaded without torch, so that the command
+line checks a config before torch loads); :class:`SearchConfig` and :class:`SeedRecipe` add what a study needs from
+the stages and the tail guard.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import warnings
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import torch
-import yaml
 from optuna.trial import TrialState
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, field_validator
 
 from paretorch.pipeline.core.errors import ConfigError
-from paretorch.pipeline.core.input_agreement import COSINE_FLOOR, TAIL_LIMIT, TailGuard, parse_tail_limit
-from paretorch.pipeline.core.latency import LATENCY_BUDGETS
-from paretorch.pipeline.core.names import WORKLOADS
+from paretorch.pipeline.core.input_agreement import TailGuard
 from paretorch.pipeline.core.paths import DEFAULT_SEARCH_CONFIG, results_dir
 from paretorch.pipeline.core.runtimes.registry import check_runtime_names
-from paretorch.pipeline.core.stage import config_from_dict, format_validation_error
+from paretorch.pipeline.core.stage import config_from_dict
 from paretorch.pipeline.engine.graph import Pipeline
-from paretorch.pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
-from paretorch.pipeline.search.objectives import ATTR_ESTIMATE, ObjectiveName
+from paretorch.pipeline.search.objectives import ATTR_ESTIMATE
+from paretorch.pipeline.search.schema import ALL_RUNTIMES, PresetSchema, SearchSchema, SeedSchema, cli_flag
 
 if TYPE_CHECKING:
-    import optuna
-
     from paretorch.pipeline.core.spec import ModelSpec
 
-class SeedRecipe(BaseModel):
-    """A trial enqueued before the sampler starts: named stage configs and a runtime."""
+__all__ = ["ALL_RUNTIMES", "DEFAULT_SEARCH_CONFIG", "LEGACY_DEFAULT_RUNTIMES", "Preset", "SearchConfig", "SeedRecipe",
+           "cli_flag", "default_storage", "finished_states", "legacy_study_name", "legacy_study_names", "make_sampler",
+           "study_name"]
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str
-    runtime: str = "eager"
-    stages: tuple[dict[str, Any], ...] = ()
-    #: A seed some devices cannot run (e.g. CPU-only int8), or that the model's facts rule out (depth pruning of a
-    #: model without a removable block), is skipped there; otherwise it is an infeasible or ruled-out trial that
-    #: says why (what a user's own seed should be). Dumped only when set: a field added later leaves the names of
-    #: studies whose seeds do not use it unchanged.
-    skip_where_unavailable: bool = Field(default=False, exclude_if=lambda value: not value)
-    #: What a proposal's estimate started from (:mod:`paretorch.pipeline.search.dead_ends`): ``{"speedup", "under"}``
-    #: for a runtime sweep, ``{"gain"}`` for a composition; checked again when the trial starts. Dumped only when set.
-    estimate: dict[str, Any] | None = Field(default=None, exclude_if=lambda value: value is None)
 
-    @field_validator("runtime")
+class RegisteredRuntimes:
+    """Runtime names checked against the runtime registry (entry points and the runtimes registered in this
+    process), not the entry points alone as :class:`~paretorch.pipeline.search.schema.RuntimeNamed` does."""
+
     @classmethod
-    def _known_runtime(cls, name: str) -> str:
-        return known_runtime_names((name,))[0]
+    def known_runtimes(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if names == ALL_RUNTIMES:
+            return names
+        try:
+            return check_runtime_names(names)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+
+class Preset(RegisteredRuntimes, PresetSchema):
+    """A cheap stage list tried alone before the seeds (:class:`~paretorch.pipeline.search.schema.PresetSchema`)."""
+
+
+class SeedRecipe(RegisteredRuntimes, SeedSchema):
+    """A trial enqueued before the sampler starts (:class:`~paretorch.pipeline.search.schema.SeedSchema`), with
+    what its trial records: its stage configs validated by their stages and its estimate."""
 
     def trial_attrs(self) -> dict[str, Any]:
         """User attrs the seed adds to its enqueued trial beyond its recipe: a proposal's estimate."""
@@ -61,154 +65,17 @@ class SeedRecipe(BaseModel):
         return {"runtime": self.runtime, "stages": [config_from_dict(dict(raw)).to_dict() for raw in self.stages]}
 
 
-#: The runtimes value that means every runtime available on the device (the default: a newly installed
-#: runtime joins the study instead of renaming it).
-ALL_RUNTIMES = ("all",)
+class SearchConfig(RegisteredRuntimes, SearchSchema):
+    """What is searched and how (:class:`~paretorch.pipeline.search.schema.SearchSchema`: the fields, their
+    defaults and checks), its runtimes checked against the registry, with seeds that record their stage payload and
+    the tail guard its fields set."""
 
-
-def known_runtime_names(names: tuple[str, ...] | str) -> tuple[str, ...]:
-    """``names`` unchanged when every one is a registered runtime (a device may lack some: they are dropped
-    later, by the capability table), or :data:`ALL_RUNTIMES`; an unknown name is a typo, a ValueError naming the
-    registered ones (the registry words it)."""
-    names = (names,) if isinstance(names, str) else tuple(names)
-    if names == ALL_RUNTIMES:
-        return names
-    try:
-        return check_runtime_names(names)
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-
-
-class Preset(BaseModel):
-    """A cheap stage list (no training, no long calibration) tried alone before the seeds
-    (:mod:`paretorch.pipeline.search.presets`), under each of ``runtimes`` the study offers, in that order."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str
-    stages: tuple[dict[str, Any], ...] = ()
-    #: Where the preset can pay, in the order to try them (those the study does not offer are left out); None:
-    #: every runtime of the study, eager last. E.g. PT2E int8 under eager runs reference kernels, slower than float.
-    runtimes: tuple[str, ...] | None = None
-
-    @field_validator("runtimes")
-    @classmethod
-    def _known_runtimes(cls, names: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        return None if names is None else known_runtime_names(names)
-
-
-#: ``max_drop``: ``0.01`` (absolute) or ``"1%"`` (of the baseline metric); a bad value raises the flag's ConfigError.
-MaxDrop = Annotated[AllowedDrop, PlainValidator(AllowedDrop.parse), PlainSerializer(AllowedDrop.to_json)]
-#: ``tail_limit``: a share of the inputs (``"1%"``, ``0.02``) or ``"off"`` (None).
-TailLimit = Annotated[float | None, PlainValidator(parse_tail_limit),
-                      PlainSerializer(lambda share: "off" if share is None else share)]
-
-
-class SearchConfig(BaseModel):
-    """What is searched and how (``pipeline/defaults/search.yaml``; CLI flags override fields)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    pipeline: str = "default"
-    objectives: tuple[ObjectiveName, ...] = ("metric", "latency")
-    max_drop: MaxDrop = DEFAULT_MAX_DROP
-    sampler: Literal["tpe", "nsga2", "random"] = "tpe"
-    seed: int = 0
-    #: The runtimes searched, intersected with the device's; ``all`` (the default): every runtime available there.
-    runtimes: tuple[str, ...] = ALL_RUNTIMES
-    #: A name of :data:`paretorch.pipeline.core.latency.LATENCY_BUDGETS`: how long each trial is timed, alone and
-    #: paired.
-    latency_budget: str = "normal"
-    latency_batch: int | None = Field(default=None, ge=1)
-    disabled: tuple[str, ...] = ()
-    exports: Literal["pareto", "every_trial", "none"] = "pareto"
     seeds: tuple[SeedRecipe, ...] = ()
-    #: Cheap precision presets, each tried alone under its runtimes before the seeds
-    #: (:mod:`paretorch.pipeline.search.presets`).
     presets: tuple[Preset, ...] = ()
-    cache_mb: int = Field(default=2048, ge=0)
-    #: Trials composed from measured winners at most (:mod:`paretorch.pipeline.search.compose`; 0: none).
-    compose: int = Field(default=6, ge=0)
-    #: The runtime sweep covers this many of the fastest feasible stage lists (:mod:`paretorch.pipeline.search.sweep`).
-    sweep_top: int = Field(default=3, ge=1)
-    #: Costly stages run at low fidelity first (:mod:`paretorch.pipeline.search.screening`).
-    screening: bool = True
-    #: Costly stages (distillation, calibration) may take at most this share of a run's wall time: past it, a
-    #: costly trial stops at low fidelity (:mod:`paretorch.pipeline.search.screening`).
-    costly_share: float = Field(default=0.25, gt=0.0, le=1.0)
-    #: The tail guard (:mod:`paretorch.pipeline.core.input_agreement`): at most this share of the inputs may break
-    #: (``1%``, ``0.02``; ``off``: no guard), an embedding input below ``tail_cosine`` to its unoptimized output.
-    tail_limit: TailLimit = TAIL_LIMIT
-    tail_cosine: float = Field(default=COSINE_FLOOR, gt=-1.0, le=1.0)
-    #: How the model will be used, what its latency is timed on (:data:`paretorch.pipeline.core.workload.WORKLOADS`):
-    #: ``serve`` (raw inputs to host outputs, batch by batch), ``corpus`` (a whole list, sorted by length) or ``model``
-    #: (the model call alone on the device batch).
-    workload: str = WORKLOADS[0]
-
-    #: Fields that do not change what a trial measures (left out of the study's name): where results go,
-    #: and which trials the search proposes besides its sampler's (a resumed study may change them).
-    RUN_ONLY_FIELDS: ClassVar[frozenset[str]] = frozenset({"exports", "cache_mb", "compose", "sweep_top",
-                                                            "screening", "presets", "costly_share"})
-
-    @field_validator("runtimes", mode="before")
-    @classmethod
-    def _known_runtimes(cls, names: tuple[str, ...] | str) -> tuple[str, ...]:
-        return known_runtime_names(names)
-
-    @field_validator("workload")
-    @classmethod
-    def _known_workload(cls, name: str) -> str:
-        if name not in WORKLOADS:
-            raise ValueError(f"unknown workload {name!r}: choose from {', '.join(WORKLOADS)}")
-        return name
-
-    @field_validator("latency_budget")
-    @classmethod
-    def _known_budget(cls, name: str) -> str:
-        if name not in LATENCY_BUDGETS:
-            raise ValueError(f"unknown latency budget {name!r}: choose from {', '.join(LATENCY_BUDGETS)}")
-        return name
-
-    @classmethod
-    def load(cls, path: str | Path | None = None, **overrides: Any) -> SearchConfig:
-        """Read a YAML search config (default ``pipeline/defaults/search.yaml``) and apply overrides (None = keep).
-        Overriding ``seeds`` without ``presets`` turns the presets off: the given seeds are all that is enqueued."""
-
-        source = Path(path) if path else DEFAULT_SEARCH_CONFIG
-        data: dict[str, Any] = {}
-        if source.is_file():
-            try:
-                data = yaml.safe_load(source.read_text()) or {}
-            except yaml.YAMLError as exc:
-                raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
-        elif path:
-            raise ConfigError(f"search config not found: {source}")
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if "seeds" in given and "presets" not in given:
-            given["presets"] = ()  # a caller that lists the seeds lists every trial enqueued before the sampler
-        data.update(given)
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            flags = sorted({cli_flag(str(e["loc"][0])) for e in exc.errors() if e["loc"] and e["loc"][0] in given})
-            where = f"{', '.join(flags)}" if flags else f"invalid search config ({source.name})"
-            raise ConfigError(f"{where}: {format_validation_error(exc)}") from exc
-
-    #: Fields a study's name hashes only when set away from their defaults (added after studies were named by
-    #: the others: a study begun before keeps its name under the defaults).
-    LATER_FIELDS: ClassVar[frozenset[str]] = frozenset({"tail_limit", "tail_cosine"})
-
-    def identity(self) -> dict[str, Any]:
-        """What a study's name hashes: every field that changes what a trial measures."""
-        later = {name for name in self.LATER_FIELDS if getattr(self, name) == type(self).model_fields[name].default}
-        return self.model_dump(mode="json", exclude=set(self.RUN_ONLY_FIELDS) | later)
 
     def tail_guard(self) -> TailGuard:
         """The tail guard these fields set."""
         return TailGuard(self.tail_limit, self.tail_cosine)
-
-
-def cli_flag(field_name: str) -> str:
-    """The command-line flag that sets a search config field (``max_drop`` -> ``--max-drop``)."""
-    return {"disabled": "--disable"}.get(field_name, "--" + field_name.replace("_", "-"))
 
 
 def study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipeline: Pipeline) -> str:

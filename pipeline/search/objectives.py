@@ -26,9 +26,8 @@ from paretorch.pipeline.core.input_agreement import HEADLINE_INPUT_METRICS, Tail
 from paretorch.pipeline.core.paired import PairedLatency
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.search.allowed_drop import FLAG, AllowedDrop
+from paretorch.pipeline.search.schema import OBJECTIVE_NAMES, ObjectiveName
 
-ObjectiveName = Literal["metric", "latency", "size"]
-OBJECTIVE_NAMES: tuple[ObjectiveName, ...] = ("metric", "latency", "size")
 CONSTRAINT_NAME = "metric_drop"
 
 # What each trial stores in Optuna (user attrs), so that reports and replays need only the storage.

@@ -26,7 +26,6 @@ import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import optuna
@@ -38,13 +37,12 @@ from sqlalchemy import text
 
 from paretorch.pipeline.core.errors import PipelineError
 from paretorch.pipeline.core.locks import file_lock
-from paretorch.pipeline.core.paths import sqlite_file
+from paretorch.pipeline.core.paths import JOURNAL_PREFIX, local_path
 from paretorch.pipeline.core.processes import process_exists
 from paretorch.pipeline.core.secrets import mask_secrets
 from paretorch.pipeline.core.writable import check_writable_dir
 from paretorch.pipeline.sources.archive import one_line
 
-JOURNAL_PREFIX = "journal:"
 #: Seconds between a running trial's heartbeats, and how old the last one may be before the trial counts as dead.
 HEARTBEAT_S = 5
 GRACE_S = 15
@@ -67,14 +65,6 @@ class Heartbeats(Protocol):
     def record_heartbeat(self, trial_id: int) -> None: ...
 
     def get_heartbeat_interval(self) -> int | None: ...
-
-
-def local_path(url: str) -> Path | None:
-    """The file of a local storage (SQLite or journal), None for a server."""
-    if url.startswith(JOURNAL_PREFIX):
-        return Path(url.removeprefix(JOURNAL_PREFIX)).expanduser().resolve()
-    database = sqlite_file(url)
-    return database.resolve() if database is not None else None
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:

@@ -14,9 +14,6 @@ on generated inputs (``--input-shape``), on the samples of ``--inputs-file``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import torch
 from torch import nn
 
@@ -24,49 +21,10 @@ from paretorch.pipeline.core.errors import SpecError
 from paretorch.pipeline.core.fidelity import OUTPUT_KINDS
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.task_data import ClassificationData, load_task_data, task_texts
-from paretorch.pipeline.sources import exported, huggingface, torchscript
+from paretorch.pipeline.core.user_files import SourceOptions, hf_input_shape, source_kind, text_data_for_tensors
 from paretorch.pipeline.sources.exported import exported_spec
 from paretorch.pipeline.sources.huggingface import hf_spec
 from paretorch.pipeline.sources.torchscript import torchscript_spec
-
-
-@dataclass(frozen=True)
-class SourceOptions:
-    """Options for file and directory sources (``--input-shape``, ``--inputs-file``, ``--output-kind``)."""
-
-    input_shape: str | None = None
-    inputs_file: str | None = None
-    output_kind: str = "auto"
-    #: Load ``.pt2`` archives whose entries are unpickled (which can run code): ``--trust-pickle``.
-    trust_pickle: bool = False
-    #: Labelled evaluation data (``--eval-data``): the task metric replaces fidelity (any model form).
-    eval_data: str | None = None
-
-    @property
-    def given(self) -> list[str]:
-        """The options set to something other than their default, as CLI flags."""
-        names = []
-        if self.input_shape:
-            names.append("--input-shape")
-        if self.inputs_file:
-            names.append("--inputs-file")
-        if self.output_kind != "auto":
-            names.append("--output-kind")
-        return names
-
-
-def source_kind(ref: str) -> str | None:
-    """``"torchscript"``, ``"pt2"``, ``"hf"``, or None when ``ref`` is not one of these sources."""
-    if ref.startswith(huggingface.PREFIX):
-        return "hf"
-    if ":" in ref:  # path/file.py:attr and package.module:attr belong to the Python resolver
-        return None
-    suffix = Path(ref).suffix.lower()
-    if suffix in exported.SUFFIXES:
-        return "pt2"
-    if suffix in torchscript.SUFFIXES:
-        return "torchscript"
-    return None
 
 
 def resolve_source(ref: str, options: SourceOptions = SourceOptions()) -> ModelSpec | None:
@@ -79,13 +37,12 @@ def resolve_source(ref: str, options: SourceOptions = SourceOptions()) -> ModelS
     data = load_task_data(options.eval_data) if options.eval_data else None
     if kind == "hf":
         if options.input_shape:
-            raise SpecError("--input-shape does not apply to hf: models: pass --inputs-file with one text per line")
+            raise hf_input_shape()
         spec = hf_spec(ref, options.inputs_file, options.output_kind, task_texts(data) if data else None)
     else:
         samples = data.tensors if isinstance(data, ClassificationData) else None
         if data is not None and samples is None:
-            raise SpecError(f"--eval-data {data.source} holds text; a {kind} model takes tensors: pass a .pt file "
-                            "torch.save({'inputs': tensor_or_tuple, 'labels': int_tensor}, path)")
+            raise text_data_for_tensors(data.source, kind)
         if kind == "pt2":
             spec = exported_spec(ref, options.input_shape, options.inputs_file, options.output_kind,
                                  options.trust_pickle, samples)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from paretorch.pipeline.core.errors import SpecError
 from paretorch.pipeline.core.fidelity import fidelity_spec, reference_outputs
 from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.user_files import require_model_file
 from paretorch.pipeline.sources.inputs import TensorInputs
 
 ArchiveKind = Literal["torchscript", "pt2", "torch_save"]
@@ -35,8 +36,7 @@ def one_line(exc: BaseException, limit: int = 240) -> str:
 
 def archive_kind(path: Path) -> ArchiveKind:
     """What kind of torch archive ``path`` is, from the names inside the zip (never unpickles)."""
-    if not path.is_file():
-        raise SpecError(f"model file not found: {path}")
+    require_model_file(path)
     if not zipfile.is_zipfile(path):
         raise SpecError(f"{path} is not a torch archive (not a zip file): {SAVE_HINT}")
     with zipfile.ZipFile(path) as archive:

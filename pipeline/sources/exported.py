@@ -23,8 +23,6 @@ from paretorch.pipeline.sources.archive import SAVE_HINT, archive_kind, file_mod
 from paretorch.pipeline.sources.inputs import TensorInputs
 from paretorch.pipeline.sources.pt2_safety import code_entries, untrusted_message
 
-SUFFIXES = (".pt2",)
-
 
 def load_exported(path: Path, trust_pickle: bool = False) -> nn.Module:
     """``torch.export.load(path).module()``, with one-line errors for files that are not .pt2 archives.

@@ -32,10 +32,10 @@ from paretorch.pipeline.core.errors import SpecError
 from paretorch.pipeline.core.fidelity import fidelity_spec
 from paretorch.pipeline.core.paired import usable_cores
 from paretorch.pipeline.core.spec import Batch, ModelSpec
+from paretorch.pipeline.core.user_files import hf_directory, hf_needs_inputs, require_hf_directory
 from paretorch.pipeline.sources.archive import one_line
 from paretorch.pipeline.sources.inputs import read_text_inputs, split_batches, tile
 
-PREFIX = "hf:"
 SEQUENCE_LENGTH = 128
 #: Index of the attention mask in the ``(input_ids, attention_mask)`` inputs (``ModelSpec.padding_mask``).
 ATTENTION_MASK_INPUT = 1
@@ -104,14 +104,8 @@ class HFLayout:
 
 def inspect_directory(directory: Path) -> HFLayout:
     """Check a local HF directory and read how to pool its output (no weights loaded)."""
-    if not directory.is_dir():
-        raise SpecError(f"hf: directory not found: {directory} (pass hf:path/to/a/local/model/directory)")
+    require_hf_directory(directory)  # a directory that holds config.json
     config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise SpecError(
-            f"hf:{directory} has no config.json: point hf: at the directory that holds config.json, the weights "
-            "and the tokenizer files (e.g. one written by save_pretrained)"
-        )
     config = _read_json(config_path)
     architectures = config.get("architectures") or []
     classifier = any(str(a).endswith("ForSequenceClassification") for a in architectures)
@@ -281,11 +275,10 @@ def hf_spec(ref: str, inputs_file: str | None = None, output_kind: str = "auto",
     The last quarter of the lines (at most :data:`MAX_CALIBRATION_LINES`) is for
     calibration, the rest for evaluation.
     """
-    directory = Path(ref.removeprefix(PREFIX)).expanduser()
+    directory = hf_directory(ref)
     layout = inspect_directory(directory)
     if not inputs_file and not eval_texts:
-        raise SpecError(f"hf:{directory} needs --inputs-file (a UTF-8 text file with one input per line) "
-                        "or --eval-data (labelled texts)")
+        raise hf_needs_inputs(directory)
     lines = read_text_inputs(inputs_file) if inputs_file else list(dict.fromkeys(eval_texts or ()))
     calibration_count = max(1, min(MAX_CALIBRATION_LINES, len(lines) // 4))
     evaluation_lines, calibration_lines = lines[:-calibration_count], lines[-calibration_count:]

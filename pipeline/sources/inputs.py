@@ -27,6 +27,7 @@ from torch import Tensor
 
 from paretorch.pipeline.core.errors import SpecError
 from paretorch.pipeline.core.spec import Batch, split_batches, tile
+from paretorch.pipeline.core.user_files import both_input_options, no_input_data, require_inputs_file
 
 #: Generated evaluation set size for models without data (fixed seed).
 MIN_EVALUATION_SAMPLES = 128
@@ -83,8 +84,7 @@ def parse_input_shape(text: str) -> tuple[InputTemplate, ...]:
 def load_inputs_file(path_text: str) -> tuple[Batch, tuple[InputTemplate, ...]]:
     """A ``.pt`` file of a tensor or a tuple/list of tensors -> (the samples, templates like them)."""
     path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise SpecError(f"inputs file not found: {path} (pass a .pt file saved with torch.save(tensor_or_tuple, path))")
+    require_inputs_file(path, text=False)
     if not zipfile.is_zipfile(path):
         raise SpecError(
             f"inputs file {path} is not a torch.save file: for TorchScript/.pt2 models pass "
@@ -128,8 +128,7 @@ def _template_like(tensor: Tensor) -> InputTemplate:
 def read_text_inputs(path_text: str) -> list[str]:
     """Non-empty, distinct lines of a UTF-8 text file, in file order."""
     path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise SpecError(f"inputs file not found: {path} (pass a UTF-8 text file with one input per line)")
+    require_inputs_file(path, text=True)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -162,7 +161,7 @@ class TensorInputs:
                      eval_samples: Batch | None = None) -> TensorInputs:
         """From ``--input-shape`` or ``--inputs-file``; else from the inputs of ``--eval-data`` (``eval_samples``)."""
         if input_shape and inputs_file:
-            raise SpecError("give either --input-shape or --inputs-file, not both")
+            raise both_input_options()
         if inputs_file:
             samples, templates = load_inputs_file(inputs_file)
             return cls(templates=templates, samples=samples)
@@ -170,11 +169,7 @@ class TensorInputs:
             return cls(templates=parse_input_shape(input_shape))
         if eval_samples is not None:
             return cls(templates=tuple(_template_like(t) for t in eval_samples), samples=eval_samples)
-        raise SpecError(
-            f"{source} carries no input data: pass --input-shape (e.g. 1x3x224x224), "
-            "--inputs-file (a .pt file of a tensor or tuple of tensors) "
-            "or --eval-data (a .pt file of inputs and labels)"
-        )
+        raise no_input_data(source)
 
     def evaluation(self) -> list[Batch]:
         parts: list[Batch] = []

@@ -12,7 +12,9 @@ Accepted forms:
 
 ``attr`` is a :class:`ModelSpec` or a zero-argument callable returning one.
 Every failure raises :class:`SpecError` with one line saying what was tried and
-what to do, before any search starts.
+what to do, before any search starts: first what the names, the file system and the options show
+(:func:`paretorch.pipeline.core.user_files.check_model_reference`, which ``python -m paretorch`` runs before it
+imports torch), then what loading the model shows.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from typing import Any
 from torch import nn
 
 from paretorch.pipeline.core.errors import SpecError
-from paretorch.pipeline.core.names import builtin_names, model_entry_points, unknown_model
+from paretorch.pipeline.core.names import model_entry_points
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.task_data import load_task_data
 from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.core.user_files import check_model_reference, module_not_found, names_a_file
 from paretorch.pipeline.sources import SourceOptions, resolve_source
 
 #: Resolvers for other model sources (TorchScript, .pt2, hf:...): each takes the
@@ -50,8 +53,7 @@ def resolve_spec(ref: str, options: SourceOptions | None = None) -> ModelSpec:
     """
     ref = ref.strip()
     options = options or SourceOptions()
-    if not ref:
-        raise SpecError(f"no model given: pass MODEL=<name> (built-ins: {', '.join(builtin_names())})")
+    check_model_reference(ref, options)
     return attach_eval_data(_resolve(ref, options), options)
 
 
@@ -69,35 +71,21 @@ def attach_eval_data(spec: ModelSpec, options: SourceOptions) -> ModelSpec:
 
 
 def _resolve(ref: str, options: SourceOptions) -> ModelSpec:
+    """The spec of a reference :func:`check_model_reference` passed: a file or directory source, ``file.py:attr``,
+    ``module:attr`` or a registered name."""
     for resolver in SOURCE_RESOLVERS:
         spec = resolver(ref, options)
         if spec is not None:
             return spec
-    if options.given:
-        raise SpecError(
-            f"{' and '.join(options.given)}: only for TorchScript (.pt), .pt2 and hf: models, "
-            f"not for '{ref}' (a Python spec brings its own data)"
-        )
     if ":" in ref:
         target, _, attr = ref.rpartition(":")
-        if target.endswith(".py") or "/" in target or "\\" in target or Path(target).exists():
-            module = _import_file(target)
-        else:
-            module = _import_module(target)
+        module = _import_file(target) if names_a_file(target) else _import_module(target)
         return _spec_from_attr(module, attr, ref)
-    if (entry_point := model_entry_points().get(ref)) is not None:
-        return _spec_from_value(_load_entry_point(entry_point), ref)
-    if ref.endswith(".py") or Path(ref).exists():
-        raise SpecError(
-            f"model '{ref}' names a file but no attribute: use '{ref}:<attr>' (a ModelSpec or a function returning one)"
-        )
-    raise unknown_model(ref)
+    return _spec_from_value(_load_entry_point(model_entry_points()[ref]), ref)
 
 
 def _import_file(path_text: str) -> ModuleType:
     path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise SpecError(f"model file not found: {path} (check the path before ':')")
     name = f"_paretorch_user_{abs(hash(str(path.resolve())))}"
     loader_spec = importlib.util.spec_from_file_location(name, path)
     if loader_spec is None or loader_spec.loader is None:
@@ -117,7 +105,7 @@ def _import_module(name: str) -> ModuleType:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name and name.startswith(exc.name):
-            raise SpecError(f"module '{name}' not found: is it installed or on PYTHONPATH?") from exc
+            raise module_not_found(name) from exc
         raise SpecError(f"importing module '{name}' failed: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
         raise SpecError(f"importing module '{name}' failed: {type(exc).__name__}: {exc}") from exc

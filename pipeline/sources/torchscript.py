@@ -18,8 +18,6 @@ from paretorch.pipeline.core.spec import Batch, ModelSpec
 from paretorch.pipeline.sources.archive import SAVE_HINT, archive_kind, file_model_spec, one_line
 from paretorch.pipeline.sources.inputs import TensorInputs
 
-SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
-
 
 def load_torchscript(path: Path) -> nn.Module:
     """``torch.jit.load`` on the CPU, with one-line errors for files that are not TorchScript."""

@@ -72,7 +72,7 @@ digits = paretorch.resolve_spec('digits')
 ctx = paretorch.StageContext(spec=digits, device='cpu')
 pruned = paretorch.apply_stage(paretorch.load_model(digits), paretorch.PruneConfig(ratio=0.3), ctx)
 ours = {name: name in sys.modules for name in ('pipeline', 'stages', 'experiments')}
-import paretorch.experiments, pipeline, stages
+import paretorch.experiments, experiments, pipeline, stages
 print(json.dumps({'bare_import_loaded_torch': bare, 'before': ctx.records['prune.params_before'],
                   'after': ctx.records['prune.params_after'], 'imported_by_paretorch': ours,
                   'users': [pipeline.OWNER, experiments.OWNER, stages.OWNER],

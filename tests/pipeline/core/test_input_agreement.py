@@ -14,9 +14,9 @@ from paretorch.pipeline.core.input_agreement import (
     InputAgreement,
     TailGuard,
     cell,
-    parse_tail_limit,
     wilson_low,
 )
+from paretorch.pipeline.core.tail_limit import parse_tail_limit
 
 
 def unit_rows(n: int, dim: int = 16, seed: int = 0) -> torch.Tensor:

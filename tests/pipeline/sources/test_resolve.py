@@ -77,7 +77,8 @@ def test_every_model_entry_point_loads_to_its_named_spec(name: str) -> None:
 
 def test_a_model_entry_point_that_fails_to_load_is_one_spec_error(monkeypatch: pytest.MonkeyPatch) -> None:
     broken = importlib.metadata.EntryPoint("broken", "no_such_module_here:spec", MODEL_ENTRY_POINT_GROUP)
-    monkeypatch.setattr("paretorch.pipeline.sources.resolve.model_entry_points", lambda: {"broken": broken})
+    for module in ("paretorch.pipeline.core.user_files", "paretorch.pipeline.sources.resolve"):  # checked, loaded
+        monkeypatch.setattr(f"{module}.model_entry_points", lambda: {"broken": broken})
     with pytest.raises(SpecError, match=r"model entry point 'broken' \(no_such_module_here:spec\) failed to load: "
                                         "ModuleNotFoundError"):
         resolve_spec("broken")
