@@ -63,7 +63,7 @@ from paretorch.pipeline.engine.runner import Runner
 from paretorch.pipeline.search import Search, SearchConfig, run_search
 from paretorch.pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
-from paretorch.pipeline.search.study import ATTR_MACHINE_PROBE
+from paretorch.pipeline.search.store import ATTR_MACHINE_PROBE
 from paretorch.pipeline.search.study_latency import StudyLatency
 from paretorch.pipeline.search.time_to_result import best_so_far as study_best_so_far
 from paretorch.pipeline.search.time_to_result import time_to_result
@@ -239,26 +239,26 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     seconds = time.perf_counter() - started
     if not outcome.pareto:
         raise RuntimeError("the search found no feasible trial")
-    key = search.objectives.latency_key  # the baseline's p50 / the paired speed-up
+    key = search.plan.objectives.latency_key  # the baseline's p50 / the paired speed-up
+    stage_tallies = search.model.runner.stage_tallies
     best = min(outcome.pareto, key=lambda t: t.user_attrs[ATTR_METRICS][key])
     recipe = Recipe.from_dict(best.user_attrs[ATTR_RECIPE])
     # The peers' bench times this file by their protocol (paretorch.experiments.bench.peers --recipe).
     best_file = recipe.save(work / best_recipe_name(spec.name, device.type))
     info = {"trials": trials, "search_seconds": seconds, "best_trial": best.number, "cache": outcome.cache,
             "best_recipe_file": str(best_file),
-            "runtimes": list(search.runtimes), "workload": config.workload,
+            "runtimes": list(search.plan.runtimes), "workload": config.workload,
             "search_latency_ms": best.user_attrs[ATTR_METRICS][key],
             "search_speedup": [best.user_attrs[ATTR_METRICS].get(k) for k in ("speedup", "speedup_ci_low",
                                                                             "speedup_ci_high")],
-            "stage_work": {name: tally.describe() for name, tally in search.runner.stage_tallies.items()
-                           if name in COSTLY_STAGES},
+            "stage_work": {name: tally.describe() for name, tally in stage_tallies.items() if name in COSTLY_STAGES},
             "timeline": best_so_far(outcome.study.trials, started_at),
             # [seconds since the bench started the search, best feasible speed-up]: the product's own curve
             "time_to_result": time_to_result(study_best_so_far(outcome.study.trials, started_at)),
             "machine_probe": outcome.study.user_attrs.get(ATTR_MACHINE_PROBE),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "time_split": time_split(outcome.times.wall, outcome.times.by_category,
-                                     {name: tally.seconds for name, tally in search.runner.stage_tallies.items()})}
+                                     {name: tally.seconds for name, tally in stage_tallies.items()})}
     return list(recipe.model_stages()), recipe.runtime, info
 
 

@@ -128,7 +128,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     search = build_search(args, spec, track=not args.no_tracking)
     console = make_console()
-    console.print(threads_line(args.threads, search.device, args.workers), highlight=False)
+    console.print(threads_line(args.threads, search.plan.device, args.workers), highlight=False)
     if args.worker_index is not None:  # one worker of a study that the parent process prepared
         return 130 if run_worker(search, args.trials, args.timeout, console) else 0
     launch = None
@@ -138,7 +138,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     outcome = run_search(search, args.trials, args.timeout, console, launch=launch,
                          started=getattr(args, "started", None))
     console.print(outcome.table)
-    if search.config.exports == "pareto":
+    if search.plan.config.exports == "pareto":
         console.print("exports: for the Pareto trials only, after the search (exports: pareto); "
                       "the table's exports column says which ran")
     for note in outcome.notes:
@@ -151,7 +151,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         outcome.times.wall = time.perf_counter() - started  # the whole command, from its start
     console.print(f"time: {outcome.times.describe()}")
     console.print(f"cache: {outcome.cache}")
-    console.print(f"study {outcome.study_name} in {search.storage_label}")
+    console.print(f"study {outcome.study_name} in {search.store.label}")
     for line in front_files(outcome.recipes, outcome.best):
         say(console, line)
     if outcome.tracking_uri:
@@ -163,16 +163,16 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     search = build_search(args, spec, track=False)
-    names = search.study_names()
-    if search.study_name not in names:
+    names = search.store.study_names()
+    if search.store.study_name not in names:
         mine = [n for n in names if n.startswith(f"{spec.name}-")]
         if args.study_name or len(mine) != 1:
-            raise PipelineError(f"no study '{search.study_name}' in {search.storage_label}; "
+            raise PipelineError(f"no study '{search.store.study_name}' in {search.store.label}; "
                                 f"studies of {spec.name} there: "
                                 f"{', '.join(mine) or 'none'} (pass the optimize options you used, or --study-name)")
         search = build_search(args, spec, track=False, name=mine[0])
-    study = search.open_study(create=False)
-    rows = pareto_rows(study, search.objectives)
+    study = search.store.open_study(create=False)
+    rows = pareto_rows(study, search.plan.objectives)
     if args.json:
         print(json.dumps([vars(r) for r in rows], indent=2))
         return 0
@@ -183,7 +183,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     console = make_console()
     stored = study.user_attrs.get(ATTR_BASELINE)
     baseline = Baseline(**stored) if stored is not None else None
-    console.print(pareto_table(rows, search.objectives, f"{spec.name}: Pareto front of {search.study_name} ({counts})",
+    console.print(pareto_table(rows, search.plan.objectives,
+                               f"{spec.name}: Pareto front of {search.store.study_name} ({counts})",
                                baseline, [FRONT_NOTE, "re-timed: the front timed again when the study ended"]))
     if machine := machine_line(study):
         say(console, machine)

@@ -7,13 +7,14 @@ in ``study.best_trials``), it adds no duplicate points to the sampler's history 
 values would pull a TPE sampler further towards the same recipe), and the original
 trial stays the one place where the numbers, artifacts and exports live.
 :class:`TrialBudget` counts trials without their repeats, so the study's budget is
-spent on distinct recipes.
+spent on distinct recipes. :class:`Repeats` is the study's index of measured recipes, which the trial's rule-out
+step and the proposals (:mod:`paretorch.pipeline.search.proposals`) both read.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import optuna
@@ -21,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from paretorch.pipeline.core.stage import StageConfig
 from paretorch.pipeline.search.objectives import ATTR_REPEAT_OF
+from paretorch.pipeline.search.record import FAIL, TrialRecord
 from paretorch.pipeline.search.rule_out import is_ruled_out
 from paretorch.pipeline.search.storage import retried
 
@@ -58,6 +60,39 @@ class RepeatIndex:
         for key in keys:
             if key is not None and key not in self.first:
                 self.first[key] = number
+
+
+class Repeats:
+    """The recipes one study measured (complete, or infeasible for their recipe) under their requested and resolved
+    keys: built from the study's storage on first use, then kept up to date as this process's trials end."""
+
+    def __init__(self, export_nodes: Iterable[str]) -> None:
+        self.export_nodes = tuple(export_nodes)
+        self._index: RepeatIndex | None = None
+
+    def original(self, study: optuna.Study, configs: Sequence[StageConfig | None], runtime: str) -> int | None:
+        """The trial that measured these model stages under ``runtime`` first (None: none did)."""
+        return self._built(study).find(recipe_key(configs, runtime))
+
+    def measured(self, study: optuna.Study, configs: Sequence[StageConfig | None], runtime: str) -> bool:
+        """Whether a trial measured (or was infeasible for) these model stages under ``runtime``."""
+        return self.original(study, configs, runtime) is not None
+
+    def add(self, record: TrialRecord) -> None:
+        """Index a trial that ended (not a repeat, not a failure), once the index is built (else storage has it)."""
+        if self._index is None or record.repeat_of is not None or record.state == FAIL:
+            return
+        resolved = recipe_key(record.recipe.model_stages(), record.runtime) if record.recipe else None
+        requested = recipe_key(model_configs(record.configs, self.export_nodes), record.runtime)
+        self._index.add(record.number, [requested, resolved])
+
+    def _built(self, study: optuna.Study) -> RepeatIndex:
+        if self._index is None:
+            self._index = RepeatIndex()
+            for done in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)),
+                               key=lambda t: t.number):
+                self.add(TrialRecord.from_trial(done))
+        return self._index
 
 
 def model_configs(configs: Mapping[str, StageConfig | None], export_nodes: Iterable[str]) -> list[StageConfig | None]:

@@ -24,9 +24,9 @@ from paretorch.pipeline.search.best import BestTrial, best_numbers
 from paretorch.pipeline.search.explain import dominated_by, front_tags
 from paretorch.pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
 from paretorch.pipeline.search.pareto import distinct_front, export_attr, pareto_trials, table_columns
+from paretorch.pipeline.search.plan import StudyParts
 from paretorch.pipeline.search.profile import profile_calls
 from paretorch.pipeline.search.record import WORST_INPUTS_FILE, TrialRecord, worst_inputs_text
-from paretorch.pipeline.search.study_parts import StudyParts
 from paretorch.pipeline.tracking.columns import RANK_METRIC
 from paretorch.pipeline.tracking.tracker import Tracker
 from paretorch.pipeline.tracking.views import markdown_table

@@ -27,8 +27,8 @@ from paretorch.pipeline.core.progress import phase
 from paretorch.pipeline.core.stage import StageConfig
 from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS, ATTR_REMEASURED
 from paretorch.pipeline.search.pareto import ParetoRow, distinct_front, pareto_rows
+from paretorch.pipeline.search.plan import StudyParts
 from paretorch.pipeline.search.record import TrialRecord
-from paretorch.pipeline.search.study_parts import StudyParts
 
 #: Key of the baseline among the re-measured candidates.
 BASELINE = -1

@@ -17,7 +17,6 @@ from rich.table import Table
 from paretorch.pipeline.core.fidelity import fidelity_note
 from paretorch.pipeline.core.progress import progress_columns, say, sharing
 from paretorch.pipeline.core.runtimes.registry import get_runtime
-from paretorch.pipeline.core.secrets import mask_secrets
 from paretorch.pipeline.search.best import BestTrial, best_trials
 from paretorch.pipeline.search.compose import composed_note
 from paretorch.pipeline.search.config import finished_states
@@ -40,7 +39,7 @@ from paretorch.pipeline.search.pareto import (
     table_columns,
 )
 from paretorch.pipeline.search.pareto_figure import pareto_figure_html, pareto_figure_png
-from paretorch.pipeline.search.prepared import Prepared
+from paretorch.pipeline.search.plan import StudyParts, StudyPlan
 from paretorch.pipeline.search.proposals import Proposals
 from paretorch.pipeline.search.quiet import stderr_to
 from paretorch.pipeline.search.record import TrialRecord
@@ -49,8 +48,8 @@ from paretorch.pipeline.search.rule_out import summarize as summarize_ruled_out
 from paretorch.pipeline.search.screening import screened_note
 from paretorch.pipeline.search.search_times import SearchTimes
 from paretorch.pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
+from paretorch.pipeline.search.store import Prepared, StudyStore
 from paretorch.pipeline.search.study import Search
-from paretorch.pipeline.search.study_parts import StudyParts
 from paretorch.pipeline.search.time_to_result import (
     ResultPoint,
     best_so_far,
@@ -114,7 +113,7 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
     no trial, no wall time, no re-measure (the stored one is shown), no MLflow write unless something was
     missing (a child run, an export)."""
     console = console or Console()
-    log = study_dir(search.study_name) / THIRD_PARTY_LOG
+    log = study_dir(search.store.study_name) / THIRD_PARTY_LOG
     say(console, f"third-party warnings and progress bars: {log}")
     with stderr_to(log), stopping():
         return _run_search(search, trials, timeout, console, launch, started)
@@ -123,9 +122,9 @@ def run_search(search: Search, trials: int, timeout: float | None = None,
 def _run_search(search: Search, trials: int, timeout: float | None, console: Console,
                 launch: Launcher | None, started: float | None) -> SearchOutcome:
     wall_start = time.perf_counter() if started is None else started
-    finished = finished_trials(search, trials)
+    finished = finished_trials(search.store, trials)
     if finished is not None:
-        console.print(f"study {search.study_name} has {finished} of {trials} trials; nothing to run"
+        console.print(f"study {search.store.study_name} has {finished} of {trials} trials; nothing to run"
                       + (f" (--trials {trials} is the study's total)" if finished > trials else ""), highlight=False)
     study, prepared, tracker = open_search(search, running=finished is None)
     try:
@@ -138,17 +137,17 @@ def _run_search(search: Search, trials: int, timeout: float | None, console: Con
 
 def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: Tracker | None, trials: int,
               timeout: float | None, console: Console, launch: Launcher | None, wall_start: float) -> SearchOutcome:
-    baseline, parts = prepared.baseline, search.parts()
+    baseline, parts = prepared.baseline, search.model.parts()
     children = len(tracker.children) if tracker is not None else 0
     # The spec's caveat: what its built-in metric cannot judge.
-    for line in (*prepared.lines(), search.rules.unknown_line(), fidelity_note(search.spec.metric), search.spec.caveat):
+    for line in (*prepared.lines(), parts.rules.unknown_line(), fidelity_note(parts.spec.metric), parts.spec.caveat):
         if line:
             say(console, line)
     parent = tracker.parent_run_id if tracker is not None else None
     logger = TrialLogger(parts, tracker, console)
-    console.print(f"allowed drop: {search.objectives.describe_drop(baseline)}", highlight=False)
-    say(console, search.latency.describe(baseline.latency_ms, baseline.model_call_ms))
-    done = catch_up(search, study, tracker, logger)
+    console.print(f"allowed drop: {parts.objectives.describe_drop(baseline)}", highlight=False)
+    say(console, parts.latency.describe(baseline.latency_ms, baseline.model_call_ms))
+    done = catch_up(search.store, study, tracker, logger)
     budget = TrialBudget(trials, finished_states())
     remaining = trials - budget.counted(study)
     if remaining > 0:  # the interrupted or killed trials that run again first, and why
@@ -158,30 +157,30 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     notes: list[str] = []
     if remaining > 0 and launch is not None:
         interrupted, notes = launch()
-        catch_up(search, study, tracker, logger)  # a worker that died left its trial RUNNING and unlogged
+        catch_up(search.store, study, tracker, logger)  # a worker that died left its trial RUNNING and unlogged
     elif remaining > 0:
-        console.print(running_line(search, trials, remaining, len(done), logger.device), highlight=False)
-        interrupted = _run_here(search, study, baseline, budget, remaining, timeout, console, logger)
+        console.print(running_line(parts, trials, remaining, len(done), logger.device), highlight=False)
+        interrupted = _run_here(search, study, prepared, budget, remaining, timeout, console, logger)
     if interrupted:
-        return interrupted_outcome(search, study, baseline, tracker, console, notes, parent)
+        return interrupted_outcome(parts, study, baseline, tracker, console, notes, parent)
     if tracker is not None:
         tracker.refresh_children()  # trials that other workers logged
     exported = export_outcomes(study)
-    best = best_trials(study, search.objectives)  # the one list every surface below names
+    best = best_trials(study, parts.objectives)  # the one list every surface below names
     recipes, finish_notes = finish_study(parts, study, tracker, console, best)
     notes.extend(finish_notes)
     every = study.get_trials(deepcopy=False)
     notes.extend(line for line in (summarize_ruled_out(study), composed_note(every), screened_note(every),
                                    uncertain_note(every)) if line is not None)
-    note_study(study, best, search.objectives.describe_drop(baseline), search.spec.metric.name)
+    note_study(study, best, parts.objectives.describe_drop(baseline), parts.spec.metric.name)
     # Nothing ran and nothing was missing (a child run, an export): what the last run stored stays as it is.
     changed = remaining > 0 or export_outcomes(study) != exported or (
         tracker is not None and (tracker.created or len(tracker.children) != children))
     front = retime_front(parts, study, changed)
     total = budget.counted(study)
-    title = f"{search.spec.name}: Pareto front, {len(front.rows)} of {total} trials"
-    table_notes = [f"device: {logger.device}", search.latency.describe(), FRONT_NOTE, front.note]
-    table = pareto_table(front.rows, search.objectives, title, baseline, table_notes)
+    title = f"{parts.spec.name}: Pareto front, {len(front.rows)} of {total} trials"
+    table_notes = [f"device: {logger.device}", parts.latency.describe(), FRONT_NOTE, front.note]
+    table = pareto_table(front.rows, parts.objectives, title, baseline, table_notes)
     times = spent(parts, time.perf_counter() - wall_start)
     results = best_so_far(every)
     if tracker is not None and changed:
@@ -191,30 +190,30 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     lead = best[0] if best else None
     found = found_line(results, lead, None if lead is None else completed_after(every, lead.number),
                        trials_seconds(every))
-    return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, recipes, times,
-                         search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
+    return SearchOutcome(study, parts.study_name, baseline, pareto_trials(study), table, recipes, times,
+                         parts.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
                          interrupted, notes, machine_line(study), results, found, best)
 
 
-def running_line(search: Search, trials: int, remaining: int, done: int, device: str) -> str:
+def running_line(parts: StudyParts, trials: int, remaining: int, done: int, device: str) -> str:
     """What runs now: the trials done (repeats, ruled-out and interrupted configurations not counted) and to run,
     on which device and runtimes, and when the exports run."""
     repeats = done - (trials - remaining)
-    labels = ", ".join(get_runtime(r).label(search.device) for r in search.runtimes)
-    return (f"study {search.study_name}: {trials - remaining} trial(s) done"
+    labels = ", ".join(get_runtime(r).label(parts.device) for r in parts.runtimes)
+    return (f"study {parts.study_name}: {trials - remaining} trial(s) done"
             + (f" (and {repeats} repeat(s), ruled-out or interrupted configuration(s), not counted)" if repeats else "")
-            + f", running {remaining} more on {device} (runtimes: {labels}); {exports_line(search)}; full recipes: "
+            + f", running {remaining} more on {device} (runtimes: {labels}); {exports_line(parts)}; full recipes: "
             f"MLflow param and tag 'recipe', Optuna attr '{ATTR_RECIPE}'")
 
 
-def _run_here(search: Search, study: optuna.Study, baseline: Baseline, budget: TrialBudget, remaining: int,
+def _run_here(search: Search, study: optuna.Study, prepared: Prepared, budget: TrialBudget, remaining: int,
               timeout: float | None, console: Console, logger: TrialLogger) -> bool:
     """This process runs the ``remaining`` trials under a progress bar; True if interrupted."""
     progress = Progress(*progress_columns(TextColumn("{task.fields[best]}")), console=console, transient=True,
                         redirect_stderr=False)  # standard error stays in the study's third-party log
     logger.progress, logger.task = progress, progress.add_task("trials", total=remaining, note="", best="")
     with progress, sharing(progress):  # a stage's long phase (distillation, calibration) is a row of this bar
-        interrupted = trial_loop(search, study, baseline, budget, timeout, logger)
+        interrupted = trial_loop(search, study, prepared, budget, timeout, logger)
     if budget.exhausted:
         console.print(f"stopped early: the sampler proposed only repeats or ruled-out configurations "
                       f"({budget.consecutive} in a row)")
@@ -248,21 +247,21 @@ def log_study(tracker: Tracker, study: optuna.Study, parts: StudyParts, baseline
     tracker.close_study("FINISHED")
 
 
-def interrupted_outcome(search: Search, study: optuna.Study, baseline: Baseline, tracker: Tracker | None,
+def interrupted_outcome(parts: StudyParts, study: optuna.Study, baseline: Baseline, tracker: Tracker | None,
                         console: Console, notes: list[str], parent: str | None) -> SearchOutcome:
     """Ctrl-C during the trials: what is done is in the study and MLflow already; the parent run is closed KILLED
     and nothing slow runs (no export, no re-measure): the next run of the study exports its front, and the
     interrupted trial's configuration runs again there (it is not counted)."""
     stop_recorded(study, tracker)
     total = TrialBudget(0, finished_states()).counted(study)
-    exports = ", and the Pareto trials export then" if search.config.exports == "pareto" else ""
+    exports = ", and the Pareto trials export then" if parts.config.exports == "pareto" else ""
     console.print(f"interrupted: {total} trial(s) recorded; the interrupted trial does not count and runs again "
                   f"when this command runs again{exports}", highlight=False)
-    rows = pareto_rows(study, search.objectives)
-    title = f"{search.spec.name}: Pareto front so far, {len(rows)} of {total} trials"
-    table = pareto_table(rows, search.objectives, title, baseline, [FRONT_NOTE, "re-timed: not yet (interrupted)"])
-    return SearchOutcome(study, search.study_name, baseline, pareto_trials(study), table, {}, spent(search.parts()),
-                         search.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
+    rows = pareto_rows(study, parts.objectives)
+    title = f"{parts.spec.name}: Pareto front so far, {len(rows)} of {total} trials"
+    table = pareto_table(rows, parts.objectives, title, baseline, [FRONT_NOTE, "re-timed: not yet (interrupted)"])
+    return SearchOutcome(study, parts.study_name, baseline, pareto_trials(study), table, {}, spent(parts),
+                         parts.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
                          True, notes, machine_line(study))
 
 
@@ -277,11 +276,11 @@ def stop_recorded(study: optuna.Study, tracker: Tracker | None) -> None:
         tracker.close_study("KILLED")
 
 
-def catch_up(search: Search, study: optuna.Study, tracker: Tracker | None,
+def catch_up(store: StudyStore, study: optuna.Study, tracker: Tracker | None,
              logger: TrialLogger) -> list[FrozenTrial]:
     """Mark FAIL the trials of dead workers and log the finished trials that no process logged; the
     finished trials."""
-    with search.lock():
+    with store.lock():
         fail_dead_trials(study)
         done = study.get_trials(deepcopy=False, states=finished_states())
         again = retried(study.get_trials(deepcopy=False))  # interrupted or killed: not a trial, its config runs again
@@ -293,12 +292,12 @@ def catch_up(search: Search, study: optuna.Study, tracker: Tracker | None,
     return done
 
 
-def finished_trials(search: Search, trials: int) -> int | None:
+def finished_trials(store: StudyStore, trials: int) -> int | None:
     """The trials that count (as :class:`TrialBudget` counts them) of an existing study that has ``trials``
     of them already; None when there are trials to run."""
-    if search.study_name not in search.study_names():
+    if store.study_name not in store.study_names():
         return None
-    counted = TrialBudget(trials, finished_states()).counted(search.open_study(create=False))
+    counted = TrialBudget(trials, finished_states()).counted(store.open_study(create=False))
     return counted if counted >= trials else None
 
 
@@ -307,38 +306,39 @@ def export_outcomes(study: optuna.Study) -> dict[str, Any]:
     return {k: v for k, v in study.user_attrs.items() if k.startswith(f"{ATTR_EXPORTS}.")}
 
 
-def exports_line(search: Search) -> str:
+def exports_line(parts: StudyParts) -> str:
     """When the exports run (the trial lines name them only where they ran with the trial)."""
-    names = ", ".join(n.op.removeprefix("export.") for n in search.pipeline.export_nodes()) or "none"
+    names = ", ".join(n.op.removeprefix("export.") for n in parts.pipeline.export_nodes()) or "none"
     return {"pareto": f"exports ({names}) at the end, for the Pareto trials only",
-            "every_trial": f"exports ({names}) with every trial"}.get(search.config.exports, "no exports")
+            "every_trial": f"exports ({names}) with every trial"}.get(parts.config.exports, "no exports")
 
 
 def open_search(search: Search, running: bool = True) -> tuple[optuna.Study, Prepared, Tracker | None]:
     """The tracker (an unreachable server fails first), the model (checked before any study exists),
     the study with its baseline and seeds, and the MLflow parent run: each get-or-create.
     ``running=False``: no trial will run, so the parent run's status is left as it is."""
-    tracker = Tracker(search.tracking_uri) if search.track else None
-    search.runner  # noqa: B018
+    plan, store = search.plan, search.store
+    tracker = Tracker(store.tracking_uri) if store.track else None
+    search.model.runner  # noqa: B018
     study, prepared = search.prepare()
     baseline = prepared.baseline
     if tracker is not None:
-        with search.lock():  # two processes starting together: one parent run (its own-run check alone raced)
-            open_parent(search, tracker, baseline, running)
-        tracker.show_columns(search.objectives.headline_keys(),
-                             leading=(RANK_METRIC, SORT_METRIC, search.spec.metric.name, "metric_drop"))
+        with store.lock():  # two processes starting together: one parent run (its own-run check alone raced)
+            open_parent(plan, store, tracker, baseline, running)
+        tracker.show_columns(plan.objectives.headline_keys(),
+                             leading=(RANK_METRIC, SORT_METRIC, plan.spec.metric.name, "metric_drop"))
     return study, prepared, tracker
 
 
-def open_parent(search: Search, tracker: Tracker, baseline: Baseline, running: bool) -> None:
+def open_parent(plan: StudyPlan, store: StudyStore, tracker: Tracker, baseline: Baseline, running: bool) -> None:
     """Find or create the study's MLflow parent run, with the search's params and tags."""
     tracker.open_study(
-        search.spec.name, search.study_name,
-        params={**{"search." + k: v for k, v in search.config.model_dump(mode="json").items() if k != "seeds"},
-                "search.runtimes": search.runtimes,  # those the device offered, not every one the config names
-                **search.objectives.drop_params(baseline)},
-        tags={"storage": mask_secrets(search.storage), "pipeline": search.pipeline.describe(),
-              **({FIDELITY_NOTE_TAG: note} if (note := fidelity_note(search.spec.metric)) else {})},
+        plan.spec.name, store.study_name,
+        params={**{"search." + k: v for k, v in plan.config.model_dump(mode="json").items() if k != "seeds"},
+                "search.runtimes": list(plan.runtimes),  # those the device offered, not every one the config names
+                **plan.objectives.drop_params(baseline)},
+        tags={"storage": store.label, "pipeline": plan.pipeline.describe(),
+              **({FIDELITY_NOTE_TAG: note} if (note := fidelity_note(plan.spec.metric)) else {})},
         running=running,
     )
 
@@ -347,26 +347,22 @@ def run_worker(search: Search, trials: int, timeout: float | None = None, consol
     """One worker of a study that another process prepared (``--workers N``): run and log trials until the
     study has ``trials``; True if interrupted. The preparing process exports and logs the front."""
     study, prepared, tracker = open_search(search)
-    logger = TrialLogger(search.parts(), tracker, console or Console())
+    logger = TrialLogger(search.model.parts(), tracker, console or Console())
     with stopping():
-        return trial_loop(search, study, prepared.baseline, TrialBudget(trials, finished_states()), timeout, logger)
+        return trial_loop(search, study, prepared, TrialBudget(trials, finished_states()), timeout, logger)
 
 
-def trial_loop(search: Search, study: optuna.Study, baseline: Baseline, budget: TrialBudget, timeout: float | None,
+def trial_loop(search: Search, study: optuna.Study, prepared: Prepared, budget: TrialBudget, timeout: float | None,
                logger: Callback) -> bool:
     """Run this process's trials (:func:`~paretorch.pipeline.search.workers.run_trials`): the trial objective, and after
     each trial its line and MLflow run (``logger``) then the search's own proposals; True if interrupted."""
-    objective, proposals = trial_parts(search, baseline)
-    return run_trials(objective, search.lock(), study, budget, timeout, [logger, proposals])
+    objective, proposals = trial_parts(search, prepared)
+    return run_trials(objective, search.store.lock(), study, budget, timeout, [logger, proposals])
 
 
-def trial_parts(search: Search, baseline: Baseline) -> tuple[TrialObjective, Proposals]:
-    """The study's trial objective and the proposals made after each trial (the runtime sweep, compositions)."""
-    objective = TrialObjective(search.parts(), baseline)
-    proposals = Proposals(search.config, search.objectives, baseline, search.runtimes,
-                          [n.name for n in search.pipeline.stage_nodes()], objective.exports, search.enqueue,
-                          objective.measured,
-                          runs=lambda configs, runtime: (
-                              search.rules.reason(configs) or search.rules.runtime_reason(configs, runtime)
-                              or search.probe_reason(tuple(c.to_dict() for c in configs), runtime)) is None)
+def trial_parts(search: Search, prepared: Prepared) -> tuple[TrialObjective, Proposals]:
+    """The study's trial objective and the proposals made after each trial (the runtime sweep, compositions): each
+    receives the values and ports it uses (the study's parts, its plan, the seeder, the index of measured recipes)."""
+    objective = TrialObjective(search.model.parts(), prepared.baseline)
+    proposals = Proposals(search.plan, prepared.baseline, search.seeder(prepared.machine), objective.repeats)
     return objective, proposals

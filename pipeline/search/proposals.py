@@ -5,56 +5,70 @@ trial objective returned). Once no enqueued trial waits, it enqueues, in this or
 has anything: the compositions of the measured winners (:mod:`paretorch.pipeline.search.compose`); the ``sweep_top``
 fastest feasible stage lists (resolved: a calibrated AMP policy replays, with no calibration) under each
 runtime not yet tried with them (:mod:`paretorch.pipeline.search.sweep`; a runtime that cannot run a stage list,
-``runs``, takes the next fastest it can); the seeds the study held back (:func:`Proposals.release_later`).
+:meth:`SeedQueue.runs`, takes the next fastest it can); the seeds the study held back (:func:`Proposals.release_later`).
 Compositions come before the sweep: where int8 pays, ``prune depth + int8s | ov`` is worth more than
 ``prune depth`` under four more runtimes (the MiniLM CPU search reached the peer's level at trial 18, 955 s,
 while the sweep of the first seeds ran first). Feasible means :meth:`Objectives.verdict
 <paretorch.pipeline.search.objectives.Objectives.verdict>` says so: the one verdict behind the trial's tag, its
 Optuna constraint and these proposals.
+
+It receives what it uses, as values and typed ports: the study's plan, its baseline, the queue it enqueues through
+(:class:`SeedQueue`: :class:`paretorch.pipeline.search.seeding.Seeder`) and what the study measured already
+(:class:`Measured`: :class:`paretorch.pipeline.search.duplicates.Repeats`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from paretorch.pipeline.core.stage import StageConfig, config_from_dict
 from paretorch.pipeline.search.compose import Composition, composed_count, compositions, measured
-from paretorch.pipeline.search.config import SearchConfig, SeedRecipe
+from paretorch.pipeline.search.config import SeedRecipe
 from paretorch.pipeline.search.dead_ends import RuntimeGains
-from paretorch.pipeline.search.objectives import Baseline, Objectives
+from paretorch.pipeline.search.objectives import Baseline
+from paretorch.pipeline.search.plan import StudyPlan
 from paretorch.pipeline.search.presets import ATTR_LATER_SEEDS, is_preset
 from paretorch.pipeline.search.record import COMPLETE, TrialRecord
 from paretorch.pipeline.search.sweep import RuntimeSweepIndex, SweepProposal, SweptStages
 
-#: Enqueues a seed on the study (:meth:`paretorch.pipeline.search.study.Search.enqueue`); False if skipped.
-Enqueue = Callable[[optuna.Study, SeedRecipe], bool]
-#: Whether a (model stages, runtime) recipe was measured already
-#: (:meth:`paretorch.pipeline.search.trial_objective.TrialObjective.measured`).
-Known = Callable[[optuna.Study, Sequence[StageConfig], str], bool]
-#: Whether a runtime can run these model stages (:meth:`paretorch.pipeline.search.rule_out.RuleOut.runtime_reason`).
-Runs = Callable[[Sequence[StageConfig], str], bool]
+
+class SeedQueue(Protocol):
+    """Where the proposals go (:class:`paretorch.pipeline.search.seeding.Seeder`)."""
+
+    def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
+        """Enqueue ``seed`` on the study; False if skipped (a repeat, or not a trial here)."""
+        ...
+
+    def runs(self, configs: Sequence[StageConfig], runtime: str) -> bool:
+        """Whether these model stages can be a trial under ``runtime`` here."""
+        ...
+
+
+class Measured(Protocol):
+    """What the study measured already (:class:`paretorch.pipeline.search.duplicates.Repeats`)."""
+
+    def measured(self, study: optuna.Study, configs: Sequence[StageConfig | None], runtime: str) -> bool:
+        """Whether a trial measured (or was infeasible for) these model stages under ``runtime``."""
+        ...
 
 
 class Proposals:
     """The runtime sweep and the compositions of one study (see the module docstring)."""
 
-    def __init__(self, config: SearchConfig, objectives: Objectives, baseline: Baseline, runtimes: Sequence[str],
-                 nodes: Sequence[str], export_nodes: Sequence[str], enqueue: Enqueue, known: Known,
-                 runs: Runs | None = None) -> None:
-        self.config = config
-        self.objectives = objectives
+    def __init__(self, plan: StudyPlan, baseline: Baseline, queue: SeedQueue, known: Measured) -> None:
+        self.config = plan.config
+        self.objectives = plan.objectives
         self.baseline = baseline
-        self.runtimes = list(runtimes)
-        self.nodes = list(nodes)
-        self.export_nodes = set(export_nodes)
-        self.enqueue = enqueue
+        self.runtimes = list(plan.runtimes)
+        self.nodes = plan.stage_names()
+        self.export_nodes = set(plan.export_names())
+        self.queue = queue
         self.known = known
-        self.runs: Runs = runs or (lambda configs, runtime: True)
         self._sweep: RuntimeSweepIndex | None = None
         self._gains: RuntimeGains | None = None
 
@@ -71,9 +85,9 @@ class Proposals:
         """Enqueue the runtime sweep's proposals; how many were enqueued."""
         proposals = self.sweep_index(study).proposals(self.runtimes, self.config.sweep_top, self.runnable,
                                                       self.sweep_worth)
-        return sum(self.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
-                                                  runtime=proposal.runtime, stages=proposal.stages,
-                                                  estimate=self.sweep_estimate(proposal)))
+        return sum(self.queue.enqueue(study, SeedRecipe(name=f"runtime-sweep-of-trial-{proposal.number}",
+                                                        runtime=proposal.runtime, stages=proposal.stages,
+                                                        estimate=self.sweep_estimate(proposal)))
                    for proposal in proposals)
 
     def release_later(self, study: optuna.Study) -> int:
@@ -83,11 +97,11 @@ class Proposals:
         later = study.user_attrs.get(ATTR_LATER_SEEDS) or []
         if not later:
             return 0
-        return sum(self.enqueue(study, SeedRecipe(**raw)) for raw in later)
+        return sum(self.queue.enqueue(study, SeedRecipe(**raw)) for raw in later)
 
     def runnable(self, stages: tuple[dict[str, Any], ...], runtime: str) -> bool:
         """Whether ``runtime`` can run these resolved stages (as the sweep keeps them)."""
-        return self.runs([config_from_dict(dict(s)) for s in stages], runtime)
+        return self.queue.runs([config_from_dict(dict(s)) for s in stages], runtime)
 
     def compose(self, study: optuna.Study) -> int:
         """Enqueue compositions of the measured winners up to the config's ``compose`` cap; how many were
@@ -100,12 +114,12 @@ class Proposals:
         winners = [m for r in records
                    if (m := measured(r, self.feasible_latency(r) is not None, self.export_nodes))]
         options = compositions(winners, self.runtimes, self.nodes, self.objectives.threshold(self.baseline),
-                               limit=room, known=lambda configs, runtime: (self.known(study, configs, runtime)
-                                                                           or not self.runs(configs, runtime)),
+                               limit=room, known=lambda configs, runtime: (self.known.measured(study, configs, runtime)
+                                                                           or not self.queue.runs(configs, runtime)),
                                worth=self.composition_worth)
-        return sum(self.enqueue(study, SeedRecipe(name=c.name, runtime=c.runtime,
-                                                  stages=tuple(x.to_dict() for x in c.configs),
-                                                  estimate={"gain": c.estimated_gain})) for c in options)
+        return sum(self.queue.enqueue(study, SeedRecipe(name=c.name, runtime=c.runtime,
+                                                        stages=tuple(x.to_dict() for x in c.configs),
+                                                        estimate={"gain": c.estimated_gain})) for c in options)
 
     def gains(self, study: optuna.Study) -> RuntimeGains:
         """What the measured trials say about each runtime (:mod:`paretorch.pipeline.search.dead_ends`), built from the

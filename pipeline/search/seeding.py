@@ -8,6 +8,11 @@ stage is on; a choice ``"none"`` -> off) and keeping them only when ``suggest`` 
 returns exactly the seed's config and every value lies in its distribution. A seed stage
 whose config ``suggest`` cannot produce (e.g. a field the search space does not vary,
 set away from its default) gets no params; the trial still runs the seed's config.
+
+:class:`Seeder` enqueues a study's seeds with those params: a new study's baseline, precision presets and the config's
+seeds (:meth:`Seeder.first`), the seeds a run adds, and what the search proposes after each trial
+(:class:`paretorch.pipeline.search.proposals.Proposals` enqueues through it); a seed that cannot be a trial here is
+skipped.
 """
 
 from __future__ import annotations
@@ -18,7 +23,21 @@ from typing import Any, cast
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from paretorch.pipeline.core.stage import StageConfig, StageContext
+from paretorch.pipeline.core.device import capabilities
+from paretorch.pipeline.core.machine_probe import MachineProbe, probe_reason
+from paretorch.pipeline.core.stage import StageConfig, StageContext, config_from_dict, stage_for
+from paretorch.pipeline.search.config import SeedRecipe
+from paretorch.pipeline.search.objectives import ATTR_SEED, ATTR_SEED_PARAMS, ATTR_SEED_RECIPE
+from paretorch.pipeline.search.plan import StudyPlan
+from paretorch.pipeline.search.presets import (
+    ATTR_LATER_SEEDS,
+    ATTR_SKIPPED_PRESETS,
+    initial_queue,
+    is_preset,
+    preset_seeds,
+    repeats,
+)
+from paretorch.pipeline.search.rule_out import RuleOut
 
 OFF_CHOICE = "none"
 
@@ -131,3 +150,89 @@ def merge_params(parts: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
     for params in parts.values():
         merged.update(params or {})
     return merged
+
+
+class Seeder:
+    """Enqueues seeds on the study of ``plan``, read against the model's facts (``rules``) and what pays on this
+    machine (``machine``; None: not probed yet, nothing skipped for it)."""
+
+    def __init__(self, plan: StudyPlan, rules: RuleOut, machine: MachineProbe | None = None) -> None:
+        self.plan = plan
+        self.rules = rules
+        self.machine = machine
+
+    def first(self, study: optuna.Study) -> str | None:
+        """A new study's queue: the baseline, the precision presets under every runtime
+        (:mod:`paretorch.pipeline.search.presets`: cheap trials first) and the config's seeds, those that wait
+        stored on the study (:data:`~paretorch.pipeline.search.presets.ATTR_LATER_SEEDS`); the presets' line."""
+        self.enqueue(study, SeedRecipe(name="baseline"))
+        presets = preset_seeds(self.plan.config.presets, self.plan.runtimes, self.preset_skip, self.machine)
+        study.set_user_attr(ATTR_SKIPPED_PRESETS, presets.skipped)
+        now, later = initial_queue(presets, self.plan.config.seeds)
+        enqueued = [seed for seed in now if self.enqueue(study, seed)]
+        later = [seed for seed in later if not repeats(study, seed)]
+        study.set_user_attr(ATTR_LATER_SEEDS, [seed.model_dump(mode="json") for seed in later])
+        return presets.describe([s for s in enqueued if is_preset(s.name)], [s for s in later if is_preset(s.name)])
+
+    def enqueue(self, study: optuna.Study, seed: SeedRecipe) -> bool:
+        """Enqueue ``seed`` unless a trial already carries the same seed; False if skipped (its stages are not in the
+        pipeline or are disabled, or a stage says it is not worth a trial on this device:
+        :meth:`paretorch.pipeline.core.stage.Stage.not_worthwhile`, or the seed is
+        :attr:`~paretorch.pipeline.search.config.SeedRecipe.skip_where_unavailable` and this device cannot run it or the
+        model's facts rule it out). Any other seed that cannot change this model is enqueued: it is answered before it
+        runs, with its reason, and not counted (:mod:`paretorch.pipeline.search.rule_out`), so the user sees why."""
+        if any(raw.get("stage") not in self.plan.searched_stages() for raw in seed.stages):
+            return False
+        configs = [config_from_dict(dict(raw)) for raw in seed.stages]  # validates the seed's fields
+        caps = capabilities(self.plan.device)
+        if any(stage_for(c).not_worthwhile(c, caps) for c in configs):
+            return False  # the capability table says it can only be slower here
+        unavailable = seed.skip_where_unavailable and (any(stage_for(c).unavailable(c, caps) for c in configs)
+                                                       or self.rules.reason(configs) is not None)
+        if unavailable or repeats(study, seed):
+            return False
+        params = self.seed_params(configs, seed.runtime)
+        study.enqueue_trial(params, user_attrs={ATTR_SEED: seed.name, ATTR_SEED_RECIPE: seed.payload(),
+                                                ATTR_SEED_PARAMS: params, **seed.trial_attrs()})
+        return True
+
+    def runs(self, configs: Sequence[StageConfig], runtime: str) -> bool:
+        """Whether these model stages can be a trial under ``runtime`` here: not ruled out by the model's facts, run
+        by the runtime, and not a precision the machine probe says does not pay under it."""
+        return (self.rules.reason(configs) or self.rules.runtime_reason(configs, runtime)
+                or self.probe_reason(tuple(c.to_dict() for c in configs), runtime)) is None
+
+    def probe_reason(self, stages: tuple[Mapping[str, object], ...], runtime: str) -> str | None:
+        """Why the machine probe says a stage list does not pay under ``runtime`` here (None: it may)."""
+        return probe_reason(self.machine, stages, runtime) if self.machine is not None else None
+
+    def preset_skip(self, stages: tuple[dict[str, object], ...], runtime: str) -> str | None:
+        """Why a preset's ``stages`` cannot be a trial under ``runtime`` here (None: they can): a stage not in
+        the pipeline (or disabled), or the chain ruled out before it would run (slower only on this device,
+        unable to change this model, not runnable on the device, or not by the runtime)."""
+        missing = sorted({str(raw.get("stage")) for raw in stages} - self.plan.searched_stages())
+        if missing:
+            return f"not in this pipeline: {', '.join(missing)}"
+        configs = [config_from_dict(dict(raw)) for raw in stages]
+        return (self.probe_reason(stages, runtime) or self.rules.reason(configs) or self.rules.unavailable(configs)
+                or self.rules.runtime_reason(configs, runtime))
+
+    def seed_params(self, configs: list[StageConfig], runtime: str) -> dict[str, object]:
+        """The Optuna params of a seed (so seeded trials appear in the sampler's plots), by stage node."""
+        plan = self.plan
+        ctx = StageContext(spec=plan.spec, device=plan.device, facts=self.rules.facts)
+        remaining = list(configs)
+        parts: dict[str, dict[str, object] | None] = {}
+        upstream: list[StageConfig] = []
+        for node in plan.pipeline.stage_nodes():
+            exporting = plan.pipeline.kind(node.name) == "export"
+            if node.config is not None or node.name in plan.config.disabled or exporting:
+                continue
+            config = next((c for c in remaining if c.stage == node.op), None)
+            if config is not None:
+                remaining.remove(config)
+            ctx.upstream = tuple(upstream)
+            parts[node.name] = stage_params(plan.pipeline.stage(node.name).config_type, node.op, config, ctx)
+            if config is not None:
+                upstream.append(config)
+        return {**merge_params(parts), **runtime_params(runtime, plan.runtimes)}

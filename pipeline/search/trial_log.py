@@ -16,10 +16,10 @@ from paretorch.pipeline.core.input_agreement import describe as describe_inputs
 from paretorch.pipeline.engine.short_recipe import short_recipe
 from paretorch.pipeline.search.best import best_trials
 from paretorch.pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
+from paretorch.pipeline.search.plan import StudyParts
 from paretorch.pipeline.search.probe import BEHIND_FRONT
 from paretorch.pipeline.search.record import TrialRecord
 from paretorch.pipeline.search.screening import SCREENED_OUT
-from paretorch.pipeline.search.study_parts import StudyParts
 from paretorch.pipeline.tracking.tracker import Tracker
 
 

@@ -119,4 +119,4 @@ def test_the_search_records_the_trials_numbers_in_its_recipe(residual_spec: Mode
     recorded = trial.user_attrs[ATTR_RECIPE]["metadata"][RECORDED]
     metrics = trial.user_attrs[ATTR_METRICS]
     assert recorded["accuracy"] == metrics["accuracy"] and recorded["speedup"] == metrics["speedup"]
-    assert recorded[latency_key(search.objectives.latency_batch)] > 0 and recorded["device"].startswith("cpu")
+    assert recorded[latency_key(search.plan.objectives.latency_batch)] > 0 and recorded["device"].startswith("cpu")

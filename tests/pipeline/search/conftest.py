@@ -49,8 +49,8 @@ def run_on_fake_clock(spec: ModelSpec, config: SearchConfig, folder: Path, timer
     ``outcome`` and console ``output`` attached (the stages it needs registered by the caller)."""
     search = Search(spec, torch.device("cpu"), config, storage=f"sqlite:///{folder / 'optuna.db'}",
                     tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
-    search.latency.timer = timer
-    search.latency.cpu_clock = None
+    search.model.latency.timer = timer
+    search.model.latency.cpu_clock = None
     output = io.StringIO()
     search.outcome = run_search(search, trials=trials, console=Console(file=output, width=400))  # type: ignore[attr-defined]
     search.output = output.getvalue()  # type: ignore[attr-defined]

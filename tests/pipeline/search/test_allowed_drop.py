@@ -17,6 +17,7 @@ from paretorch.pipeline.search.allowed_drop import AllowedDrop
 from paretorch.pipeline.search.loop import trial_parts
 from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_REASON, CONSTRAINT_NAME, Baseline, Objectives
 from paretorch.pipeline.search.record import TrialRecord
+from paretorch.pipeline.search.store import Prepared
 
 PRUNE_HARD = {"stage": "prune", "method": "unstructured", "ratio": 0.9}
 
@@ -130,15 +131,15 @@ def test_the_allowed_drop_moves_the_tag_the_constraint_and_the_sweep_together(
     seen = {}
     for max_drop in ("100%", "0%"):
         search, baseline = _prune_search(residual_spec, tmp_path, max_drop)
-        study = search.open_study(create=False)
+        study = search.store.open_study(create=False)
         pruned = study.trials[1]
         assert pruned.user_attrs.get("paretorch.seed") == "prune-0.9"
         record = TrialRecord.from_trial(pruned)
-        _objective, proposals = trial_parts(search, baseline)
+        _objective, proposals = trial_parts(search, Prepared(baseline))
         drop = record.metrics["metric_drop"]
         assert drop > 0, "the hard prune loses accuracy"
         assert record.metrics["metric_drop_relative"] == pytest.approx(drop / baseline.metric_value)
-        threshold = search.objectives.threshold(baseline)
+        threshold = search.plan.objectives.threshold(baseline)
         assert pruned.constraints[CONSTRAINT_NAME] == pytest.approx(drop - threshold)
         seen[max_drop] = (pruned.user_attrs[ATTR_FEASIBLE], proposals.feasible_latency(record) is not None,
                           pruned.constraints[CONSTRAINT_NAME] <= 0)

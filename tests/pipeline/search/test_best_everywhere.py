@@ -103,8 +103,8 @@ def table_trials(search: Search) -> list[int]:
 
 def runs_view(search: Search) -> list[dict[str, str]]:
     """The trial runs as the view ``make ui`` opens lists them: its filter and sort, read from the experiment."""
-    client = MlflowClient(tracking_uri=search.tracking_uri)
-    experiment = client.get_experiment_by_name(experiment_name(search.spec.name))
+    client = MlflowClient(tracking_uri=search.store.tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name(search.plan.spec.name))
     assert experiment is not None
     view = json.loads(experiment.tags[VIEW_TAG])
     order = f"{view['orderByKey']} {'ASC' if view['orderByAsc'] else 'DESC'}"
@@ -127,7 +127,7 @@ def test_the_console_the_table_mlflow_and_the_dashboard_name_the_same_best_trial
     assert [float(r[f"metric.{RANK_METRIC}"]) for r in runs[:2]] == [1.0, 2.0]
     assert all(f"metric.{RANK_METRIC}" not in r for r in runs[2:]), "only the front's leads are ranked"
     assert all(r["pareto"] == "true" for r in runs[:2])
-    parent = MlflowClient(tracking_uri=digits_study.tracking_uri).get_run(outcome.parent_run_id)
+    parent = MlflowClient(tracking_uri=digits_study.store.tracking_uri).get_run(outcome.parent_run_id)
     assert f"**paretorch's best trials: {faster}, then {fast}**" in parent.data.tags["mlflow.note.content"]
 
     study = outcome.study

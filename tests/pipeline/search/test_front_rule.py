@@ -180,8 +180,8 @@ def noop_search(residual_spec: ModelSpec, tag_stage: Stage,
     with registered(tag_stage):
         search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{folder / 'optuna.db'}",
                         track=False)
-        search.latency.timer = FirstPlaceClock()
-        search.latency.cpu_clock = None
+        search.model.latency.timer = FirstPlaceClock()
+        search.model.latency.cpu_clock = None
         search.outcome = run_search(search, trials=3, console=Console(file=io.StringIO(), width=200))  # type: ignore[attr-defined]
         yield search
 
@@ -200,7 +200,7 @@ def test_a_stage_that_changes_nothing_never_displaces_the_baseline(noop_search: 
     assert [t.number for t in study.best_trials] == [steady.number]
     # the front: the baseline, with both no-ops tied with it
     assert [t.number for t in pareto_trials(study)] == [baseline.number]
-    rows = pareto_rows(study, noop_search.objectives)
+    rows = pareto_rows(study, noop_search.plan.objectives)
     assert [(r.trial, r.ties) for r in rows] == [(baseline.number, tuple(sorted((steady.number, plain.number))))]
     table = Console(file=io.StringIO(), width=200)
     table.print(noop_search.outcome.table)  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from paretorch.pipeline.core.noise_floor import LABELLED_DATA_HINT, NoiseFloor, near_tie_share
 from paretorch.pipeline.core.spec import ModelSpec, load_model
 from paretorch.pipeline.search import Search, SearchConfig
-from paretorch.pipeline.search.study import ATTR_NOISE_FLOOR
+from paretorch.pipeline.search.store import ATTR_NOISE_FLOOR
 
 
 class Flattened(nn.Module):
@@ -43,7 +43,7 @@ def test_a_near_tie_classifier_is_said_to_be_at_its_noise_floor(digits_spec: Mod
     [warning] = [line for line in lines if "noise floor" in line]
     assert warning.startswith("warning: accuracy is at its noise floor: ")
     assert "100 % of the inputs are near ties" in warning and warning.endswith(LABELLED_DATA_HINT)
-    stored = search.open_study(create=False).user_attrs[ATTR_NOISE_FLOOR]
+    stored = search.store.open_study(create=False).user_attrs[ATTR_NOISE_FLOOR]
     assert stored["near_ties"] == 1.0 and stored["bf16"] is not None, "measured once, stored on the study"
 
 

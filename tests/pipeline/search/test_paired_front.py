@@ -74,7 +74,7 @@ def test_the_front_is_chosen_from_paired_ratios(paired_search: Search) -> None:
     busy, quiet = trials["busy"].user_attrs[ATTR_METRICS], trials["quiet"].user_attrs[ATTR_METRICS]
     # the busy trial's absolute times are the slowest of all (5 ms against 0.8 ms a call of the serve workload,
     # read per batch) ...
-    batches = paired_search.latency.workload.batches  # type: ignore[union-attr]
+    batches = paired_search.model.latency.workload.batches  # type: ignore[union-attr]
     assert busy["latency_ms_paired"] == pytest.approx(5.0 / batches)
     assert quiet["latency_ms_paired"] == pytest.approx(0.8 / batches)
     # ... but paired with the baseline in the same rounds, it is the fastest
@@ -114,7 +114,7 @@ def test_one_speedup_reaches_line_table_report_and_mlflow(paired_search: Search,
     assert f"{stored:.2f}x [2.00, 2.00] paired" in line
     # the printed table: the paired speed-up, and the end-of-study re-measure in its own column
     study = paired_search.outcome.study  # type: ignore[attr-defined]
-    rows = pareto_rows(study, paired_search.objectives)
+    rows = pareto_rows(study, paired_search.plan.objectives)
     assert [(r.trial, r.speedup) for r in rows] == [(busy.number, stored)]
     assert rows[0].remeasured == pytest.approx(2.0) and study.user_attrs[ATTR_REMEASURED] == {
         str(busy.number): pytest.approx(2.0)}
@@ -122,13 +122,13 @@ def test_one_speedup_reaches_line_table_report_and_mlflow(paired_search: Search,
     table.print(paired_search.outcome.table)  # type: ignore[attr-defined]
     assert f"{stored:.2f}x [2.00, 2.00]" in table.file.getvalue()  # type: ignore[attr-defined]
     # the report: a new process reads the same rows back from storage
-    again = Search(residual_spec, torch.device("cpu"), paired_search.config, storage=paired_search.storage,
+    again = Search(residual_spec, torch.device("cpu"), paired_search.plan.config, storage=paired_search.store.url,
                    track=False)
-    report = pareto_rows(again.open_study(create=False), again.objectives)
+    report = pareto_rows(again.store.open_study(create=False), again.plan.objectives)
     assert report == rows
-    assert table_columns(report, again.objectives)["speedup"] == [round(stored, 2)]
+    assert table_columns(report, again.plan.objectives)["speedup"] == [round(stored, 2)]
     # MLflow: the child run's speedup (the runs table sorts by it), and the re-measure under its own name
-    client = MlflowClient(tracking_uri=paired_search.tracking_uri)
+    client = MlflowClient(tracking_uri=paired_search.store.tracking_uri)
     experiment = client.get_experiment_by_name(experiment_name(residual_spec.name))
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{busy.number}'")

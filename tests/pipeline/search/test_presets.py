@@ -125,9 +125,10 @@ def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seed
                                presets=[p.model_dump(exclude={"runtimes"}) for p in shipped.presets],
                                seeds=[s.model_dump() for s in shipped.seeds])
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
-    assert search.runtimes == ["eager", "compile", with_fake_runtime]
-    study = search.open_study()
-    presets_line = search.ensure_baseline(study).presets_line
+    assert search.plan.runtimes == ("eager", "compile", with_fake_runtime)
+    study = search.store.open_study()
+    prepared = search.ensure_baseline(study)
+    presets_line = prepared.presets_line
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     later = [SeedRecipe(**raw) for raw in study.user_attrs[ATTR_LATER_SEEDS]]
     # The queue in the order it runs: what is enqueued, then what waits until the queue runs dry.
@@ -158,7 +159,7 @@ def test_a_registered_runtime_gets_the_presets_it_can_run_before_the_costly_seed
         assert {seed.name for seed in later} >= {"preset-fp32@no_amp_test", "prune-0.3-distill"}
         assert f"{len([s for s in later if s.name.startswith(PRESET_PREFIX)])} more after the cheap seeds" in (
             presets_line)
-    ranks = {p.name: preset_rank(p, search.runtimes, search.machine) for p in config.presets}
+    ranks = {p.name: preset_rank(p, search.plan.runtimes, prepared.machine) for p in config.presets}
     config_order = [p.name for p in shipped.presets]
     enqueued_names = [t.user_attrs[ATTR_SEED] for t in waiting]
     for wave in (enqueued_names, [seed.name for seed in later]):  # the first presets, then those that wait
@@ -181,13 +182,12 @@ def test_the_waiting_seeds_run_once_the_queue_runs_dry(residual_spec: ModelSpec,
                                       {"name": "prune-0.3-distill", "stages": [
                                           {"stage": "prune", "ratio": 0.3}, {"stage": "distill", "max_seconds": 3}]}])
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
-    study = search.open_study()
-    search.ensure_baseline(study)
+    study = search.store.open_study()
+    probe = search.ensure_baseline(study).machine
     later = [raw["name"] for raw in study.user_attrs[ATTR_LATER_SEEDS]]
     if not later:
         pytest.skip("no reduced precision pays under torch on this CPU: nothing waits (the order is the config's)")
     assert "prune-0.3-distill" in later, "the costly seed waits"
-    probe = search.machine
     assert probe is not None
     for name in later:  # a waiting preset is one whose precision does not pay here (under eager, the only runtime)
         if is_preset(name):

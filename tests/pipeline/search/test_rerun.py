@@ -40,7 +40,7 @@ def test_rerunning_a_finished_study_appends_nothing_and_overwrites_nothing(
     config = SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none",
                                seeds=[])
     first, _ = _run(residual_spec, config, tmp_path, trials=2)
-    client = MlflowClient(tracking_uri=first.tracking_uri)
+    client = MlflowClient(tracking_uri=first.store.tracking_uri)
     assert first.parent_run_id is not None
     before = client.get_run(first.parent_run_id)
     table = _table(client, first.parent_run_id, tmp_path / "first")
@@ -75,13 +75,13 @@ def test_the_resume_line_counts_trials_as_the_budget_does(
                                latency_budget="quick", exports="none", seeds=[],
                                disabled=stages_except("prune", "distill", "quantize"))
     search = Search(residual_spec, CPU, config, storage=f"sqlite:///{tmp_path / 'optuna.db'}", track=False)
-    study = search.open_study()
+    study = search.store.open_study()
     search.ensure_baseline(study)
     # a repeat of the baseline (every other stage, a plugin's too, is disabled above):
     study.enqueue_trial({"prune.enabled": False, "distill.enabled": False, "quantize.method": "none"})
     assert len(run_search(search, trials=2, console=Console(file=io.StringIO())).study.trials) == 3
     _, output = _run(residual_spec, config, tmp_path, trials=3, track=False)
-    assert (f"study {search.study_name}: 2 trial(s) done (and 1 repeat(s), ruled-out or interrupted "
+    assert (f"study {search.store.study_name}: 2 trial(s) done (and 1 repeat(s), ruled-out or interrupted "
             "configuration(s), not counted), running 1 more") in output
     assert "-> " not in output, "trial lines name no export: exports run at the end, for the front only"
     assert "exports (coreml, onnx)" not in output and "no exports" in output

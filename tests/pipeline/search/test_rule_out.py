@@ -137,7 +137,7 @@ def test_a_study_that_offered_a_choice_before_keeps_it_and_answers_it_without_ru
     """A study begun before its facts were read offered "on": Optuna cannot change the choices, so they
     stay, and a sampled "on" is ruled out at once (never run, not counted) instead of failing the trial."""
     search = toy_search(residual_spec, tmp_path, seeds=[])
-    study = search.open_study()
+    study = search.store.open_study()
     search.ensure_baseline(study)
     study.enqueue_trial({"toy.never.mode": "on", "toy.knob.value": 0.25})
     study.enqueue_trial({"toy.never.mode": "on", "toy.knob.value": 0.25})  # identical: ruled out again, not run
@@ -175,7 +175,7 @@ def test_a_torchscript_model_gets_no_trial_of_a_stage_that_cannot_act_on_it(
     config = SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none",
                                seeds=[SeedRecipe(name="amp", stages=({"stage": "amp", "dtype": "bfloat16"},))])
     search = Search(spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
-    assert search.rules.reason([search.pipeline.stage("amp").config_type()]) == (
+    assert search.model.rules.reason([search.plan.pipeline.stage("amp").config_type()]) == (
         "amp: the model is TorchScript: its layers are compiled code that AMP cannot cast layer by layer (its "
         "forward hooks: register_forward_hook is not supported on ScriptModules); give the Python model (a spec) "
         "or a torch.export .pt2 file instead")
@@ -201,11 +201,11 @@ def test_a_runtime_that_cannot_run_the_chain_rules_the_trial_out_before_its_stag
                                exports="none", compose=0, seeds=[bf16_on_ort, int8_on_ort])
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}",
                     track=False)
-    amp = search.pipeline.stage("amp").config_type(dtype="bfloat16")
-    assert search.rules.runtime_reason([None, amp], "onnxruntime") == (
+    amp = search.plan.pipeline.stage("amp").config_type(dtype="bfloat16")
+    assert search.model.rules.runtime_reason([None, amp], "onnxruntime") == (
         "runtime onnxruntime cannot run this recipe as trained: AMP (bfloat16): ONNX Runtime runs the exported "
         "float32 graph: the recipe's reduced precision is not mirrored")
-    assert search.rules.runtime_reason([None, amp], "eager") is None
+    assert search.model.rules.runtime_reason([None, amp], "eager") is None
     outcome = run_search(search, trials=3)
     seeded = {t.user_attrs[ATTR_SEED]: t for t in outcome.study.trials if ATTR_SEED in t.user_attrs}
     assert seeded["bf16-ort"].state.name == "PRUNED"
@@ -240,7 +240,7 @@ def test_a_study_begun_with_fewer_runtimes_keeps_its_choices_and_its_trials_run(
                                exports="none", compose=0, seeds=[], disabled=nodes)
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}",
                     track=False)
-    study = search.open_study()
+    study = search.store.open_study()
     older = optuna.distributions.CategoricalDistribution(["eager", "compile"])
     study.add_trial(optuna.trial.create_trial(params={"runtime": "compile"}, distributions={"runtime": older},
                                               state=optuna.trial.TrialState.FAIL))

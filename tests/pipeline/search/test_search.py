@@ -147,7 +147,7 @@ def test_shared_prune_prefix_hits_the_cache(searched: Search) -> None:
     # complete, or stopped by the latency probe after its stages ran (int8 under eager on this tiny model)
     assert trials[2].state.name in ("COMPLETE", "PRUNED")
     assert trials[2].user_attrs[ATTR_CACHE]["hits"] >= 1, "the pruned model of trial 1 is reused"
-    assert searched.runner.cache.stats.hits["model"] >= 1
+    assert searched.model.runner.cache.stats.hits["model"] >= 1
 
 
 def test_infeasible_config_is_a_pruned_trial_with_its_reason(searched: Search) -> None:
@@ -196,8 +196,8 @@ def test_every_trial_says_whether_it_is_feasible_and_why_not(searched: Search) -
 
 
 def test_rerun_resumes_the_same_study(searched: Search, residual_spec: ModelSpec) -> None:
-    again = Search(residual_spec, torch.device("cpu"), searched.config, storage=searched.storage, track=False)
-    assert again.study_name == searched.study_name
+    again = Search(residual_spec, torch.device("cpu"), searched.plan.config, storage=searched.store.url, track=False)
+    assert again.store.study_name == searched.store.study_name
     outcome = run_search(again, trials=7)
     trials = outcome.study.trials
     assert len([t for t in trials if ATTR_REPEAT_OF not in t.user_attrs]) == 7, "repeats are not counted"
@@ -206,12 +206,13 @@ def test_rerun_resumes_the_same_study(searched: Search, residual_spec: ModelSpec
 
 
 def test_enqueued_recipe_runs_once(searched: Search, residual_spec: ModelSpec) -> None:
-    again = Search(residual_spec, torch.device("cpu"), searched.config, storage=searched.storage, track=False)
+    again = Search(residual_spec, torch.device("cpu"), searched.plan.config, storage=searched.store.url, track=False)
     seed = SeedRecipe(name="mine", stages=({"stage": "prune", "ratio": 0.5},))
-    study = again.open_study()
-    assert again.enqueue(study, seed) is True
-    assert again.enqueue(study, seed) is False
-    assert again.enqueue(study, SeedRecipe(name="no-amp-here", stages=({"stage": "amp"},))) is False
+    study = again.store.open_study()
+    seeder = again.seeder()
+    assert seeder.enqueue(study, seed) is True
+    assert seeder.enqueue(study, seed) is False
+    assert seeder.enqueue(study, SeedRecipe(name="no-amp-here", stages=({"stage": "amp"},))) is False
 
 
 def test_the_fastest_feasible_recipe_is_tried_under_the_other_runtimes(
@@ -245,7 +246,7 @@ def test_a_repeated_recipe_is_answered_by_its_first_trial_and_not_counted(
                                disabled=stages_except("prune", "distill", "quantize"))
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'optuna.db'}",
                     track=False)
-    study = search.open_study()
+    study = search.store.open_study()
     search.ensure_baseline(study)  # enqueues the baseline
     # the baseline's recipe again (every other stage, a plugin's too, is disabled above):
     study.enqueue_trial({"prune.enabled": False, "distill.enabled": False, "quantize.method": "none"})
@@ -260,7 +261,7 @@ def test_seeds_the_capability_table_rules_out_are_not_enqueued(
     monkeypatch: pytest.MonkeyPatch, residual_spec: ModelSpec, tmp_path: Path
 ) -> None:
     """On a device without a fast reduced dtype, an AMP seed could only give a slower model."""
-    import paretorch.pipeline.search.study
+    import paretorch.pipeline.search.seeding
     from paretorch.pipeline.core.device import Capabilities
 
     config = SearchConfig.load(None, runtimes=("eager",), exports="none", seeds=[])
@@ -268,12 +269,13 @@ def test_seeds_the_capability_table_rules_out_are_not_enqueued(
     study = optuna.create_study()
     amp_seed = SeedRecipe(name="amp-only", stages=[{"stage": "amp"}])
     slow = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16, torch.float16), fast_dtypes=())
-    monkeypatch.setattr(paretorch.pipeline.search.study, "capabilities", lambda device: slow)
-    assert not search.enqueue(study, amp_seed)
-    assert search.enqueue(study, SeedRecipe(name="int8", stages=[{"stage": "quantize", "method": "int8_dynamic"}]))
+    monkeypatch.setattr(paretorch.pipeline.search.seeding, "capabilities", lambda device: slow)
+    seeder = search.seeder()
+    assert not seeder.enqueue(study, amp_seed)
+    assert seeder.enqueue(study, SeedRecipe(name="int8", stages=[{"stage": "quantize", "method": "int8_dynamic"}]))
     fast = Capabilities(kind="cpu", reduced_dtypes=(torch.bfloat16,), fast_dtypes=(torch.bfloat16,))
-    monkeypatch.setattr(paretorch.pipeline.search.study, "capabilities", lambda device: fast)
-    assert search.enqueue(study, amp_seed)
+    monkeypatch.setattr(paretorch.pipeline.search.seeding, "capabilities", lambda device: fast)
+    assert seeder.enqueue(study, amp_seed)
 
 
 def test_a_latency_batch_outside_the_specs_sizes_is_measured(residual_spec: ModelSpec, tmp_path: Path) -> None:
@@ -281,8 +283,8 @@ def test_a_latency_batch_outside_the_specs_sizes_is_measured(residual_spec: Mode
     the objective's batch alone (the spec's other sizes cost compiled runtimes compilations that decide nothing)."""
     config = SearchConfig.load(None, runtimes=("eager",), latency_batch=64, exports="none", seeds=[])
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
-    assert search.latency_batch_sizes() == (64,)
-    baseline = search.ensure_baseline(search.open_study()).baseline
+    assert search.plan.latency_batch_sizes() == (64,)
+    baseline = search.ensure_baseline(search.store.open_study()).baseline
     assert baseline.latency_ms > 0
 
 
@@ -292,9 +294,10 @@ def test_a_seed_marked_skip_where_unavailable_is_skipped_where_the_device_cannot
     int4 = {"stage": "quantize", "method": "int4_weight_only"}  # cannot run on the CPU
     config = SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none")
     search = Search(residual_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
-    study = search.open_study()
-    assert search.enqueue(study, SeedRecipe(name="int4-optional", stages=(int4,), skip_where_unavailable=True)) is False
-    assert search.enqueue(study, SeedRecipe(name="int4-asked-for", stages=(int4,))) is True, (
+    study = search.store.open_study()
+    seeder = search.seeder()
+    assert seeder.enqueue(study, SeedRecipe(name="int4-optional", stages=(int4,), skip_where_unavailable=True)) is False
+    assert seeder.enqueue(study, SeedRecipe(name="int4-asked-for", stages=(int4,))) is True, (
         "a seed not so marked runs and its trial says why it cannot")
 
 
@@ -313,8 +316,9 @@ def test_a_seed_marked_skip_where_unavailable_is_skipped_where_the_model_facts_r
     config = SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none")
     optional = SeedRecipe(name="depth-optional", stages=(depth,), skip_where_unavailable=True)
     digits = Search(digits_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'd.db'}", track=False)
-    study = digits.open_study()
-    assert digits.rules.reason([config_from_dict(dict(depth))]) is not None, "digits has no removable block"
-    assert digits.enqueue(study, optional) is False
-    assert digits.enqueue(study, SeedRecipe(name="depth-asked-for", stages=(depth,))) is True, (
+    study = digits.store.open_study()
+    assert digits.model.rules.reason([config_from_dict(dict(depth))]) is not None, "digits has no removable block"
+    seeder = digits.seeder()
+    assert seeder.enqueue(study, optional) is False
+    assert seeder.enqueue(study, SeedRecipe(name="depth-asked-for", stages=(depth,))) is True, (
         "a seed not so marked is a ruled-out trial that says why")

@@ -186,7 +186,7 @@ def test_search_stops_before_any_trial_unless_allowed(spec_file: Path, tmp_path:
     stopped = _search(spec, tmp_path)
     with pytest.raises(SpecError, match="keeps state between calls"):
         run_search(stopped, 2, console=Console(file=open(tmp_path / "out.txt", "w")))  # noqa: SIM115
-    study = stopped.open_study(create=False)
+    study = stopped.store.open_study(create=False)
     assert not study.trials and ATTR_SELF_CHECK not in study.user_attrs
 
     allowed = _search(spec, tmp_path, allow_nondeterministic=True)
@@ -200,9 +200,9 @@ def test_search_stops_before_any_trial_unless_allowed(spec_file: Path, tmp_path:
     monkeypatch.setattr("paretorch.pipeline.search.store.self_check", lambda *a: pytest.fail("measured again"))
     again = _search(spec, tmp_path)
     with pytest.raises(SpecError, match="moved from 1 to"):
-        again.ensure_baseline(again.open_study(create=False))
+        again.ensure_baseline(again.store.open_study(create=False))
     allowed_again = _search(spec, tmp_path, allow_nondeterministic=True)
-    allowed_again.ensure_baseline(allowed_again.open_study(create=False))
+    allowed_again.ensure_baseline(allowed_again.store.open_study(create=False))
 
 
 def test_cli_stops_with_one_error_line(spec_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,8 +23,7 @@ from paretorch.pipeline.engine.graph import default_pipeline, load_pipeline
 from paretorch.pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
 from paretorch.pipeline.search.config import LEGACY_DEFAULT_RUNTIMES, legacy_study_name
 from paretorch.pipeline.search.objectives import ATTR_SEED, Baseline
-from paretorch.pipeline.search.study import Prepared
-from paretorch.pipeline.search.study_names import ATTR_RUNTIMES, ATTR_STAGES, ATTR_STUDY_KEY
+from paretorch.pipeline.search.store import ATTR_RUNTIMES, ATTR_STAGES, ATTR_STUDY_KEY, Prepared
 
 CPU = torch.device("cpu")
 FOLD = "toy.fold:toy.fold"
@@ -83,46 +82,47 @@ def test_a_pipeline_file_keeps_its_old_name(residual_spec: ModelSpec, tmp_path: 
 def test_a_resumed_study_takes_the_new_stage_into_its_search_space(residual_spec: ModelSpec, tmp_path: Path) -> None:
     first = _search(residual_spec, tmp_path)
     _run(first, 1, tmp_path)
-    study = first.open_study(create=False)
+    study = first.store.open_study(create=False)
     assert FOLD not in study.user_attrs[ATTR_STAGES] and "prune:prune" in study.user_attrs[ATTR_STAGES]
     with fold_installed():
-        refused = Search(residual_spec, CPU, _config(), storage=first.storage, track=False)
-        with pytest.raises(ConfigError, match=rf"^study {first.study_name} was begun with other stages or runtimes "
-                                              rf"\(study {first.study_name}: {FOLD} joined its search space.*start a "
+        refused = Search(residual_spec, CPU, _config(), storage=first.store.url, track=False)
+        name = first.store.study_name
+        with pytest.raises(ConfigError, match=rf"^study {name} was begun with other stages or runtimes "
+                                              rf"\(study {name}: {FOLD} joined its search space.*start a "
                                               r"new study with --study-name NAME, or pass --accept-plugin-change"):
-            refused.open_study()
-        again = Search(residual_spec, CPU, _config(), storage=first.storage, track=False,
+            refused.store.open_study()
+        again = Search(residual_spec, CPU, _config(), storage=first.store.url, track=False,
                        extra_seeds=[SeedRecipe(name="fold", stages=({"stage": "toy.fold"},))],
                        accept_plugin_change=True)
-        assert again.study_name == first.study_name
+        assert again.store.study_name == first.store.study_name
         output = _run(again, 2, tmp_path)
-        study = again.open_study(create=False)
-    assert f"study {first.study_name}: {FOLD} joined its search space" in output
+        study = again.store.open_study(create=False)
+    assert f"study {first.store.study_name}: {FOLD} joined its search space" in output
     assert FOLD in study.user_attrs[ATTR_STAGES]
     trials = study.get_trials(deepcopy=False)
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"], "resumed: one more trial, the new stage's"
     assert trials[1].user_attrs[ATTR_SEED] == "fold"
 
     # Uninstalled again: the trial that used it cannot be read back, and the run says so before any trial.
-    with pytest.raises(ConfigError, match=rf"^study {first.study_name} has trials with stage\(s\) {FOLD}, which "
+    with pytest.raises(ConfigError, match=rf"^study {first.store.study_name} has trials with stage\(s\) {FOLD}, which "
                                           r"are not installed now: install them again"):
-        _search(residual_spec, tmp_path).open_study()
+        _search(residual_spec, tmp_path).store.open_study()
 
 
 def test_a_study_named_the_old_way_resumes_under_its_name(residual_spec: ModelSpec, tmp_path: Path) -> None:
     """The migration rule: the legacy name (the stage list hashed) is found and kept, and once opened the
     study records the new key, so a stage added later still finds it."""
     search = _search(residual_spec, tmp_path)
-    legacy = legacy_study_name(residual_spec, CPU, search.config, search.pipeline)
-    key = study_name(residual_spec, CPU, search.config, search.pipeline)
+    legacy = legacy_study_name(residual_spec, CPU, search.plan.config, search.plan.pipeline)
+    key = study_name(residual_spec, CPU, search.plan.config, search.plan.pipeline)
     assert legacy != key
-    optuna.create_study(study_name=legacy, storage=search.storage, directions=search.objectives.directions())
-    assert search.study_name == legacy
-    assert search.open_study().user_attrs[ATTR_STUDY_KEY] == key
+    optuna.create_study(study_name=legacy, storage=search.store.url, directions=search.plan.objectives.directions())
+    assert search.store.study_name == legacy
+    assert search.store.open_study().user_attrs[ATTR_STUDY_KEY] == key
     with fold_installed():
         later = _search(residual_spec, tmp_path)
-        assert legacy_study_name(residual_spec, CPU, later.config, later.pipeline) != legacy
-        assert later.study_name == legacy
+        assert legacy_study_name(residual_spec, CPU, later.plan.config, later.plan.pipeline) != legacy
+        assert later.store.study_name == legacy
 
 
 def test_the_first_lines_of_a_run_come_back_in_order_and_only_those_with_something_to_say() -> None:
@@ -140,16 +140,16 @@ def test_a_study_records_its_runtimes_and_a_changed_set_asks_for_a_new_name_or_t
     assert config.runtimes == ("all",)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     first = Search(residual_spec, CPU, config, storage=storage, track=False)
-    study = first.open_study()
-    assert study.user_attrs[ATTR_RUNTIMES] == list(first.runtimes)
+    study = first.store.open_study()
+    assert study.user_attrs[ATTR_RUNTIMES] == list(first.plan.runtimes)
     with registered_runtime(_Extra()):
         widened = Search(residual_spec, CPU, config, storage=storage, track=False)
-        assert widened.study_name == first.study_name, "a new runtime renames no study"
-        assert "extra_test" in widened.runtimes
+        assert widened.store.study_name == first.store.study_name, "a new runtime renames no study"
+        assert "extra_test" in widened.plan.runtimes
         with pytest.raises(ConfigError, match=r"runtime\(s\) extra_test joined.*--accept-plugin-change"):
-            widened.open_study()
+            widened.store.open_study()
         accepted = Search(residual_spec, CPU, config, storage=storage, track=False, accept_plugin_change=True)
-        assert "extra_test" in accepted.open_study().user_attrs[ATTR_RUNTIMES]
+        assert "extra_test" in accepted.store.open_study().user_attrs[ATTR_RUNTIMES]
 
 
 class _Extra(Runtime):
@@ -175,5 +175,5 @@ def test_a_default_study_named_with_the_old_runtime_list_resumes_under_its_name(
     assert old != study_name(residual_spec, CPU, config, default_pipeline())
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     search = Search(residual_spec, CPU, config, storage=storage, track=False)
-    optuna.create_study(study_name=old, storage=storage, directions=search.objectives.directions())
-    assert search.study_name == old
+    optuna.create_study(study_name=old, storage=storage, directions=search.plan.objectives.directions())
+    assert search.store.study_name == old

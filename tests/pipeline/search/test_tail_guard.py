@@ -137,14 +137,14 @@ def test_every_trial_shows_its_inputs_on_its_line_and_names_its_worst(guarded: S
     assert "| inputs: flips 0.0 %, confident 0.0 % |" in baseline_line
     worst = tail.user_attrs[ATTR_WORST_INPUTS]
     assert worst and all(row["broken"] and row["flip"] == 0.0 for row in worst)
-    batch = int(guarded.spec.evaluation()[0][1].shape[0])
+    batch = int(guarded.plan.spec.evaluation()[0][1].shape[0])
     assert all(int(row["index"]) % batch % EVERY == 0 for row in worst), "the planted rows, by their index"
 
 
 def test_mlflow_holds_the_per_input_view_and_the_worst_inputs_file(guarded: Search) -> None:
-    client = MlflowClient(tracking_uri=guarded.tracking_uri)
+    client = MlflowClient(tracking_uri=guarded.store.tracking_uri)
     tail = trials_by_seed(guarded)["tail"]
-    experiment = client.get_experiment_by_name(experiment_name(guarded.spec.name))
+    experiment = client.get_experiment_by_name(experiment_name(guarded.plan.spec.name))
     assert experiment is not None
     [run] = client.search_runs([experiment.experiment_id], filter_string=f"tags.`paretorch.trial` = '{tail.number}'")
     metrics = tail.user_attrs[ATTR_METRICS]
@@ -170,8 +170,8 @@ def test_a_planted_tail_is_stopped_at_the_screen_before_its_full_cost(digits_spe
                                latency_budget="quick", exports="none", max_drop="10%", presets=(), compose=0,
                                seeds=[{"name": "costly", "stages": [{"stage": "toy.tail_costly", "work": 100}]}])
     search = Search(digits_spec, torch.device("cpu"), config, storage=f"sqlite:///{tmp_path / 'o.db'}", track=False)
-    search.latency.timer = LabelTimer()
-    search.latency.cpu_clock = None
+    search.model.latency.timer = LabelTimer()
+    search.model.latency.cpu_clock = None
     COST.clear()
     trials = {t.user_attrs.get("paretorch.seed"): t for t in
               run_search(search, trials=2, console=Console(file=io.StringIO(), width=300)).study.trials}

@@ -35,6 +35,7 @@ from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime
 from paretorch.pipeline.core.runtimes.registry import declared_probes, registered_runtime
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, registered
+from paretorch.pipeline.core.timing import use_clock
 from paretorch.pipeline.search import Search, SearchConfig
 from paretorch.pipeline.search.config import Preset, SeedRecipe
 from paretorch.pipeline.search.dead_ends import RuntimeGains
@@ -45,6 +46,7 @@ from paretorch.pipeline.search.record import ATTR_FIDELITY, FULL_FIDELITY, PROBE
 from paretorch.pipeline.search.subset import OVER_ON_SUBSET
 from paretorch.pipeline.search.time_to_result import best_so_far, time_to_reach, time_to_result
 from paretorch.pipeline.tracking.tracker import experiment_name
+from tests.fake_clock import SimulatedClock
 from tests.pipeline.search.conftest import run_on_fake_clock, trials_by_seed
 
 #: True latency (ms) per label: the baseline 1.0, a 4x trial, a 14x slower one, a fast one with a wrecked metric.
@@ -141,7 +143,7 @@ def test_its_latency_is_its_probe_one_number_per_fact(quick_search: Search) -> N
     assert metrics["speedup"] == pytest.approx(4.0)
     # The objective is the probe's measurement of the workload (its paired rounds, per batch) on the baseline's scale;
     # the model call alone, timed in the evaluation, is a fact of its own beside it.
-    per_batch = 0.25 / quick_search.latency.workload.batches  # type: ignore[union-attr]  # the fake's 0.25 ms a call
+    per_batch = 0.25 / quick_search.model.latency.workload.batches  # type: ignore[union-attr]  # the fake's 0.25 ms a call
     assert metrics["latency_ms_b1_via_speedup"] == pytest.approx(metrics["latency_ms_paired"])
     assert metrics["latency_ms_paired"] == pytest.approx(per_batch)
     assert metrics["latency_ms_p50_b1"] > 0 and metrics["model_call_speedup"] > 0
@@ -154,8 +156,8 @@ def test_time_to_result_is_written_and_rises(quick_search: Search) -> None:
     assert curve[-1][1] == pytest.approx(4.0, rel=1e-3)
     assert outcome.found.startswith(f"time to result: the front's lead, trial {outcome.best[0].number} (4.00x), "
                                     "found after ")
-    client = MlflowClient(quick_search.tracking_uri)
-    experiment = client.get_experiment_by_name(experiment_name(quick_search.spec.name))
+    client = MlflowClient(quick_search.store.tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name(quick_search.plan.spec.name))
     parent = client.get_run(outcome.parent_run_id)
     assert parent.info.experiment_id == experiment.experiment_id
     history = client.get_metric_history(outcome.parent_run_id, "time_to_result_speedup")
@@ -340,19 +342,19 @@ def test_a_probe_that_did_not_decide_orders_but_drops_nothing() -> None:
 
 def test_the_probe_warms_each_precision_so_a_slow_first_call_decides_nothing() -> None:
     """A GPU's first bfloat16 product (library handles, kernel selection) is far slower than a warm float32
-    one: the old probe read 0.00x from it. Injected: 1,000 ms for the first call, then 1 ms against 4 ms."""
+    one: the old probe read 0.00x from it. Injected: 1,000 ms for the first call, then 1 ms against 4 ms, on a
+    simulated clock (the CPU's one clock, swapped)."""
     calls = {"fp32": 0, "bf16": 0}
+    clock = SimulatedClock()
 
-    def product(name: str, warm_ms: float, first_ms: float) -> Callable[[], float]:
-        def call() -> float:
+    def product(name: str, warm_ms: float, first_ms: float) -> Callable[[], None]:
+        def call() -> None:
             calls[name] += 1
-            return first_ms if calls[name] == 1 else warm_ms
+            clock.advance(first_ms if calls[name] == 1 else warm_ms)
         return call
 
-    def clock(call: Callable[[], object], device: torch.device, repeats: int) -> float:
-        return float(sum(call() for _ in range(repeats)))  # type: ignore[misc]
-
-    gain = paired_gain(product("fp32", 4.0, 4.0), product("bf16", 1.0, 1000.0), torch.device("cpu"), clock)
+    with use_clock(torch.device("cpu"), clock):
+        gain = paired_gain(product("fp32", 4.0, 4.0), product("bf16", 1.0, 1000.0), torch.device("cpu"))
     assert gain.ratio == pytest.approx(4.0) and gain.decided() is True and gain.rounds >= MIN_ROUNDS
     assert calls["bf16"] > MIN_ROUNDS, "timed in rounds after its warm-up, never once"
 
