@@ -5,7 +5,8 @@ the default pipeline's stages as the registry places them, and ``--toy-plugin``.
 search samples: on/off and an integer) and ``tests/plugins/toy_runtime`` (a third-party runtime), each
 one module plus one entry-point line, with pip into a temporary folder for the whole run, as a user's
 ``pip install`` would, so that the run proves plugins cannot turn the suite red (``make test`` runs the
-contract, default-pipeline and search tests this way).
+contract, default-pipeline and search tests this way). ``plugin_installer`` pip-installs any plugin package the
+same way (tests/plugins/test_out_of_tree.py: a plugin's contract tests run outside this checkout).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,17 +47,19 @@ TOY_PLUGIN_SOURCES = (Path(__file__).parent / "stages" / "toy_plugin",
 TOY_STAGE = "toy.scale_bias"
 TOY_RUNTIME = "inference_mode"
 TEST_WEIGHTS_ENV_VAR = "PARETORCH_TEST_WEIGHTS"
+#: What a plugin source folder may hold from an earlier build or editable install: never copied.
+BUILD_LEFTOVERS = shutil.ignore_patterns("*.egg-info", "__pycache__", "build")
 _TOY_SITE: list[Path] = []  # the folder --toy-plugin installed into, while the run lasts
 
 
-def install_toy_plugin(folder: Path) -> Path:
-    """pip-install the toy stage and toy runtime packages (offline, no build isolation) into ``folder``/site;
-    returns the site."""
+def install_plugins(sources: Iterable[Path], folder: Path) -> Path:
+    """pip-install copies of the plugin packages ``sources`` (offline, no build isolation, no dependencies) into
+    ``folder``/site, as a user's ``pip install`` would (their entry points with them); returns the site."""
     site = folder / "site"
     builds = []
-    for source in TOY_PLUGIN_SOURCES:
+    for source in sources:
         build = folder / "src" / source.name
-        shutil.copytree(source, build, dirs_exist_ok=True)
+        shutil.copytree(source, build, dirs_exist_ok=True, ignore=BUILD_LEFTOVERS)
         builds.append(str(build))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
@@ -64,6 +67,11 @@ def install_toy_plugin(folder: Path) -> Path:
         check=True, capture_output=True, text=True, timeout=180,
     )
     return site
+
+
+def install_toy_plugin(folder: Path) -> Path:
+    """pip-install the toy stage and toy runtime packages into ``folder``/site; returns the site."""
+    return install_plugins(TOY_PLUGIN_SOURCES, folder)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -135,6 +143,12 @@ def toy_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if _TOY_SITE:
         return _TOY_SITE[0] / "site"
     return install_toy_plugin(tmp_path_factory.mktemp("toy_plugin"))
+
+
+@pytest.fixture(scope="session")
+def plugin_installer() -> Callable[[Iterable[Path], Path], Path]:
+    """:func:`install_plugins`: ``plugin_installer(sources, folder)`` pip-installs plugin packages into a site."""
+    return install_plugins
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,25 @@ import mlx.core as mx
 import torch
 from torch import nn
 
-from paretorch.pipeline.core.device import move_module
-from paretorch.pipeline.core.errors import InfeasibleConfig
-from paretorch.pipeline.core.spec import Batch
-from paretorch.pipeline.core.stage import ExportConfig, ExportResult, Stage, StageContext, export_mirror
-from paretorch.pipeline.core.token_inputs import is_token_input
-from paretorch.stages.common.mirror_facts import WeightQuantization
-from paretorch.stages.export.atomic import artifact_size_bytes, atomic_artifact
-from paretorch.stages.export.checks import compare_outputs, converter_failure, require_close, run_reference
-from paretorch.stages.export.metadata import artifact_metadata
+from paretorch.extend import (
+    Batch,
+    ExportConfig,
+    ExportResult,
+    InfeasibleConfig,
+    Stage,
+    StageContext,
+    WeightQuantization,
+    artifact_metadata,
+    artifact_size_bytes,
+    atomic_artifact,
+    compare_outputs,
+    converter_failure,
+    export_mirror,
+    is_token_input,
+    move_module,
+    require_close,
+    run_reference,
+)
 from paretorch_mlx.lower import UnsupportedOps, lower, to_mx, to_torch
 from paretorch_mlx.plan import QuantPlan, quant_plan
 from paretorch_mlx.reproduces import REPRODUCES

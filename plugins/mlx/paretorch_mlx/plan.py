@@ -1,11 +1,11 @@
 """Which linear weights MLX quantizes for a recipe, and how: the quantize stage's method mapped to MLX's own affine
 quantization (``mx.quantize``: ``bits`` per weight, one scale and bias per group of ``group_size`` inputs).
 
-The recipe's :class:`~paretorch.stages.common.mirror_facts.WeightQuantization` says the bits and, for per-group methods,
+The recipe's :class:`~paretorch.extend.WeightQuantization` says the bits and, for per-group methods,
 the group size; a per-channel method (int8 weight-only) is quantized in MLX's groups (the export's ``group_size``, 64
 by default as ``mlx.nn.quantize``), so its numerics are MLX's, not torchao's per-channel symmetric ones: the trial's
 metric is measured on MLX's outputs. The layers are the quantize stage's (its layer filter, read by
-:class:`~paretorch.stages.export.layer_filter.LayerFilter` as every export reads it); MLX has no quantized convolution,
+:class:`~paretorch.extend.LayerFilter` as every export reads it); MLX has no quantized convolution,
 so convolutions stay float.
 """
 
@@ -18,9 +18,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from paretorch.pipeline.core.mirror import ExportMirror
-from paretorch.stages.common.mirror_facts import WeightQuantization
-from paretorch.stages.export.layer_filter import LayerFilter, module_weight_key
+from paretorch.extend import ExportMirror, LayerFilter, WeightQuantization, module_weight_key
 from paretorch_mlx.lower import QuantizedLinear
 from paretorch_mlx.reproduces import GROUP_SIZES
 

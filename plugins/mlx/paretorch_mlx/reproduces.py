@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from paretorch.pipeline.core.mirror import quant_group, quant_scheme
-from paretorch.pipeline.core.runtimes.reproduces import TORCHSCRIPT, Reproduces
+from paretorch.extend import TORCHSCRIPT, Reproduces, quant_group, quant_scheme
 
 _FLOAT32 = "the MLX export runs float32 (reduced precision is not wired to MLX here)"
 _WEIGHT_ONLY = ("MLX quantizes weights only (mx.quantize, affine per group); activations stay float: weight-only "

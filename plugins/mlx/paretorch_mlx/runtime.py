@@ -19,10 +19,7 @@ import mlx.core as mx
 import torch
 from torch import Tensor, nn
 
-from paretorch.pipeline.core.errors import InfeasibleConfig
-from paretorch.pipeline.core.machine_probe import EngineProbe
-from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime, RuntimeExport
-from paretorch.pipeline.core.spec import Batch
+from paretorch.extend import Batch, EngineProbe, ExportHandle, InfeasibleConfig, Runtime, RuntimeExport
 from paretorch_mlx.export import PLAN_FILE
 from paretorch_mlx.lower import lower, to_mx, to_torch
 from paretorch_mlx.plan import QuantPlan
@@ -46,7 +43,7 @@ def mlx_device(device: torch.device) -> mx.Device | None:
 
 class MLXFunction:
     """A lowered program, compiled, called like the torch model (a
-    :class:`~paretorch.pipeline.core.runtimes.base.LoadedModel`)."""
+    :class:`~paretorch.extend.LoadedModel`)."""
 
     def __init__(self, path: Path, device: torch.device) -> None:
         start = time.perf_counter()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from paretorch.pipeline.core.runtimes.base import ExportHandle, Runtime
+from paretorch.extend import ExportHandle, Runtime
 
 
 class InferenceMode(Runtime):

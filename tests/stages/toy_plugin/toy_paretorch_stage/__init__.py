@@ -17,7 +17,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext
+from paretorch.extend import Stage, StageConfig, StageContext
 
 
 class ScaleBiasConfig(StageConfig):
