@@ -90,7 +90,8 @@ def run_chain(
     if cache is None:
         cache = NodeCache(export_dir=cache_dir("exports") if exports else None)
     pipeline = recipe_pipeline(configs, name="chain")
-    runner = Runner(pipeline, ctx.spec, ctx.device, cache=cache, work_dir=results_dir() / "work", model=model)
+    runner = Runner(pipeline, ctx.spec, ctx.device, cache=cache, latency=ctx.latency,
+                    batch_sizes=ctx.latency_batch_sizes, work_dir=results_dir() / "work", model=model)
     result = runner.run(runtime=runtime, evaluate=False)
     for node in result.nodes.values():
         ctx.records.update(node.records)

@@ -27,6 +27,7 @@ import torch
 from rich.console import Console
 
 from paretorch.experiments.bench.paths import RESULTS_DIR
+from paretorch.pipeline.core.timing import host_seconds
 from paretorch.pipeline.search import Search, SearchConfig, run_search
 from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE_LINE
 from paretorch.pipeline.sources.resolve import resolve_spec
@@ -54,7 +55,7 @@ def front(model: str, trials: int, storage: Path, label: str) -> dict[str, Any]:
     config = SearchConfig.load(None, exports="none")
     search = Search(spec, torch.device("cpu"), config, storage=f"sqlite:///{storage}", track=False,
                     name=f"busy-check-{model}-{label}-{int(time.time())}")
-    started = time.perf_counter()
+    started = host_seconds()
     outcome = run_search(search, trials, console=Console(stderr=True))
     rows = {}
     for trial in outcome.pareto:
@@ -62,7 +63,7 @@ def front(model: str, trials: int, storage: Path, label: str) -> dict[str, Any]:
         recipe = str(trial.user_attrs.get(ATTR_RECIPE_LINE, trial.number)).partition(" | -> ")[0]
         rows[recipe] = {"trial": trial.number, "speedup": metrics.get("speedup"),
                         "ci": [metrics.get("speedup_ci_low"), metrics.get("speedup_ci_high")]}
-    return {"front": rows, "seconds": time.perf_counter() - started, "load_before": os.getloadavg()[0]}
+    return {"front": rows, "seconds": host_seconds() - started, "load_before": os.getloadavg()[0]}
 
 
 def verdict(quiet: dict[str, Any], busy: dict[str, Any]) -> dict[str, Any]:

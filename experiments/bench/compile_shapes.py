@@ -8,7 +8,8 @@ fp32 and bf16, timed in interleaved rounds with fp32-or-bf16 eager, in one proce
 Two input sets at batch 32, each batch padded to its longest sentence: the spec's latency batch (pydoc
 sentences) and, with ``--pairs``, the median-length batch of a sentence-pair file's sentences (tab
 separated, columns 6 and 7, no quoting). Prints the compile seconds of each runtime, the graphs dynamo
-compiled (the dynamic runtime must compile one for every length), per-round medians and the ratios.
+compiled (the dynamic runtime must compile one for every length), per-round medians (the timing service's rounds,
+:func:`paretorch.pipeline.core.timing.time_rounds`) and the ratios.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import json
 import os
 import random
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,17 +30,19 @@ from torch._dynamo.utils import counters
 
 from paretorch.experiments.models.minilm import _tokenizer
 from paretorch.experiments.models.minilm import spec as minilm_spec
-from paretorch.pipeline.core.evaluate import LatencySettings, measure_latency
+from paretorch.pipeline.core.latency import LatencySettings
 from paretorch.pipeline.core.noise import median_ci
 from paretorch.pipeline.core.padding import bucket_length, latency_inputs, pad_to, representative_batch, trim_to_longest
 from paretorch.pipeline.core.runtimes.compile import COMPILE
 from paretorch.pipeline.core.runtimes.compile_dynamic import COMPILE_DYNAMIC
 from paretorch.pipeline.core.runtimes.registry import prepare_runtime
 from paretorch.pipeline.core.spec import Batch, load_model
+from paretorch.pipeline.core.timing import DeviceTimer, time_first_call, time_rounds
 from paretorch.pipeline.sources.huggingface import tokenize
 
 CPU = torch.device("cpu")
-ROUND = LatencySettings(warmup_runs=2, min_runs=7, min_seconds=0.0)
+#: Per round each side's median of 7 calls (the timing service's rounds, each side warmed up once by 2 calls).
+ROUND = LatencySettings(warmup_runs=2, round_runs=7, round_seconds=0.0)
 MASK = 1
 BATCH = 32
 
@@ -77,12 +79,11 @@ def graphs() -> int:
 
 
 def first_call(fn: Callable[..., Tensor], inputs: Batch) -> tuple[float, int, Tensor]:
-    """Seconds of the first call (compilation), graphs it compiled, and its output."""
+    """Seconds of the first call (compilation, on the timing service's clock), graphs it compiled, and its output."""
     before = graphs()
-    start = time.perf_counter()
-    with torch.no_grad():
-        out = fn(*inputs)
-    return time.perf_counter() - start, graphs() - before, out
+    outputs: list[Tensor] = []
+    ms = time_first_call(lambda: outputs.append(fn(*inputs)), (), CPU)
+    return ms / 1000.0, graphs() - before, outputs[0]
 
 
 def bound(fn: Callable[..., Tensor], inputs: Batch) -> Callable[..., Tensor]:
@@ -130,11 +131,11 @@ def measure(model: nn.Module, sets: dict[str, Batch], rounds: int) -> dict[str, 
         bucket = bucketed(inputs)
         functions = {"eager": bound(eager, inputs), "dynamic": bound(dynamic, inputs),
                      "static_bucket": bound(static, bucket), "static_exact": bound(static, inputs)}
-        samples: dict[str, list[float]] = {k: [] for k in functions}
-        with torch.no_grad():
-            for _ in range(rounds):
-                for key, fn in functions.items():
-                    samples[key].append(measure_latency(fn, (), CPU, ROUND).p50_ms)
+        sides = [(fn, ()) for fn in functions.values()]
+        timer = DeviceTimer(CPU, ROUND)
+        timer.warm_up(sides)
+        # the order reversed every other round
+        samples = dict(zip(functions, time_rounds(sides, timer, rounds), strict=True))
         length, width = int(inputs[MASK].shape[1]), int(bucket[MASK].shape[1])
         tokens = float(inputs[MASK].sum(dim=1).float().mean())
         print(f" {name}: batch {BATCH} x {length} tokens (mean {tokens:.1f}), bucket {width}")

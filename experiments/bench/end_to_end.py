@@ -9,7 +9,8 @@ sentences (256 pydoc sentences) are the ``built-in sample``. In one process each
 strings to float32 host embeddings, tokenization included (:mod:`paretorch.pipeline.core.workload`): ``serve`` the texts
 in the given order in batches of ``--batch``, ``corpus`` the
 whole list encoded at once (sorted by length where the variant sorts: sentence-transformers' ``encode`` and a
-deployment's ``encode`` do). Every variant runs once per round, the order rotated each round; the speed-up of each is
+deployment's ``encode`` do). Every variant runs once per round, the order reversed every other round (the timing
+service's rounds, :func:`paretorch.pipeline.core.timing.alternate`, on the host clock); the speed-up of each is
 the median of its per-round ratios to **fp32 eager run the same way** (the unoptimized model behind the same
 ``encode`` code as a deployment, :class:`paretorch.pipeline.core.text_batches.ModelEncoder`) with its 95 % interval, and
 ``vs one-liner`` its ratio to the fastest sentence-transformers variant in the same rounds.
@@ -46,11 +47,13 @@ from paretorch.experiments.models import minilm
 from paretorch.pipeline.api import load_deployment, load_model
 from paretorch.pipeline.core.errors import SpecError
 from paretorch.pipeline.core.input_agreement import InputAgreement
+from paretorch.pipeline.core.latency import LatencySettings
 from paretorch.pipeline.core.noise import median_ci
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.task_data import PairsData, load_task_data
 from paretorch.pipeline.core.task_spec import distinct_texts
 from paretorch.pipeline.core.text_batches import ModelEncoder
+from paretorch.pipeline.core.timing import DeviceTimer, Timed, alternate
 from paretorch.pipeline.engine.deployment import save_deployment
 from paretorch.pipeline.engine.graph import recipe_pipeline
 from paretorch.pipeline.engine.recipe import Recipe
@@ -155,19 +158,29 @@ def variants(spec: ModelSpec, recipes: Sequence[Recipe], folder: Path, device: t
     return runs
 
 
+#: One call a side per round, untimed warm-up left to the caller (the first call, whose outputs are compared).
+ONE_CALL = LatencySettings(warmup_runs=0, round_runs=1, round_seconds=0.0)
+
+
+def _bound(run: Variant, texts: Sequence[str]) -> Callable[[], Tensor]:
+    return lambda: run(texts)
+
+
 def measure(runs: dict[str, Variant], texts: Sequence[str], rounds: int, batch: int,
             log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    """Every variant once per round, the order rotated; per variant its seconds and ratios to the baseline."""
+    """Every variant once per round on the timing service's rounds (the order reversed every other round, each call on
+    the host clock: the outputs end on the host); per variant its seconds and ratios to the baseline."""
     names = list(runs)
     outputs = {name: runs[name](texts) for name in names}  # warm-up (a compiled path compiles here)
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    for number in range(rounds):
-        shift = number % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            runs[name](texts)
-            seconds[name].append(time.perf_counter() - start)
-        log(f"round {number + 1}/{rounds}: " + ", ".join(f"{n[:28]} {seconds[n][-1]:.3f} s" for n in names))
+    sides: list[Timed] = [(_bound(runs[name], texts), ()) for name in names]
+
+    def done(samples: Sequence[Sequence[float]]) -> str | None:
+        log(f"round {len(samples[0])}/{rounds}: " + ", ".join(f"{n[:28]} {ms[-1] / 1000:.3f} s"
+                                                               for n, ms in zip(names, samples, strict=True)))
+        return "rounds" if len(samples[0]) >= rounds else None
+
+    timed, _ = alternate(sides, DeviceTimer(torch.device("cpu"), ONE_CALL), done)
+    seconds = {name: [ms / 1000 for ms in values] for name, values in zip(names, timed, strict=True)}
     peers = [name for name in names if name.startswith("sentence-transformers")]
     fastest = min(peers, key=lambda name: statistics.median(seconds[name])) if peers else None
     batches = -(-len(texts) // batch)
@@ -196,7 +209,8 @@ def render(result: dict[str, Any]) -> str:
            "sorts")
     lines = [f"### End to end, `{workload}` b{batch}: MiniLM on {result['device_name']}, strings to host embeddings",
              "", f"{result['date']}; {result['threads']} thread(s); {result['rounds']} rounds, every variant once a "
-             f"round, order rotated; load {result['load_start'][0]:.1f} before, {result['load_end'][0]:.1f} after "
+             f"round, the order reversed every other round; load {result['load_start'][0]:.1f} before, "
+             f"{result['load_end'][0]:.1f} after "
              f"({result['note']}). Each set {how}, tokenization included; speed-up: median of per-round ratios to fp32 "
              "eager run the same way [95 % CI]; `vs one-liner`: against the fastest sentence-transformers variant in "
              "the same rounds."]

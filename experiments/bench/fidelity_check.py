@@ -30,7 +30,6 @@ import argparse
 import csv
 import json
 import platform
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +52,7 @@ from paretorch.pipeline.core.fidelity import (
 )
 from paretorch.pipeline.core.ranking import pearson, spearman
 from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.core.timing import host_seconds
 from paretorch.pipeline.engine.cache import NodeCache
 from paretorch.pipeline.sources.huggingface import tokenize
 from paretorch.stages.distill.stage import DistillConfig
@@ -185,10 +185,10 @@ def run_variants(pairs: Pairs, distill_steps: int, log: Callable[[str], None] = 
     news_reference: Tensor | None = None
     rows = []
     for name, configs in variants(distill_steps).items():
-        start = time.perf_counter()
+        start = host_seconds()
         ctx = StageContext(spec, device)
         variant = run_chain(model, configs, ctx, cache=cache).model.to(device) if configs else model
-        built = time.perf_counter() - start
+        built = host_seconds() - start
         embeddings = embed(variant, tokenizer, pairs.sentences, device=device)
         news_embeddings = embed(variant, tokenizer, news, device=device)
         reference = embeddings if reference is None else reference
@@ -202,7 +202,7 @@ def run_variants(pairs: Pairs, distill_steps: int, log: Callable[[str], None] = 
             "fidelity": fidelity_report(embeddings, reference, METRICS)
             | {f"{NEWS_PREFIX}{k}": v for k, v in fidelity_report(news_embeddings, news_reference, METRICS).items()},
             "build_s": round(built, 1),
-            "embed_s": round(time.perf_counter() - start - built, 1),
+            "embed_s": round(host_seconds() - start - built, 1),
         }
         rows.append(row)
         log(json.dumps({k: v for k, v in row.items() if k != "recipe"}))

@@ -51,12 +51,13 @@ from paretorch.experiments.models.minilm import spec as minilm_spec
 from paretorch.pipeline.api import run_chain
 from paretorch.pipeline.core.evaluate import compute_metrics, count_macs
 from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
-from paretorch.pipeline.core.paired import DeviceTimer, measure_paired
+from paretorch.pipeline.core.paired import measure_paired
 from paretorch.pipeline.core.runtimes.registry import available_runtimes, prepare_runtime
 from paretorch.pipeline.core.spec import Batch, ModelSpec, move_batch
 from paretorch.pipeline.core.stage import StageConfig, StageContext
 from paretorch.pipeline.core.task_data import load_task_data
 from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.core.timing import DeviceTimer, clock_for, host_seconds
 from paretorch.stages.amp.stage import AmpConfig
 from paretorch.stages.pack.deploy import PackedEncoder
 from paretorch.stages.pack.layout import pack_token_lists
@@ -121,7 +122,7 @@ def sync_free(encoder: PackedEncoder, lists: Sequence[Sequence[int]]) -> str:
     if encoder.device.type != "cuda":
         return "not checked (CUDA only)"
     packed = pack_token_lists(lists, encoder.bucket, encoder.model.buckets)
-    torch.cuda.synchronize()
+    clock_for(encoder.device).wait()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as seen, torch.inference_mode():
@@ -168,7 +169,7 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
             output = output.to("cpu", torch.float32)
             extra["max_abs_diff_vs_eager"] = float((output - reference).abs().max())
             extra["max_abs_diff_vs_fp32"] = float((output - references["fp32"]).abs().max())
-            started = time.perf_counter()
+            started = host_seconds()
             paired = measure_paired(baseline, trial, timer, settings)
         seconds = paired.trial_ms / 1000.0
         rows.append({
@@ -178,7 +179,7 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
             "baseline_ms": paired.baseline_ms, "unstable": paired.unstable,
             "tflops_padded": padded_flops / seconds / 1e12 if seconds else None,
             "tflops_real": real * padded_flops / seconds / 1e12 if seconds else None,
-            "timing_seconds": time.perf_counter() - started, **extra,
+            "timing_seconds": host_seconds() - started, **extra,
         })
         print(json.dumps(rows[-1]), flush=True)
 

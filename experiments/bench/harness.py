@@ -56,6 +56,7 @@ from paretorch.pipeline.core.runtimes.registry import available_runtimes, get_ru
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.task_data import load_task_data
 from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.core.timing import host_seconds
 from paretorch.pipeline.core.workload import DEFAULT_WORKLOAD, workload_for
 from paretorch.pipeline.engine.graph import recipe_pipeline
 from paretorch.pipeline.engine.recipe import Recipe
@@ -231,12 +232,12 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     storage = f"sqlite:///{work / 'bench-study.db'}"
     search = Search(spec, device, config, storage=storage, track=False,
                     name=f"bench-{spec.name}-{device.type}-{int(time.time())}")
-    started = time.perf_counter()
+    started = host_seconds()
     started_at = datetime.now()  # the trials' datetime_start / datetime_complete are local, naive times
     # The search points fd 2 at its third-party log: the trial lines go to a copy of the bench's stderr.
     with os.fdopen(os.dup(2), "w", buffering=1) as stderr:
         outcome = run_search(search, trials, console=Console(file=stderr))
-    seconds = time.perf_counter() - started
+    seconds = host_seconds() - started
     if not outcome.pareto:
         raise RuntimeError("the search found no feasible trial")
     key = search.plan.objectives.latency_key  # the baseline's p50 / the paired speed-up

@@ -37,8 +37,9 @@ from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.pipeline.core.device import resolve_device
 from paretorch.pipeline.core.length_groups import LengthGrouped
 from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
-from paretorch.pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from paretorch.pipeline.core.paired import measure_paired
 from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.timing import DeviceTimer, host_seconds, process_clock
 from paretorch.pipeline.engine.recipe import Recipe
 from paretorch.pipeline.sources.resolve import resolve_spec
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if not given.is_file():
         parser.exit(2, f"error: {given} does not exist: give a study's recipe.json or a peer's .xml\n")
     torch.set_num_threads(args.threads)
-    started = time.perf_counter()
+    started = host_seconds()
     device = resolve_device(args.device)
     if args.recipe is not None:
         fn, spec, names = recipe_call(args.recipe, device)
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         fn, spec = PlainIr(args.peer_ir, args.threads, None), resolve_spec("minilm")
         names = {"recipe": f"peer IR {args.peer_ir.name}", "runtime": "peer-openvino"}
     result = names | measure(fn, spec, args.rows, args.batch, device)
-    result |= {"threads": args.threads, "isa": isa_info(), "seconds": time.perf_counter() - started,
+    result |= {"threads": args.threads, "isa": isa_info(), "seconds": host_seconds() - started,
                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{LENGTH_GROUPS_PREFIX}{result['model']}-{result['runtime']}-b{args.batch}.json"

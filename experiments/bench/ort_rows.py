@@ -32,9 +32,10 @@ from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.pipeline.core.device import capabilities, describe, resolve_device
 from paretorch.pipeline.core.errors import InfeasibleConfig
 from paretorch.pipeline.core.padding import latency_inputs
-from paretorch.pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from paretorch.pipeline.core.paired import measure_paired
 from paretorch.pipeline.core.spec import ModelSpec, move_batch
 from paretorch.pipeline.core.stage import config_from_dict
+from paretorch.pipeline.core.timing import DeviceTimer, host_seconds, process_clock
 from paretorch.pipeline.engine.graph import recipe_pipeline
 from paretorch.pipeline.engine.runner import Runner
 from paretorch.pipeline.sources.resolve import resolve_spec
@@ -80,13 +81,13 @@ def measure_rows(spec: ModelSpec, device: torch.device, batch: int) -> dict[str,
         configs = [config_from_dict(dict(c)) for c in stages] + [
             config_from_dict({"stage": "export.onnx", "fusions": fusions})]
         runner = Runner(recipe_pipeline(configs), spec, device)
-        started = time.perf_counter()
+        started = host_seconds()
         try:
             result = runner.run(runtime="onnxruntime", exports=False)
         except InfeasibleConfig as exc:
             rows.append({"name": name, "skipped": f"infeasible: {exc.reason}"})
             continue
-        seconds = time.perf_counter() - started
+        seconds = host_seconds() - started
         fn = runner.prepare({}, "onnxruntime")
         paired = measure_paired((baseline_fn, inputs), (fn, inputs), timer, BENCH_LATENCY, cpu_clock=clock)
         report = result.report
@@ -119,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     before = _uptime()
     print(f"{spec.name} on {describe(device)}; onnxruntime providers {capabilities(device).ort_providers}; "
           f"threads {args.threads}; CPU affinity {affinity}; {before}", flush=True)
-    started = time.perf_counter()
+    started = host_seconds()
     measured = measure_rows(spec, device, args.batch)
     result = {
         "model": spec.name, "device": describe(device), "cpu": platform.processor() or platform.machine(),
         "batch": args.batch, "threads": args.threads, "affinity": affinity, "uptime_before": before,
-        "uptime_after": _uptime(), "seconds": time.perf_counter() - started,
+        "uptime_after": _uptime(), "seconds": host_seconds() - started,
         "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), **measured,
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -48,11 +48,13 @@ from paretorch.experiments.models import minilm
 if TYPE_CHECKING:
     import openvino
 from paretorch.pipeline.core.latency import LATENCY_BUDGETS
+from paretorch.pipeline.core.names import DEFAULT_LATENCY_BUDGET
 from paretorch.pipeline.core.ov_core import shared_core
 from paretorch.pipeline.core.ov_session import InferencePrecision, open_ir
 from paretorch.pipeline.core.padding import latency_inputs
-from paretorch.pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from paretorch.pipeline.core.paired import measure_paired
 from paretorch.pipeline.core.stage import ExportResult, StageContext, apply_stage
+from paretorch.pipeline.core.timing import DeviceTimer, process_clock
 from paretorch.stages.export.openvino import OpenVINOExportConfig
 from paretorch.stages.export.openvino_nncf import count_int8, matmul_precision
 from paretorch.stages.quantize.stage import QuantizeConfig
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ours", type=Path, help="our IR (.xml or the export's directory); default: export it")
     parser.add_argument("--work", type=Path, default=Path("runs/bench/ov-int8"), help="where our IR is exported")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--budget", choices=sorted(LATENCY_BUDGETS), default="normal")
+    parser.add_argument("--budget", choices=sorted(LATENCY_BUDGETS), default=DEFAULT_LATENCY_BUDGET)
     parser.add_argument("--out", type=Path, default=Path("runs/bench"),
                         help="where the JSON goes (not the rendered results folder: no BENCHMARKS.md section reads it)")
     args = parser.parse_args(argv)

@@ -27,9 +27,10 @@ from paretorch.experiments.bench.gpu_rows import FULL_BF16
 from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.experiments.models.minilm import spec as minilm_spec
 from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
-from paretorch.pipeline.core.paired import DeviceTimer, measure_paired
+from paretorch.pipeline.core.paired import measure_paired
 from paretorch.pipeline.core.spec import move_batch
 from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.core.timing import DeviceTimer
 from paretorch.pipeline.engine.graph import default_pipeline
 from paretorch.pipeline.engine.runner import Runner
 from paretorch.pipeline.search.study_latency import StudyLatency

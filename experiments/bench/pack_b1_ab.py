@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -34,11 +33,11 @@ from torch import Tensor, nn
 from paretorch.experiments.bench.gpu_rows import FULL_BF16, staged
 from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.experiments.models.minilm import spec as minilm_spec
-from paretorch.pipeline.core.device import synchronize
 from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
-from paretorch.pipeline.core.paired import DeviceTimer, measure_paired
+from paretorch.pipeline.core.paired import measure_paired
 from paretorch.pipeline.core.runtimes.registry import prepare_runtime
 from paretorch.pipeline.core.spec import move_batch
+from paretorch.pipeline.core.timing import DeviceTimer, clock_for
 from paretorch.stages.pack.packed import PackedBert
 from paretorch.stages.pack.stage import PackConfig
 
@@ -75,16 +74,17 @@ def build(device: torch.device) -> tuple[dict[str, nn.Module], tuple[Tensor, ...
 
 
 def host_times(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...], calls: int = 2000) -> dict[str, float]:
-    """Microseconds per call: to issue it (a loop with no sync) and with the queue full (the loop, then a sync)."""
-    device = inputs[0].device
-    synchronize(device)
+    """Microseconds per call: to issue it (a loop with no sync) and with the queue full (the loop, then a sync), in
+    host seconds of the device's clock (the timing service's)."""
+    clock = clock_for(inputs[0].device)
+    clock.wait()
     with torch.no_grad():
-        start = time.perf_counter()
+        start = clock.seconds()
         for _ in range(calls):
             fn(*inputs)
-        issued = time.perf_counter()
-        synchronize(device)
-        done = time.perf_counter()
+        issued = clock.seconds()
+        clock.wait()
+        done = clock.seconds()
     return {"issue_us": (issued - start) / calls * 1e6, "per_call_us": (done - start) / calls * 1e6}
 
 
@@ -94,11 +94,12 @@ def profiled(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...], calls: int =
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    synchronize(device)
+    clock = clock_for(device)
+    clock.wait()
     with torch.no_grad(), torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):
             fn(*inputs)
-        synchronize(device)
+        clock.wait()
     events = prof.key_averages()
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     host = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU),

@@ -25,9 +25,10 @@ from paretorch.experiments.bench.gpu_rows import FULL_BF16, padded_from_lists, s
 from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.experiments.models.minilm import spec as minilm_spec
 from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
-from paretorch.pipeline.core.paired import DeviceTimer, measure_paired
+from paretorch.pipeline.core.paired import measure_paired
 from paretorch.pipeline.core.runtimes.registry import prepare_runtime
 from paretorch.pipeline.core.spec import move_batch
+from paretorch.pipeline.core.timing import DeviceTimer
 from paretorch.stages.pack.deploy import PackedEncoder
 from paretorch.stages.pack.layout import attention_width, device_layout, input_index, packed_length, starts_of
 from paretorch.stages.pack.packed import PackedBert

@@ -6,8 +6,9 @@
 Each row: a batch size, a dtype (``model.to(dtype)``) and a runtime (eager, ``torch.compile(dynamic=False)``
 with inductor freezing as the pipeline's ``compile`` runtime, ``mode="reduce-overhead"`` (CUDA graphs,
 CUDA only)); the padded model (the spec's latency batch cut to its longest sentence, as the pipeline
-times it) and the packed one, alternating call groups in every round. Reported per row: median ms per
-call of each, the ratio, their max abs output difference, the real-token fraction, and the packing step
+times it) and the packed one, a group of calls each per round on the timing service (the order reversed every other
+round: :func:`paretorch.pipeline.core.timing.time_rounds`, blocks on the device's clock). Reported per row: median ms
+per call of each, the ratio, their max abs output difference, the real-token fraction, and the packing step
 alone (the row lengths read and the starts sent back, :func:`paretorch.stages.pack.layout.host_starts`, then the
 layout on the device, :func:`paretorch.stages.pack.layout.device_layout`; exact and bucketed) in ms, eager.
 The load average is printed before and after (CPU numbers on a shared host move with it).
@@ -20,7 +21,6 @@ import copy
 import json
 import os
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from paretorch.experiments.models.minilm import spec as minilm_spec
 from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
 from paretorch.pipeline.core.spec import move_batch
+from paretorch.pipeline.core.timing import BlockTimer, time_block, time_rounds
 from paretorch.stages.pack.bert import find_packable
 from paretorch.stages.pack.layout import device_layout, host_starts
 from paretorch.stages.pack.packed import PackedBert
@@ -40,11 +41,6 @@ RUNTIMES = ("eager", "compile", "reduce-overhead")
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type != "cpu":
-        torch.accelerator.synchronize()
 
 
 def prepare(model: nn.Module, runtime: str) -> Callable[..., Tensor]:
@@ -65,27 +61,13 @@ def prepare(model: nn.Module, runtime: str) -> Callable[..., Tensor]:
     return run
 
 
-def time_calls(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...], calls: int, device: torch.device) -> float:
-    """Mean ms per call over ``calls`` back-to-back calls (one sync at the end)."""
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn(*inputs)
-    synchronize(device)
-    return (time.perf_counter() - start) * 1e3 / calls
-
-
 def packing_ms(mask: Tensor, bucket: bool, repeats: int = 50) -> float:
     """Median ms of the packing step alone for a padded batch on the device (lengths to the host, starts back,
-    the layout built on the device), eager."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        layout = device_layout(*host_starts(mask, bucket))
-        synchronize(mask.device)
-        times.append((time.perf_counter() - start) * 1e3)
-        del layout
-    return statistics.median(times)
+    the layout built on the device), eager, each step one region on the device's clock."""
+    def step() -> object:
+        return device_layout(*host_starts(mask, bucket))
+
+    return statistics.median(time_block(step, (), mask.device, 1) for _ in range(repeats))
 
 
 def explain_graphs(model: nn.Module, inputs: tuple[Tensor, ...]) -> dict[str, int]:
@@ -104,15 +86,14 @@ def row(model: nn.Module, inputs: tuple[Tensor, ...], dtype: str, runtime: str, 
     packed_model = PackedBert(copy.deepcopy(padded_model), paths).eval()
     torch.compiler.reset()
     variants = {"padded": prepare(padded_model, runtime), "packed": prepare(packed_model, runtime)}
-    times: dict[str, list[float]] = {name: [] for name in variants}
     with torch.inference_mode():
         outputs = {}
         for name, fn in variants.items():  # warm-up (compiles) and the outputs compared
             for _ in range(3):
                 outputs[name] = fn(*inputs)
-        for _ in range(rounds):
-            for name, fn in variants.items():
-                times[name].append(time_calls(fn, inputs, calls, device))
+        # each variant's round: a block of ``calls`` calls, the order reversed every other round
+        blocks = time_rounds([(fn, inputs) for fn in variants.values()], BlockTimer(device, calls, 0), rounds)
+    times = {name: [ms / calls for ms in values] for name, values in zip(variants, blocks, strict=True)}
     padded_ms, packed_ms = (statistics.median(times[name]) for name in ("padded", "packed"))
     result: dict[str, Any] = {
         "dtype": dtype, "runtime": runtime,

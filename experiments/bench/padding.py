@@ -3,6 +3,7 @@ against the new ones (the batch padded to its longest sentence), interleaved in 
 
     .venv/bin/python -m paretorch.experiments.bench.padding [--batch 32] [--rounds 7] [--threads 1]
 
+Timed on the timing service (:func:`paretorch.pipeline.core.timing.time_rounds`: the order reversed every other round).
 Prints one line per round and the medians, with the machine's load average before and after.
 """
 
@@ -15,14 +16,16 @@ import statistics
 import torch
 
 from paretorch.experiments.models.minilm import spec as minilm_spec
-from paretorch.pipeline.core.evaluate import LatencySettings, measure_latency
+from paretorch.pipeline.core.latency import LatencySettings
 from paretorch.pipeline.core.noise import median_ci
 from paretorch.pipeline.core.padding import latency_inputs, pad_to
 from paretorch.pipeline.core.spec import load_model
+from paretorch.pipeline.core.timing import DeviceTimer, time_rounds
 from paretorch.pipeline.sources.huggingface import SEQUENCE_LENGTH
 
 CPU = torch.device("cpu")
-ROUND = LatencySettings(warmup_runs=2, min_runs=5, min_seconds=0.0)
+#: Per round each side's median of 5 calls (the timing service's rounds, each side warmed up once by 2 calls).
+ROUND = LatencySettings(warmup_runs=2, round_runs=5, round_seconds=0.0)
 
 
 def load_average() -> str:
@@ -43,12 +46,14 @@ def main() -> None:
     padded = pad_to(trimmed, SEQUENCE_LENGTH, spec.padding_mask)
     print(f"MiniLM fp32 eager, CPU, {args.threads} thread(s), batch {args.batch}: longest {lengths.length} tokens, "
           f"mean {lengths.mean_tokens:.1f}; load average before: {load_average()}")
-    samples: dict[str, list[float]] = {"padded to 128": [], f"trimmed to {lengths.length}": []}
+    sides = [(model, padded), (model, trimmed)]
+    timer = DeviceTimer(CPU, ROUND)
     with torch.inference_mode():
-        for round_index in range(args.rounds):
-            for name, inputs in zip(samples, (padded, trimmed), strict=True):
-                samples[name].append(measure_latency(model, inputs, CPU, ROUND).p50_ms)
-            print(f"round {round_index + 1}: " + ", ".join(f"{k} {v[-1]:.1f} ms" for k, v in samples.items()))
+        timer.warm_up(sides)
+        timed = time_rounds(sides, timer, args.rounds)  # the order reversed every other round
+    samples = dict(zip(("padded to 128", f"trimmed to {lengths.length}"), timed, strict=True))
+    for round_index, times in enumerate(zip(*timed, strict=True)):
+        print(f"round {round_index + 1}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in zip(samples, times, strict=True)))
     medians = {name: statistics.median(values) for name, values in samples.items()}
     for name, values in samples.items():
         low, high = median_ci(sorted(values))

@@ -48,6 +48,7 @@ from paretorch.pipeline.core.padding import latency_sample
 from paretorch.pipeline.core.task_data import PairsData, load_task_data
 from paretorch.pipeline.core.task_metrics import pairs_metric
 from paretorch.pipeline.core.task_spec import distinct_texts
+from paretorch.pipeline.core.timing import host_seconds
 
 PEERS_PREFIX = "peers-"
 RUNNER = Path(__file__).resolve().parent / "peers_runner.py"
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"peers of {args.model}: threads {args.threads}, CPU affinity {affinity}; {before}", flush=True)
     settings = {"threads": args.threads, "batch": args.batch, "rounds": args.rounds, "warmup": args.warmup,
                 "latency_repeat": args.latency_repeat, "dev_sentences": args.dev_sentences}
-    started = time.perf_counter()
+    started = host_seconds()
     try:
         measured = measure(args.families, args.held_out, args.work, args.envs, settings, args.recipe)
     except ValueError as exc:
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"model": args.model, "device": "cpu", "cpu": cpu_description(), "isa": isa,
               "batch": args.batch, "threads": args.threads, "settings": settings, "affinity": affinity,
               "uptime_before": before,
-              "uptime_after": _uptime(), "seconds": time.perf_counter() - started,
+              "uptime_after": _uptime(), "seconds": host_seconds() - started,
               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), **measured}
     if args.search_result is not None and args.search_result.is_file():
         result["time_to_peer"] = attach_time_to_peer(args.search_result, result["rows"])

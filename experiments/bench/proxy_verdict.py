@@ -53,6 +53,7 @@ from paretorch.pipeline.core.input_agreement import TAIL_LIMIT, InputAgreement, 
 from paretorch.pipeline.core.proxy_metric import AS_MEASURED
 from paretorch.pipeline.core.ranking import row_spearman, spearman
 from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.core.timing import host_seconds
 from paretorch.pipeline.engine.cache import NodeCache
 from paretorch.pipeline.search.allowed_drop import AllowedDrop
 from paretorch.pipeline.search.objectives import Baseline, Objectives
@@ -154,11 +155,11 @@ def build_outputs(entry: Variant, model: nn.Module, spec: Any, tokenizer: Any, p
     path = cache / f"{cache_key(entry.chain)}.pt"
     if path.is_file():
         return torch.load(path, weights_only=True)
-    start = time.perf_counter()
+    start = host_seconds()
     built = run_chain(model, list(entry.chain), StageContext(spec, CPU), cache=nodes).model if entry.chain else model
-    built_s = time.perf_counter() - start
+    built_s = host_seconds() - start
     outputs: dict[str, Any] = outputs_of(built, spec, tokenizer, pairs, news)
-    outputs["seconds"] = torch.tensor([built_s, time.perf_counter() - start - built_s])
+    outputs["seconds"] = torch.tensor([built_s, host_seconds() - start - built_s])
     torch.save(outputs, path)
     log(f"{entry.name}: built in {built_s:.0f} s, embedded in {float(outputs['seconds'][1]):.0f} s")
     return outputs

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from paretorch.pipeline.core.runtimes.registry import get_runtime, prepare_runti
 from paretorch.pipeline.core.spec import Batch, ModelSpec, move_batch
 from paretorch.pipeline.core.task_data import load_task_data
 from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.core.timing import clock_for, host_seconds
 from paretorch.pipeline.engine.graph import recipe_pipeline
 from paretorch.pipeline.engine.recipe import Recipe
 from paretorch.pipeline.engine.runner import Runner
@@ -61,14 +61,15 @@ def token_batches(sentences: Sequence[str], batch: int, repeat: int) -> list[Bat
 
 
 def forward_pass(fn: Callable[..., Tensor], batches: Sequence[Batch], device: torch.device) -> Pass:
-    """One pass of ``fn`` over ``batches`` (already on ``device``), waiting for the device at the end."""
+    """One pass of ``fn`` over ``batches`` (already on ``device``), waiting for the device at the end (its clock's
+    wait: the timing service's)."""
+    clock = clock_for(device)
 
     def run() -> None:
         with torch.no_grad():
             for inputs in batches:
                 fn(*inputs)
-        if device.type != "cpu":
-            torch.accelerator.synchronize()
+        clock.wait()
 
     return run
 
@@ -100,12 +101,12 @@ def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings
     rows: list[dict[str, Any]] = []
     for path in paths:
         recipe = Recipe.load(path)
-        started = time.perf_counter()
+        started = host_seconds()
         fn = replay(recipe, spec, device)
         static = get_runtime(recipe.runtime).static_shapes
         common = {"kind": "paretorch", "name": f"paretorch: {short_recipe(recipe.model_stages(), recipe.runtime)}",
                   "recipe_file": str(path), "how": f"python -m paretorch apply --recipe {path.name}",
-                  "prepare_seconds": time.perf_counter() - started}
+                  "prepare_seconds": host_seconds() - started}
         metric = task_metric(fn, spec, device, recipe.runtime, chunk)
         held = task_metric(fn, held_spec, device, recipe.runtime, chunk) if held_spec else None
         for name, inputs in sets.items():

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from paretorch.pipeline.core.device import resolve_device
 from paretorch.pipeline.core.evaluate import compute_metric
 from paretorch.pipeline.core.spec import ModelSpec, load_model
 from paretorch.pipeline.core.stage import StageContext, transform
+from paretorch.pipeline.core.timing import host_seconds
 from paretorch.pipeline.sources.resolve import resolve_spec
 from paretorch.stages.distill.stage import DistillConfig
 from paretorch.stages.prune.stage import PruneConfig
@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             if steps:
                 dctx = StageContext(spec, device, source_model=model)
                 config = DistillConfig(steps=steps, lr=lr, batch_size=args.batch_size, layer_map=layer_map)
-                start = time.perf_counter()
+                start = host_seconds()
                 distilled = transform(pruned, config, dctx)
-                seconds, passes = time.perf_counter() - start, int(dctx.records["distill.teacher_passes"])
+                seconds, passes = host_seconds() - start, int(dctx.records["distill.teacher_passes"])
             value = metric_of(distilled, spec, device)
             row = {"prune": prune.to_dict(), "steps": steps, "lr": lr, "hidden_layers": len(layer_map),
                    "metric": value, "drop": baseline - value, "seconds": round(seconds, 2), "teacher_passes": passes}

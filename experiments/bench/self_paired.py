@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import time
 
 import torch
 
 from paretorch.pipeline.core.latency import LATENCY_BUDGETS
 from paretorch.pipeline.core.padding import latency_inputs
-from paretorch.pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from paretorch.pipeline.core.paired import measure_paired
 from paretorch.pipeline.core.spec import load_model
+from paretorch.pipeline.core.timing import DeviceTimer, host_seconds, process_clock
 from paretorch.pipeline.sources.resolve import resolve_spec
 
 CPU = torch.device("cpu")
@@ -49,10 +49,10 @@ def main() -> None:
     for name in budgets:
         settings = LATENCY_BUDGETS[name]
         for _ in range(args.repeats):
-            started = time.perf_counter()
+            started = host_seconds()
             paired = measure_paired((model, inputs), (twin, inputs), DeviceTimer(CPU, settings), settings,
                                     cpu_clock=process_clock)
-            seconds = time.perf_counter() - started
+            seconds = host_seconds() - started
             low, high = paired.ci
             print(f"{name:9s} {paired.speedup:.3f}x [{low:.3f}, {high:.3f}] "
                   f"{'covers' if low <= 1.0 <= high else 'MISSES'} 1.0; {paired.rounds} rounds x "

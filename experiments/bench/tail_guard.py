@@ -35,6 +35,7 @@ from paretorch.experiments.models import digits, minilm
 from paretorch.pipeline.api import StageContext, load_model, run_chain
 from paretorch.pipeline.core.evaluate import evaluation_outputs
 from paretorch.pipeline.core.input_agreement import InputAgreement
+from paretorch.pipeline.core.timing import host_seconds
 from paretorch.pipeline.engine.cache import NodeCache
 from paretorch.stages.amp.stage import AmpConfig
 from paretorch.stages.pack.stage import PackConfig
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.cache.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    start = host_seconds()
     result = {
         "device": "cpu", "host": platform.node(), "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "load_start": os.getloadavg(),
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "digits": digits_rows(),
         "minilm": minilm_rows(args.pairs, args.distill_steps, args.cache, lambda line: print(line, flush=True)),
     }
-    result |= {"load_end": os.getloadavg(), "seconds": round(time.perf_counter() - start)}
+    result |= {"load_end": os.getloadavg(), "seconds": round(host_seconds() - start)}
     write_result(args.out / RESULT_FILE, result, render(result))
     return 0
 

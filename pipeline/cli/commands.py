@@ -67,7 +67,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     line = require_stable(self_check(model, spec, device, out), spec.name, args.allow_nondeterministic, "evaluate")
     say(Console(file=out), line)
     # Every runtime runs through the runner, as in a search (a file runtime exports and opens its file).
-    report = Runner(recipe_pipeline([]), spec, device, model=model).run({}, args.runtime, exports=False).report
+    runner = Runner(recipe_pipeline([]), spec, device, latency=LATENCY_BUDGETS[args.latency_budget], model=model)
+    report = runner.run({}, args.runtime, exports=False).report
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

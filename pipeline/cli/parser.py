@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from paretorch.pipeline.core.errors import ConfigError
 from paretorch.pipeline.core.names import (
     ALLOW_FLAG,
+    DEFAULT_LATENCY_BUDGET,
     DEFAULT_RUNTIME,
     LATENCY_BUDGET_NAMES,
     WORKER_FLAG,
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "(p50/p90), peak memory, serialized size, parameters and MACs.")
     add_model_args(evaluate)
     evaluate.add_argument("--runtime", default=DEFAULT_RUNTIME, help=" | ".join(runtime_names()))
+    add_latency_budget_arg(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print the measurements as JSON")
     add_threads_arg(evaluate)
     add_nondeterministic_arg(evaluate)
@@ -88,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--output", default=None, help="where the exports, apply.json and (pack recipes) deploy/ go "
                        "(default: <results>/apply/<recipe name>)")
     apply.add_argument("--no-export", action="store_true", help="apply and measure only; skip the exports")
-    apply.add_argument("--latency-budget", default="normal", choices=LATENCY_BUDGET_NAMES)
+    add_latency_budget_arg(apply)
     apply.add_argument("--json", action="store_true", help="print the measurements and exports as JSON")
     add_threads_arg(apply)
     return parser
@@ -125,6 +127,12 @@ def add_nondeterministic_arg(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(ALLOW_FLAG, action="store_true",
                         help="go on when the unoptimized model scores differently twice or at another batch size "
                         "(a model that keeps state between calls or is nondeterministic); the run says by how much")
+
+
+def add_latency_budget_arg(parser: argparse.ArgumentParser) -> None:
+    """``--latency-budget`` of a command that times one model (evaluate, apply); a search's is among its options."""
+    parser.add_argument("--latency-budget", default=DEFAULT_LATENCY_BUDGET, choices=LATENCY_BUDGET_NAMES,
+                        help=f"how long each batch size is timed (default {DEFAULT_LATENCY_BUDGET}; docs/latency.md)")
 
 
 def add_threads_arg(parser: argparse.ArgumentParser) -> None:

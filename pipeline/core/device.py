@@ -1,9 +1,10 @@
 """Devices and what each one can do: the one place that knows device kinds.
 
 Stages, the evaluator and the search read :class:`Capabilities`; nothing else
-branches on ``device.type``. Synchronization, timing and memory go through
-``torch.accelerator`` / ``torch.Event`` so that MPS and CUDA share one path and
-the CPU path differs only in its clock and memory source.
+branches on ``device.type``. Memory goes through ``torch.accelerator`` so that MPS and CUDA
+share one path and the CPU path differs only in its memory source; timing (each device's one
+clock: events on an accelerator, the host clock on the CPU) is the timing service's
+(:mod:`paretorch.pipeline.core.timing`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import platform
 import resource
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -25,6 +25,7 @@ from paretorch.pipeline.core.errors import DeviceError, InfeasibleConfig
 from paretorch.pipeline.core.names import AUTO_ORDER, device_name
 from paretorch.pipeline.core.ov_core import shared_core
 from paretorch.pipeline.core.paths import results_dir
+from paretorch.pipeline.core.timing import BlockTimer, Timed, time_rounds
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,6 @@ class Capabilities:
     cuda_capability: tuple[int, int] | None = None
     compile: bool = True
     cuda_graphs: bool = False
-    #: Device events for timing (False: host clock).
-    event_timing: bool = False
     #: Core ML predictions can be made (macOS only).
     coreml_predict: bool = False
     #: ONNX Runtime execution providers of the installed onnxruntime that run on this device, in
@@ -170,23 +169,23 @@ CPU_BF16_ENV_VAR = "PARETORCH_CPU_BF16"
 
 
 def autocast_time_ratio(dtype: torch.dtype, features: int = 512, rows: int = 256, repeats: int = 9) -> float:
-    """Time of a Linear under CPU autocast to ``dtype`` over its float32 time: ``repeats`` paired rounds
-    (autocast, then float32, each a block of calls), the median of the per-round ratios, so a busy
-    period slows both sides of a round alike."""
+    """Time of a Linear under CPU autocast to ``dtype`` over its float32 time: ``repeats`` paired rounds on the
+    timing service (a block of 4 calls a side, warmed by 4 calls each, the order alternating), the median of the
+    per-round ratios, so a busy period slows both sides of a round alike."""
     layer = torch.nn.Linear(features, features)
     inputs = torch.randn(rows, features)
 
-    def block(enabled: bool) -> float:
-        with torch.autocast("cpu", dtype=dtype, enabled=enabled):
-            start = time.perf_counter()
-            for _ in range(4):
-                layer(inputs)
-            return time.perf_counter() - start
+    def under(enabled: bool) -> Callable[[], object]:
+        def call() -> object:
+            with torch.autocast("cpu", dtype=dtype, enabled=enabled):
+                return layer(inputs)
+        return call
 
-    with torch.no_grad():
-        block(True), block(False)  # warm-up: oneDNN primitives for both dtypes
-        ratios = [block(True) / block(False) for _ in range(repeats)]
-    return statistics.median(ratios)
+    sides: list[Timed] = [(under(True), ()), (under(False), ())]
+    timer = BlockTimer(torch.device("cpu"), calls=4, warm_calls=4)  # warm: oneDNN primitives for both dtypes
+    timer.warm_up(sides)
+    autocast, float32 = time_rounds(sides, timer, repeats)
+    return statistics.median(a / f for a, f in zip(autocast, float32, strict=True))
 
 
 #: The file under ``<results>/cache`` that keeps facts measured once per host (CPU model and torch version).
@@ -255,7 +254,6 @@ def _cpu_capabilities() -> Capabilities:
         training_dtypes=(),
         compile=True,
         cuda_graphs=False,
-        event_timing=False,
         coreml_predict=platform.system() == "Darwin",
         ort_providers=installed_ort_providers("cpu"),
         ov_devices=installed_ov_devices("cpu"),
@@ -273,7 +271,6 @@ def _cuda_capabilities() -> Capabilities:
         cuda_capability=(major, minor),
         compile=True,
         cuda_graphs=True,
-        event_timing=True,
         ort_providers=installed_ort_providers("cuda"),
     )
 
@@ -290,7 +287,6 @@ def _mps_capabilities() -> Capabilities:
         training_dtypes=(),
         compile=True,
         cuda_graphs=False,
-        event_timing=True,
         coreml_predict=True,
         ort_providers=installed_ort_providers("mps"),
     )
@@ -314,51 +310,7 @@ def move_module(model: torch.nn.Module, device: torch.device) -> torch.nn.Module
     return model.to(device)
 
 
-# --------------------------------------------------------------------------- timing and memory
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for all queued work on ``device`` (no-op on the CPU)."""
-    if device.type != "cpu":
-        torch.accelerator.synchronize()
-
-
-class Stopwatch:
-    """Times one region: device events on accelerators, ``perf_counter_ns`` on the CPU.
-
-    ``start()`` and ``stop()`` record without synchronizing; ``elapsed_ms()``
-    synchronizes once, so a loop of timed regions has no host sync inside.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._events = capabilities(device).event_timing
-        self._start_event: torch.Event | None = None
-        self._stop_event: torch.Event | None = None
-        self._start_ns = 0
-        self._stop_ns = 0
-
-    def start(self) -> None:
-        if self._events:
-            self._start_event = torch.Event(device=self.device, enable_timing=True)
-            self._stop_event = torch.Event(device=self.device, enable_timing=True)
-            self._start_event.record()
-        else:
-            self._start_ns = time.perf_counter_ns()
-
-    def stop(self) -> None:
-        if self._events:
-            assert self._stop_event is not None, "stop() before start()"
-            self._stop_event.record()
-        else:
-            self._stop_ns = time.perf_counter_ns()
-
-    def elapsed_ms(self) -> float:
-        if self._events:
-            assert self._start_event is not None and self._stop_event is not None, "elapsed before start/stop"
-            self._stop_event.synchronize()
-            return float(self._start_event.elapsed_time(self._stop_event))
-        return (self._stop_ns - self._start_ns) / 1e6
+# --------------------------------------------------------------------------- memory
 
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")

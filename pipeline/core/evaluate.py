@@ -1,5 +1,5 @@
-"""Measure a model: task metric, latency per batch size (timed as pipeline/core/latency.py says), memory, size,
-params, MACs."""
+"""Measure a model: task metric, latency per batch size (timed alone on the timing service, pipeline/core/timing.py,
+with the budget of pipeline/core/latency.py), memory, size, params, MACs."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from paretorch.pipeline.core.device import describe, move_module, peak_memory_bytes, reset_peak_memory
 from paretorch.pipeline.core.input_agreement import Reference
-from paretorch.pipeline.core.latency import LatencySettings, LatencyStats, measure_latency
+from paretorch.pipeline.core.latency import LatencySettings, LatencyStats, default_latency
 from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.padding import LatencyInputs, pad_to, to_bucket, trim_to_longest
 from paretorch.pipeline.core.padding import latency_inputs as choose_latency_inputs
 from paretorch.pipeline.core.runtimes.registry import get_runtime, prepare_runtime
 from paretorch.pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, move_batch
+from paretorch.pipeline.core.timing import measure_latency
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +292,7 @@ def evaluate_model(
     spec: ModelSpec,
     device: torch.device,
     runtime: str = DEFAULT_RUNTIME,
-    settings: LatencySettings = LatencySettings(),
+    settings: LatencySettings = default_latency(),
     batch_sizes: Sequence[int] | None = None,
     fn: Callable[..., Tensor] | None = None,
     known: Known = Known(),

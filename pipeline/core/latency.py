@@ -1,24 +1,22 @@
-"""How latency is measured: the one settings object (per ``--latency-budget``) and the timed calls.
+"""How long latency is measured, and what a measurement says: the one settings object per ``--latency-budget``
+and the statistics of timed calls.
 
-Every path that times a model reads one :class:`LatencySettings`: a trial timed alone
-(:func:`measure_latency`, inside :func:`paretorch.pipeline.core.evaluate.evaluate_model`: the runner, the
-screen, ``evaluate``, ``apply``), and the same trial timed in rounds alternating with the baseline
-(:mod:`paretorch.pipeline.core.paired`: the search's objective, the front's re-measure, the bench's paired
-rows). :data:`LATENCY_BUDGETS` names the three settings a user chooses from (``--latency-budget``).
+Every path that times a model reads one :class:`LatencySettings` through the timing service
+(:mod:`paretorch.pipeline.core.timing`): a model timed alone (:func:`~paretorch.pipeline.core.timing.measure_latency`,
+inside :func:`paretorch.pipeline.core.evaluate.evaluate_model`: the runner, the screen, ``evaluate``, ``apply``; the
+export stages' files), and the same model timed in rounds alternating with the baseline
+(:mod:`paretorch.pipeline.core.paired`: the search's objective, the front's re-measure, the bench's paired rows).
+:data:`LATENCY_BUDGETS` names the three settings a user chooses from (``--latency-budget``); the class's defaults
+are the :data:`~paretorch.pipeline.core.names.DEFAULT_LATENCY_BUDGET`'s, so a path given no budget times as a user who
+chose none.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor
-
-from paretorch.pipeline.core.device import Stopwatch, synchronize
+from paretorch.pipeline.core.names import DEFAULT_LATENCY_BUDGET
 from paretorch.pipeline.core.noise import median_ci
 from paretorch.pipeline.core.spec import Batch
 
@@ -30,9 +28,10 @@ class LatencySettings:
     Timed alone: ``warmup_runs`` calls, then timed runs until both ``min_runs`` and ``min_seconds``
     are reached. Paired with the baseline: each side warmed up once (``warmup_runs`` calls), then
     ``rounds`` rounds that alternate which side goes first (an even count: each side first in half
-    of them), each side timed ``round_runs`` calls and at least ``round_seconds`` per round."""
+    of them), each side timed ``round_runs`` calls and at least ``round_seconds`` per round. The defaults are the
+    ``normal`` budget's (:data:`LATENCY_BUDGETS`)."""
 
-    warmup_runs: int = 5
+    warmup_runs: int = 3
     min_runs: int = 20
     min_seconds: float = 0.3
     max_runs: int = 2000
@@ -64,6 +63,11 @@ LATENCY_BUDGETS: dict[str, LatencySettings] = {
 }
 
 
+def default_latency() -> LatencySettings:
+    """The settings of the budget a user who chose none gets (``--latency-budget`` unset)."""
+    return LATENCY_BUDGETS[DEFAULT_LATENCY_BUDGET]
+
+
 @dataclass(frozen=True)
 class LatencyStats:
     batch_size: int
@@ -84,67 +88,9 @@ class LatencyStats:
         return 100.0 * (self.p90_ms - self.p50_ms) / self.p50_ms if self.p50_ms > 0 else 0.0
 
 
-def warm_up(fn: Callable[..., Tensor], inputs: Batch, device: torch.device, runs: int,
-            max_seconds: float = math.inf) -> None:
-    """Call ``fn(*inputs)`` ``runs`` times, untimed (fewer once the calls have run ``max_seconds``: at least one),
-    and wait for the device."""
-    with torch.no_grad():
-        start = time.perf_counter()
-        for _ in range(runs):
-            fn(*inputs)
-            if time.perf_counter() - start >= max_seconds:
-                break
-    synchronize(device)
-
-
-def time_calls(fn: Callable[..., Tensor], inputs: Batch, device: torch.device, min_runs: int,
-               min_seconds: float = 0.0, max_runs: int = 2000, max_seconds: float = math.inf) -> list[float]:
-    """Milliseconds of each call of ``fn(*inputs)``, until both ``min_runs`` and ``min_seconds`` are
-    reached (at most ``max_runs``; none after the calls have run ``max_seconds`` of host time: at least one).
-    No warm-up; the loop records timing events and never synchronizes inside; results are read once at the end."""
-    watches: list[Stopwatch] = []
-    with torch.no_grad():
-        loop_start = time.perf_counter()
-        while len(watches) < max_runs and (len(watches) < min_runs
-                                           or time.perf_counter() - loop_start < min_seconds):
-            if watches and time.perf_counter() - loop_start >= max_seconds:
-                break
-            watch = Stopwatch(device)
-            watch.start()
-            fn(*inputs)
-            watch.stop()
-            watches.append(watch)
-        synchronize(device)
-    return [w.elapsed_ms() for w in watches]
-
-
-def measure_latency(
-    fn: Callable[..., Tensor],
-    inputs: Batch,
-    device: torch.device,
-    settings: LatencySettings = LatencySettings(),
-) -> LatencyStats:
-    """Latency of ``fn(*inputs)`` timed alone: the first call (timed apart: a compiled runtime compiles
-    there), ``warmup_runs`` calls, then timed runs until both ``min_runs`` and ``min_seconds``."""
-    first_call_ms = time_first_call(fn, inputs, device)
-    warm_up(fn, inputs, device, settings.warmup_runs)
-    times = time_calls(fn, inputs, device, settings.min_runs, settings.min_seconds, settings.max_runs)
-    return latency_stats(times, batch_size_of(inputs), first_call_ms)
-
-
 def batch_size_of(inputs: Batch) -> int:
     """The batch size of ``inputs`` (its first tensor's first dimension; 1 for a scalar)."""
     return int(inputs[0].shape[0]) if inputs and inputs[0].dim() > 0 else 1
-
-
-def time_first_call(fn: Callable[..., Tensor], inputs: Batch, device: torch.device) -> float:
-    """Milliseconds of one call, timed apart (a compiled runtime compiles there)."""
-    with torch.no_grad():
-        first = Stopwatch(device)
-        first.start()
-        fn(*inputs)
-        first.stop()
-    return first.elapsed_ms()
 
 
 def latency_stats(samples: list[float] | tuple[float, ...], batch_size: int, first_call_ms: float) -> LatencyStats:

@@ -9,10 +9,12 @@ How a precision is timed (:func:`paired_gain`), so that no single call decides:
 
 * both products are **warmed** first (:data:`WARM_CALLS` each: a GPU's first bfloat16 product pays for library
   handles, workspaces and kernel selection, and read 0.00x float32 when it was timed);
-* then **paired rounds**: per round one block of float32 products and one block of the precision's, the order
-  alternating, each block timed on the device's own clock (:class:`~paretorch.pipeline.core.device.Stopwatch`: events on
-  an accelerator, ``perf_counter_ns`` on the CPU) and long enough to load the device (an accelerator runs the
-  product at :data:`ACCELERATOR_SHAPE`, a batch of 256 x 32 tokens, several times a block);
+* then **paired rounds** on the timing service (:mod:`paretorch.pipeline.core.timing`, the rounds a trial is timed
+  in, with the probe's warm calls and rounds): per round one block of float32 products and one block of the
+  precision's, the order alternating, each block timed on the device's one clock
+  (:func:`~paretorch.pipeline.core.timing.clock_for`: events on an accelerator, ``perf_counter_ns`` on the CPU) and
+  long enough to load the device (an accelerator runs the product at :data:`ACCELERATOR_SHAPE`, a batch of 256 x 32
+  tokens, several times a block);
 * the gain is the median of the per-round ratios, its spread their range: with :data:`MIN_ROUNDS` rounds, about
   a 98 % interval of that median. Rounds go on, up to :data:`MAX_ROUNDS`, while the range straddles
   :data:`PAYS`, and stop early (at :data:`MIN_ROUNDS`) only when a precision is so slow that its rounds pass
@@ -31,14 +33,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 
-from paretorch.pipeline.core.device import Stopwatch, synchronize
 from paretorch.pipeline.core.stage import config_from_dict, registered_stages
+from paretorch.pipeline.core.timing import BlockTimer, Timed, alternate, clock_for
 
 #: The product timed on a CPU: (m, k) @ (k, n), a transformer layer's projection at batch 32 x 16 tokens.
 SHAPE = (512, 384, 1536)
@@ -148,48 +150,38 @@ class MachineProbe:
         return asdict(self)
 
 
-def _block(call: Callable[[], object], device: torch.device, calls: int) -> float:
-    """Milliseconds of ``calls`` calls on ``device``'s clock."""
-    watch = Stopwatch(device)
-    watch.start()
-    for _ in range(calls):
-        call()
-    watch.stop()
-    elapsed = watch.elapsed_ms()
-    synchronize(device)
-    return elapsed
-
-
-def _calls_per_block(call: Callable[[], object], device: torch.device) -> int:
-    """How many calls make a block of at least :data:`BLOCK_MS` on this device (timed once, warm)."""
+def _calls_per_block(one_ms: float, device: torch.device) -> int:
+    """How many calls make a block of at least :data:`BLOCK_MS` on this device, from one warm call's milliseconds."""
     target = BLOCK_MS["cpu" if device.type == "cpu" else "accelerator"]
-    one = max(_block(call, device, 1), 1e-3)
-    return max(1, min(1000, int(target / one) + 1))
+    return max(1, min(1000, int(target / max(one_ms, 1e-3)) + 1))
 
 
-def paired_gain(reference: Callable[[], object], candidate: Callable[[], object], device: torch.device,
-                clock: Callable[[Callable[[], object], torch.device, int], float] = _block) -> Gain:
-    """``candidate``'s speed against ``reference`` (float32) on ``device``: both warmed, then paired rounds of
-    equal-length blocks, each side first in half of them (see the module docstring). ``clock`` times a block
-    (tests inject slow first calls through it)."""
-    for call in (reference, candidate):
-        for _ in range(WARM_CALLS):
-            call()
-    synchronize(device)
-    calls = _calls_per_block(reference, device)
-    ratios: list[float] = []
-    started = time.perf_counter()
-    while len(ratios) < MAX_ROUNDS:
-        if len(ratios) % 2 == 0:
-            reference_ms, candidate_ms = clock(reference, device, calls), clock(candidate, device, calls)
-        else:
-            candidate_ms, reference_ms = clock(candidate, device, calls), clock(reference, device, calls)
-        ratios.append(reference_ms / max(candidate_ms, 1e-9))
-        if len(ratios) < MIN_ROUNDS:
-            continue
-        gain = Gain(statistics.median(ratios), min(ratios), max(ratios), len(ratios))
-        if gain.decided() is not None or time.perf_counter() - started > PRECISION_SECONDS:
-            return gain
+def paired_gain(reference: Callable[[], object], candidate: Callable[[], object], device: torch.device) -> Gain:
+    """``candidate``'s speed against ``reference`` (float32) on ``device``: the timing service's paired rounds
+    (:func:`paretorch.pipeline.core.timing.alternate`, each side first in half of them) of equal-length blocks
+    (:class:`~paretorch.pipeline.core.timing.BlockTimer`: :data:`WARM_CALLS` warm calls a side first), on the device's
+    one clock, from :data:`MIN_ROUNDS` to :data:`MAX_ROUNDS` rounds (see the module docstring)."""
+    sides: tuple[Timed, Timed] = ((reference, ()), (candidate, ()))
+    timer = BlockTimer(device, calls=1, warm_calls=WARM_CALLS)
+    timer.warm_up(sides)
+    timer = replace(timer, calls=_calls_per_block(timer(sides[:1])[0], device))
+    clock = clock_for(device)
+    started = clock.seconds()
+
+    def done(samples: Sequence[Sequence[float]]) -> str | None:
+        gain = _gain(*samples)
+        if gain.rounds >= MAX_ROUNDS:
+            return "round limit"
+        if gain.rounds >= MIN_ROUNDS and (gain.decided() is not None or clock.seconds() - started > PRECISION_SECONDS):
+            return "decided"
+        return None
+
+    return _gain(*alternate(sides, timer, done)[0])
+
+
+def _gain(reference_ms: Sequence[float], candidate_ms: Sequence[float]) -> Gain:
+    """The median of the per-round ratios reference / candidate and their range."""
+    ratios = [ref / max(cand, 1e-9) for ref, cand in zip(reference_ms, candidate_ms, strict=True)]
     return Gain(statistics.median(ratios), min(ratios), max(ratios), len(ratios))
 
 

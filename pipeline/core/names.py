@@ -26,6 +26,8 @@ DEFAULT_RUNTIME = "eager"
 ALL = "all"
 #: The settings of :data:`paretorch.pipeline.core.latency.LATENCY_BUDGETS` (``--latency-budget``).
 LATENCY_BUDGET_NAMES = ("quick", "normal", "thorough")
+#: The budget of a user who chose none (``--latency-budget`` unset; scripted use, ``evaluate``).
+DEFAULT_LATENCY_BUDGET = "normal"
 #: How a model can be used, each timed its own way (``--workload``, :mod:`paretorch.pipeline.core.workload`); the first
 #: is the default.
 WORKLOADS = ("serve", "corpus", "model")

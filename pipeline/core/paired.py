@@ -11,8 +11,9 @@ distribution-free 95% interval (:mod:`paretorch.pipeline.core.noise`). How many 
 The order alternates: baseline first in even rounds, the trial first in odd ones (an even number of
 rounds: A B | B A | A B ...). With a fixed order, whatever the first (or second) place in a round costs
 (a colder cache, a clock ramping up) lands on one side only: the unoptimized model timed against itself
-came out 1.005x with a 95% interval that excluded 1.0. :func:`time_rounds` reverses the order on odd
-rounds for any number of functions (the front's re-measure), so each one's mean place is the same.
+came out 1.005x with a 95% interval that excluded 1.0. :func:`~paretorch.pipeline.core.timing.time_rounds`
+reverses the order on odd rounds for any number of functions (the front's re-measure), so each one's mean place is
+the same.
 
 Contention is checked per measurement: the interval's width, the 1-minute load average against the
 cores this process may use, and on the CPU the process's CPU time against the wall time of its
@@ -29,31 +30,22 @@ is *unstable* ("the unchanged model timed against itself: ..."): kept off the fr
 with a speed-up of its own (under ``--latency-budget quick`` it read 1.21x [1.04, 1.88], decided faster than the
 baseline after 6 rounds).
 
-The clock is injectable: a :class:`RoundTimer` warms the sides up and times one round, so tests run on
-fake timings.
+The rounds run on the timing service (:mod:`paretorch.pipeline.core.timing`): its alternating rounds
+(:func:`~paretorch.pipeline.core.timing.alternate`), stopped by this module's rules, on a
+:class:`~paretorch.pipeline.core.timing.RoundTimer` that warms the sides up and times one round (the budget's
+:class:`~paretorch.pipeline.core.timing.DeviceTimer` on the device's one clock; tests inject fake timings).
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
 
-import torch
-from torch import Tensor
-
-from paretorch.pipeline.core.latency import LatencySettings, time_calls, warm_up
+from paretorch.pipeline.core.latency import LatencySettings
 from paretorch.pipeline.core.noise import median_ci
-from paretorch.pipeline.core.spec import Batch
-
-#: One side of a paired measurement: a prepared function and the inputs it is timed on (each runtime its own:
-#: a static-shape runtime pays for its length bucket, :func:`paretorch.pipeline.core.padding.latency_inputs`).
-Timed = tuple[Callable[..., Tensor], Batch]
-#: ``() -> (wall seconds, process CPU seconds)``; None where CPU time says nothing (an accelerator).
-CpuClock = Callable[[], tuple[float, float]]
+from paretorch.pipeline.core.timing import CpuClock, RoundTimer, Timed, alternate, process_clock
 
 #: A speed-up whose 95% interval is wider than this share of the speed-up is measured again.
 MAX_CI_WIDTH = 0.20
@@ -64,55 +56,6 @@ UNSTABLE_ADVICE = (": their metric is within the drop, their timing never settle
                    "later (the study resumes and re-times its front) or pass --latency-budget thorough")
 #: On the CPU, a process that got less CPU time than this share of the wall time was waiting for a core.
 BUSY_CPU_SHARE = 0.8
-
-
-class RoundTimer(Protocol):
-    """Times paired rounds: :meth:`warm_up` once per measurement, then one call per round."""
-
-    def warm_up(self, sides: Sequence[Timed]) -> None:
-        """Each side's untimed warm-up calls."""
-
-    def __call__(self, sides: Sequence[Timed]) -> list[float]:
-        """One round: each side in the given order, its median over the round's calls, in ms."""
-
-
-@dataclass(frozen=True)
-class DeviceTimer:
-    """The real clock: ``settings.warmup_runs`` calls per side per measurement, then per round each side's
-    median of ``settings.round_runs`` calls (at least ``settings.round_seconds``)."""
-
-    device: torch.device
-    settings: LatencySettings
-
-    def warm_up(self, sides: Sequence[Timed]) -> None:
-        for fn, inputs in sides:
-            warm_up(fn, inputs, self.device, self.settings.warmup_runs, self.settings.call_cap_seconds)
-
-    def __call__(self, sides: Sequence[Timed]) -> list[float]:
-        settings = self.settings
-        return [statistics.median(time_calls(fn, inputs, self.device, settings.round_runs, settings.round_seconds,
-                                             settings.max_runs, settings.call_cap_seconds)) for fn, inputs in sides]
-
-
-def process_clock() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
-
-
-def round_order(count: int, index: int) -> list[int]:
-    """The order of ``count`` functions in round ``index``: as given in even rounds, reversed in odd ones."""
-    order = list(range(count))
-    return order[::-1] if index % 2 else order
-
-
-def time_rounds(sides: Sequence[Timed], timer: RoundTimer, rounds: int) -> list[list[float]]:
-    """Per side, its time in each of ``rounds`` rounds (the order reversed every other round)."""
-    samples: list[list[float]] = [[] for _ in sides]
-    with torch.no_grad():
-        for index in range(rounds):
-            order = round_order(len(sides), index)
-            for position, value in zip(order, timer([sides[i] for i in order]), strict=True):
-                samples[position].append(value)
-    return samples
 
 
 # --------------------------------------------------------------------------- the machine
@@ -233,6 +176,43 @@ def _round_cost(ms: float, settings: LatencySettings) -> float:
     return max(ms * settings.round_runs, 1000.0 * settings.round_seconds)
 
 
+@dataclass(frozen=True)
+class _Stopping:
+    """Why a paired measurement stops after a round (None: another round), by :func:`measure_paired`'s rules."""
+
+    settings: LatencySettings
+    limit: int
+    max_width: float
+    stop: StopRule | None
+    self_pair: bool
+
+    def __call__(self, samples: Sequence[Sequence[float]]) -> str | None:
+        base, mine = samples
+        if self.stop is not None and self._past_cap(base, mine, self.stop):
+            return "cost cap"
+        if len(base) % 2 == 0:  # the rounds are judged in pairs, each side first in one of them
+            verdict = self._verdict(_ratios(base, mine))
+            if verdict is not None:
+                return verdict
+        return "round limit" if len(base) >= self.limit else None
+
+    def _past_cap(self, base: Sequence[float], mine: Sequence[float], stop: StopRule) -> bool:
+        """Whether another round like the last one would pass the cap: ``stop.max_cost`` baseline measurements, each
+        priced on the first round's baseline."""
+        costs = [_round_cost(b, self.settings) + _round_cost(m, self.settings) for b, m in zip(base, mine, strict=True)]
+        return sum(costs) + costs[-1] > stop.max_cost * 2 * self.settings.rounds * _round_cost(base[0], self.settings)
+
+    def _verdict(self, ratios: Sequence[float]) -> str | None:
+        if self.self_pair and not _covers(median_ci(ratios), 1.0):  # the clock is not settled yet: go on
+            return None
+        stop = self.stop
+        if stop is not None and len(ratios) >= stop.first_look and stop.decided(median_ci(ratios, stop.confidence)):
+            return "decided"
+        if len(ratios) >= self.settings.rounds and _width(ratios) <= self.max_width:
+            return "settled"
+        return None
+
+
 def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: LatencySettings,
                    max_width: float = MAX_CI_WIDTH, retries: int = RETRIES,
                    cpu_clock: CpuClock | None = process_clock, stop: StopRule | None = None,
@@ -252,37 +232,8 @@ def measure_paired(baseline: Timed, trial: Timed, timer: RoundTimer, settings: L
         stop = stop.without_baseline()
     timer.warm_up((baseline, trial))
     before = cpu_clock() if cpu_clock is not None else None
-    base: list[float] = []
-    mine: list[float] = []
-    limit = settings.rounds * (retries + 1)
-    budget = None
-    cost = 0.0
-    stopped = "round limit"
-    with torch.no_grad():
-        while len(base) < limit:
-            order = round_order(2, len(base))  # each side first in every other round
-            times = dict(zip(order, timer([(baseline, trial)[i] for i in order]), strict=True))
-            base.append(times[0])
-            mine.append(times[1])
-            last = _round_cost(times[0], settings) + _round_cost(times[1], settings)
-            cost += last
-            if stop is not None:
-                if budget is None:
-                    budget = stop.max_cost * 2 * settings.rounds * _round_cost(times[0], settings)
-                if cost + last > budget:  # another round like the last one would pass the cap
-                    stopped = "cost cap"
-                    break
-            if len(base) % 2:  # the rounds are judged in pairs, each side first in one of them
-                continue
-            ratios = _ratios(base, mine)
-            if self_pair and not _covers(median_ci(ratios), 1.0):  # the clock is not settled yet: go on
-                continue
-            if stop is not None and len(ratios) >= stop.first_look and stop.decided(median_ci(ratios, stop.confidence)):
-                stopped = "decided"
-                break
-            if len(ratios) >= settings.rounds and _width(ratios) <= max_width:
-                stopped = "settled"
-                break
+    stopping = _Stopping(settings, settings.rounds * (retries + 1), max_width, stop, self_pair)
+    (base, mine), stopped = alternate((baseline, trial), timer, stopping)
     measured = _paired(base, mine, before, cpu_clock)
     attempts = -(-len(base) // settings.rounds)
     measured = replace(measured, attempts=attempts, stopped=stopped)

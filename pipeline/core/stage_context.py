@@ -15,6 +15,7 @@ from torch import nn
 
 from paretorch.pipeline.core.device import Capabilities, capabilities
 from paretorch.pipeline.core.errors import ConfigError
+from paretorch.pipeline.core.latency import LatencySettings, default_latency
 from paretorch.pipeline.core.model_facts import ModelFacts
 from paretorch.pipeline.core.spec import Batch, ModelSpec, move_batch
 from paretorch.pipeline.core.stage_config import StageConfig
@@ -70,6 +71,12 @@ class StageContext:
     #: The choices each categorical param already has in the study: Optuna cannot change a
     #: categorical's choices within a study, so :meth:`offered` keeps them.
     study_choices: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    #: How a stage that times something (an export stage, its file) times it: the user's ``--latency-budget``
+    #: (the runner's settings; the default budget in scripted use), on the timing service
+    #: (:mod:`paretorch.pipeline.core.timing`).
+    latency: LatencySettings = field(default_factory=default_latency)
+    #: The batch sizes it times at (the runner's: a search's ``--latency-batch``); None: the spec's.
+    latency_batch_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.device, str):  # scripted use: StageContext(spec, "cpu")
@@ -85,6 +92,10 @@ class StageContext:
     def calibration_batches(self) -> list[Batch]:
         """The spec's calibration batches, on the device (loaded once)."""
         return [move_batch(batch, self.device) for batch in self.spec.calibration()]
+
+    def timed_batch_sizes(self) -> tuple[int, ...]:
+        """The batch sizes a stage times latency at: :attr:`latency_batch_sizes`, else the spec's."""
+        return tuple(self.latency_batch_sizes or self.spec.latency_batch_sizes)
 
     def example_inputs(self, batch_size: int = 2) -> Batch:
         return move_batch(self.spec.example_inputs(batch_size), self.device)

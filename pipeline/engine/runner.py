@@ -42,6 +42,7 @@ from paretorch.pipeline.core.device import move_module
 from paretorch.pipeline.core.errors import ConfigError, InfeasibleConfig
 from paretorch.pipeline.core.evaluate import Known, LatencySettings, evaluate_model
 from paretorch.pipeline.core.input_agreement import Reference
+from paretorch.pipeline.core.latency import default_latency
 from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.padding import LATENCY_INPUTS
 from paretorch.pipeline.core.paths import cache_dir, results_dir
@@ -83,7 +84,7 @@ class Runner:
         spec: ModelSpec,
         device: torch.device,
         cache: NodeCache | None = None,
-        latency: LatencySettings = LatencySettings(),
+        latency: LatencySettings = default_latency(),
         batch_sizes: tuple[int, ...] | None = None,
         work_dir: Path | None = None,
         model: nn.Module | None = None,
@@ -211,7 +212,7 @@ class Runner:
             float_model = copy.deepcopy(parent.float_model)  # an exporter may trace or cast it
         return StageContext(spec=self.spec, device=self.device, output_dir=output_dir,
                             upstream=parent.chain, records={}, float_model=float_model, input_key=parent.key,
-                            source_model=self.model)
+                            source_model=self.model, latency=self.latency, latency_batch_sizes=self.batch_sizes)
 
     def _stage(self, name: str, kind: str, config: StageConfig | None, parent: NodeResult) -> NodeResult:
 

@@ -5,7 +5,10 @@ One object per study holds what every paired measurement shares: the study's lat
 trials alone with), the baseline's prepared function (prepared once), the latency inputs per runtime
 (chosen once, :func:`paretorch.pipeline.core.padding.latency_inputs`: the same samples for every side, each runtime
 at its own length: the eager baseline at the batch's longest, a static-shape runtime in its bucket), the
-round timer and the CPU clock (tests inject fakes for both).
+round timer and the CPU clock (tests inject fakes for both). Every measurement here (a trial's probe before it is
+scored, its paired rounds, the baseline alone, the front's re-time) runs on the timing service
+(:mod:`paretorch.pipeline.core.timing`): the budget's :class:`~paretorch.pipeline.core.timing.DeviceTimer` on the
+device's one clock, the one the machine probe reads.
 
 What a side runs is the study's workload (:mod:`paretorch.pipeline.core.workload`, ``--workload``): by default
 ``serve``, raw inputs (strings for a text model) through the model to host outputs, a stream of batches, timed on the
@@ -19,30 +22,29 @@ is a self-pair (:func:`~paretorch.pipeline.core.paired.measure_paired`'s ``self_
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from paretorch.pipeline.core.latency import LatencySettings, LatencyStats, latency_stats, time_first_call
+from paretorch.pipeline.core.latency import LatencySettings, LatencyStats, latency_stats
 from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.padding import latency_inputs
-from paretorch.pipeline.core.paired import (
-    CpuClock,
-    DeviceTimer,
-    PairedLatency,
-    RoundTimer,
-    StopRule,
-    Timed,
-    measure_paired,
-    process_clock,
-    time_rounds,
-)
+from paretorch.pipeline.core.paired import PairedLatency, StopRule, measure_paired
 from paretorch.pipeline.core.runtimes.registry import get_runtime
 from paretorch.pipeline.core.spec import Batch, ModelSpec, move_batch
 from paretorch.pipeline.core.stage import StageConfig
+from paretorch.pipeline.core.timing import (
+    CpuClock,
+    DeviceTimer,
+    RoundTimer,
+    Timed,
+    host_seconds,
+    process_clock,
+    time_first_call,
+    time_rounds,
+)
 from paretorch.pipeline.core.workload import Workload
 from paretorch.pipeline.engine.run_result import RunResult
 from paretorch.pipeline.engine.runner import Runner
@@ -154,11 +156,11 @@ class StudyLatency:
     def measure(self, result: RunResult) -> PairedLatency:
         """The trial that ``result`` evaluated (:meth:`measured`) timed in rounds alternating with the baseline;
         its seconds add to :attr:`seconds`."""
-        start = time.perf_counter()
+        start = host_seconds()
         try:
             return self.pair(self.measured(result), result.runtime)
         finally:
-            self.seconds += time.perf_counter() - start
+            self.seconds += host_seconds() - start
 
     def pair(self, fn: Callable[..., Tensor], runtime: str, stop: StopRule | None = None,
              itself: bool = False) -> PairedLatency:
@@ -173,16 +175,16 @@ class StudyLatency:
         """A trial's latency before its evaluation (:mod:`paretorch.pipeline.search.probe`): its first call timed apart
         (a compiled runtime compiles there), then paired with the baseline under ``stop`` (``itself``: see
         :meth:`pair`). Its seconds add to :attr:`seconds`."""
-        start = time.perf_counter()
+        start = host_seconds()
         try:
             first_call_ms = self.first_call(*self.timed(fn, runtime))
             paired = self.pair(fn, runtime, stop, itself)
         finally:
-            self.seconds += time.perf_counter() - start
+            self.seconds += host_seconds() - start
         samples = paired.trial_samples or (paired.trial_ms,)
         return TrialTiming(paired, latency_stats(samples, self.batch_size, first_call_ms))
 
-    def first_call(self, fn: Callable[..., Tensor], inputs: Batch) -> float:
+    def first_call(self, fn: Callable[..., object], inputs: Batch) -> float:
         """The first call's milliseconds (a workload's: its whole first call; tests replace the clock: 0 with a
         fake timer)."""
         if not isinstance(self.timer, DeviceTimer):

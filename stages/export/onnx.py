@@ -25,7 +25,8 @@ class ONNXExportConfig(ExportConfig):
       when the model takes token inputs, else none).
     * ``unmirrored``: what a numeric stage ONNX Runtime cannot reproduce does: a ``note`` in the
       validation text, or the export is ``infeasible`` (what the ``onnxruntime`` runtime asks).
-    * ``measure_latency``: onnxruntime latency per spec batch size in the metrics.
+    * ``measure_latency``: onnxruntime latency per batch size in the metrics (the spec's batch sizes, or the
+      run's: a search's ``--latency-batch``), timed with the user's ``--latency-budget``.
     """
 
     stage = "export.onnx"

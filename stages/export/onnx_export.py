@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from paretorch.pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
+from paretorch.pipeline.core.evaluate import compute_metric
 from paretorch.pipeline.core.mirror import ExportMirror
 from paretorch.pipeline.core.ort_session import OrtModel, open_session
 from paretorch.pipeline.core.spec import Batch
 from paretorch.pipeline.core.stage import ExportResult, StageContext, export_mirror
+from paretorch.pipeline.core.timing import measure_latency
 from paretorch.pipeline.core.token_inputs import is_token_input
 from paretorch.stages.common.mirror_facts import ReducedPrecision, Sparsity
 from paretorch.stages.export.atomic import artifact_size_bytes, atomic_artifact
@@ -187,12 +188,13 @@ def _session(path: Path) -> OrtModel:
 def _measure(
     runner: OrtModel, ctx: StageContext, config: ONNXExportConfig, fixed_batch: int | None
 ) -> dict[str, float]:
-    """The spec metric over the evaluation split and latency p50 per batch size, with onnxruntime."""
+    """The spec metric over the evaluation split and latency p50 per batch size (the context's: the user's batch and
+    budget; a fixed-batch file at its batch), with onnxruntime."""
     metric = ctx.spec.metric
     metrics = {f"onnx_{metric.name}": compute_metric(runner, ctx.spec.evaluation(), metric, CPU)}
     if config.measure_latency:
-        batch_sizes = ctx.spec.latency_batch_sizes if fixed_batch is None else (fixed_batch,)
+        batch_sizes = ctx.timed_batch_sizes() if fixed_batch is None else (fixed_batch,)
         for batch_size in batch_sizes:
-            stats = measure_latency(runner, cpu_inputs(ctx.spec, batch_size), CPU, LatencySettings())
+            stats = measure_latency(runner, cpu_inputs(ctx.spec, batch_size), CPU, ctx.latency)
             metrics[f"onnx_latency_ms_p50_b{batch_size}"] = stats.p50_ms
     return metrics

@@ -26,7 +26,8 @@ class OpenVINOExportConfig(ExportConfig):
       SmoothQuant), ``default``, or ``auto`` (transformer when the model takes token inputs); resolved.
     * ``unmirrored``: what a numeric stage OpenVINO cannot reproduce does: a ``note`` in the validation
       text, or the export is ``infeasible`` (what the ``openvino`` runtime asks).
-    * ``measure_latency``: OpenVINO latency per spec batch size in the metrics.
+    * ``measure_latency``: OpenVINO latency per batch size in the metrics (the spec's batch sizes, or the
+      run's: a search's ``--latency-batch``), timed with the user's ``--latency-budget``.
     """
 
     stage = "export.openvino"

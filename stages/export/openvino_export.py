@@ -22,13 +22,14 @@ import torch
 from torch import nn
 
 from paretorch.pipeline.core.errors import InfeasibleConfig
-from paretorch.pipeline.core.evaluate import LatencySettings, compute_metric, measure_latency
+from paretorch.pipeline.core.evaluate import compute_metric
 from paretorch.pipeline.core.mirror import ExportMirror
 from paretorch.pipeline.core.ov_session import InferencePrecision, OvModel, default_precision, open_ir, record_settings
 from paretorch.pipeline.core.padding import cut_to, longest, trim_to_longest
 from paretorch.pipeline.core.runtimes.openvino import OPENVINO
 from paretorch.pipeline.core.spec import Batch, ModelSpec
 from paretorch.pipeline.core.stage import ExportResult, StageContext, export_mirror
+from paretorch.pipeline.core.timing import measure_latency
 from paretorch.pipeline.core.token_inputs import is_token_input
 from paretorch.stages.common.mirror_facts import ReducedPrecision, WeightQuantization
 from paretorch.stages.export.atomic import artifact_size_bytes, atomic_artifact
@@ -217,12 +218,13 @@ def _quantize(graph: openvino.Model, plan: OvPlan, upstream: ExportMirror, ctx: 
 
 
 def _measure(runner: OvModel, ctx: StageContext, config: OpenVINOExportConfig) -> dict[str, float]:
-    """The spec metric over the evaluation split and latency p50 per batch size, with OpenVINO."""
+    """The spec metric over the evaluation split and latency p50 per batch size (the context's: the user's batch and
+    budget), with OpenVINO."""
     metric = ctx.spec.metric
     metrics = {f"{PREFIX}_{metric.name}": compute_metric(runner, ctx.spec.evaluation(), metric, CPU)}
     if config.measure_latency:
-        for batch_size in ctx.spec.latency_batch_sizes:
-            stats = measure_latency(runner, cpu_inputs(ctx.spec, batch_size), CPU, LatencySettings())
+        for batch_size in ctx.timed_batch_sizes():
+            stats = measure_latency(runner, cpu_inputs(ctx.spec, batch_size), CPU, ctx.latency)
             metrics[f"{PREFIX}_latency_ms_p50_b{batch_size}"] = stats.p50_ms
     return metrics
 

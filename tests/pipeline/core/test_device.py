@@ -12,7 +12,6 @@ from torch import nn
 
 import paretorch.pipeline.core.device as device_module
 from paretorch.pipeline.core.device import (
-    Stopwatch,
     available_kinds,
     capabilities,
     move_module,
@@ -51,7 +50,7 @@ def test_unknown_device_name() -> None:
 def test_cpu_capabilities_match_stack_facts() -> None:
     caps = capabilities(torch.device("cpu"))
     assert torch.float16 in caps.reduced_dtypes and torch.float16 not in caps.fast_dtypes
-    assert caps.cuda_graphs is False and caps.event_timing is False
+    assert caps.cuda_graphs is False
     assert caps.cuda_capability is None
     with pytest.raises(InfeasibleConfig, match=r"torch\.float64 is not supported on cpu"):
         caps.require_dtype(torch.float64)
@@ -100,14 +99,6 @@ def test_the_environment_overrides_the_probe_or_is_one_clear_error(monkeypatch: 
 def test_the_autocast_probe_measures_a_ratio() -> None:
     ratio = device_module.autocast_time_ratio(torch.bfloat16, features=64, rows=16, repeats=2)
     assert 0.0 < ratio < float("inf")
-
-
-def test_stopwatch_measures_elapsed_time() -> None:
-    watch = Stopwatch(torch.device("cpu"))
-    watch.start()
-    torch.randn(256, 256) @ torch.randn(256, 256)
-    watch.stop()
-    assert watch.elapsed_ms() > 0
 
 
 def test_peak_memory_sees_a_large_allocation() -> None:

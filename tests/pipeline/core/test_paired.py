@@ -14,16 +14,14 @@ import torch
 from paretorch.pipeline.core.latency import LATENCY_BUDGETS, LatencySettings
 from paretorch.pipeline.core.paired import (
     UNSTABLE_ADVICE,
-    DeviceTimer,
     StopRule,
     Timed,
     free_cores,
     measure_paired,
     noise_line,
-    round_order,
-    time_rounds,
 )
 from paretorch.pipeline.core.spec import Batch
+from paretorch.pipeline.core.timing import DeviceTimer, round_order, time_rounds
 
 INPUTS: Batch = (torch.zeros(1, 4),)
 SETTINGS = LATENCY_BUDGETS["normal"]

@@ -19,10 +19,11 @@ from torch import Tensor, nn
 from paretorch.experiments.bench.end_to_end import BASELINE, measure
 from paretorch.pipeline.api import StageContext, load_deployment, run_chain
 from paretorch.pipeline.core.latency import LATENCY_BUDGETS
-from paretorch.pipeline.core.paired import DeviceTimer, measure_paired, process_clock
+from paretorch.pipeline.core.paired import measure_paired
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.stage import Stage, StageConfig, registered
 from paretorch.pipeline.core.text_batches import ModelEncoder
+from paretorch.pipeline.core.timing import DeviceTimer, process_clock
 from paretorch.pipeline.core.workload import workload_for
 from paretorch.pipeline.engine.cache import NodeCache
 from paretorch.pipeline.engine.deployment import save_deployment
