@@ -17,7 +17,7 @@ from paretorch.pipeline.core.progress import phase
 from paretorch.pipeline.core.spec import Batch, OutputKind, move_batch
 from paretorch.pipeline.core.training_data import TrainingData
 from paretorch.stages.distill.losses import LossWeights, captured_outputs, check_layer_names, hidden_loss, output_loss
-from paretorch.stages.distill.lr_fit import FittedRate, fit_lr, not_lowered
+from paretorch.stages.distill.lr_fit import FittedRate, NoRateHelps, fit_lr, not_lowered
 
 Schedule = Literal["constant", "cosine", "linear"]
 #: How many times a run updates the loss on its progress line (reading the loss waits for the device).
@@ -76,6 +76,8 @@ class Outcome:
     #: The learning rate trained with, and the range test that chose it (None: the configured rate, not fitted).
     lr: float = 0.0
     fitted: FittedRate | None = None
+    #: Why no step ran and the student is the model as it came (no fitted rate lowered the loss).
+    kept_start: str | None = None
 
 
 class TeacherOutputs:
@@ -201,11 +203,14 @@ class Distiller:
         fitted = None
         if opt.fit_lr:
             scaler = self._scaler()
-            with phase(f"distill: fitting the learning rate (from {opt.lr:.2g} down)"):
-                fitted = fit_lr(self.student, parameters, opt.lr, opt.steps, before,
-                                lambda optimizer, index: self._step(optimizer, scaler, parameters, index, opt),
-                                lambda: self._indices(opt.batch_size, opt.seed),
-                                lambda: self.probe_loss(opt.batch_size), opt.weight_decay)
+            try:
+                with phase(f"distill: fitting the learning rate (from {opt.lr:.2g} down)"):
+                    fitted = fit_lr(self.student, parameters, opt.lr, opt.steps, before,
+                                    lambda optimizer, index: self._step(optimizer, scaler, parameters, index, opt),
+                                    lambda: self._indices(opt.batch_size, opt.seed),
+                                    lambda: self.probe_loss(opt.batch_size), opt.weight_decay)
+            except NoRateHelps as refused:  # the model as it came: distillation would only make it worse
+                return Outcome(before, before, 0, time.perf_counter() - start, kept_start=str(refused))
         lr = fitted.lr if fitted is not None else opt.lr
         done, cut_short = self._train(parameters, opt, lr, start)
         after = self.probe_loss(opt.batch_size)

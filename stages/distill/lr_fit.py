@@ -5,7 +5,7 @@ transformer wrecks an already-trained CNN whose depthwise weights are of that or
 in 25 steps at 3.3e-4). :func:`fit_lr` tries the config's rate, then :data:`FIT_DIVISOR` times smaller, up to
 :data:`FIT_CANDIDATES` rates: each for a few constant-rate steps from the same starting weights, scored by the probe
 loss; the first whose loss ends at or below the start is the rate the run trains with. None keeps the loss down: the
-model gains nothing from distillation here, and the stage says so (:class:`NoRateHelps`).
+model gains nothing from distillation here: the stage keeps it as it came and says why (:class:`NoRateHelps`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def not_lowered(loss: float, start: float) -> bool:
 
 
 def fit_lr(student: nn.Module, parameters: list[nn.Parameter], lr: float, steps: int, start_loss: float,
-           step: Callable[[torch.optim.Optimizer, Tensor], None], indices: Callable[[], Iterator[Tensor]],
+           step: Callable[[torch.optim.Optimizer, Tensor], object], indices: Callable[[], Iterator[Tensor]],
            probe: Callable[[], float], weight_decay: float) -> FittedRate:
     """The first of :func:`candidates` (``lr`` downwards) whose :func:`fit_steps` steps leave ``probe()`` at or below
     ``start_loss``; the student's weights are put back after each try. ``step(optimizer, index)`` runs one training

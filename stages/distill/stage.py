@@ -184,8 +184,9 @@ def apply_distill(model: nn.Module, config: DistillConfig, ctx: StageContext) ->
     ``distill.samples``, ``distill.data`` (which spec data: training, training_inputs or
     calibration), ``distill.output_kind``, ``distill.autocast`` (dtype or float32), ``distill.lr`` (the rate
     trained with) and, when fitted, ``distill.lr_fit`` (each rate tried and its loss). A run that leaves the loss
-    above its start, or whose range test finds no rate that lowers it, is :class:`InfeasibleConfig`: the trial
-    stops there, with its reason.
+    above its start is :class:`InfeasibleConfig` (the trial stops there, with its reason); one whose range test
+    finds no rate that lowers it trains no step and returns the model as it came, ``distill.kept_start`` saying
+    why.
     """
     data = distillation_data(ctx.spec)
     if data is None:
@@ -208,6 +209,8 @@ def apply_distill(model: nn.Module, config: DistillConfig, ctx: StageContext) ->
     ctx.record("distill.teacher_passes", distiller.teacher_outputs.passes - (
         passes_before if distiller.teacher_outputs is shared else 0))
     ctx.record("distill.lr", outcome.lr)
+    if outcome.kept_start is not None:
+        ctx.record("distill.kept_start", outcome.kept_start)
     resolved: dict[str, object] = {}
     if outcome.fitted is not None:
         ctx.record("distill.lr_fit", ", ".join(f"{rate:.2g} -> {loss:.4g}" for rate, loss in outcome.fitted.tried))
