@@ -199,5 +199,5 @@ def test_the_runtimes_a_pack_recipe_deploys_under_are_declared_not_listed() -> N
         ids, mask = batch([5, 2, 7])
         with torch.inference_mode():
             assert max_diff(encoder(token_lists(ids, mask)), model(ids, mask)) < FP32_TOLERANCE
-        with pytest.raises(ValueError, match="toy.file_plugin"):
+        with pytest.raises(ValueError, match=r"toy\.file_plugin"):
             PackedEncoder(packed_of(tiny_pooled()), CPU, "toy.file_plugin")
