@@ -82,7 +82,7 @@ def study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipe
     """``<spec>-<device type>-<hash of spec source, search config and pipeline>``. The default pipeline is
     named by the search config alone (``pipeline: default``), not by its stage list: installing or adding a
     stage does not rename its studies (a resumed study records the stages it has,
-    :mod:`paretorch.pipeline.search.study_names`). A pipeline file's nodes are hashed: they are what its trials mean."""
+    :mod:`paretorch.pipeline.search.store`). A pipeline file's nodes are hashed: they are what its trials mean."""
     payload: dict[str, Any] = {"spec": spec.source or spec.name, "search": config.identity()}
     if config.pipeline != "default":
         payload["pipeline"] = pipeline.to_dict()
@@ -91,7 +91,7 @@ def study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipe
 
 def legacy_study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipeline: Pipeline) -> str:
     """The name :func:`study_name` gave before it stopped hashing the default pipeline's stage list
-    (the migration rule in :func:`paretorch.pipeline.search.study_names.find_study` looks for it)."""
+    (the migration rule in :func:`paretorch.pipeline.search.store.find_study` looks for it)."""
     return _hashed(spec, device, {"spec": spec.source or spec.name, "pipeline": pipeline.to_dict(),
                                   "search": config.identity()})
 

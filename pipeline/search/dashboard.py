@@ -23,8 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from paretorch.pipeline.search.best import BestTrial, best_numbers
-from paretorch.pipeline.search.explain import dominates
-from paretorch.pipeline.search.front_rule import RULE
+from paretorch.pipeline.search.front_rule import RULE, dominates
 from paretorch.pipeline.search.objectives import ATTR_REASON
 from paretorch.pipeline.tracking.columns import RANK_METRIC
 

@@ -1,35 +1,51 @@
 """The end of a study: the Pareto trials exported (each with its deployable callable: its ``deploy/`` folder),
 their recipes saved, tagged in MLflow (each lead of the front ranked: :mod:`paretorch.pipeline.search.best`); the parent
-run's note."""
+run's note.
+
+Where each Pareto trial's time goes (:func:`profile_calls`): a ``torch.profiler`` trace and a top-operators table in
+its folder. The trace is Chrome trace JSON (open it in https://ui.perfetto.dev or chrome://tracing); the table is
+``key_averages()`` sorted by self time. CUDA adds the CUDA activity. On MPS the timeline also gets
+``torch.mps.profiler`` signposts (view them in Xcode Instruments); that path is unverified without a Mac, and the files
+say so.
+"""
 
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
+import torch
 from rich.console import Console
+from torch import Tensor
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 
 from paretorch.pipeline.core.errors import InfeasibleConfig
 from paretorch.pipeline.core.paths import results_dir
 from paretorch.pipeline.core.runtimes.registry import get_runtime
+from paretorch.pipeline.core.spec import Batch
 from paretorch.pipeline.core.stage import StageConfig
 from paretorch.pipeline.core.text import plain
 from paretorch.pipeline.engine.deliver import companions, deliver, delivered
 from paretorch.pipeline.engine.deployment import DEPLOY_DIR, save_deployment
 from paretorch.pipeline.engine.recipe import Recipe
 from paretorch.pipeline.search.best import BestTrial, best_numbers
-from paretorch.pipeline.search.explain import dominated_by, front_tags
+from paretorch.pipeline.search.front_rule import dominated_by, front_tags
 from paretorch.pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
 from paretorch.pipeline.search.pareto import distinct_front, export_attr, pareto_trials, table_columns
 from paretorch.pipeline.search.plan import StudyParts
-from paretorch.pipeline.search.profile import profile_calls
 from paretorch.pipeline.search.record import WORST_INPUTS_FILE, TrialRecord, worst_inputs_text
 from paretorch.pipeline.tracking.columns import RANK_METRIC
 from paretorch.pipeline.tracking.tracker import Tracker
 from paretorch.pipeline.tracking.views import markdown_table
+
+TRACE_FILE = "profile_trace.json"
+TABLE_FILE = "profile_top_ops.txt"
+MPS_NOTE = ("MPS: torch.mps.profiler signposts were recorded around these calls (Xcode Instruments); "
+            "this path is unverified without a Mac.\n")
 
 
 def study_dir(name: str) -> Path:
@@ -202,3 +218,32 @@ def trial_deployment(parts: StudyParts, record: TrialRecord, folder: Path) -> tu
         traceback.print_exc()
         return [], plain(f"failed: {type(exc).__name__}: {exc}")
     return sorted((folder / DEPLOY_DIR).iterdir()), "ok"
+
+
+def profile_calls(fn: Callable[..., Tensor], inputs: Batch, device: torch.device, folder: Path,
+                  calls: int = 10, warmup: int = 3) -> list[Path]:
+    """Profile ``calls`` forward calls after ``warmup``; write the trace and the table into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn(*inputs)
+        mps_profiler = getattr(getattr(torch, "mps", None), "profiler", None) if device.type == "mps" else None
+        with torch_profile(activities=activities, record_shapes=True) as prof:
+            if mps_profiler is not None:
+                with mps_profiler.profile(mode="interval", wait_until_completed=True):
+                    for _ in range(calls):
+                        fn(*inputs)
+            else:
+                for _ in range(calls):
+                    fn(*inputs)
+    trace = folder / TRACE_FILE
+    prof.export_chrome_trace(str(trace))
+    table = folder / TABLE_FILE
+    header = f"torch.profiler, {calls} calls on {device.type}, sorted by {sort_by}\n"
+    table.write_text(header + (MPS_NOTE if device.type == "mps" else "")
+                     + prof.key_averages().table(sort_by=sort_by, row_limit=25))
+    return [trace, table]

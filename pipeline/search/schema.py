@@ -26,6 +26,7 @@ from pydantic import (
 
 from paretorch.pipeline.core.errors import ConfigError
 from paretorch.pipeline.core.names import (
+    DEFAULT_LATENCY_BUDGET,
     DEFAULT_RUNTIME,
     LATENCY_BUDGET_NAMES,
     WORKLOADS,
@@ -120,7 +121,7 @@ class SearchSchema(RuntimeNamed):
     runtimes: tuple[str, ...] = ALL_RUNTIMES
     #: A name of :data:`paretorch.pipeline.core.latency.LATENCY_BUDGETS`: how long each trial is timed, alone and
     #: paired.
-    latency_budget: str = "normal"
+    latency_budget: str = DEFAULT_LATENCY_BUDGET
     latency_batch: int | None = Field(default=None, ge=1)
     disabled: tuple[str, ...] = ()
     exports: Literal["pareto", "every_trial", "none"] = "pareto"

@@ -40,10 +40,8 @@ from paretorch.pipeline.core.evaluate import Known
 from paretorch.pipeline.core.stage import StageConfig
 from paretorch.pipeline.engine.recipe import configs_to_json
 from paretorch.pipeline.engine.run_result import RunResult
-from paretorch.pipeline.search.budgets import budget_metrics
 from paretorch.pipeline.search.dead_ends import RuntimeGains
 from paretorch.pipeline.search.duplicates import Repeats, model_configs
-from paretorch.pipeline.search.insight import sensitivity_tables
 from paretorch.pipeline.search.interrupt import Interrupts
 from paretorch.pipeline.search.objectives import ATTR_ESTIMATE, Baseline
 from paretorch.pipeline.search.plan import StudyParts
@@ -59,6 +57,7 @@ from paretorch.pipeline.search.record import (
 )
 from paretorch.pipeline.search.recorded import RECORDED, recorded
 from paretorch.pipeline.search.screening import Screened, Screening, record_screen
+from paretorch.pipeline.search.stage_records import budget_metrics, sensitivity_tables
 from paretorch.pipeline.search.study_latency import BASELINE_RUNTIME, TrialTiming
 from paretorch.pipeline.search.subset import SubsetJudge
 from paretorch.pipeline.search.workers import claim_config

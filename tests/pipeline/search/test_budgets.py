@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paretorch.pipeline.search.budgets import budget_metrics
+from paretorch.pipeline.search.stage_records import budget_metrics
 from paretorch.stages.amp.stage import AmpConfig
 from paretorch.stages.prune.stage import PruneConfig
 from paretorch.stages.quantize.stage import QuantizeConfig

@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.stage import StageContext, config_from_dict, get_stage
 from paretorch.pipeline.search.duplicates import RepeatIndex, TrialBudget, recipe_key
-from paretorch.pipeline.search.explain import dominated_by, dominates, front_tags
+from paretorch.pipeline.search.front_rule import dominated_by, dominates, front_tags
 from paretorch.pipeline.search.objectives import ATTR_REPEAT_OF
 from paretorch.pipeline.search.seeding import stage_params
 

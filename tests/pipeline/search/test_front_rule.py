@@ -21,8 +21,16 @@ from paretorch.pipeline.core.paired import Timed
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.stage import Stage, registered
 from paretorch.pipeline.search import Search, SearchConfig, run_search
-from paretorch.pipeline.search.explain import dominated_by, front_tags
-from paretorch.pipeline.search.front_rule import MIN_EFFECT, beats, candidates, faster, front_groups, tied
+from paretorch.pipeline.search.front_rule import (
+    MIN_EFFECT,
+    beats,
+    candidates,
+    dominated_by,
+    faster,
+    front_groups,
+    front_tags,
+    tied,
+)
 from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE, ATTR_RECIPE_LINE, ATTR_SEED
 from paretorch.pipeline.search.pareto import ParetoRow, distinct_front, pareto_rows, pareto_trials, remeasured_cell
 

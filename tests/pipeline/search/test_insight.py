@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from paretorch.pipeline.search.insight import sensitivity_tables
+from paretorch.pipeline.search.stage_records import sensitivity_tables
 from paretorch.stages.amp.stage import AmpConfig
 
 

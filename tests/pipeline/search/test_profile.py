@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from paretorch.pipeline.search.profile import TABLE_FILE, TRACE_FILE, profile_calls
+from paretorch.pipeline.search.finish import TABLE_FILE, TRACE_FILE, profile_calls
 
 
 def test_profile_writes_a_chrome_trace_and_the_top_operators(tmp_path: Path) -> None:
