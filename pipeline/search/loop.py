@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
-from paretorch.pipeline.core.fidelity import fidelity_note
+from paretorch.pipeline.core.fidelity import FIDELITY_METRIC_NAMES, fidelity_note
 from paretorch.pipeline.core.progress import progress_columns, say, sharing
 from paretorch.pipeline.core.runtimes.registry import get_runtime
+from paretorch.pipeline.search.advice import RunSettings, no_compression_advice
 from paretorch.pipeline.search.best import BestTrial, best_trials
 from paretorch.pipeline.search.compose import composed_note
 from paretorch.pipeline.search.config import finished_states
@@ -170,8 +171,7 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     recipes, finish_notes = finish_study(parts, study, tracker, console, best)
     notes.extend(finish_notes)
     every = study.get_trials(deepcopy=False)
-    notes.extend(line for line in (summarize_ruled_out(study), composed_note(every), screened_note(every),
-                                   uncertain_note(every)) if line is not None)
+    notes.extend(end_notes(parts, study, baseline, trials))
     note_study(study, best, parts.objectives.describe_drop(baseline), parts.spec.metric.name)
     # Nothing ran and nothing was missing (a child run, an export): what the last run stored stays as it is.
     changed = remaining > 0 or export_outcomes(study) != exported or (
@@ -193,6 +193,17 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     return SearchOutcome(study, parts.study_name, baseline, pareto_trials(study), table, recipes, times,
                          parts.runner.cache.stats.describe(), parent, tracker.uri if tracker else None,
                          interrupted, notes, machine_line(study), results, found, best)
+
+
+def end_notes(parts: StudyParts, study: optuna.Study, baseline: Baseline, trials: int) -> list[str]:
+    """The lines after a finished run's table: what was ruled out, composed, screened or uncertain, and what to try
+    when no compression fit (:func:`~paretorch.pipeline.search.advice.no_compression_advice`)."""
+    every = study.get_trials(deepcopy=False)
+    lines = [line for line in (summarize_ruled_out(study), composed_note(every), screened_note(every),
+                               uncertain_note(every)) if line is not None]
+    labelled = parts.spec.metric.name not in FIDELITY_METRIC_NAMES
+    settings = RunSettings(parts.objectives.describe_drop(baseline), labelled, trials, parts.config.disabled)
+    return lines + no_compression_advice(every, settings)
 
 
 def running_line(parts: StudyParts, trials: int, remaining: int, done: int, device: str) -> str:
