@@ -199,13 +199,13 @@ def test_sentences_come_from_the_shipped_file_not_the_interpreter(monkeypatch: p
 
 
 def test_shipped_sentences_are_package_data() -> None:
-    """pyproject ships the sentence file with the ``experiments`` package (an installed wheel has it)."""
+    """pyproject ships the sentence file with the ``paretorch.experiments`` package (an installed wheel has it)."""
     import tomllib
 
     from paretorch.experiments.data import minilm_sentences
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["experiments"]
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["paretorch.experiments"]
     relative = minilm_sentences.FILE.relative_to(Path(minilm_sentences.__file__).resolve().parents[1])
     assert any(relative.match(pattern) for pattern in patterns)
 

@@ -40,7 +40,7 @@ def test_rerunning_a_finished_study_appends_nothing_and_overwrites_nothing(
     config = SearchConfig.load(None, sampler="random", runtimes=("eager",), latency_budget="quick", exports="none",
                                seeds=[])
     first, _ = _run(residual_spec, config, tmp_path, trials=2)
-    client = MlflowClient(tracking_uri=first.store.tracking_uri)
+    client = MlflowClient(tracking_uri=first.tracking_uri)
     assert first.parent_run_id is not None
     before = client.get_run(first.parent_run_id)
     table = _table(client, first.parent_run_id, tmp_path / "first")
