@@ -17,10 +17,14 @@ from dataclasses import dataclass
 
 from optuna.trial import FrozenTrial, TrialState
 
-from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_METRICS, ATTR_RECIPE_LINE, ATTR_SEED
+from paretorch.pipeline.search.objectives import (
+    ATTR_FEASIBLE,
+    ATTR_METRICS,
+    ATTR_RECIPE_LINE,
+    ATTR_SEED,
+    BASELINE_SEED,
+)
 
-#: The seed name of a study's unoptimized trial (:mod:`paretorch.pipeline.search.seeding`).
-BASELINE_SEED = "baseline"
 #: A suggested ``MAX_DROP`` is the smallest drop reached, rounded up to this many significant digits.
 SUGGESTED_DIGITS = 2
 

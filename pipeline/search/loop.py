@@ -171,7 +171,7 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     recipes, finish_notes = finish_study(parts, study, tracker, console, best)
     notes.extend(finish_notes)
     every = study.get_trials(deepcopy=False)
-    notes.extend(end_notes(parts, study, baseline, trials))
+    notes.extend(end_notes(parts, study, every, baseline, trials))
     note_study(study, best, parts.objectives.describe_drop(baseline), parts.spec.metric.name)
     # Nothing ran and nothing was missing (a child run, an export): what the last run stored stays as it is.
     changed = remaining > 0 or export_outcomes(study) != exported or (
@@ -195,10 +195,11 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
                          interrupted, notes, machine_line(study), results, found, best)
 
 
-def end_notes(parts: StudyParts, study: optuna.Study, baseline: Baseline, trials: int) -> list[str]:
-    """The lines after a finished run's table: what was ruled out, composed, screened or uncertain, and what to try
-    when no compression fit (:func:`~paretorch.pipeline.search.advice.no_compression_advice`)."""
-    every = study.get_trials(deepcopy=False)
+def end_notes(parts: StudyParts, study: optuna.Study, every: Sequence[FrozenTrial], baseline: Baseline,
+              trials: int) -> list[str]:
+    """The lines after a finished run's table (``every``: the study's trials): what was ruled out, composed, screened
+    or uncertain, and what to try when no compression fit
+    (:func:`~paretorch.pipeline.search.advice.no_compression_advice`)."""
     lines = [line for line in (summarize_ruled_out(study), composed_note(every), screened_note(every),
                                uncertain_note(every)) if line is not None]
     labelled = parts.spec.metric.name not in FIDELITY_METRIC_NAMES

@@ -34,6 +34,8 @@ CONSTRAINT_NAME = "metric_drop"
 ATTR_CONFIGS = "paretorch.configs"  # {node: config dict | None}: what the trial asked for
 ATTR_RUNTIME = "paretorch.runtime"
 ATTR_SEED = "paretorch.seed"  # name of an enqueued seed (baseline, amp-only ...), set at enqueue time
+#: The seed name of a study's unoptimized trial (enqueued first).
+BASELINE_SEED = "baseline"
 ATTR_SEED_RECIPE = "paretorch.seed_recipe"  # the seed's stage configs, set at enqueue time
 ATTR_SEED_PARAMS = "paretorch.seed_params"  # the Optuna params enqueued with the seed (see search/seeding.py)
 ATTR_RECIPE = "paretorch.recipe"  # the resolved recipe (JSON-ready dict)

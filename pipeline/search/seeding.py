@@ -27,7 +27,7 @@ from paretorch.pipeline.core.device import capabilities
 from paretorch.pipeline.core.machine_probe import MachineProbe, probe_reason
 from paretorch.pipeline.core.stage import StageConfig, StageContext, config_from_dict, stage_for
 from paretorch.pipeline.search.config import SeedRecipe
-from paretorch.pipeline.search.objectives import ATTR_SEED, ATTR_SEED_PARAMS, ATTR_SEED_RECIPE
+from paretorch.pipeline.search.objectives import ATTR_SEED, ATTR_SEED_PARAMS, ATTR_SEED_RECIPE, BASELINE_SEED
 from paretorch.pipeline.search.plan import StudyPlan
 from paretorch.pipeline.search.presets import (
     ATTR_LATER_SEEDS,
@@ -165,7 +165,7 @@ class Seeder:
         """A new study's queue: the baseline, the precision presets under every runtime
         (:mod:`paretorch.pipeline.search.presets`: cheap trials first) and the config's seeds, those that wait
         stored on the study (:data:`~paretorch.pipeline.search.presets.ATTR_LATER_SEEDS`); the presets' line."""
-        self.enqueue(study, SeedRecipe(name="baseline"))
+        self.enqueue(study, SeedRecipe(name=BASELINE_SEED))
         presets = preset_seeds(self.plan.config.presets, self.plan.runtimes, self.preset_skip, self.machine)
         study.set_user_attr(ATTR_SKIPPED_PRESETS, presets.skipped)
         now, later = initial_queue(presets, self.plan.config.seeds)

@@ -134,14 +134,19 @@ def run_probe(argv: list[str], cwd: Path | None = None) -> tuple[subprocess.Comp
     return result, children_cpu_seconds() - before
 
 
+def assert_a_cheap_user_error(argv: list[str], result: subprocess.CompletedProcess[str], cpu: float) -> None:
+    """The user-error exit, none of :data:`HEAVY` imported, under :data:`CPU_BOUND_S` of CPU."""
+    assert result.returncode == EXIT_USER_ERROR, result.stderr
+    assert result.stdout.split() == [], f"imported {result.stdout.split()} before the error"
+    assert cpu < CPU_BOUND_S, f"{' '.join(argv)}: {cpu:.2f} s of CPU before the error"
+
+
 @pytest.mark.parametrize(("argv", "message"), BAD_ARGUMENTS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_an_argument_error_costs_under_a_second_of_cpu(argv: list[str], message: str) -> None:
     result, cpu = run_probe(argv)
-    assert result.returncode == EXIT_USER_ERROR, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
     assert "Traceback" not in result.stderr
-    assert result.stdout.split() == [], f"imported {result.stdout.split()} before the error"
-    assert cpu < CPU_BOUND_S, f"{' '.join(argv)}: {cpu:.2f} s of CPU before the error"
+    assert_a_cheap_user_error(argv, result, cpu)
 
 
 @pytest.mark.parametrize(("argv", "message", "to_do"), BAD_INPUTS,
@@ -149,12 +154,10 @@ def test_an_argument_error_costs_under_a_second_of_cpu(argv: list[str], message:
 def test_a_bad_file_config_or_combination_is_one_line_before_torch(argv: list[str], message: str, to_do: str,
                                                                    files: Path) -> None:
     result, cpu = run_probe(argv, cwd=files)
-    assert result.returncode == EXIT_USER_ERROR, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
     assert to_do in lines[0], lines[0]
-    assert result.stdout.split() == [], f"imported {result.stdout.split()} before the error"
-    assert cpu < CPU_BOUND_S, f"{' '.join(argv)}: {cpu:.2f} s of CPU before the error"
+    assert_a_cheap_user_error(argv, result, cpu)
 
 
 def test_the_names_checked_before_torch_are_the_registered_ones() -> None:
