@@ -22,9 +22,9 @@ from paretorch.pipeline.sources.inputs import TensorInputs, parse_input_shape
 
 def test_mask_secrets_masks_url_passwords_and_password_keys() -> None:
     text = ("postgresql://bob:s3cret@db:5432/x failed; MLflow: http://u:p%40ss@h:5000/; "
-            "dsn host=db password=s3cret; sqlite:///runs/optuna.db; postgresql://bob@db/x")
+            "dsn host=db password=s3cret; sqlite:///runs/optuna.db; postgresql://bob@db/x; bob:s3cret@db/x")
     masked = mask_secrets(text)
-    assert "s3cret" not in masked and "p%40ss" not in masked
+    assert "s3cret" not in masked and "p%40ss" not in masked and "bob:***@db/x" in masked
     assert "postgresql://bob:***@db:5432/x" in masked and "http://u:***@h:5000/" in masked
     assert "sqlite:///runs/optuna.db" in masked and "postgresql://bob@db/x" in masked
 
