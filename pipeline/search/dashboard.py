@@ -11,7 +11,7 @@ Pareto front of ``get_pareto_front_trials``), and no attribute changes that. A t
 the allowed drop that is fast enough still gets the badge. What the dashboard does show
 is a note (Markdown) per trial and per study: :func:`note_infeasible` explains the badge on
 each infeasible trial's page, :func:`note_study` names paretorch's best trials (the front's
-leads in the console table's order, :mod:`paretorch.pipeline.search.best`) first on the study's Note page,
+leads in the console table's order, :func:`~.pareto.best_trials`) first on the study's Note page,
 says why the badge differs and why each badged trial that is not among them is not.
 """
 
@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from paretorch.pipeline.search.best import BestTrial, best_numbers
 from paretorch.pipeline.search.front_rule import RULE, dominates
 from paretorch.pipeline.search.objectives import ATTR_REASON
+from paretorch.pipeline.search.pareto import BestTrial, best_numbers
 from paretorch.pipeline.tracking.columns import RANK_METRIC
 
 #: The system attribute optuna-dashboard 0.21 reads (a list of floats, feasible when all <= 0).
@@ -79,7 +79,7 @@ def badge_reason(trial: FrozenTrial) -> str:
 
 def study_dashboard_note(study: optuna.Study, best: Sequence[BestTrial], allowed_drop: str,
                          metric_name: str = "metric") -> str:
-    """The study's note: paretorch's best trials (:mod:`paretorch.pipeline.search.best`, the table's order), and why the
+    """The study's note: paretorch's best trials (:func:`~.pareto.best_trials`, the table's order), and why the
     dashboard's "Best Trial" badges differ. ``allowed_drop``: the allowed drop in words
     (:meth:`paretorch.pipeline.search.objectives.Objectives.describe_drop`); ``metric_name``: the task metric's."""
     lines = [f"**paretorch's best trials: {best_numbers(best)}.** Its Pareto front within the allowed drop of "

@@ -1,5 +1,5 @@
 """The end of a study: the Pareto trials exported (each with its deployable callable: its ``deploy/`` folder),
-their recipes saved, tagged in MLflow (each lead of the front ranked: :mod:`paretorch.pipeline.search.best`); the parent
+their recipes saved, tagged in MLflow (each lead of the front ranked: :func:`~.pareto.best_trials`); the parent
 run's note.
 
 Where each Pareto trial's time goes (:func:`profile_calls`): a ``torch.profiler`` trace and a top-operators table in
@@ -32,10 +32,16 @@ from paretorch.pipeline.core.text import plain
 from paretorch.pipeline.engine.deliver import companions, deliver, delivered
 from paretorch.pipeline.engine.deployment import DEPLOY_DIR, save_deployment
 from paretorch.pipeline.engine.recipe import Recipe
-from paretorch.pipeline.search.best import BestTrial, best_numbers
 from paretorch.pipeline.search.front_rule import dominated_by, front_tags
 from paretorch.pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
-from paretorch.pipeline.search.pareto import distinct_front, export_attr, pareto_trials, table_columns
+from paretorch.pipeline.search.pareto import (
+    BestTrial,
+    best_numbers,
+    distinct_front,
+    export_attr,
+    pareto_trials,
+    table_columns,
+)
 from paretorch.pipeline.search.plan import StudyParts
 from paretorch.pipeline.search.record import WORST_INPUTS_FILE, TrialRecord, worst_inputs_text
 from paretorch.pipeline.tracking.columns import RANK_METRIC

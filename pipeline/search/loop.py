@@ -18,7 +18,6 @@ from paretorch.pipeline.core.fidelity import FIDELITY_METRIC_NAMES, fidelity_not
 from paretorch.pipeline.core.progress import progress_columns, say, sharing
 from paretorch.pipeline.core.runtimes.registry import get_runtime
 from paretorch.pipeline.search.advice import RunSettings, no_compression_advice
-from paretorch.pipeline.search.best import BestTrial, best_trials
 from paretorch.pipeline.search.compose import composed_note
 from paretorch.pipeline.search.config import finished_states
 from paretorch.pipeline.search.dashboard import note_study
@@ -34,6 +33,8 @@ from paretorch.pipeline.search.objectives import (
 )
 from paretorch.pipeline.search.pareto import (
     FRONT_NOTE,
+    BestTrial,
+    best_trials,
     pareto_rows,
     pareto_table,
     pareto_trials,
@@ -92,7 +93,7 @@ class SearchOutcome:
     results: list[ResultPoint] = field(default_factory=list)
     #: When the front's lead (paretorch's best trial) was found, in one line (None: an interrupted run).
     found: str | None = None
-    #: paretorch's best trials, the table's order (:func:`paretorch.pipeline.search.best.best_trials`).
+    #: paretorch's best trials, the table's order (:func:`~.pareto.best_trials`).
     best: list[BestTrial] = field(default_factory=list)
 
 

@@ -4,7 +4,7 @@
 the paired speed-up): one point per feasible trial that raised the best point speed-up. Its MLflow parent run keeps
 that curve as the metric ``time_to_result_speedup`` (step = seconds), and the bench writes it as ``time_to_result``
 (``[seconds, best]`` pairs). The study's last console line (:func:`found_line`) names paretorch's best trial, the
-front's lead (:mod:`paretorch.pipeline.search.best`: the table's first row), and when it was found; where the curve's
+front's lead (:func:`~.pareto.best_trials`: the table's first row), and when it was found; where the curve's
 point values reach higher than that lead (a trial the front rule ties or beats: its interval, or its metric), the line
 says so. Seconds count from the study's first trial's start: a resumed study's pause between runs counts too.
 """
@@ -17,8 +17,8 @@ from datetime import datetime
 
 from optuna.trial import FrozenTrial, TrialState
 
-from paretorch.pipeline.search.best import BestTrial
 from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS
+from paretorch.pipeline.search.pareto import BestTrial
 
 
 @dataclass(frozen=True)

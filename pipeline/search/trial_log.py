@@ -14,8 +14,8 @@ from rich.progress import Progress
 from paretorch.pipeline.core.device import describe
 from paretorch.pipeline.core.input_agreement import describe as describe_inputs
 from paretorch.pipeline.engine.short_recipe import short_recipe
-from paretorch.pipeline.search.best import best_trials
 from paretorch.pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
+from paretorch.pipeline.search.pareto import best_trials
 from paretorch.pipeline.search.plan import StudyParts
 from paretorch.pipeline.search.probe import BEHIND_FRONT
 from paretorch.pipeline.search.record import TrialRecord
@@ -61,7 +61,7 @@ class TrialLogger:
                                name=record.run_name())
 
     def _update_best(self, study: optuna.Study) -> None:
-        """The progress bar's note: the front's size, its lead (:func:`paretorch.pipeline.search.best.best_trials`)."""
+        """The progress bar's note: the front's size, its lead (:func:`~.pareto.best_trials`)."""
         best = best_trials(study, self.parts.objectives)
         if not best:
             self.best = "no feasible trial yet"

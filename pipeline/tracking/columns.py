@@ -7,7 +7,7 @@ the state's ``selectedColumns`` are column keys such as ``metrics.`accuracy``` a
 ``tags.`feasible```; ``columnOrder`` and ``columnWidths`` place and size the table's columns by their
 ag-grid ids; ``orderByKey`` and ``orderByAsc`` sort the rows). Each study adds its headline metrics and the key
 tags to the experiment's view, :data:`RANK_METRIC` (paretorch's best trials: 1 = the first row of the console's
-Pareto table, :mod:`paretorch.pipeline.search.best`; only the front's leads carry it), the speed-up, the task metric,
+Pareto table, :mod:`paretorch.pipeline.search.pareto`; only the front's leads carry it), the speed-up, the task metric,
 its drop and ``feasible`` first, right of the run name (the trial's short recipe), so that they read on a 1366-px
 screen; the view sorts by :data:`RANK_METRIC`, lowest first, so the study's best trial is the first row (runs
 without a rank follow, the newest first; with several studies in one experiment, every study's rank 1 comes

@@ -1,7 +1,7 @@
 """One best everywhere: the console's time-to-result line, the Pareto table's first rows, the MLflow runs view that
 ``make ui`` opens (its sort, read back from the study's store) and optuna-dashboard's study note name the same trials
-(:mod:`paretorch.pipeline.search.best`); a pruned trial reads as stopped in MLflow, with its reason, never as
-infeasible.
+(:func:`paretorch.pipeline.search.pareto.best_trials`); a pruned trial reads as stopped in MLflow, with its reason,
+never as infeasible.
 
 The study: digits on a fake clock (each model's latency from its label, no timing noise): the baseline (1.0 ms), a
 4x trial with the baseline's accuracy, an 8x trial that misses one row per evaluation batch (a lower accuracy within
@@ -30,10 +30,9 @@ from paretorch.pipeline.core.paired import Timed
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, registered
 from paretorch.pipeline.search import Search, SearchConfig
-from paretorch.pipeline.search.best import BestTrial
 from paretorch.pipeline.search.finish import front_files
 from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_METRICS
-from paretorch.pipeline.search.pareto import ParetoRow
+from paretorch.pipeline.search.pareto import BestTrial, ParetoRow
 from paretorch.pipeline.search.record import PRUNED, TrialRecord
 from paretorch.pipeline.search.time_to_result import ResultPoint, best_so_far, found_line
 from paretorch.pipeline.tracking.columns import RANK_METRIC, VIEW_TAG

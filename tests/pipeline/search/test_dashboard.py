@@ -8,7 +8,6 @@ import math
 import optuna
 import pytest
 
-from paretorch.pipeline.search.best import BestTrial
 from paretorch.pipeline.search.dashboard import (
     badged,
     badged_infeasible,
@@ -17,7 +16,7 @@ from paretorch.pipeline.search.dashboard import (
     set_constraints,
     study_dashboard_note,
 )
-from paretorch.pipeline.search.pareto import ParetoRow
+from paretorch.pipeline.search.pareto import BestTrial, ParetoRow
 from tests.pipeline.search.conftest import study_detail
 
 #: (accuracy, latency ms, drop): trial 1 is the fastest but over the allowed drop of 0.01.
