@@ -45,11 +45,17 @@ from paretorch.pipeline.search.plan import StudyParts, StudyPlan
 from paretorch.pipeline.search.proposals import Proposals
 from paretorch.pipeline.search.quiet import stderr_to
 from paretorch.pipeline.search.record import TrialRecord
-from paretorch.pipeline.search.reruns import rerun_lines
 from paretorch.pipeline.search.rule_out import summarize as summarize_ruled_out
 from paretorch.pipeline.search.screening import screened_note
 from paretorch.pipeline.search.search_times import SearchTimes
-from paretorch.pipeline.search.storage import ATTR_WORKER, fail_dead_trials, retried, retry_trial, worker_id
+from paretorch.pipeline.search.storage import (
+    ATTR_WORKER,
+    fail_dead_trials,
+    rerun_lines,
+    retried,
+    retry_trial,
+    worker_id,
+)
 from paretorch.pipeline.search.store import Prepared, StudyStore
 from paretorch.pipeline.search.study import Search
 from paretorch.pipeline.search.time_to_result import (

@@ -9,7 +9,8 @@ A trial whose process died is marked FAIL the next time any worker starts (heart
 (:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback`); an interrupted trial's config is enqueued
 again every time (:func:`retry_trial`). Neither counts toward the study's trials (:func:`retried`). Each retry
 says why its configuration runs again (:data:`ATTR_RERUN`: :data:`INTERRUPTED` or :data:`DIED`), which a resumed
-study prints (:func:`paretorch.pipeline.search.reruns.rerun_lines`).
+study prints first, before the retry runs (:func:`rerun_lines`, one line each:
+``resuming: trial 7 (prune 0.3 | ort) is run again: its process died (left RUNNING)``).
 
 :func:`study_lock` is an exclusive lock per study: a file lock beside a local storage, a PostgreSQL
 advisory lock for a server. Workers hold it to create the schema and the study, and from "how many
@@ -24,7 +25,7 @@ import os
 import socket
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
@@ -41,6 +42,9 @@ from paretorch.pipeline.core.paths import JOURNAL_PREFIX, local_path
 from paretorch.pipeline.core.processes import process_exists
 from paretorch.pipeline.core.secrets import mask_secrets
 from paretorch.pipeline.core.writable import check_writable_dir
+from paretorch.pipeline.engine.recipe import configs_from_json
+from paretorch.pipeline.engine.short_recipe import short_recipe
+from paretorch.pipeline.search.objectives import ATTR_CONFIGS, ATTR_RUNTIME, ATTR_SEED
 from paretorch.pipeline.sources.archive import one_line
 
 #: Seconds between a running trial's heartbeats, and how old the last one may be before the trial counts as dead.
@@ -260,3 +264,22 @@ def retried(trials: list[FrozenTrial]) -> set[int]:
     their config's next run is. Optuna's retry callback keeps each retry's history in the retry's system attributes:
     pass every trial of the study (the retry may still be WAITING)."""
     return {number for t in trials for number in t.system_attrs.get("retry_history", ())}
+
+
+def rerun_lines(trials: Sequence[FrozenTrial]) -> list[str]:
+    """One line per waiting retry among ``trials`` (the study's): the trial it runs again and why."""
+    return [rerun_line(t) for t in trials if t.state == TrialState.WAITING and t.system_attrs.get("retry_history")]
+
+
+def rerun_line(retry: FrozenTrial) -> str:
+    """``resuming: trial N (<recipe>) is run again: <why>``, N the trial before ``retry`` (the last it retries)."""
+    number = retry.system_attrs["retry_history"][-1]
+    return f"resuming: trial {number} ({asked(retry)}) is run again: {retry.user_attrs.get(ATTR_RERUN, DIED)}"
+
+
+def asked(trial: FrozenTrial) -> str:
+    """The recipe a trial asked for, short (its seed's name where it recorded none: a study of an older version)."""
+    attrs = trial.user_attrs
+    if ATTR_CONFIGS in attrs and ATTR_RUNTIME in attrs:
+        return short_recipe(configs_from_json(attrs[ATTR_CONFIGS]).values(), str(attrs[ATTR_RUNTIME]))
+    return str(attrs.get(ATTR_SEED) or "its sampled parameters")

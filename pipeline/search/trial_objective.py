@@ -124,7 +124,7 @@ class TrialObjective:
     def announce(trial: optuna.Trial, configs: dict[str, StageConfig | None], runtime: str) -> None:
         """Store what the trial asked for as it starts (its record stores it again when it ends): a trial that never
         ends (interrupted, its process killed) still names its recipe when a resumed study runs it again
-        (:mod:`paretorch.pipeline.search.reruns`)."""
+        (:func:`paretorch.pipeline.search.storage.rerun_lines`)."""
         trial.set_user_attr(ATTR_CONFIGS, configs_to_json(configs))
         trial.set_user_attr(ATTR_RUNTIME, runtime)
 
