@@ -24,8 +24,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and the import contracts
     from paretorch.pipeline.search.config import study_name as study_name
     from paretorch.pipeline.search.loop import SearchOutcome as SearchOutcome
     from paretorch.pipeline.search.loop import run_search as run_search
-    from paretorch.pipeline.search.search_times import SearchTimes as SearchTimes
     from paretorch.pipeline.search.study import Search as Search
+    from paretorch.pipeline.search.time_to_result import SearchTimes as SearchTimes
 
 #: The module each public name is loaded from.
 HOMES = {
@@ -35,7 +35,7 @@ HOMES = {
     "Search": "paretorch.pipeline.search.study",
     "SearchConfig": "paretorch.pipeline.search.config",
     "SearchOutcome": "paretorch.pipeline.search.loop",
-    "SearchTimes": "paretorch.pipeline.search.search_times",
+    "SearchTimes": "paretorch.pipeline.search.time_to_result",
     "SeedRecipe": "paretorch.pipeline.search.config",
     "default_storage": "paretorch.pipeline.search.config",
     "make_sampler": "paretorch.pipeline.search.config",

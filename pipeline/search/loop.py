@@ -47,7 +47,6 @@ from paretorch.pipeline.search.quiet import stderr_to
 from paretorch.pipeline.search.record import TrialRecord
 from paretorch.pipeline.search.rule_out import summarize as summarize_ruled_out
 from paretorch.pipeline.search.screening import screened_note
-from paretorch.pipeline.search.search_times import SearchTimes
 from paretorch.pipeline.search.storage import (
     ATTR_WORKER,
     fail_dead_trials,
@@ -60,6 +59,7 @@ from paretorch.pipeline.search.store import Prepared, StudyStore
 from paretorch.pipeline.search.study import Search
 from paretorch.pipeline.search.time_to_result import (
     ResultPoint,
+    SearchTimes,
     best_so_far,
     completed_after,
     found_line,

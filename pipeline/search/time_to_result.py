@@ -1,4 +1,5 @@
-"""Time to result: the best feasible speed-up a study had found against the wall time it had run.
+"""A search's time: the best feasible speed-up a study had found against the wall time it had run (time to
+result), and where the wall time went (:class:`SearchTimes`).
 
 :func:`best_so_far` reads a study's trials (``datetime_start`` / ``datetime_complete``, the feasibility verdict,
 the paired speed-up): one point per feasible trial that raised the best point speed-up. Its MLflow parent run keeps
@@ -7,16 +8,20 @@ that curve as the metric ``time_to_result_speedup`` (step = seconds), and the be
 front's lead (:func:`~.pareto.best_trials`: the table's first row), and when it was found; where the curve's
 point values reach higher than that lead (a trial the front rule ties or beats: its interval, or its metric), the line
 says so. Seconds count from the study's first trial's start: a resumed study's pause between runs counts too.
+
+:class:`SearchTimes` splits the wall time by the runner's categories (model load, stages, evaluation, exports, runtime
+sessions) and the rest (search, tracking and I/O), as the end of a search prints it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from optuna.trial import FrozenTrial, TrialState
 
+from paretorch.pipeline.engine.runner import TIME_CATEGORIES
 from paretorch.pipeline.search.objectives import ATTR_FEASIBLE, ATTR_LATENCY_UNSTABLE, ATTR_METRICS
 from paretorch.pipeline.search.pareto import BestTrial
 
@@ -97,3 +102,24 @@ def trials_seconds(trials: Sequence[FrozenTrial], started: datetime | None = Non
     started = started or study_start(trials)
     ends = [t.datetime_complete for t in trials if t.datetime_complete is not None]
     return max(0.0, (max(ends) - started).total_seconds()) if ends and started else 0.0
+
+
+@dataclass
+class SearchTimes:
+    """Where the wall time went (seconds)."""
+
+    wall: float = 0.0
+    by_category: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_CATEGORIES, 0.0))
+
+    @property
+    def work(self) -> float:
+        return sum(self.by_category.values())
+
+    @property
+    def other(self) -> float:
+        return max(0.0, self.wall - self.work)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.by_category.items())
+        share = 100.0 * self.other / self.wall if self.wall else 0.0
+        return f"{self.wall:.1f} s in all: {parts}; search, tracking and I/O {self.other:.1f} s ({share:.1f}%)"
