@@ -55,8 +55,13 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from paretorch.pipeline.core.names import DEFAULT_RUNTIME
-from paretorch.pipeline.search.drop_text import stored_interval
-from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE, ATTR_RECIPE_LINE, ATTR_RUNTIME
+from paretorch.pipeline.search.objectives import (
+    ATTR_METRICS,
+    ATTR_RECIPE,
+    ATTR_RECIPE_LINE,
+    ATTR_RUNTIME,
+    stored_interval,
+)
 
 #: One trial is faster than another only when its speed-up is more than this share above the other's.
 MIN_EFFECT = 0.03

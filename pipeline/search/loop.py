@@ -21,7 +21,6 @@ from paretorch.pipeline.search.advice import RunSettings, no_compression_advice
 from paretorch.pipeline.search.compose import composed_note
 from paretorch.pipeline.search.config import finished_states
 from paretorch.pipeline.search.dashboard import note_study
-from paretorch.pipeline.search.drop_text import uncertain_note
 from paretorch.pipeline.search.duplicates import TrialBudget
 from paretorch.pipeline.search.finish import finish_study, study_dir, study_note
 from paretorch.pipeline.search.front import Retimed, machine_line, retime_front
@@ -30,6 +29,7 @@ from paretorch.pipeline.search.objectives import (
     ATTR_EXPORTS,
     ATTR_RECIPE,
     Baseline,
+    uncertain_note,
 )
 from paretorch.pipeline.search.pareto import (
     FRONT_NOTE,

@@ -8,6 +8,11 @@ baseline (``--max-drop``: absolute, or a percentage of the baseline metric, see
 feasible), stored on the trial with ``trial.set_constraint`` (Optuna 5's replacement
 of the deprecated sampler ``constraints_func``), which every sampler and
 ``study.best_trials`` read. :meth:`Objectives.verdict` is the one place a drop is judged.
+
+A trial's drop reads on the console with its 95 % bootstrap interval (:func:`drop_text`, the interval stored in its
+metrics: :func:`stored_interval`; :mod:`paretorch.pipeline.core.bootstrap`), and the end of a search counts the trials
+whose interval straddles the allowed drop (:data:`UNCERTAIN`: their verdict is within sampling noise,
+:func:`uncertain_note`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from paretorch.pipeline.core.bootstrap import drop_interval
 from paretorch.pipeline.core.errors import ConfigError
@@ -27,6 +32,9 @@ from paretorch.pipeline.core.paired import PairedLatency
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.search.allowed_drop import FLAG, AllowedDrop
 from paretorch.pipeline.search.schema import OBJECTIVE_NAMES, ObjectiveName
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 CONSTRAINT_NAME = "metric_drop"
 
@@ -68,6 +76,8 @@ FLOOR_REASON = "below the fidelity floor: "
 DEFAULT_TAIL_GUARD = TailGuard()
 #: How the reason of a trial within the drop whose inputs broke past the tail guard's limit starts.
 TAIL_REASON = "tail: "
+#: The word a trial line and the table carry when the drop's interval straddles the allowed drop.
+UNCERTAIN = "uncertain"
 
 
 @dataclass(frozen=True)
@@ -302,3 +312,27 @@ class Objectives:
             metrics[f"{key}_ci_high"] = baseline.latency_ms / low if low > 0 else metrics[key]
         metrics["size_ratio"] = report.size_bytes / baseline.size_bytes if baseline.size_bytes else 0.0
         return metrics
+
+
+def drop_text(drop: float, interval: tuple[float, float] = (math.nan, math.nan)) -> str:
+    """``+0.0120 [+0.0050, +0.0190]``: the drop and its 95 % interval (the drop alone where none was computed)."""
+    low, high = interval
+    text = f"{drop:+.4f}"
+    if math.isfinite(low) and math.isfinite(high):
+        text += f" [{low:+.4f}, {high:+.4f}]"
+    return text
+
+
+def stored_interval(metrics: Mapping[str, float]) -> tuple[float, float]:
+    """The drop's interval from a trial's stored metrics (NaN where the study measured none)."""
+    return (float(metrics.get("metric_drop_ci_low", math.nan)), float(metrics.get("metric_drop_ci_high", math.nan)))
+
+
+def uncertain_note(trials: Sequence[FrozenTrial]) -> str | None:
+    """``3 trial(s) uncertain: ...``: how many trials have a drop interval straddling the allowed drop (None: none)."""
+    numbers = [t.number for t in trials if t.user_attrs.get(ATTR_UNCERTAIN)]
+    if not numbers:
+        return None
+    listed = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+    return (f"{len(numbers)} trial(s) {UNCERTAIN}: the 95 % interval of their metric drop straddles the allowed "
+            f"drop, so feasible or not is within sampling noise of the evaluation data (trials {listed})")

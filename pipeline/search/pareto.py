@@ -25,7 +25,6 @@ from paretorch.pipeline.core.report import format_bytes
 from paretorch.pipeline.core.word_table import WordTable
 from paretorch.pipeline.engine.recipe import Recipe
 from paretorch.pipeline.engine.short_recipe import short_recipe
-from paretorch.pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
 from paretorch.pipeline.search.front_rule import RULE, FrontGroup, candidates, front_groups
 from paretorch.pipeline.search.objectives import (
     ATTR_EXPORTS,
@@ -34,8 +33,11 @@ from paretorch.pipeline.search.objectives import (
     ATTR_RECIPE_LINE,
     ATTR_REMEASURED,
     ATTR_UNCERTAIN,
+    UNCERTAIN,
     Baseline,
     Objectives,
+    drop_text,
+    stored_interval,
 )
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from rich.progress import Progress
 from paretorch.pipeline.core.device import describe
 from paretorch.pipeline.core.input_agreement import describe as describe_inputs
 from paretorch.pipeline.engine.short_recipe import short_recipe
-from paretorch.pipeline.search.drop_text import UNCERTAIN, drop_text, stored_interval
+from paretorch.pipeline.search.objectives import UNCERTAIN, drop_text, stored_interval
 from paretorch.pipeline.search.pareto import best_trials
 from paretorch.pipeline.search.plan import StudyParts
 from paretorch.pipeline.search.probe import BEHIND_FRONT

@@ -15,8 +15,7 @@ from rich.console import Console
 from paretorch.pipeline.core.evaluate import ModelReport
 from paretorch.pipeline.core.latency import LatencyStats
 from paretorch.pipeline.core.spec import ModelSpec
-from paretorch.pipeline.search.drop_text import uncertain_note
-from paretorch.pipeline.search.objectives import ATTR_UNCERTAIN, Baseline, Objectives
+from paretorch.pipeline.search.objectives import ATTR_UNCERTAIN, Baseline, Objectives, uncertain_note
 from paretorch.pipeline.search.pareto import ParetoRow, pareto_table
 from paretorch.pipeline.search.record import TrialRecord
 from paretorch.pipeline.search.trial_log import TrialLogger
