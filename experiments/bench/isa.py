@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import torch
 
@@ -16,7 +16,19 @@ ISA_CAPS = {"ATEN_CPU_CAPABILITY": "torch's aten kernels (and the matmuls torch.
                                   "(its FullyConnected, MatMul, int8 and Softmax nodes)"}
 
 
-def isa_info() -> dict[str, Any]:
+class IsaInfo(TypedDict):
+    """What :func:`isa_info` records: the flags, torch's capability, the caps set, and (capped) what they reach."""
+
+    flags: list[str]
+    torch_capability: str
+    caps: dict[str, str]
+    #: The emulated instruction set, lower case (None: none).
+    emulated: str | None
+    reaches: NotRequired[list[str]]
+    not_reached: NotRequired[list[str]]
+
+
+def isa_info() -> IsaInfo:
     """This CPU's instruction-set flags and any emulated cap (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``): a
     row measured under a cap says what the cap does not reach (ONNX Runtime's MLAS, and OpenVINO's own MLAS GEMMs
     and MVN kernels, dispatch on the real CPU)."""
@@ -28,8 +40,8 @@ def isa_info() -> dict[str, Any]:
                 break
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
     caps = {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
-    info: dict[str, Any] = {"flags": [f for f in wanted if f in flags], "torch_capability":
-                            torch.backends.cpu.get_cpu_capability(), "caps": caps, "emulated": None}
+    info: IsaInfo = {"flags": [f for f in wanted if f in flags], "torch_capability":
+                     torch.backends.cpu.get_cpu_capability(), "caps": caps, "emulated": None}
     if caps:
         named = caps.get("ATEN_CPU_CAPABILITY", caps.get("ONEDNN_MAX_CPU_ISA", caps.get("MKL_ENABLE_INSTRUCTIONS")))
         info["emulated"] = str(named).lower()

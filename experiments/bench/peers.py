@@ -32,7 +32,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -40,6 +39,7 @@ import torch
 from paretorch.experiments.bench.isa import cpu_description, isa_info
 from paretorch.experiments.bench.paths import RESULTS_DIR
 from paretorch.experiments.bench.peer_envs import ENVS_DIR, FAMILIES, PeerEnvError, ensure
+from paretorch.experiments.bench.peer_types import PeerRow, PeersMeasured, PeersResult, RunnerJob, RunnerResult
 from paretorch.experiments.bench.recipe_rows import corpus_row, recipe_rows
 from paretorch.experiments.data import word_similarity
 from paretorch.experiments.models import minilm
@@ -110,25 +110,26 @@ def speedup(baseline_s: Sequence[float], peer_s: Sequence[float]) -> tuple[float
     return statistics.median(ratios), median_ci(ratios)
 
 
-def job(family: str, work: Path, held_out: PairsData | None, settings: dict[str, int]) -> dict[str, Any]:
+def job(family: str, work: Path, held_out: PairsData | None, settings: dict[str, int]) -> RunnerJob:
     """The runner's job for ``family``: sentences to time, texts to embed, calibration sentences."""
     task = word_similarity.load()
     batch = settings["batch"]
-    inputs = {LATENCY_SET: {"sentences": latency_sentences(batch), "repeat": settings["latency_repeat"]}}
-    encode = {"task": distinct_texts([*task.first, *task.second])[0]}
-    corpus = None
+    spec: RunnerJob = {
+        "corpus": None, "family": family, "peers": list(PEER_NAMES[family]), "model_dir": str(minilm.model_dir()),
+        "work_dir": str(work / family), "out": str(work / family / "result.json"),
+        "threads": settings["threads"], "batch": batch, "rounds": settings["rounds"], "warmup": settings["warmup"],
+        "inputs": {LATENCY_SET: {"sentences": latency_sentences(batch), "repeat": settings["latency_repeat"]}},
+        "encode": {"task": distinct_texts([*task.first, *task.second])[0]},
+        "calibration": minilm.sentences("calibration")}
     if held_out is not None:
-        inputs[DEV_SET] = {"sentences": dev_sentences(held_out, settings["dev_sentences"]), "repeat": 1}
-        encode["held_out"] = distinct_texts([*held_out.first, *held_out.second])[0]
-        corpus = {"sentences": encode["held_out"], "rounds": settings.get("corpus_rounds", CORPUS_ROUNDS)}
-    return {"corpus": corpus, "family": family, "peers": list(PEER_NAMES[family]), "model_dir": str(minilm.model_dir()),
-            "work_dir": str(work / family), "out": str(work / family / "result.json"),
-            "threads": settings["threads"], "batch": batch, "rounds": settings["rounds"],
-            "warmup": settings["warmup"], "inputs": inputs, "encode": encode,
-            "calibration": minilm.sentences("calibration")}
+        spec["inputs"][DEV_SET] = {"sentences": dev_sentences(held_out, settings["dev_sentences"]), "repeat": 1}
+        spec["encode"]["held_out"] = distinct_texts([*held_out.first, *held_out.second])[0]
+        spec["corpus"] = {"sentences": spec["encode"]["held_out"],
+                          "rounds": settings.get("corpus_rounds", CORPUS_ROUNDS)}
+    return spec
 
 
-def run_family(family: str, spec: dict[str, Any], envs_dir: Path) -> dict[str, Any]:
+def run_family(family: str, spec: RunnerJob, envs_dir: Path) -> RunnerResult:
     """Create (once) the family's environment and run its peers there; the runner's result."""
     python = ensure(family, envs_dir)
     work = Path(spec["work_dir"])
@@ -142,26 +143,26 @@ def run_family(family: str, spec: dict[str, Any], envs_dir: Path) -> dict[str, A
     done = subprocess.run([str(python), str(RUNNER), str(job_path)], env=env)
     if not out.is_file():
         raise PeerEnvError(f"the {family} peer runner wrote no result (exit {done.returncode}): see its output above")
-    result: dict[str, Any] = json.loads(out.read_text())
+    result: RunnerResult = json.loads(out.read_text())
     return result
 
 
-def _set_stats(timings: dict[str, list[float]], batches: int) -> dict[str, Any]:
+def _set_stats(timings: dict[str, list[float]], batches: int) -> PeerRow:
     ratio, ci = speedup(timings["baseline_s"], timings["peer_s"])
     return {"speedup": ratio, "ci": list(ci), "peer_ms": 1000 * statistics.median(timings["peer_s"]) / batches,
             "baseline_ms": 1000 * statistics.median(timings["baseline_s"]) / batches,
             "rounds": len(timings["peer_s"])}
 
 
-def peer_rows(family: str, result: dict[str, Any], task: PairsData, held_out: PairsData | None,
-              spec: dict[str, Any]) -> list[dict[str, Any]]:
+def peer_rows(family: str, result: RunnerResult, task: PairsData, held_out: PairsData | None,
+              spec: RunnerJob) -> list[PeerRow]:
     """One ``"kind": "peer"`` row per peer and sentence set, metrics computed on the peer's embeddings."""
     base = result["baseline"]["embeddings"]
     base_task = pairs_score(task, np.load(base["task"]))
     base_held = pairs_score(held_out, np.load(base["held_out"])) if held_out is not None else None
-    rows: list[dict[str, Any]] = []
+    rows: list[PeerRow] = []
     for peer in result["peers"]:
-        common = {"kind": "peer", "name": peer["name"], "family": family, "how": peer.get("how"),
+        common: PeerRow = {"kind": "peer", "name": peer["name"], "family": family, "how": peer.get("how"),
                   "versions": result["versions"]}
         if "error" in peer:
             rows += [{**common, "inputs": key, "error": peer["error"]} for key in spec["inputs"]]
@@ -180,8 +181,8 @@ def peer_rows(family: str, result: dict[str, Any], task: PairsData, held_out: Pa
                 "openvino": peer.get("openvino"), "file": peer.get("file"),
                 "prepare_seconds": peer.get("prepare_seconds"),
             })
-        if "corpus" in peer:
-            rows.append({**common, **corpus_row(peer["corpus"], spec["corpus"]["sentences"], spec["batch"]),
+        if "corpus" in peer and (corpus := spec["corpus"]) is not None:
+            rows.append({**common, **corpus_row(peer["corpus"], corpus["sentences"], spec["batch"]),
                          "metric": task_value, "baseline_metric": base_task, "held_out": held,
                          "baseline_held_out": base_held,
                          "precision": (peer.get("openvino") or {}).get("INFERENCE_PRECISION_HINT")})
@@ -189,15 +190,16 @@ def peer_rows(family: str, result: dict[str, Any], task: PairsData, held_out: Pa
 
 
 def measure(families: Sequence[str], held_out_path: Path | None, work: Path, envs_dir: Path,
-            settings: dict[str, int], recipes: Sequence[Path] = ()) -> dict[str, Any]:
+            settings: dict[str, int], recipes: Sequence[Path] = ()) -> PeersMeasured:
     """Every family's peer rows (a family that cannot run gives rows that say why), then a row per sentence
     set for each paretorch recipe file (:mod:`paretorch.experiments.bench.recipe_rows`: the same protocol)."""
     task = word_similarity.load()
     held_out = load_task_data(str(held_out_path)) if held_out_path is not None else None
     if held_out is not None and not isinstance(held_out, PairsData):
         raise ValueError(f"{held_out_path} is {held_out.task} data; the held-out check needs sentence pairs")
-    rows: list[dict[str, Any]] = []
-    runs: dict[str, Any] = {}
+    measured: PeersMeasured = {"rows": [], "runs": {}, "metric_name": "word similarity Spearman x 100",
+                               "held_out": str(held_out_path) if held_out_path else None}
+    rows = measured["rows"]
     for family in families:
         spec = job(family, work, held_out, settings)
         try:
@@ -207,8 +209,10 @@ def measure(families: Sequence[str], held_out_path: Path | None, work: Path, env
             rows += [{"kind": "peer", "name": name, "family": family, "inputs": key, "error": str(exc)}
                      for name in PEER_NAMES[family] for key in spec["inputs"]]
             continue
-        runs[family] = {k: result[k] for k in ("versions", "python", "threads", "torch_threads", "affinity",
-                                               "isa", "shapes", "tokens", "repeat")}
+        measured["runs"][family] = {
+            "versions": result["versions"], "python": result["python"], "threads": result["threads"],
+            "torch_threads": result["torch_threads"], "affinity": result["affinity"], "isa": result["isa"],
+            "shapes": result["shapes"], "tokens": result["tokens"], "repeat": result["repeat"]}
         rows += peer_rows(family, result, task, held_out, spec)
         for row in rows[-len(result["peers"]) * len(spec["inputs"]):]:
             print(describe_row(row), flush=True)
@@ -218,11 +222,10 @@ def measure(families: Sequence[str], held_out_path: Path | None, work: Path, env
         for row in ours:
             print(describe_row(row), flush=True)
         rows += ours
-    return {"rows": rows, "runs": runs, "metric_name": "word similarity Spearman x 100",
-            "held_out": str(held_out_path) if held_out_path else None}
+    return measured
 
 
-def describe_row(row: dict[str, Any]) -> str:
+def describe_row(row: PeerRow) -> str:
     """One line of a row, for the console."""
     if "error" in row:
         return f"{row['name']} ({row['inputs']}): did not run: {row['error']}"
@@ -239,7 +242,7 @@ def _uptime() -> str:
         return f"uptime unavailable ({exc})"
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: PeersResult) -> str:
     """A Markdown section of one peers file: a row per peer and sentence set."""
     lines = [
         f"### Peers: sentence-transformers' own CPU backends, {result['model']}, batch {result['batch']}"
@@ -289,7 +292,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def corpus_summary(rows: Sequence[dict[str, Any]]) -> list[str]:
+def corpus_summary(rows: Sequence[PeerRow]) -> list[str]:
     """The corpus rows' verdict: the best paretorch deployment against the fastest peer, each row's ``encode()``
     timed against torch fp32's ``encode()`` in its own process (the ratio of the two ratios)."""
     corpus = [r for r in rows if r.get("workload") == "corpus" and "speedup" in r]
@@ -354,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
     isa = isa_info()
-    result = {"model": args.model, "device": "cpu", "cpu": cpu_description(), "isa": isa,
+    result: PeersResult = {"model": args.model, "device": "cpu", "cpu": cpu_description(), "isa": isa,
               "batch": args.batch, "threads": args.threads, "settings": settings, "affinity": affinity,
               "uptime_before": before,
               "uptime_after": _uptime(), "seconds": host_seconds() - started,
@@ -370,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def attach_time_to_peer(search_file: Path, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def attach_time_to_peer(search_file: Path, rows: Sequence[PeerRow]) -> dict[str, object]:
     """The fastest peer (latency sample rows) against the search's ``time_to_result`` curve: when the search first
     had a feasible trial at or above its speed-up; written into the search result as ``time_to_peer_seconds``."""
     peers = [r for r in rows if r.get("kind") == "peer" and r.get("inputs") == "latency sample" and r.get("speedup")]

@@ -33,10 +33,15 @@ import traceback
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:  # types alone: the runner imports no paretorch module when it runs
+    from sentence_transformers import SentenceTransformer
+
+    from paretorch.experiments.bench.peer_types import PeerInfo, RunnerJob, RunnerResult
 
 #: The peers of each family, in the order they run (names as the bench renders them).
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -66,7 +71,7 @@ def batches(sentences: Sequence[str], size: int) -> list[list[str]]:
     return [list(sentences[i : i + size]) for i in range(0, len(sentences), size)]
 
 
-def forward_fn(model: Any, features: list[dict[str, torch.Tensor]]) -> Callable[[], None]:
+def forward_fn(model: SentenceTransformer, features: list[dict[str, torch.Tensor]]) -> Callable[[], None]:
     """One pass of ``model`` over every token batch (a fresh dict each call: the modules add keys to it)."""
 
     def run() -> None:
@@ -93,7 +98,7 @@ def time_rounds(baseline: Callable[[], None], peer: Callable[[], None], rounds: 
     return timed
 
 
-def ort_kwargs(threads: int, file_name: str | None) -> dict[str, Any]:
+def ort_kwargs(threads: int, file_name: str | None) -> dict[str, object]:
     """ONNX Runtime on the CPU provider with ``threads`` intra-op threads, sequential."""
     import onnxruntime as ort
 
@@ -101,15 +106,15 @@ def ort_kwargs(threads: int, file_name: str | None) -> dict[str, Any]:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    kwargs: dict[str, Any] = {"provider": "CPUExecutionProvider", "session_options": options}
+    kwargs: dict[str, object] = {"provider": "CPUExecutionProvider", "session_options": options}
     if file_name:
         kwargs["file_name"] = file_name
     return kwargs
 
 
-def ov_kwargs(threads: int, file_name: str | None) -> dict[str, Any]:
+def ov_kwargs(threads: int, file_name: str | None) -> dict[str, object]:
     """OpenVINO on the CPU with ``threads`` inference threads and one stream; precision left to OpenVINO."""
-    kwargs: dict[str, Any] = {"ov_config": {"INFERENCE_NUM_THREADS": str(threads), "NUM_STREAMS": "1"}}
+    kwargs: dict[str, object] = {"ov_config": {"INFERENCE_NUM_THREADS": str(threads), "NUM_STREAMS": "1"}}
     if file_name:
         kwargs["file_name"] = file_name
     return kwargs
@@ -126,7 +131,7 @@ def ov_properties(model: Any) -> dict[str, str]:
                         "EXECUTION_MODE_HINT")}
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """An OpenVINO property as text: ``bf16`` for an element type (``str`` gives ``<Type: 'bfloat16'>``)."""
     return str(value.to_string()) if hasattr(value, "to_string") else str(value)
 
@@ -147,7 +152,7 @@ def cpu_isa() -> str:
     return "avx512" if "avx512f" in flags else "avx2"
 
 
-def load_onnx_peer(name: str, directory: Path, threads: int, isa: str) -> tuple[Any, dict[str, Any]]:
+def load_onnx_peer(name: str, directory: Path, threads: int, isa: str) -> tuple[SentenceTransformer, PeerInfo]:
     """An ONNX peer: exported (once) into ``directory`` by sentence-transformers, then loaded with threads set."""
     from sentence_transformers import (
         SentenceTransformer,
@@ -179,7 +184,7 @@ def load_onnx_peer(name: str, directory: Path, threads: int, isa: str) -> tuple[
     return model, {"how": how, "file": file_name}
 
 
-def quantize_openvino(model: Any, directory: Path, calibration: Sequence[str]) -> str:
+def quantize_openvino(model: SentenceTransformer, directory: Path, calibration: Sequence[str]) -> str:
     """``export_static_quantized_openvino_model``'s steps (OVQuantizer, NNCF, the same tokenization and file
     name), calibrated on local sentences as an ``nncf.Dataset`` (that function insists on a hub dataset)."""
     import nncf
@@ -201,7 +206,7 @@ def quantize_openvino(model: Any, directory: Path, calibration: Sequence[str]) -
 
 
 def load_openvino_peer(name: str, directory: Path, threads: int,
-                       calibration: Sequence[str]) -> tuple[Any, dict[str, Any]]:
+                       calibration: Sequence[str]) -> tuple[SentenceTransformer, PeerInfo]:
     """An OpenVINO peer: the IR exported (once) into ``directory``, loaded with threads set."""
     from sentence_transformers import SentenceTransformer
 
@@ -225,15 +230,15 @@ def load_openvino_peer(name: str, directory: Path, threads: int,
     return model, {"how": how, "file": file_name, "openvino": ov_properties(model)}
 
 
-def embed(model: Any, texts: Sequence[str], batch: int, path: Path) -> str:
+def embed(model: SentenceTransformer, texts: Sequence[str], batch: int, path: Path) -> str:
     """``model.encode`` of ``texts`` (as a user embeds them), saved as float32 ``.npy``; returns the path."""
     vectors = model.encode(list(texts), batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
     np.save(path, np.asarray(vectors, dtype=np.float32))
     return str(path)
 
 
-def run_peer(name: str, job: dict[str, Any], directory: Path, baseline: Any,
-             features: dict[str, list[dict[str, torch.Tensor]]], out: Path) -> dict[str, Any]:
+def run_peer(name: str, job: RunnerJob, directory: Path, baseline: SentenceTransformer,
+             features: dict[str, list[dict[str, torch.Tensor]]], out: Path) -> PeerInfo:
     """Load one peer, embed the metric texts and time it against ``baseline`` on every sentence set."""
     family, threads = job["family"], job["threads"]
     started = time.perf_counter()
@@ -255,9 +260,13 @@ def run_peer(name: str, job: dict[str, Any], directory: Path, baseline: Any,
     return info
 
 
-def encode_fn(model: Any, texts: Sequence[str], batch: int) -> Callable[[], None]:
+def encode_fn(model: SentenceTransformer, texts: Sequence[str], batch: int) -> Callable[[], None]:
     """``model.encode`` of the whole list, strings to normalized host embeddings (its own sorting and batching)."""
-    return lambda: model.encode(list(texts), batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
+
+    def run() -> None:
+        model.encode(list(texts), batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
+
+    return run
 
 
 def main(argv: Sequence[str]) -> int:
@@ -265,7 +274,7 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
         print("error: usage: peers_runner.py JOB.json", file=sys.stderr)
         return 2
-    job = json.loads(Path(argv[0]).read_text())
+    job: RunnerJob = json.loads(Path(argv[0]).read_text())
     out = Path(job["out"])
     threads = job["threads"]
     torch.set_num_threads(threads)
@@ -279,7 +288,7 @@ def main(argv: Sequence[str]) -> int:
     features = {key: [dict(tokenize(batch)) for batch in batches(spec["sentences"], job["batch"])]
                 for key, spec in job["inputs"].items()}
     timed = {key: batch_features * job["inputs"][key]["repeat"] for key, batch_features in features.items()}
-    result: dict[str, Any] = {
+    result: RunnerResult = {
         "family": job["family"], "versions": versions(), "python": platform.python_version(),
         "threads": threads, "torch_threads": torch.get_num_threads(),
         "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -296,6 +305,7 @@ def main(argv: Sequence[str]) -> int:
         "peers": [],
     }
     for name in job["peers"]:
+        info: PeerInfo
         try:
             info = run_peer(name, job, directory, baseline, timed, out)
         except Exception as exc:  # recorded in the peer's row: the bench shows why it did not run

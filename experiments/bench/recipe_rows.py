@@ -24,12 +24,12 @@ import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from paretorch.experiments.bench.end_to_end import deployed
+from paretorch.experiments.bench.peer_types import CorpusJob, PeerRow, SentenceSet
 from paretorch.experiments.bench.peers_runner import encode_fn, time_rounds
 from paretorch.experiments.models import minilm
 from paretorch.pipeline.core.device import move_module, resolve_device
@@ -81,9 +81,9 @@ def replay(recipe: Recipe, spec: ModelSpec, device: torch.device) -> Callable[..
     return runner.prepare({}, recipe.runtime)
 
 
-def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings: dict[str, int],
+def recipe_rows(paths: Sequence[Path], sets: dict[str, SentenceSet], settings: dict[str, int],
                 held_out: Path | None, device_name: str = "cpu",
-                corpus: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                corpus: CorpusJob | None = None) -> list[PeerRow]:
     """For each recipe file, one ``"kind": "paretorch"`` row per sentence set (``sets``: name ->
     ``{"sentences", "repeat"}``, the peers' job inputs), and with ``corpus`` (the peers' job corpus: its
     ``sentences`` and ``rounds``) one more: the recipe deployed (:func:`corpus_timings`)."""
@@ -98,15 +98,16 @@ def recipe_rows(paths: Sequence[Path], sets: dict[str, dict[str, Any]], settings
     chunk = (settings["batch"],)
     baseline_metric = task_metric(baseline_fn, spec, device, "eager", chunk)
     baseline_held = task_metric(baseline_fn, held_spec, device, "eager", chunk) if held_spec else None
-    rows: list[dict[str, Any]] = []
+    rows: list[PeerRow] = []
     for path in paths:
         recipe = Recipe.load(path)
         started = host_seconds()
         fn = replay(recipe, spec, device)
         static = get_runtime(recipe.runtime).static_shapes
-        common = {"kind": "paretorch", "name": f"paretorch: {short_recipe(recipe.model_stages(), recipe.runtime)}",
-                  "recipe_file": str(path), "how": f"python -m paretorch apply --recipe {path.name}",
-                  "prepare_seconds": host_seconds() - started}
+        common: PeerRow = {"kind": "paretorch",
+                           "name": f"paretorch: {short_recipe(recipe.model_stages(), recipe.runtime)}",
+                           "recipe_file": str(path), "how": f"python -m paretorch apply --recipe {path.name}",
+                           "prepare_seconds": host_seconds() - started}
         metric = task_metric(fn, spec, device, recipe.runtime, chunk)
         held = task_metric(fn, held_spec, device, recipe.runtime, chunk) if held_spec else None
         for name, inputs in sets.items():
@@ -153,7 +154,7 @@ def corpus_timings(recipe: Recipe, spec: ModelSpec, device: torch.device, senten
         return time_rounds(encode_fn(baseline, texts, batch), lambda: encoder.encode(texts, batch), rounds, 1)
 
 
-def corpus_row(timings: dict[str, list[float]], sentences: Sequence[str], batch: int) -> dict[str, Any]:
+def corpus_row(timings: dict[str, list[float]], sentences: Sequence[str], batch: int) -> PeerRow:
     """A corpus row's timing: ``encode()`` of the whole list against torch fp32's ``encode()`` in the same rounds."""
     batches = -(-len(sentences) // batch)
     tokens = torch.cat([minilm.encode_text(sentences[i : i + 256])[1].sum(dim=1)

@@ -190,8 +190,9 @@ def render_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-#: Each other result file's section, in the order BENCHMARKS.md shows them: (file name prefix, renderer).
-SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+#: Each other result file's section, in the order BENCHMARKS.md shows them: (file name prefix, renderer). A renderer
+#: declares its file's shape; the parsed JSON it gets is unchecked.
+SECTIONS: tuple[tuple[str, Callable[[Any], str]], ...] = (
     (ORT_ROWS_PREFIX, render_ort_rows), (PEERS_PREFIX, render_peers), (GPU_ROWS_PREFIX, render_gpu_rows),
     (MLX_CUDA_PREFIX, render_mlx_cuda), (COMPILE_SHAPES_PREFIX, render_compile_shapes),
     (RECOVERY_PREFIX, render_recovery), (FIDELITY_CHECK_PREFIX, render_fidelity_check), (BUSY_PREFIX, render_busy),
