@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -51,6 +51,9 @@ from paretorch.pipeline.engine.graph import recipe_pipeline
 from paretorch.pipeline.engine.recipe import Recipe
 from paretorch.pipeline.engine.runner import Runner
 
+#: The encoder :func:`with_tokenizer` hands back as it was given.
+E = TypeVar("E")
+
 __all__ = ["ChainResult", "StageContext", "apply_stage", "load_deployment", "load_model", "run_chain"]
 
 
@@ -64,7 +67,7 @@ class ChainResult:
     model: nn.Module
     exports: list[ExportResult]
     recipe: Recipe
-    records: dict[str, Any] = field(default_factory=dict)
+    records: dict[str, object] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.exports, list(self.recipe.stages)))
@@ -142,7 +145,7 @@ def load_deployment(directory: str | Path, spec: ModelSpec, device: str | torch.
     return with_tokenizer(stage.deploy(model.eval(), device, runtime), spec)
 
 
-def with_tokenizer(encoder: Any, spec: ModelSpec) -> Any:
+def with_tokenizer(encoder: E, spec: ModelSpec) -> E:
     """``encoder`` with the spec's text encoder set, so that ``encoder.encode(texts)`` takes strings
     (:class:`paretorch.pipeline.core.text_batches.TextBatches`; an encoder of another kind is returned as it is)."""
     if isinstance(encoder, TextBatches) and spec.encode_text is not None:

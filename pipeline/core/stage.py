@@ -332,7 +332,7 @@ def export_mirror(configs: Sequence[StageConfig]) -> ExportMirror:
     return merged
 
 
-def config_from_dict(data: Mapping[str, object]) -> StageConfig:
+def config_from_dict(data: object) -> StageConfig:
     """Inverse of :meth:`StageConfig.to_dict`; errors name the stage and the field."""
     if not isinstance(data, Mapping) or "stage" not in data:
         raise ConfigError(f"a stage config must be an object with a 'stage' key, got {data!r}")

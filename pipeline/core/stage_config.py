@@ -6,7 +6,7 @@ cost. Part of the stage API; plugins import it from :mod:`paretorch.pipeline.cor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -34,7 +34,7 @@ class StageConfig(BaseModel):
         """
         raise NotImplementedError(f"{cls.__name__} has no search space")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready form, with the stage name under ``"stage"``."""
         return {"stage": self.stage, **self.model_dump(mode="json")}
 

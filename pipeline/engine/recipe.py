@@ -20,7 +20,6 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pydantic_core import PydanticUndefined
 
@@ -40,9 +39,9 @@ class Recipe:
     stages: tuple[StageConfig, ...] = ()
     runtime: str = DEFAULT_RUNTIME
     model: str | None = None
-    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+    metadata: dict[str, object] = field(default_factory=dict, compare=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "format": RECIPE_FORMAT,
             "model": self.model,
@@ -55,7 +54,7 @@ class Recipe:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False, default=str)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
+    def from_dict(cls, data: Mapping[str, object]) -> Recipe:
         if not isinstance(data, Mapping):
             raise ConfigError(f"a recipe must be a JSON object, got {type(data).__name__}")
         if data.get("format", RECIPE_FORMAT) != RECIPE_FORMAT:
@@ -66,12 +65,13 @@ class Recipe:
         configs = tuple(config_from_dict(item) for item in raw_stages)
         runtime = str(data.get("runtime", DEFAULT_RUNTIME))
         check_runtime_names([runtime], " in the recipe")
-        return cls(
-            stages=configs,
-            runtime=runtime,
-            model=data.get("model"),
-            metadata=dict(data.get("metadata") or {}),
-        )
+        model = data.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ConfigError(f"a recipe's 'model' must be a spec name, got {model!r}")
+        metadata = data.get("metadata") or {}
+        if not isinstance(metadata, Mapping):
+            raise ConfigError(f"a recipe's 'metadata' must be an object, got {type(metadata).__name__}")
+        return cls(stages=configs, runtime=runtime, model=model, metadata=dict(metadata))
 
     @classmethod
     def from_json(cls, text: str) -> Recipe:
@@ -144,7 +144,7 @@ def describe_config(config: StageConfig, brief: bool = False) -> str:
     return f"{config.stage}({', '.join(shown)})"
 
 
-def _json(value: Any) -> Any:
+def _json(value: object) -> object:
     try:
         return json.loads(json.dumps(value))
     except TypeError:
@@ -172,10 +172,10 @@ def flatten_node_configs(configs: Mapping[str, StageConfig | None], runtime: str
     return params
 
 
-def configs_to_json(configs: Mapping[str, StageConfig | None]) -> dict[str, Any]:
+def configs_to_json(configs: Mapping[str, StageConfig | None]) -> dict[str, dict[str, object] | None]:
     """``{node: config dict | None}``: how a trial stores its per-node choices."""
     return {node: (config.to_dict() if config is not None else None) for node, config in configs.items()}
 
 
-def configs_from_json(data: Mapping[str, Any]) -> dict[str, StageConfig | None]:
+def configs_from_json(data: Mapping[str, object]) -> dict[str, StageConfig | None]:
     return {node: (config_from_dict(raw) if raw is not None else None) for node, raw in data.items()}

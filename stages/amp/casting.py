@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeGuard
+from typing import TypeGuard, overload
 
 import torch
 from torch import Tensor, nn
@@ -39,7 +39,17 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def cast_floating(tree: Any, dtype: torch.dtype) -> Any:
+@overload
+def cast_floating(tree: Tensor, dtype: torch.dtype) -> Tensor: ...
+@overload
+def cast_floating(tree: tuple[object, ...], dtype: torch.dtype) -> tuple[object, ...]: ...
+@overload
+def cast_floating(tree: dict[str, object], dtype: torch.dtype) -> dict[str, object]: ...
+@overload
+def cast_floating(tree: object, dtype: torch.dtype) -> object: ...
+
+
+def cast_floating(tree: object, dtype: torch.dtype) -> object:
     """``tree`` (tensors in tuples, lists, dicts...) with every floating tensor cast to
     ``dtype``; integer, boolean and complex tensors (token ids, masks) are left alone."""
 
@@ -54,7 +64,7 @@ def cast_floating(tree: Any, dtype: torch.dtype) -> Any:
     return pytree.tree_map(lambda leaf: _cast_tensor(leaf, dtype) if isinstance(leaf, Tensor) else leaf, tree)
 
 
-def floating_dtypes(tree: Any) -> set[torch.dtype]:
+def floating_dtypes(tree: object) -> set[torch.dtype]:
     """The dtypes of the floating tensors in ``tree``."""
     return {leaf.dtype for leaf in pytree.tree_leaves(tree) if isinstance(leaf, Tensor) and leaf.is_floating_point()}
 
@@ -66,25 +76,25 @@ def _cast_tensor(tensor: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def cast_floating_inputs(
-    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, dtype: torch.dtype
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], *, dtype: torch.dtype
+) -> tuple[tuple[object, ...], dict[str, object]]:
     """Forward pre-hook (``with_kwargs=True``): run ``module`` on inputs of ``dtype``."""
     return cast_floating(args, dtype), cast_floating(kwargs, dtype)
 
 
-def input_cast_hook(dtype: torch.dtype) -> partial[tuple[tuple[Any, ...], dict[str, Any]]]:
+def input_cast_hook(dtype: torch.dtype) -> partial[tuple[tuple[object, ...], dict[str, object]]]:
     """The pre-hook that casts a layer's floating inputs to ``dtype``."""
     return partial(cast_floating_inputs, dtype=dtype)
 
 
 def boundary_forward(
     module: nn.Module,
-    inner: Callable[..., Any] | None,
+    inner: Callable[..., object] | None,
     input_dtype: torch.dtype | None,
     /,
-    *args: Any,
-    **kwargs: Any,
-) -> Any:
+    *args: object,
+    **kwargs: object,
+) -> object:
     """``module``'s forward with the model-boundary casts: floating inputs to ``input_dtype``
     (None: as given), floating outputs to float32. ``inner`` is a forward the instance had
     before (None: its class's)."""
@@ -105,5 +115,5 @@ def set_boundary(module: nn.Module, input_dtype: torch.dtype | None) -> None:
     module.forward = forward  # type: ignore[method-assign]
 
 
-def _is_boundary(forward: object) -> TypeGuard[partial[Any]]:
+def _is_boundary(forward: object) -> TypeGuard[partial[object]]:
     return isinstance(forward, partial) and forward.func is boundary_forward

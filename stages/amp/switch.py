@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -129,7 +128,7 @@ class PrecisionSwitch:
         """:meth:`set_reduced` under the name :class:`paretorch.stages.common.sensitivity.UnitSwitch` uses."""
         self.set_reduced(names)
 
-    def keep_needed_casts(self, forward: Callable[[], Any]) -> None:
+    def keep_needed_casts(self, forward: Callable[[], object]) -> None:
         """Run ``forward`` (a forward pass of the model) and remove the input casts of the
         units whose floating inputs all arrived in the unit's dtype. A unit the pass does not
         reach keeps its cast."""
@@ -176,7 +175,7 @@ class _DtypeProbe:
     arrived: dict[str, set[torch.dtype]]
     name: str
 
-    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __call__(self, module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         self.arrived.setdefault(self.name, set()).update(floating_dtypes((args, kwargs)))
 
 

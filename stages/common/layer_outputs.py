@@ -8,25 +8,24 @@ float32). They share this one hook-based pass.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 
-def tensor_leaves(output: Any) -> list[Tensor]:
+def tensor_leaves(output: object) -> list[Tensor]:
     """Every tensor in a (nested) model output, in order."""
     return [leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, Tensor)]
 
 
 def forward_with_layer_outputs(
     model: nn.Module, inputs: tuple[Tensor, ...], layers: Mapping[str, nn.Module]
-) -> tuple[Any, list[tuple[str, Any]]]:
+) -> tuple[object, list[tuple[str, object]]]:
     """Run ``model(*inputs)`` once without gradients; return its output and the
     ``(name, output)`` of every call of ``layers``, in call order. The recorded
     outputs stay referenced, so identity checks against the model output are sound."""
-    calls: list[tuple[str, Any]] = []
+    calls: list[tuple[str, object]] = []
     handles = [
         module.register_forward_hook(lambda _m, _args, out, name=name: calls.append((name, out)))
         for name, module in layers.items()
@@ -40,6 +39,6 @@ def forward_with_layer_outputs(
     return output, calls
 
 
-def floating_output_leaves(output: Any) -> list[Tensor]:
+def floating_output_leaves(output: object) -> list[Tensor]:
     """The floating tensors of a model output (tensor, tuple, dict, ModelOutput...)."""
     return [leaf for leaf in tensor_leaves(output) if leaf.is_floating_point()]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +40,7 @@ def cpu_inputs(spec: ModelSpec, batch_size: int) -> Batch:
     return tuple(t.to(CPU) for t in spec.example_inputs(batch_size))
 
 
-def flatten_outputs(outputs: Any) -> list[Tensor]:
+def flatten_outputs(outputs: object) -> list[Tensor]:
     """The tensors of a model output (a tensor, or nested tuples / lists / dicts), in order."""
     if isinstance(outputs, Tensor):
         return [outputs]

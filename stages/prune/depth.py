@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -51,14 +51,22 @@ class Block:
     module: nn.Module
 
 
+class RemovedBlock(TypedDict):
+    """One entry of ``prune.removed_blocks``: the block, its measured cost, the step that removed it."""
+
+    block: str
+    cost: float
+    step: int
+
+
 class SkippedBlock(nn.Module):
     """Stands in for a removed block: returns the tensor the block was given."""
 
-    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+    def forward(self, *args: object, **kwargs: object) -> Tensor:
         return first_tensor(args, kwargs)
 
 
-def first_tensor(args: Sequence[Any], kwargs: dict[str, Any]) -> Tensor:
+def first_tensor(args: Sequence[object], kwargs: dict[str, object]) -> Tensor:
     """The first tensor among a call's positional, then keyword arguments."""
     leaves = tensor_leaves((tuple(args), kwargs))
     if not leaves:
@@ -136,7 +144,7 @@ def prune_depth(
     batches = _measurement_batches(blocks, ctx)
     total = min(len(blocks), max(1, round(config.ratio * len(blocks))))
     lengths = {id(block.container): len(block.container._modules) for block in blocks}
-    removed: list[dict[str, Any]] = []
+    removed: list[RemovedBlock] = []
     counts = split_steps(total, config.iterative_steps)
     finetunes = split_steps(config.finetune_steps, config.iterative_steps)
     for step, (count, finetune_steps) in enumerate(zip(counts, finetunes, strict=True), start=1):
@@ -178,7 +186,7 @@ def _measurement_batches(blocks: list[Block], ctx: StageContext) -> list[Batch]:
 
 
 def _remove_cheapest(model: nn.Module, remaining: list[Block], batches: list[Batch], count: int, step: int,
-                     ctx: StageContext) -> list[dict[str, Any]]:
+                     ctx: StageContext) -> list[RemovedBlock]:
     """Skip the ``count`` blocks of ``remaining`` whose skipping changes the output least (measured now);
     returns what was removed ([{block, cost, step}]) and records the costs and the unremovable blocks."""
     costs, failures = block_costs(model, remaining, batches)
@@ -207,7 +215,7 @@ def _probe_calls(model: nn.Module, inputs: Batch, blocks: list[Block]) -> dict[i
     """{id(block module): ['same' | 'changed'] per call} from one forward pass on ``inputs``."""
     calls: dict[int, list[str]] = {}
 
-    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+    def hook(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object) -> None:
         given = tensor_leaves((args, kwargs))
         same = isinstance(output, Tensor) and bool(given) and given[0].shape == output.shape
         calls.setdefault(id(module), []).append("same" if same else "changed")

@@ -4,7 +4,6 @@ layers, its output shapes, and whether a pruned copy still runs."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -49,12 +48,12 @@ def protected_modules(model: nn.Module, names: Iterable[str]) -> dict[str, nn.Mo
     return found
 
 
-def output_shapes(output: Any) -> list[tuple[int, ...]]:
+def output_shapes(output: object) -> list[tuple[int, ...]]:
     """Shapes of every tensor in a model output (tensor, tuple, list or dict, nested)."""
     return [tuple(t.shape) for t in tensors_in(output)]
 
 
-def tensors_in(output: Any) -> list[Tensor]:
+def tensors_in(output: object) -> list[Tensor]:
     """Every tensor in a model output (tensor, tuple, list or dict, nested), in order."""
     if isinstance(output, Tensor):
         return [output]

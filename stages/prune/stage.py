@@ -13,7 +13,7 @@ config is infeasible. The machinery lives in :mod:`paretorch.stages.prune`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Literal, Self
 
 from pydantic import Field, model_validator
 from torch import nn
@@ -95,7 +95,7 @@ class PruneConfig(StageConfig):
                 raise ValueError(f"{name} needs method='structured' (method is {self.method!r})")
         return self
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """As the base, without ``head_ratio`` / ``ffn_ratio`` when unset: a config that
         does not use them keeps the dict (and the runner's cache key) it had before they existed."""
         data = super().to_dict()
