@@ -5,15 +5,27 @@ failed); its :meth:`~TrialRecord.user_attrs` are the trial's Optuna user attribu
 the tracker's child run is written from the same record in one call (params = the
 *resolved* recipe, metrics, tags). A trial that an earlier process ran is read back with
 :meth:`TrialRecord.from_trial`.
+
+What a trial's stages recorded goes into its record too. **Budgets**: quantization's float fallback and AMP's
+calibration keep layers in float to hold an *output-error* budget, a proxy for ranking layers; a trial's verdict is
+always the task metric (:meth:`paretorch.pipeline.search.objectives.Objectives.verdict`). Logging both per trial
+(:func:`budget_metrics`) shows a budget that is stricter than the task needs: layers kept in float while the task
+metric still has headroom under the allowed drop (a looser budget, or none, may be accepted). **Sensitivity tables**:
+AMP calibration records ``amp.sensitivity`` ({layer: output error with that layer alone in the reduced dtype}) and
+``amp.pinned`` ({layer: why it stays float32}); the resolved config names the layers kept in float32.
+:func:`sensitivity_tables` turns them into one CSV per node, logged as an artifact of the trial's run (which layers
+cost accuracy, which stayed in float).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optuna.trial import FrozenTrial
 
@@ -47,6 +59,9 @@ from paretorch.pipeline.search.rule_out import ATTR_RULED_OUT
 from paretorch.pipeline.search.screening import SCREENED_OUT
 from paretorch.pipeline.tracking.views import namespace_metrics
 
+if TYPE_CHECKING:
+    from paretorch.pipeline.engine.run_result import NodeResult
+
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
 #: How the reason of a trial within the drop that a guard rules out starts (a fidelity floor, the tail guard).
 GUARD_REASONS = (FLOOR_REASON, TAIL_REASON)
@@ -58,6 +73,9 @@ ATTR_FIDELITY = "paretorch.fidelity"
 #: text}``), and the file that holds them in its MLflow run and its front folder.
 ATTR_WORST_INPUTS = "paretorch.worst_inputs"
 WORST_INPUTS_FILE = "worst_inputs.json"
+#: What AMP calibration records: each layer's output error alone in the reduced dtype, and why a layer stays float32.
+SENSITIVITY_RECORD = "amp.sensitivity"
+PINNED_RECORD = "amp.pinned"
 
 
 def worst_inputs_text(rows: Collection[Mapping[str, Any]]) -> str:
@@ -313,3 +331,41 @@ def _over_drop(reason: str | None) -> str | None:
     if reason and reason.startswith(GUARD_REASONS):
         return reason
     return reason.removeprefix(prefix) if reason and reason.startswith(prefix) else None
+
+
+def budget_metrics(stages: Iterable[StageConfig], headroom: float) -> dict[str, float]:
+    """Per budget held: its value and the layers kept in float for it; with any, the task metric's
+    headroom (allowed drop minus drop; > 0: the task metric would have allowed more)."""
+    metrics: dict[str, float] = {}
+    for config in stages:
+        use = config.budget_use()
+        if use is None:
+            continue
+        metrics[use.name] = use.budget
+        metrics[f"{use.name}_float_layers"] = float(use.float_layers)
+    if metrics:
+        metrics["drop_headroom"] = headroom
+    return metrics
+
+
+def sensitivity_csv(sensitivity: Mapping[str, float], kept_float: set[str], pinned: Mapping[str, str]) -> str:
+    """``layer,error_alone_reduced,kept_float32,why`` rows, costliest layer first."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["layer", "error_alone_reduced", "kept_float32", "why"])
+    for layer, error in sorted(sensitivity.items(), key=lambda item: -float(item[1])):
+        writer.writerow([layer, f"{float(error):.4g}", str(layer in kept_float).lower(), pinned.get(layer, "")])
+    return out.getvalue()
+
+
+def sensitivity_tables(nodes: Mapping[str, NodeResult]) -> dict[str, str]:
+    """``{"<node>_sensitivity.csv": csv}`` for each node of a run that recorded a calibration."""
+    tables: dict[str, str] = {}
+    for name, node in nodes.items():
+        records = node.records
+        if SENSITIVITY_RECORD not in records:
+            continue
+        kept = set(getattr(node.resolved, "fp32_layers", None) or ())
+        tables[f"{name.replace('#', '_')}_sensitivity.csv"] = sensitivity_csv(
+            records[SENSITIVITY_RECORD], kept, records.get(PINNED_RECORD) or {})
+    return tables

@@ -54,10 +54,11 @@ from paretorch.pipeline.search.record import (
     PRUNED,
     TrialOutcome,
     TrialRecord,
+    budget_metrics,
+    sensitivity_tables,
 )
 from paretorch.pipeline.search.recorded import RECORDED, recorded
 from paretorch.pipeline.search.screening import Screened, Screening, record_screen
-from paretorch.pipeline.search.stage_records import budget_metrics, sensitivity_tables
 from paretorch.pipeline.search.study_latency import BASELINE_RUNTIME, TrialTiming
 from paretorch.pipeline.search.subset import SubsetJudge
 from paretorch.pipeline.search.workers import claim_config

@@ -1,17 +1,20 @@
-"""The trial record: one object per trial, written to Optuna and MLflow alike."""
+"""The trial record: one object per trial, written to Optuna and MLflow alike, with what its stages recorded
+(output-error budgets logged next to the task metric's verdict, the AMP sensitivity table of each calibrated trial)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import optuna
+import pytest
 import torch
 from mlflow import MlflowClient
 
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.engine.recipe import Recipe
+from paretorch.pipeline.engine.run_result import NodeResult
 from paretorch.pipeline.search import Search, SearchConfig, run_search
-from paretorch.pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord
+from paretorch.pipeline.search.record import COMPLETE, FAIL, PRUNED, TrialRecord, budget_metrics, sensitivity_tables
 from paretorch.stages.amp.stage import AmpConfig
 from paretorch.stages.export.onnx import ONNXExportConfig
 from paretorch.stages.prune.stage import PruneConfig
@@ -115,3 +118,39 @@ def test_reasons_name_what_went_wrong() -> None:
     over = TrialRecord(number=3, state=COMPLETE, runtime="eager", feasible=False, over_drop="drop 0.1 > allowed 0.01")
     assert over.tracking_tags({})["feasible"] == "false"
     assert over.user_attrs()["paretorch.reason"] == "over the allowed drop: drop 0.1 > allowed 0.01"
+
+
+def test_a_budget_that_kept_layers_float_is_logged_with_the_task_headroom() -> None:
+    stages = [
+        PruneConfig(ratio=0.3),
+        QuantizeConfig(method="int8_dynamic", fallback_budget=0.01, float_layers=("a.0", "b.1")),
+        AmpConfig(dtype="bfloat16", error_budget=0.02, fp32_layers=("head",)),
+    ]
+    metrics = budget_metrics(stages, headroom=0.004)  # drop 0.004 under the allowed one
+    assert metrics["quantize.fallback_budget"] == pytest.approx(0.01)
+    assert metrics["quantize.fallback_budget_float_layers"] == 2
+    assert metrics["amp.error_budget"] == pytest.approx(0.02)
+    assert metrics["amp.error_budget_float_layers"] == 1
+    assert metrics["drop_headroom"] == pytest.approx(0.004)
+
+
+def test_no_budget_held_logs_nothing() -> None:
+    stages = [QuantizeConfig(method="int8_dynamic"), QuantizeConfig(method="int8_dynamic", fallback_budget=0.01,
+                                                                      float_layers=())]
+    assert budget_metrics(stages, headroom=-0.5) == {}
+
+
+def test_sensitivity_table_lists_costliest_layers_first_and_what_stayed_float() -> None:
+    amp = NodeResult(
+        "amp", "model", "k1", None, resolved=AmpConfig(dtype="bfloat16", fp32_layers=("classifier.1",)),
+        records={"amp.sensitivity": {"features.0": 0.001, "classifier.1": 0.02, "classifier.3": 0.004},
+                 "amp.pinned": {"classifier.3": "output layer"}},
+    )
+    tables = sensitivity_tables({"prune": NodeResult("prune", "model", "k0", None), "amp": amp})
+    assert list(tables) == ["amp_sensitivity.csv"]
+    assert tables["amp_sensitivity.csv"].splitlines() == [
+        "layer,error_alone_reduced,kept_float32,why",
+        "classifier.1,0.02,true,",
+        "classifier.3,0.004,false,output layer",
+        "features.0,0.001,false,",
+    ]
