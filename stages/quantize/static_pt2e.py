@@ -56,18 +56,18 @@ def quantize_static_pt2e(
 ) -> torch.fx.GraphModule:
     """Export ``model``, insert observers everywhere the default x86 inductor recipe
     quantizes (uint8 affine per-tensor activations, int8 symmetric per-channel weights)
-    except inside ``skip_layers``, calibrate, and convert."""
+    except inside ``skip_layers`` and on integer tensors (:mod:`.x86_quantizer`), calibrate, and convert."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
-        X86InductorQuantizer,
-        get_default_x86_inductor_quantization_config,
-    )
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import get_default_x86_inductor_quantization_config
+
+    from paretorch.stages.quantize.x86_quantizer import FloatX86Quantizer
 
     exported = torch.export.export(
         model.eval(), example_inputs, dynamic_shapes=_batch_dynamic_shapes(example_inputs)
     ).module()
     shared = separate_stateless_calls(exported, model)
-    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    quantizer = FloatX86Quantizer()
+    quantizer.set_global(get_default_x86_inductor_quantization_config())
     for name in skip_layers:
         quantizer.set_module_name_qconfig(name, None)
     try:
