@@ -18,10 +18,16 @@ skipped.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TypeGuard, cast
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalChoiceType,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 from paretorch.pipeline.core.device import capabilities
 from paretorch.pipeline.core.machine_probe import MachineProbe, probe_reason
@@ -53,7 +59,7 @@ class _Unanswerable(Exception):
 class _Branch(Exception):
     """A categorical param that is no config field (e.g. ``prune.structure``): try each choice."""
 
-    def __init__(self, name: str, choices: Sequence[Any]) -> None:
+    def __init__(self, name: str, choices: Sequence[CategoricalChoiceType]) -> None:
         super().__init__(name)
         self.name = name
         self.choices = list(choices)
@@ -63,16 +69,16 @@ class _Probe:
     """Stands in for an ``optuna.Trial`` inside ``suggest``: answers each param from a config,
     and derived categorical params from ``chosen`` (a branch of the search in :func:`stage_params`)."""
 
-    def __init__(self, stage: str, config: StageConfig | None, chosen: Mapping[str, Any]) -> None:
+    def __init__(self, stage: str, config: StageConfig | None, chosen: Mapping[str, CategoricalChoiceType]) -> None:
         self.stage = stage
-        self.values = config.model_dump(mode="json") if config is not None else None
+        self.values: dict[str, object] | None = config.model_dump(mode="json") if config is not None else None
         self.chosen = chosen
-        self.params: dict[str, Any] = {}
+        self.params: dict[str, CategoricalChoiceType] = {}
 
-    def _answer(self, name: str, distribution: BaseDistribution) -> Any:
+    def _answer(self, name: str, distribution: BaseDistribution) -> CategoricalChoiceType:
         field = name.removeprefix(f"{self.stage}.")
         if name in self.chosen:
-            value: Any = self.chosen[name]
+            value: object = self.chosen[name]
         elif field == "enabled":
             value = self.values is not None
         elif self.values is None:
@@ -85,23 +91,31 @@ class _Probe:
             raise _Branch(name, distribution.choices)
         else:
             raise _Unanswerable(name)
-        if not _contains(distribution, value):
-            raise _Unanswerable(name)
-        self.params[name] = value
-        return value
+        if _contains(value, distribution):
+            self.params[name] = value
+            return value
+        raise _Unanswerable(name)
 
-    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+    def suggest_categorical(self, name: str, choices: Sequence[CategoricalChoiceType]) -> CategoricalChoiceType:
         return self._answer(name, CategoricalDistribution(list(choices)))
 
     def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
                       log: bool = False) -> float:
-        return float(self._answer(name, FloatDistribution(low, high, step=step, log=log)))
+        return float(self._number(name, FloatDistribution(low, high, step=step, log=log)))
 
     def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
-        return int(self._answer(name, IntDistribution(low, high, step=step, log=log)))
+        return int(self._number(name, IntDistribution(low, high, step=step, log=log)))
+
+    def _number(self, name: str, distribution: FloatDistribution | IntDistribution) -> int | float:
+        """The answer of a numeric param (:func:`_contains` admits numbers alone into a numeric distribution)."""
+        value = self._answer(name, distribution)
+        if not isinstance(value, int | float):
+            raise _Unanswerable(name)
+        return value
 
 
-def _contains(distribution: BaseDistribution, value: Any) -> bool:
+def _contains(value: object, distribution: BaseDistribution) -> TypeGuard[CategoricalChoiceType]:
+    """``value`` is an answer that lies in ``distribution``."""
     if isinstance(distribution, CategoricalDistribution):
         return value in distribution.choices
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -115,12 +129,12 @@ def _contains(distribution: BaseDistribution, value: Any) -> bool:
 
 
 def stage_params(config_type: type[StageConfig], stage: str, config: StageConfig | None,
-                 ctx: StageContext) -> dict[str, Any] | None:
+                 ctx: StageContext) -> dict[str, CategoricalChoiceType] | None:
     """The params under which ``config_type.suggest`` returns ``config`` (None: it cannot).
 
     Params that are config fields are read from the config; a categorical param that is not
     (one that picks which fields to set) is tried choice by choice, depth first."""
-    pending: list[dict[str, Any]] = [{}]
+    pending: list[dict[str, CategoricalChoiceType]] = [{}]
     for _ in range(MAX_PROBES):
         if not pending:
             break
@@ -144,9 +158,9 @@ def runtime_params(runtime: str, runtimes: Sequence[str]) -> dict[str, str]:
     return {"runtime": runtime} if len(runtimes) > 1 and runtime in runtimes else {}
 
 
-def merge_params(parts: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
+def merge_params(parts: Mapping[str, Mapping[str, CategoricalChoiceType] | None]) -> dict[str, CategoricalChoiceType]:
     """One params dict from per-stage params (stages without params left out)."""
-    merged: dict[str, Any] = {}
+    merged: dict[str, CategoricalChoiceType] = {}
     for params in parts.values():
         merged.update(params or {})
     return merged
@@ -222,7 +236,7 @@ class Seeder:
         plan = self.plan
         ctx = StageContext(spec=plan.spec, device=plan.device, facts=self.rules.facts)
         remaining = list(configs)
-        parts: dict[str, dict[str, object] | None] = {}
+        parts: dict[str, dict[str, CategoricalChoiceType] | None] = {}
         upstream: list[StageConfig] = []
         for node in plan.pipeline.stage_nodes():
             exporting = plan.pipeline.kind(node.name) == "export"
