@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from paretorch.pipeline.cli.parser import split_list
 from paretorch.pipeline.cli.store_urls import validate_storage_url, validate_tracking_uri
@@ -55,7 +54,7 @@ def source_options(args: argparse.Namespace) -> SourceOptions:
     )
 
 
-def search_overrides(args: argparse.Namespace) -> dict[str, Any]:
+def search_overrides(args: argparse.Namespace) -> dict[str, object]:
     """The search config fields the search options set (None: the config's value)."""
     objectives = split_list(args.objectives)
     if args.minimize_size:

@@ -26,8 +26,10 @@ from paretorch.pipeline.cli.args import spec_from_args
 from paretorch.pipeline.cli.checks import search_overrides
 from paretorch.pipeline.core.device import resolve_device
 from paretorch.pipeline.core.errors import ConfigError, PipelineError
+from paretorch.pipeline.core.evaluate import Known
 from paretorch.pipeline.core.input_agreement import Reference
 from paretorch.pipeline.core.input_agreement import describe as describe_inputs
+from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.core.paired import free_cores, load_average, usable_cores
 from paretorch.pipeline.core.paths import cache_dir, results_dir
 from paretorch.pipeline.core.progress import say
@@ -64,11 +66,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     model = load_model(spec)
     out = sys.stderr if args.json else sys.stdout  # --json: standard output holds the JSON alone
-    line = require_stable(self_check(model, spec, device, out), spec.name, args.allow_nondeterministic, "evaluate")
+    # One pass of the model over the evaluation set: the self-check's first scoring, and the eager report's metrics.
+    reference = reference_outputs(model, spec, device)
+    line = require_stable(self_check(model, spec, device, out, reference=reference), spec.name,
+                          args.allow_nondeterministic, "evaluate")
     say(Console(file=out), line)
     # Every runtime runs through the runner, as in a search (a file runtime exports and opens its file).
     runner = Runner(recipe_pipeline([]), spec, device, latency=LATENCY_BUDGETS[args.latency_budget], model=model)
-    report = runner.run({}, args.runtime, exports=False).report
+    known = Known(outputs=reference) if args.runtime == DEFAULT_RUNTIME else Known()
+    report = runner.run({}, args.runtime, exports=False, known=known).report
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -97,7 +103,7 @@ def threads_line(threads: int | None, device: torch.device, workers: int = 1) ->
             f"--threads N to choose)")
 
 
-def make_console() -> Any:
+def make_console() -> Console:
     """A rich console; wide when writing to a file or pipe (make, CI logs) so tables do not fold."""
 
     return Console() if sys.stdout.isatty() else Console(width=200)

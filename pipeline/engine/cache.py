@@ -117,7 +117,7 @@ def library_versions(libraries: Iterable[str] = ()) -> dict[str, str]:
     return {name: installed_version(name) for name in sorted({*ALWAYS_KEYED, *libraries})}
 
 
-def node_key(op: str, config: dict[str, Any] | None, input_keys: tuple[str, ...], device_type: str,
+def node_key(op: str, config: Mapping[str, object] | None, input_keys: tuple[str, ...], device_type: str,
              libraries: Iterable[str] = ()) -> str:
     """The content key of one node output: its operation, config, inputs' keys (which hold the chain's own
     libraries), device type, and the versions of the ``libraries`` the node itself depends on (its stage's or
@@ -319,7 +319,7 @@ class NodeCache:
         return CachedOutput(value=committed, resolved_config=entry.resolved_config, records=entry.records)
 
 
-def _jsonable(records: dict[str, Any]) -> dict[str, Any]:
+def _jsonable(records: Mapping[str, object]) -> dict[str, object]:
     """Records as JSON: values that are not JSON-ready become their ``str``."""
     out = {}
     for key, value in records.items():

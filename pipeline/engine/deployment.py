@@ -29,7 +29,6 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -82,13 +81,13 @@ def rebuild_configs(configs: Sequence[StageConfig]) -> list[StageConfig]:
 
 
 def save_deployment(model: nn.Module, recipe: Recipe, directory: Path,
-                    runtime_file: ExportResult | None = None) -> dict[str, Any]:
+                    runtime_file: ExportResult | None = None) -> dict[str, object]:
     """Write ``model``'s weights (or, under a runtime that runs a file, ``runtime_file``: the file the trial ran),
     ``recipe`` and the manifest to ``directory``; returns the manifest."""
     stage = deploy_stage(recipe.stages)
     directory.mkdir(parents=True, exist_ok=True)
     _remove_previous(directory)
-    manifest: dict[str, Any] = {"format": FORMAT, "model": recipe.model,
+    manifest: dict[str, object] = {"format": FORMAT, "model": recipe.model,
                                 "callable": stage.name if stage is not None else MODEL_CALLABLE,
                                 "runtime": recipe.runtime, "recipe": RECIPE,
                                 "load": "paretorch.pipeline.api.load_deployment(<this folder>, <the model's spec>, "

@@ -26,7 +26,7 @@ import graphlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from paretorch.pipeline.core.errors import ConfigError
 from paretorch.pipeline.core.paths import pipeline_file
@@ -64,8 +64,8 @@ class Node:
     def is_stage(self) -> bool:
         return self.op not in (SOURCE_OP, EVALUATE_OP)
 
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"name": self.name, "op": self.op, "inputs": list(self.inputs)}
+    def to_dict(self) -> dict[str, object]:
+        data: dict[str, object] = {"name": self.name, "op": self.op, "inputs": list(self.inputs)}
         if self.config is not None:
             data["config"] = {k: v for k, v in self.config.to_dict().items() if k != "stage"}
         return data
@@ -221,19 +221,20 @@ class Pipeline:
 
         return render(self.source.name)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "nodes": [n.to_dict() for n in self]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], name: str = "custom") -> Pipeline:
+    def from_dict(cls, data: Mapping[str, object], name: str = "custom") -> Pipeline:
         """Build from ``{"name": ..., "nodes": [{"name", "op", "inputs", "config"}, ...]}``.
 
         ``inputs`` defaults to the previous node in the list, so a chain needs no inputs at all.
         """
-        if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list):
+        described = data.get("nodes") if isinstance(data, Mapping) else None
+        if not isinstance(described, list):
             raise ConfigError("a pipeline description needs a 'nodes' list")
         nodes: list[Node] = []
-        for index, raw in enumerate(data["nodes"]):
+        for index, raw in enumerate(described):
             if not isinstance(raw, Mapping) or "op" not in raw:
                 raise ConfigError(f"pipeline node #{index + 1} must be a mapping with an 'op', got {raw!r}")
             unknown = set(raw) - {"name", "op", "inputs", "config"}

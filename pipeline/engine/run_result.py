@@ -95,7 +95,7 @@ class RunResult:
                 if result.kind == "evaluate" and name != objective and result.value is not None}
 
     def recipe(self, model: str | None, deferred_exports: Mapping[str, StageConfig | None] | None = None,
-               metadata: Mapping[str, Any] | None = None) -> Recipe:
+               metadata: Mapping[str, object] | None = None) -> Recipe:
         """The replayable recipe: the objective model's resolved chain, then its exports
         (resolved if they ran, else the configs in ``deferred_exports``)."""
         chain = list(self.nodes[self.pipeline.objective_node().inputs[0]].chain)

@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -53,6 +52,7 @@ from paretorch.pipeline.core.stage import (
     ExportResult,
     StageConfig,
     StageContext,
+    StageOutput,
     apply_stage,
     config_from_dict,
     get_stage,
@@ -271,7 +271,7 @@ class Runner:
                   known: Known | None = None) -> NodeResult:
         if parent.kind == "export":
             return NodeResult(name, "evaluate", parent.key, _export_evaluation(parent.value))
-        settings: dict[str, Any] = {"runtime": runtime, "latency": asdict(self.latency),
+        settings: dict[str, object] = {"runtime": runtime, "latency": asdict(self.latency),
                                     "batch_sizes": self.batch_sizes, "latency_inputs": LATENCY_INPUTS}
         handle = self._export_handle(get_runtime(runtime), parent, configs)
         if handle.config is not None:
@@ -341,7 +341,7 @@ class Runner:
                                                                           parent))
 
 
-def _export_evaluation(result: ExportResult | None) -> dict[str, Any] | None:
+def _export_evaluation(result: ExportResult | None) -> dict[str, object] | None:
     """What an exporter checked about its file (metrics it measured, how it validated)."""
     if result is None:
         return None
@@ -349,7 +349,7 @@ def _export_evaluation(result: ExportResult | None) -> dict[str, Any] | None:
             **result.metrics}
 
 
-def _apply_node(name: str, config: StageConfig, parent: NodeResult, ctx: StageContext) -> Any:
+def _apply_node(name: str, config: StageConfig, parent: NodeResult, ctx: StageContext) -> StageOutput:
     """Apply one node's stage; errors say which node and config they came from."""
     try:
         return apply_stage(parent.value, config, ctx)

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy
 import torch
@@ -35,6 +35,10 @@ from paretorch.pipeline.core.spec import Batch, ModelSpec
 from paretorch.pipeline.core.user_files import hf_directory, hf_needs_inputs, require_hf_directory
 from paretorch.pipeline.sources.archive import one_line
 from paretorch.pipeline.sources.inputs import read_text_inputs, split_batches, tile
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerBase
 
 SEQUENCE_LENGTH = 128
 #: Index of the attention mask in the ``(input_ids, attention_mask)`` inputs (``ModelSpec.padding_mask``).
@@ -133,7 +137,7 @@ def _read_json(path: Path) -> Any:
         raise SpecError(f"cannot read {path}: {exc}") from exc
 
 
-def load_tokenizer(directory: Path) -> Any:
+def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     """The directory's tokenizer, offline."""
     set_offline()
     from transformers import AutoTokenizer
@@ -158,7 +162,7 @@ def load_hf_model(layout: HFLayout) -> nn.Module:
     return wrapped.eval()
 
 
-def tokenize(tokenizer: Any, texts: list[str], sequence_length: int = SEQUENCE_LENGTH) -> Batch:
+def tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], sequence_length: int = SEQUENCE_LENGTH) -> Batch:
     """``(input_ids, attention_mask)`` as int64, padded and truncated to ``sequence_length``."""
     encoded = tokenizer(
         texts, padding="max_length", truncation=True, max_length=sequence_length, return_tensors="pt"
@@ -166,7 +170,7 @@ def tokenize(tokenizer: Any, texts: list[str], sequence_length: int = SEQUENCE_L
     return (encoded["input_ids"].to(torch.int64), encoded["attention_mask"].to(torch.int64))
 
 
-def encode_texts(tokenizer: Any, texts: Sequence[str], max_tokens: int = SEQUENCE_LENGTH) -> Batch:
+def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_tokens: int = SEQUENCE_LENGTH) -> Batch:
     """Texts as one batch padded to its longest text (at most ``max_tokens``), as a user's serving code
     pads: labelled data is scored at its own lengths, not at the longest the model takes. A fast tokenizer runs
     its Rust batch call directly (:class:`PaddedBatches`: the same ids and mask, without transformers' per-call
@@ -183,10 +187,10 @@ class PaddedBatches:
     and the ids become one array; any other tokenizer is called as above. Built once per tokenizer and length
     (:meth:`of`)."""
 
-    def __init__(self, tokenizer: Any, max_tokens: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
-        self.backend: Any = None
+        self.backend: Tokenizer | None = None
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if (backend is not None and getattr(tokenizer, "padding_side", "right") == "right"
                 and getattr(tokenizer, "pad_token_id", None) is not None):
@@ -200,7 +204,7 @@ class PaddedBatches:
 
     @classmethod
     @cache
-    def of(cls, tokenizer: Any, max_tokens: int) -> PaddedBatches:
+    def of(cls, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> PaddedBatches:
         return cls(tokenizer, max_tokens)
 
     def __call__(self, texts: Sequence[str]) -> Batch:

@@ -13,7 +13,6 @@ import io
 import json
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -22,7 +21,7 @@ PICKLED_CONSTANT_PREFIXES = ("custom_obj_", "opaque_obj_")
 TRUST_FLAG = "--trust-pickle"
 
 
-def _config_entries(data: Any) -> list[tuple[str, dict[str, Any]]]:
+def _config_entries(data: object) -> list[tuple[str, dict[str, object]]]:
     config = data.get("config", {}) if isinstance(data, dict) else {}
     return [(str(k), v) for k, v in config.items() if isinstance(v, dict)] if isinstance(config, dict) else []
 

@@ -27,7 +27,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from torch import nn
 
@@ -128,7 +127,7 @@ def _spec_from_attr(module: ModuleType, attr: str, ref: str) -> ModelSpec:
     return _spec_from_value(getattr(module, attr), ref)
 
 
-def _spec_from_value(value: Any, ref: str) -> ModelSpec:
+def _spec_from_value(value: object, ref: str) -> ModelSpec:
     """``value`` (a ModelSpec or a zero-argument function returning one) as a checked spec named by ``ref``."""
     if not isinstance(value, ModelSpec):
         if not callable(value) or isinstance(value, type | nn.Module):

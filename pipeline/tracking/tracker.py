@@ -34,7 +34,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from paretorch.pipeline.core.errors import PipelineError
 from paretorch.pipeline.core.locks import file_lock
@@ -45,7 +45,10 @@ from paretorch.pipeline.tracking.artifacts import artifact_root_for, experiment_
 from paretorch.pipeline.tracking.columns import KEY_TAGS, VIEW_TAG, headline_view
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
     from mlflow import MlflowClient
+    from mlflow.entities import Run
+    from plotly.graph_objects import Figure as PlotlyFigure
 
 TRACKED_LIBRARIES = ("torch", "torchao", "torch-pruning", "coremltools", "onnx", "onnxruntime", "optuna", "mlflow")
 STUDY_TAG = "paretorch.study"
@@ -162,7 +165,7 @@ class Tracker:
 
     # ------------------------------------------------------------------ study (parent run)
 
-    def open_study(self, spec_name: str, study_name: str, params: Mapping[str, Any], tags: Mapping[str, str],
+    def open_study(self, spec_name: str, study_name: str, params: Mapping[str, object], tags: Mapping[str, str],
                    running: bool = True) -> str:
         """Find or create the experiment and the study's parent run; returns the parent run id.
         ``running=False``: no trial will run, so an existing parent run keeps its status and end time."""
@@ -220,7 +223,7 @@ class Tracker:
                 raise
             return str(experiment.experiment_id)
 
-    def _parents(self, study_name: str) -> list[Any]:
+    def _parents(self, study_name: str) -> list[Run]:
         """The study's parent runs, oldest first."""
         return list(self._client.search_runs(
             [self.experiment_id],
@@ -266,7 +269,7 @@ class Tracker:
         self,
         number: int,
         state: str,
-        params: Mapping[str, Any],
+        params: Mapping[str, object],
         metrics: Mapping[str, float],
         tags: Mapping[str, str],
         start_ms: int | None = None,
@@ -341,7 +344,7 @@ class Tracker:
 
     # ------------------------------------------------------------------ study summary
 
-    def log_study_summary(self, table: Mapping[str, list[Any]], figures: Mapping[str, Any],
+    def log_study_summary(self, table: Mapping[str, Sequence[object]], figures: Mapping[str, Figure | PlotlyFigure],
                           metrics: Mapping[str, float]) -> None:
         """The Pareto table and plots on the parent run, plus study-level numbers."""
         # log_table would append to an existing pareto_table.json (a resumed study): write it whole instead,
@@ -380,7 +383,7 @@ class Tracker:
 
     # ------------------------------------------------------------------ helpers
 
-    def _log(self, run_id: str, params: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None,
+    def _log(self, run_id: str, params: Mapping[str, object] | None = None, metrics: Mapping[str, float] | None = None,
              tags: Mapping[str, str] | None = None, step: int = 0) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
