@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import optuna
 import torch
@@ -55,11 +56,11 @@ class SeedRecipe(RegisteredRuntimes, SeedSchema):
     """A trial enqueued before the sampler starts (:class:`~paretorch.pipeline.search.schema.SeedSchema`), with
     what its trial records: its stage configs validated by their stages and its estimate."""
 
-    def trial_attrs(self) -> dict[str, Any]:
+    def trial_attrs(self) -> dict[str, object]:
         """User attrs the seed adds to its enqueued trial beyond its recipe: a proposal's estimate."""
         return {ATTR_ESTIMATE: self.estimate} if self.estimate else {}
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> dict[str, object]:
         """The seed's runtime and validated stage dicts, as its trial records them (two seeds that would run the
         same trial have the same payload)."""
         return {"runtime": self.runtime, "stages": [config_from_dict(dict(raw)).to_dict() for raw in self.stages]}
@@ -83,7 +84,7 @@ def study_name(spec: ModelSpec, device: torch.device, config: SearchConfig, pipe
     named by the search config alone (``pipeline: default``), not by its stage list: installing or adding a
     stage does not rename its studies (a resumed study records the stages it has,
     :mod:`paretorch.pipeline.search.store`). A pipeline file's nodes are hashed: they are what its trials mean."""
-    payload: dict[str, Any] = {"spec": spec.source or spec.name, "search": config.identity()}
+    payload: dict[str, object] = {"spec": spec.source or spec.name, "search": config.identity()}
     if config.pipeline != "default":
         payload["pipeline"] = pipeline.to_dict()
     return _hashed(spec, device, payload)
@@ -112,7 +113,7 @@ def legacy_study_names(spec: ModelSpec, device: torch.device, config: SearchConf
     return tuple(names)
 
 
-def _hashed(spec: ModelSpec, device: torch.device, payload: dict[str, Any]) -> str:
+def _hashed(spec: ModelSpec, device: torch.device, payload: Mapping[str, object]) -> str:
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{spec.name}-{device.type}-{digest}"
 
@@ -122,7 +123,7 @@ def default_storage() -> str:
     return f"sqlite:///{results_dir() / 'optuna.db'}"
 
 
-def finished_states() -> tuple[Any, ...]:
+def finished_states() -> tuple[TrialState, ...]:
     return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 

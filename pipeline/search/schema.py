@@ -11,7 +11,7 @@ from the stages and the tail guard (:class:`~paretorch.pipeline.search.config.Se
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -68,7 +68,7 @@ class SeedSchema(RuntimeNamed):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
     runtime: str = DEFAULT_RUNTIME
-    stages: tuple[dict[str, Any], ...] = ()
+    stages: tuple[dict[str, object], ...] = ()
     #: A seed some devices cannot run (e.g. CPU-only int8), or that the model's facts rule out (depth pruning of a
     #: model without a removable block), is skipped there; otherwise it is an infeasible or ruled-out trial that
     #: says why (what a user's own seed should be). Dumped only when set: a field added later leaves the names of
@@ -76,7 +76,7 @@ class SeedSchema(RuntimeNamed):
     skip_where_unavailable: bool = Field(default=False, exclude_if=lambda value: not value)
     #: What a proposal's estimate started from (:mod:`paretorch.pipeline.search.dead_ends`): ``{"speedup", "under"}``
     #: for a runtime sweep, ``{"gain"}`` for a composition; checked again when the trial starts. Dumped only when set.
-    estimate: dict[str, Any] | None = Field(default=None, exclude_if=lambda value: value is None)
+    estimate: dict[str, object] | None = Field(default=None, exclude_if=lambda value: value is None)
 
     @field_validator("runtime")
     @classmethod
@@ -90,7 +90,7 @@ class PresetSchema(RuntimeNamed):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
-    stages: tuple[dict[str, Any], ...] = ()
+    stages: tuple[dict[str, object], ...] = ()
     #: Where the preset can pay, in the order to try them (those the study does not offer are left out); None:
     #: every runtime of the study, eager last. E.g. PT2E int8 under eager runs reference kernels, slower than float.
     runtimes: tuple[str, ...] | None = None
@@ -174,7 +174,7 @@ class SearchSchema(RuntimeNamed):
         return name
 
     @classmethod
-    def load(cls, path: str | Path | None = None, **overrides: Any) -> Self:
+    def load(cls, path: str | Path | None = None, **overrides: object) -> Self:
         """Read a YAML search config (default ``pipeline/defaults/search.yaml``) and apply overrides (None = keep).
         Overriding ``seeds`` without ``presets`` turns the presets off: the given seeds are all that is enqueued.
         Every problem is one :class:`ConfigError` line naming the file or the flag."""
@@ -193,13 +193,13 @@ class SearchSchema(RuntimeNamed):
             raise ConfigError(f"invalid search config ({source.name}): {format_validation_error(exc)}; fix {source} "
                               f"(every field, with its default: {DEFAULT_SEARCH_CONFIG})") from exc
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, object]:
         """What a study's name hashes: every field that changes what a trial measures."""
         later = {name for name in self.LATER_FIELDS if getattr(self, name) == type(self).model_fields[name].default}
         return self.model_dump(mode="json", exclude=set(self.RUN_ONLY_FIELDS) | later)
 
 
-def read_config_file(source: Path) -> dict[str, Any]:
+def read_config_file(source: Path) -> dict[str, object]:
     """The mapping a YAML search config file holds; a missing file, a YAML error or a top level that is not a
     mapping is one :class:`ConfigError` line."""
     if not source.is_file():
