@@ -51,9 +51,9 @@ import torch
 from torch import Tensor, nn
 
 from paretorch.pipeline.core.errors import SpecError
-from paretorch.pipeline.core.progress import phase
 from paretorch.pipeline.core.ranking import spearman
 from paretorch.pipeline.core.spec import OUTPUT_KINDS, Batch, LabelledBatch, Metric, ModelSpec, OutputKind
+from paretorch.pipeline.core.unoptimized_outputs import UnoptimizedOutputs
 
 # OUTPUT_KINDS / OutputKind: the one output-kind vocabulary lives in paretorch.pipeline.core.spec (the
 # distillation loss reads it too); importers of this module keep finding it here.
@@ -321,20 +321,6 @@ def fidelity_note(metric: Metric) -> str | None:
             "by your task metric.")
 
 
-def reference_outputs(model: nn.Module, batches: Sequence[Batch]) -> list[Tensor]:
-    """The unoptimized model's outputs on ``batches`` (CPU, float32, no grad)."""
-    outputs = []
-    with torch.inference_mode(), phase(f"reference outputs of the unoptimized model ({len(batches)} batches)",
-                                       total=len(batches)) as shown:
-        for batch in batches:
-            output = model(*batch)
-            if not isinstance(output, Tensor):
-                raise SpecError(f"the model returned {type(output).__name__}, not a tensor; fidelity needs one tensor")
-            outputs.append(output.detach().float().cpu().clone())
-            shown.advance()
-    return outputs
-
-
 def fidelity_spec(
     name: str,
     build: Callable[[], nn.Module],
@@ -344,14 +330,14 @@ def fidelity_spec(
     output_kind: str = "auto",
     metric: Metric | None = None,
     extra_metrics: tuple[Metric, ...] | None = None,
-    targets: Callable[[Sequence[Batch]], list[Tensor]] | None = None,
     **spec_fields: object,
 ) -> ModelSpec:
     """A :class:`ModelSpec` whose metric is fidelity to the unoptimized model.
 
     ``evaluation()`` pairs each input batch with the unoptimized model's output
-    on it, computed once (on the first call) by ``targets`` (default: run
-    ``build()`` on the CPU). The metric is ``metric`` if given, else the
+    on it, computed once (on the first call) by the spec's
+    :class:`UnoptimizedOutputs` (``build()`` on the CPU, unless a reader already ran
+    the batch). The metric is ``metric`` if given, else the
     primary fidelity metric for ``output_kind`` (``auto`` decides from the
     reference outputs; see :func:`infer_output_kind`); ``extra_metrics``
     default to the kind's other fidelity metrics. They reach the spec once
@@ -360,13 +346,16 @@ def fidelity_spec(
     if output_kind not in OUTPUT_KINDS:
         raise SpecError(f"unknown output kind '{output_kind}': choose one of {', '.join(OUTPUT_KINDS)}")
 
+    unoptimized = UnoptimizedOutputs(build)
+
     @cache
     def labelled() -> tuple[LabelledBatch, ...]:
         inputs = list(evaluation_inputs())
         if not inputs:
             raise SpecError(f"model '{name}': the evaluation set is empty")
-        references = targets(inputs) if targets is not None else reference_outputs(build(), inputs)
-        return tuple(zip(inputs, references, strict=True))
+        # The targets are the unoptimized outputs: the study's reference reads them, it does not run them again.
+        rows = unoptimized.of(inputs).split([int(batch[0].shape[0]) for batch in inputs])
+        return tuple(zip(inputs, rows, strict=True))
 
     chosen = metric
     kind = output_kind
@@ -388,5 +377,6 @@ def fidelity_spec(
         evaluation=lambda: list(labelled()),
         metric=chosen,
         output_kind=kind,
+        unoptimized=unoptimized,
         **spec_fields,  # type: ignore[arg-type]
     )

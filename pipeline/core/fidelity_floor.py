@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from functools import cache
 
 import torch
 from torch import Tensor
 
 from paretorch.pipeline.core.errors import SpecError
-from paretorch.pipeline.core.fidelity import reference_outputs
 from paretorch.pipeline.core.spec import Batch, FidelityFloor, LabelledBatch, Metric, ModelSpec, split_batches
 
 
@@ -64,9 +62,8 @@ def with_fidelity_floor(spec: ModelSpec, inputs: Batch, fidelity: Metric, name: 
     batches = split_batches(inputs, batch_size)
     rows = [(batch, torch.full((int(batch[0].shape[0]),), -1, dtype=torch.int64)) for batch in batches]
 
-    @cache
     def reference() -> Tensor:
-        return torch.cat(reference_outputs(spec.build(), batches))
+        return spec.unoptimized_outputs.of(batches)
 
     def on_floor_rows(outputs: Tensor, _targets: Tensor) -> Tensor:
         return fidelity.compute(outputs[task_rows:], reference().to(outputs.device))

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from paretorch.pipeline.core.device import capabilities
 from paretorch.pipeline.core.evaluate import evaluation_outputs
+from paretorch.pipeline.core.progress import phase
 from paretorch.pipeline.core.spec import LabelledBatch, Metric, ModelSpec
 
 #: A class prediction is a near tie when its top two probabilities are closer than this.
@@ -40,7 +41,9 @@ def near_tie_share(logits: Tensor) -> float:
 
 def bf16_metric(model: nn.Module, batches: Sequence[LabelledBatch], metric: Metric, device: torch.device) -> float:
     """``metric`` of ``model`` run under bf16 autocast on ``device`` (the unoptimized model, rounded only)."""
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+    rows = sum(int(target.shape[0]) for _, target in batches)
+    with (phase(f"noise floor: the unoptimized model once under bf16 rounding ({rows} rows)"),
+          torch.autocast(device_type=device.type, dtype=torch.bfloat16)):
         outputs, targets = evaluation_outputs(model, batches, device)
     return float(metric.compute(outputs.float(), targets).item())
 

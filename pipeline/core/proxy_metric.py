@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from functools import cache
 
 import torch
 from torch import Tensor
 
-from paretorch.pipeline.core.fidelity import reference_outputs
 from paretorch.pipeline.core.spec import Metric, ModelSpec
 
 #: The suffix of the extra metric that keeps the proxy's value as measured.
@@ -48,12 +46,12 @@ def proxy_metric(metric: Metric, reference: Callable[[], Tensor]) -> Metric:
 
 def with_proxy_metric(spec: ModelSpec) -> ModelSpec:
     """``spec`` whose metric is a proxy (see the module docstring): capped at the unoptimized model's value, the
-    value as measured kept as an extra metric. The unoptimized model's outputs are computed once, on first use."""
+    value as measured kept as an extra metric. The unoptimized model's
+    outputs are the spec's shared ones (``ModelSpec.unoptimized``)."""
     batches = [inputs for inputs, _ in spec.evaluation()]
 
-    @cache
     def reference() -> Tensor:
-        return torch.cat(reference_outputs(spec.build(), batches))
+        return spec.unoptimized_outputs.of(batches)
 
     measured = dataclasses.replace(spec.metric, name=spec.metric.name + AS_MEASURED, resampled=None)
     return dataclasses.replace(spec, metric=proxy_metric(spec.metric, reference),

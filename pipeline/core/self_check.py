@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
-from typing import Any, TextIO
+from typing import TextIO
 
 import torch
 from torch import Tensor, nn
@@ -68,7 +68,7 @@ class SelfCheck:
         values = (self.first, self.second, self.rebatched)
         return max(values) - min(values)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     def summary(self) -> str:
@@ -84,10 +84,20 @@ class SelfCheck:
 
 
 def reference_outputs(model: nn.Module, spec: ModelSpec, device: torch.device) -> tuple[Tensor, Tensor]:
-    """``model``'s outputs (eager, eval mode) and the targets over ``spec.evaluation()`` at its own batching: what
-    :func:`self_check` and the baseline's evaluation (:func:`paretorch.pipeline.core.evaluate.evaluate_model`) both
-    read."""
-    return evaluation_outputs(move_module(model, device).eval(), spec.evaluation(), device)
+    """``model``'s outputs (eager, eval mode; the unoptimized model) and the targets over ``spec.evaluation()`` at
+    its own batching: what :func:`self_check` and the baseline's evaluation
+    (:func:`paretorch.pipeline.core.evaluate.evaluate_model`) both read. Shared with the spec's other readers
+    (``ModelSpec.unoptimized``): on the CPU, batches they already ran are read, not run; batches run here are given
+    to them. (On an accelerator the study's reference is its own device's outputs.)"""
+    batches = spec.evaluation()
+    inputs = [batch for batch, _ in batches]
+    shared = spec.unoptimized_outputs
+    if device.type == "cpu" and shared.has(inputs):
+        return shared.of(inputs), torch.cat([target for _, target in batches])
+    outputs, targets = evaluation_outputs(move_module(model, device).eval(), batches, device)
+    for batch, rows in zip(inputs, outputs.split([int(target.shape[0]) for _, target in batches]), strict=True):
+        shared.provide(batch, rows)
+    return outputs, targets
 
 
 def lazy_reference(model: nn.Module, spec: ModelSpec, device: torch.device) -> Callable[[], tuple[Tensor, Tensor]]:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from paretorch.pipeline.core.bootstrap import resampled_means
 from paretorch.pipeline.core.errors import SpecError
+from paretorch.pipeline.core.unoptimized_outputs import UnoptimizedOutputs
 
 #: Positional inputs of one forward call: ``model(*batch)``.
 Batch = tuple[Tensor, ...]
@@ -163,8 +164,20 @@ class ModelSpec:
     caveat: str = ""
     #: Where the spec came from (filled in by resolution; shown in reports).
     source: str = field(default="", compare=False)
+    #: The unoptimized model's outputs per evaluation batch, run once for every reader
+    #: (:mod:`paretorch.pipeline.core.unoptimized_outputs`); a spec derived with the same ``build`` shares it.
+    unoptimized: UnoptimizedOutputs | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.unoptimized is None or self.unoptimized.build is not self.build:
+            object.__setattr__(self, "unoptimized", UnoptimizedOutputs(self.build))
+
+    @property
+    def unoptimized_outputs(self) -> UnoptimizedOutputs:
+        """:attr:`unoptimized`, always set once the spec exists."""
+        if self.unoptimized is None:
+            raise AssertionError("ModelSpec.__post_init__ sets unoptimized")
+        return self.unoptimized
         if self.output_kind not in OUTPUT_KINDS:
             raise SpecError(f"model '{self.name}': unknown output_kind '{self.output_kind}': "
                             f"choose one of {', '.join(OUTPUT_KINDS)}")

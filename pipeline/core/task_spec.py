@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from functools import cache
 
 import torch
 from torch import Tensor
 
 from paretorch.pipeline.core.errors import SpecError
-from paretorch.pipeline.core.fidelity import NEIGHBOUR_AGREEMENT, fidelity_metrics, reference_outputs
+from paretorch.pipeline.core.fidelity import NEIGHBOUR_AGREEMENT, fidelity_metrics
 from paretorch.pipeline.core.spec import Batch, LabelledBatch, Metric, ModelSpec, split_batches
 from paretorch.pipeline.core.task_data import ClassificationData, PairsData, RetrievalData, TaskData, resolve_labels
 from paretorch.pipeline.core.task_metrics import classification_metrics, pairs_metric, retrieval_metrics
@@ -104,9 +103,8 @@ def with_task_data(spec: ModelSpec, data: TaskData, label_names: Sequence[str] =
         for batch, start in zip(batches, range(0, int(targets.shape[0]), batch_size), strict=True)
     ]
 
-    @cache
     def reference() -> Tensor:
-        return torch.cat(reference_outputs(spec.build(), batches))
+        return spec.unoptimized_outputs.of(batches)
 
     primary, *task_extras = rows.metrics
     # The data says what the outputs are: class logits for labels, embeddings for pairs and retrieval.

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from paretorch.pipeline.core.errors import SpecError
-from paretorch.pipeline.core.fidelity import fidelity_spec, reference_outputs
+from paretorch.pipeline.core.fidelity import fidelity_spec
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.user_files import require_model_file
 from paretorch.pipeline.sources.inputs import TensorInputs
@@ -106,7 +106,7 @@ def file_model_spec(
     output_kind: str,
 ) -> ModelSpec:
     """A fidelity spec around a model file (``loaded``: the model ``load(path)`` returned once, for checks):
-    generated or file inputs, targets from the model's own outputs."""
+    generated or file inputs, targets from the model's own outputs (run once, ``ModelSpec.unoptimized``)."""
     name = path.stem
 
     def build() -> nn.Module:
@@ -120,6 +120,5 @@ def file_model_spec(
         calibration=inputs.calibration,
         evaluation_inputs=inputs.evaluation,
         output_kind=output_kind,
-        targets=lambda batches: reference_outputs(loaded, batches),
         description=f"{kind} model from {path} (fidelity to its own outputs on generated/file inputs)",
     )
