@@ -11,9 +11,9 @@ feasible trial is not made; without a plain measurement of both runtimes there i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import optuna
 from optuna.trial import TrialState
@@ -22,6 +22,16 @@ from paretorch.pipeline.search.record import TrialRecord
 
 #: A proposal estimated below this share of the fastest feasible speed-up is a dead end: not proposed.
 DEAD_END_SHARE = 0.5
+
+
+class Estimate(TypedDict, total=False):
+    """What a proposal's estimate started from, as its trial stores it
+    (:data:`~paretorch.pipeline.search.objectives.ATTR_ESTIMATE`): a runtime sweep's source speed-up and the runtime it
+    ran under, or a composition's estimated gain over the unchanged model."""
+
+    speedup: float
+    under: str
+    gain: float
 
 
 @dataclass
@@ -73,7 +83,7 @@ class RuntimeGains:
         base = self.plain.get(runtime)
         return gain * base if base else None
 
-    def dead_end_reason(self, estimate: Mapping[str, Any], runtime: str) -> str | None:
+    def dead_end_reason(self, estimate: Estimate, runtime: str) -> str | None:
         """Why a proposal enqueued earlier is a dead end now (None: it may still win): what has been measured since
         (the runtime alone, a faster trial) puts its estimate below :data:`DEAD_END_SHARE` of the fastest."""
         value = (self.plain_estimate(float(estimate["gain"]), runtime) if "gain" in estimate

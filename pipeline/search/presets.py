@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import optuna
 
@@ -56,7 +55,7 @@ REASONS_SHOWN, REASON_CHARS = 3, 160
 #: Study user attr: every skipped preset pair with its reason.
 ATTR_SKIPPED_PRESETS = "paretorch.skipped_presets"
 #: Why a seed's stages (as dicts) cannot be a trial under a runtime here; None: they can.
-SkipReason = Callable[[tuple[dict[str, Any], ...], str], str | None]
+SkipReason = Callable[[tuple[dict[str, object], ...], str], str | None]
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,7 @@ def preset_name(preset: str, runtime: str) -> str:
     return f"{PRESET_PREFIX}{preset}@{runtime}"
 
 
-def reduced(seed_stages: tuple[dict[str, Any], ...]) -> str | None:
+def reduced(seed_stages: tuple[dict[str, object], ...]) -> str | None:
     """The reduced precision a preset's stages run in (``int8``, ``bf16``, ``fp16``; None: float32 or a
     quantization the probe does not time)."""
     precision = stage_precision(seed_stages)

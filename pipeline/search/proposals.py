@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -99,7 +99,7 @@ class Proposals:
             return 0
         return sum(self.queue.enqueue(study, SeedRecipe(**raw)) for raw in later)
 
-    def runnable(self, stages: tuple[dict[str, Any], ...], runtime: str) -> bool:
+    def runnable(self, stages: tuple[dict[str, object], ...], runtime: str) -> bool:
         """Whether ``runtime`` can run these resolved stages (as the sweep keeps them)."""
         return self.queue.runs([config_from_dict(dict(s)) for s in stages], runtime)
 
@@ -135,7 +135,7 @@ class Proposals:
         speedup = self.baseline.latency_ms / best.latency
         return not self._gains.dead_end(self._gains.estimate(speedup, best.runtime, runtime))
 
-    def sweep_estimate(self, proposal: SweepProposal) -> dict[str, Any] | None:
+    def sweep_estimate(self, proposal: SweepProposal) -> dict[str, object] | None:
         """What a sweep proposal's estimate starts from: its source trial's speed-up and runtime."""
         if proposal.latency <= 0:
             return None

@@ -18,13 +18,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
 
 from paretorch.pipeline.core.names import DEFAULT_RUNTIME
 from paretorch.pipeline.search.record import TrialRecord
 
 #: Whether a runtime can run a stage list (resolved stages as dicts), e.g. ONNX Runtime cannot run AMP.
-Runnable = Callable[[tuple[dict[str, Any], ...], str], bool]
+Runnable = Callable[[tuple[dict[str, object], ...], str], bool]
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class SweptStages:
 
     latency: float
     number: int
-    stages: tuple[dict[str, Any], ...]
+    stages: tuple[dict[str, object], ...]
     #: The runtime it ran under.
     runtime: str = DEFAULT_RUNTIME
     #: Its metric drop (positive: worse than the unoptimized model; NaN: not known, never dominated).
@@ -51,7 +50,7 @@ class SweepProposal:
     """One trial the sweep asks for: the resolved stages of trial ``number`` under ``runtime``."""
 
     number: int
-    stages: tuple[dict[str, Any], ...]
+    stages: tuple[dict[str, object], ...]
     runtime: str
     #: Trial ``number``'s objective latency and the runtime it ran under (what the proposal's estimate moves).
     latency: float = 0.0
