@@ -9,7 +9,6 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -217,7 +216,7 @@ def count_params(model: nn.Module) -> int:
     return sum(t.numel() for t in model.state_dict().values() if isinstance(t, Tensor))
 
 
-def _matmul_flops(a_shape: Sequence[int], b_shape: Sequence[int], *args: Any, **kwargs: Any) -> int:
+def _matmul_flops(a_shape: Sequence[int], b_shape: Sequence[int], *args: object, **kwargs: object) -> int:
     """FLOPs of an (m, k) @ (k, n) matmul (the flop counter's formula for ``aten.mm``)."""
     (m, k), (_, n) = a_shape, b_shape
     return 2 * m * n * k

@@ -35,7 +35,6 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
 import torch
 
@@ -146,7 +145,7 @@ class MachineProbe:
         return (f"machine probe ({self.seconds:.1f} s, warmed, paired rounds; matmul speed vs fp32): "
                 + ("; ".join(parts) if parts else "nothing measured"))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -236,7 +235,7 @@ OTHER = "other"
 _DEPTH = {"fp32": 0, "bf16": 1, "fp16": 1}
 
 
-def stage_precision(stages: tuple[Mapping[str, Any], ...]) -> str:
+def stage_precision(stages: tuple[Mapping[str, object], ...]) -> str:
     """The lowest matmul precision a stage list (as dicts) asks for, as its stages declare it
     (:attr:`paretorch.pipeline.core.stage.Stage.precision`): ``int8``, ``bf16``, ``fp16``, ``fp32``, or ``other``
     (a reduced precision the probe does not time, e.g. int4 weights). A stage not installed here declares nothing
@@ -254,7 +253,7 @@ def stage_precision(stages: tuple[Mapping[str, Any], ...]) -> str:
     return found
 
 
-def probe_reason(probe: MachineProbe, stages: tuple[Mapping[str, Any], ...], runtime: str) -> str | None:
+def probe_reason(probe: MachineProbe, stages: tuple[Mapping[str, object], ...], runtime: str) -> str | None:
     """Why a stage list (as dicts) is not worth a trial under ``runtime`` on this machine: it reduces the float
     precision (bf16, fp16) to one the probe found, with confidence, does not pay there. None otherwise: a probe
     that did not decide never drops a trial, and int8 that does not pay is tried later, not dropped (its layers

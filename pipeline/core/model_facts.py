@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 import torch
 from torch import nn
@@ -31,7 +30,7 @@ class ModelFacts:
     #: The model is a ``torch.jit.ScriptModule``: no forward hooks, no module rewriting, no training.
     scripted: bool
     #: Each stage's own facts (the value its ``Stage.facts`` returned), by stage name.
-    stages: Mapping[str, Any] = field(default_factory=dict)
+    stages: Mapping[str, object] = field(default_factory=dict)
     #: Stages whose facts could not be read, with why (nothing is ruled out for them).
     unknown: Mapping[str, str] = field(default_factory=dict)
 
@@ -39,7 +38,7 @@ class ModelFacts:
         object.__setattr__(self, "stages", MappingProxyType(dict(self.stages)))
         object.__setattr__(self, "unknown", MappingProxyType(dict(self.unknown)))
 
-    def of(self, stage: str) -> Any:
+    def of(self, stage: str) -> object:
         """The facts ``stage`` read about the model (None: it reads none, or they are unknown)."""
         return self.stages.get(stage)
 

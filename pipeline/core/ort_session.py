@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -25,6 +25,7 @@ from paretorch.pipeline.core.errors import InfeasibleConfig
 from paretorch.pipeline.core.spec import Batch
 
 if TYPE_CHECKING:
+    import numpy
     import onnxruntime
 
 #: onnxruntime's graph optimization level the sessions use (its name in ``onnxruntime.GraphOptimizationLevel``).
@@ -124,7 +125,7 @@ class OrtModel:
         return self.settings.describe()
 
     def _run(self, inputs: Sequence[Tensor]) -> list[Tensor]:
-        feed: dict[str, Any] = {
+        feed: dict[str, numpy.ndarray] = {
             name: t.detach().cpu().numpy() for name, t in zip(self.input_names, inputs, strict=True)
         }
         try:

@@ -18,10 +18,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TextIO
+from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 #: Phases over within this many seconds leave no line (they are not what a silent minute is made of).
 SHOW_AFTER_S = 2.0
@@ -32,19 +41,19 @@ _live: Progress | None = None
 class Phase:
     """A running phase: :meth:`advance` moves its bar (a no-op in a log)."""
 
-    def __init__(self, progress: Progress | None = None, task: Any = None) -> None:
+    def __init__(self, progress: Progress | None = None, task: TaskID | None = None) -> None:
         self._progress = progress
         self._task = task
 
     def advance(self, steps: float = 1.0, note: str | None = None) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             if note is None:
                 self._progress.update(self._task, advance=steps)
             else:  # a task field the columns show (rich passes unknown keywords to the task's fields)
                 self._progress.update(self._task, advance=steps, note=note)
 
 
-def progress_columns(*extra: Any) -> tuple[Any, ...]:
+def progress_columns(*extra: ProgressColumn | str) -> tuple[ProgressColumn | str, ...]:
     """The columns of a live phase display (a search adds its own fields after these)."""
     return (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("{task.fields[note]}"), *extra)

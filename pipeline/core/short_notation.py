@@ -7,10 +7,8 @@ significant digits, a list as its length, layers left out of a numeric stage as 
 
 from __future__ import annotations
 
-from typing import Any
 
-
-def short_value(value: Any) -> str:
+def short_value(value: object) -> str:
     """``0.34`` for 0.3417, ``[3]`` for a list of 3, anything else as its ``str``."""
     if isinstance(value, float):
         return f"{value:.2g}"

@@ -28,10 +28,9 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -140,7 +139,7 @@ def task_texts(data: TaskData) -> list[str]:
 # --------------------------------------------------------------------------- tables
 
 
-def _read_table(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _read_table(path: Path) -> Iterator[tuple[int, Mapping[str, object]]]:
     """(row number, record) for each data row; the header is row 1 (JSONL: the line number)."""
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -175,14 +174,14 @@ def _read_table(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, dict(zip(header, cells, strict=False))
 
 
-def _text(path: Path, number: int, record: dict[str, Any], column: str) -> str:
+def _text(path: Path, number: int, record: Mapping[str, object], column: str) -> str:
     value = record.get(column)
     if not isinstance(value, str) or not value.strip():
         raise SpecError(f"--eval-data {path}, row {number}: '{column}' is empty or missing")
     return value.strip()
 
 
-def _pairs(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> PairsData:
+def _pairs(path: Path, rows: list[tuple[int, Mapping[str, object]]]) -> PairsData:
     first, second, scores = [], [], []
     for number, record in rows:
         first.append(_text(path, number, record, "sentence1"))
@@ -201,7 +200,7 @@ def _pairs(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> PairsData:
     return PairsData(str(path), tuple(first), tuple(second), tuple(scores))
 
 
-def _classification(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> ClassificationData:
+def _classification(path: Path, rows: list[tuple[int, Mapping[str, object]]]) -> ClassificationData:
     texts, labels = [], []
     for number, record in rows:
         texts.append(_text(path, number, record, "text"))
@@ -209,7 +208,7 @@ def _classification(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> Class
     return ClassificationData(str(path), tuple(labels), texts=tuple(texts), row_numbers=tuple(n for n, _ in rows))
 
 
-def _label(path: Path, number: int, raw: Any) -> int | str:
+def _label(path: Path, number: int, raw: object) -> int | str:
     if isinstance(raw, bool) or raw is None or (isinstance(raw, str) and not raw.strip()):
         raise SpecError(f"--eval-data {path}, row {number}: 'label' is empty or missing")
     if isinstance(raw, int):

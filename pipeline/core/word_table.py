@@ -14,7 +14,7 @@ from typing import Any
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 #: Characters between two columns: one of padding and the (blank) rule.
@@ -25,7 +25,7 @@ class WordTable(Table):
     """A rich :class:`~rich.table.Table` whose columns wrap between words at any console width where each
     column's longest word fits (see the module docstring)."""
 
-    def __init__(self, *headers: Any, **kwargs: Any) -> None:
+    def __init__(self, *headers: Column | str, **kwargs: Any) -> None:
         layout = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "padding": (0, 1),
                   "collapse_padding": True}
         super().__init__(*headers, **{**layout, **kwargs})
@@ -38,7 +38,7 @@ class WordTable(Table):
         yield from super().__rich_console__(console, options)
 
 
-def _texts(column: Any) -> list[str]:
+def _texts(column: Column) -> list[str]:
     cells = [column.header, *column.cells]
     return [cell.plain if isinstance(cell, Text) else str(cell) for cell in cells]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -55,7 +55,7 @@ class RuntimeExport:
     runtime needs on top of the pipeline's config of that stage (or the stage's defaults)."""
 
     stage: str
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, object] = field(default_factory=dict)
 
 
 class ExportHandle(Protocol):

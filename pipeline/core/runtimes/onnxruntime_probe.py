@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from paretorch.pipeline.core.machine_probe import SHAPE, Gain, paired_gain
+
+if TYPE_CHECKING:
+    from onnx import NodeProto
+    from onnxruntime import InferenceSession
 
 #: The ONNX IR version of the probe graphs (the newest onnx writes one the pinned onnxruntime may not read).
 IR_VERSION = 8
@@ -22,7 +26,7 @@ def onnxruntime_gains() -> dict[str, Gain]:
 
     m, k, n = SHAPE
 
-    def session(node: Any, a_type: int, b_type: int, out_type: int) -> Any:
+    def session(node: NodeProto, a_type: int, b_type: int, out_type: int) -> InferenceSession:
         graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("a", a_type, [m, k]),
                                                     helper.make_tensor_value_info("b", b_type, [k, n])],
                                   [helper.make_tensor_value_info("y", out_type, [m, n])])

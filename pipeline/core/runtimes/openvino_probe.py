@@ -7,13 +7,16 @@ A precision the plugin cannot compile here does not pay (an exact 0)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from paretorch.pipeline.core.machine_probe import SHAPE, Gain, paired_gain
 from paretorch.pipeline.core.ov_core import shared_core
+
+if TYPE_CHECKING:
+    from openvino import Model, Node
 
 
 def openvino_gains() -> dict[str, Gain]:
@@ -26,11 +29,11 @@ def openvino_gains() -> dict[str, Gain]:
     weights = rng.standard_normal((k, n), dtype=np.float32)
     activations = np.abs(rng.standard_normal((m, k), dtype=np.float32))
 
-    def quantized(node: Any, low: float, high: float, levels: int) -> Any:
+    def quantized(node: Node, low: float, high: float, levels: int) -> Node:
         low_c, high_c = ops.constant(np.float32(low)), ops.constant(np.float32(high))
         return ops.fake_quantize(node, low_c, high_c, low_c, high_c, levels)
 
-    def product(int8: bool) -> Any:
+    def product(int8: bool) -> Model:
         a, w = ops.parameter([m, k], np.float32, name="a"), ops.constant(weights)
         x = quantized(a, 0.0, 4.0, 256) if int8 else a
         y = ops.matmul(x, quantized(w, -4.0, 4.0, 255) if int8 else w, False, False)
@@ -38,7 +41,7 @@ def openvino_gains() -> dict[str, Gain]:
 
     core = shared_core()
 
-    def compiled(model: Any, hint: str) -> Callable[[], object] | None:
+    def compiled(model: Model, hint: str) -> Callable[[], object] | None:
         config = {"INFERENCE_NUM_THREADS": str(torch.get_num_threads()), "NUM_STREAMS": "1",
                   "INFERENCE_PRECISION_HINT": hint}
         try:
