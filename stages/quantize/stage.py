@@ -58,6 +58,7 @@ from paretorch.stages.common.rankings import SENSITIVITIES
 from paretorch.stages.common.sensitivity import calibrate, reference_outputs, relative_output_error
 from paretorch.stages.quantize.facts import QuantizeFacts, read_facts, why_untouched
 from paretorch.stages.quantize.fallback import QuantizedSwap, SimulatedStaticInt8
+from paretorch.stages.quantize.graph_failure import StaticStepError, failing_op
 from paretorch.stages.quantize.layers import CONV_AND_LINEAR_TYPES, LINEAR_TYPES, LayerSelection, select_layers
 from paretorch.stages.quantize.methods import METHODS, method, methods_on
 from paretorch.stages.quantize.notation import precision, short
@@ -164,16 +165,21 @@ PT2E_HINT = ("PT2E quantization traces the whole model with torch.export, which 
 
 
 def _quantize_error(config: QuantizeConfig, what: str, exc: Exception,
-                    upstream: tuple[StageConfig, ...] = ()) -> InfeasibleConfig:
-    """One line: the library call that failed and its first line (torch.export's errors run to dozens); the PT2E
-    hint about packing only where the recipe packs before quantizing (``upstream``: the stages before this one)."""
-    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+                    upstream: tuple[StageConfig, ...] = (), op: str | None = None) -> InfeasibleConfig:
+    """One line: the library call that failed (for the static method its step, and the op of the graph that
+    raised: ``op``, or the one :class:`StaticStepError` names) and the error's first line (torch.export's errors run
+    to dozens); the PT2E hint about packing only where the recipe packs before quantizing (``upstream``: the stages
+    before this one)."""
     static = method(config.method).is_static
     call = ("torch.export + the x86 inductor quantizer (prepare, calibrate, convert)" if static
             else "torchao's quantize_") if what == "quantization" else "the quantized model's forward"
+    if isinstance(exc, StaticStepError):
+        call, op, exc = exc.step, exc.op, exc.cause
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    at = f" at {op}" if op else ""
     packed = any(c.stage == PACK for c in upstream)
     hint = f" ({PT2E_HINT})" if static and what == "quantization" and packed else ""
-    return InfeasibleConfig(f"{config.method}: {what} failed in {call}: {type(exc).__name__}: {first}{hint}")
+    return InfeasibleConfig(f"{config.method}: {what} failed in {call}{at}: {type(exc).__name__}: {first}{hint}")
 
 
 def _select(model: nn.Module, config: QuantizeConfig, ctx: StageContext) -> LayerSelection:
@@ -231,7 +237,8 @@ def apply(model: nn.Module, config: QuantizeConfig, ctx: StageContext) -> nn.Mod
         with torch.no_grad():
             model(*ctx.example_inputs())
     except Exception as exc:  # a quantized model whose forward fails is an infeasible trial
-        raise _quantize_error(config, "forward of the quantized model", exc, ctx.upstream) from exc
+        raise _quantize_error(config, "forward of the quantized model", exc, ctx.upstream,
+                              failing_op(model, ctx.example_inputs())) from exc
     ctx.record("quantize.layers", layers)
     ctx.record("quantize.skipped", dict(selection.skipped))
     if calibrating:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from paretorch.pipeline.core.errors import InfeasibleConfig
 from paretorch.pipeline.core.spec import Batch
 from paretorch.pipeline.core.token_inputs import is_token_input
+from paretorch.stages.quantize.graph_failure import StaticStepError, failing_op
 
 #: Key in ``GraphModule.meta``: True when the graph needs ``torch.compile`` with
 #: inductor freezing (``options={"freezing": True}``) to run its int8 kernels.
@@ -56,33 +57,28 @@ def quantize_static_pt2e(
 ) -> torch.fx.GraphModule:
     """Export ``model``, insert observers everywhere the default x86 inductor recipe
     quantizes (uint8 affine per-tensor activations, int8 symmetric per-channel weights)
-    except inside ``skip_layers`` and on integer tensors (:mod:`.x86_quantizer`), calibrate, and convert."""
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import get_default_x86_inductor_quantization_config
+    except inside ``skip_layers`` and on integer tensors (:mod:`.x86_quantizer`), calibrate, and convert.
+    A failing step raises :class:`~.graph_failure.StaticStepError` naming it (and the op, where a graph ran)."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-    from paretorch.stages.quantize.x86_quantizer import FloatX86Quantizer
-
-    exported = torch.export.export(
-        model.eval(), example_inputs, dynamic_shapes=_batch_dynamic_shapes(example_inputs)
-    ).module()
-    shared = separate_stateless_calls(exported, model)
-    quantizer = FloatX86Quantizer()
-    quantizer.set_global(get_default_x86_inductor_quantization_config())
-    for name in skip_layers:
-        quantizer.set_module_name_qconfig(name, None)
     try:
-        prepared = prepare_pt2e(exported, quantizer)
-    except ValueError as exc:
-        if "more than one output node" not in str(exc) or not shared:
-            raise
-        raise InfeasibleConfig(
-            f"int8_static_pt2e: the x86 quantizer cannot annotate modules called at several places that "
-            f"hold weights: {', '.join(sorted(shared))} ({exc}); give each call its own module"
-        ) from exc
+        exported = torch.export.export(
+            model.eval(), example_inputs, dynamic_shapes=_batch_dynamic_shapes(example_inputs)
+        ).module()
+    except Exception as exc:  # torch.export raises many types for untraceable code
+        raise StaticStepError("torch.export", None, exc) from exc
+    prepared = _prepare(exported, model, skip_layers)
     with torch.no_grad():
         for batch in calibration_batches:
-            prepared(*batch)
-    converted = convert_pt2e(prepared)
+            try:
+                prepared(*batch)
+            except Exception as exc:  # an observer or an op of the traced graph: located below
+                op = failing_op(prepared, batch)
+                raise StaticStepError("the x86 inductor quantizer's calibration", op, exc) from exc
+    try:
+        converted = convert_pt2e(prepared)
+    except Exception as exc:  # torchao raises many types
+        raise StaticStepError("the x86 inductor quantizer's convert_pt2e", None, exc) from exc
     # PT2E replaces train()/eval() on the instance with methods that raise; the graph was
     # exported in eval mode and is fixed, so the ordinary flag-setting methods are right
     # (and the evaluator's ``model.eval()`` keeps working).
@@ -91,6 +87,32 @@ def quantize_static_pt2e(
     _drop_unused_state(converted)
     converted.meta[INDUCTOR_FREEZING_META_KEY] = True
     return converted
+
+
+def _prepare(exported: torch.fx.GraphModule, model: nn.Module, skip_layers: Iterable[str]) -> torch.fx.GraphModule:
+    """``prepare_pt2e`` with :class:`~.x86_quantizer.FloatX86Quantizer` (the default x86 config, ``skip_layers``
+    float): the observed graph."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import get_default_x86_inductor_quantization_config
+
+    from paretorch.stages.quantize.x86_quantizer import FloatX86Quantizer
+
+    shared = separate_stateless_calls(exported, model)
+    quantizer = FloatX86Quantizer()
+    quantizer.set_global(get_default_x86_inductor_quantization_config())
+    for name in skip_layers:
+        quantizer.set_module_name_qconfig(name, None)
+    try:
+        return prepare_pt2e(exported, quantizer)
+    except ValueError as exc:
+        if "more than one output node" not in str(exc) or not shared:
+            raise StaticStepError("the x86 inductor quantizer's prepare_pt2e", None, exc) from exc
+        raise InfeasibleConfig(
+            f"int8_static_pt2e: the x86 quantizer cannot annotate modules called at several places that "
+            f"hold weights: {', '.join(sorted(shared))} ({exc}); give each call its own module"
+        ) from exc
+    except Exception as exc:  # torchao raises many types
+        raise StaticStepError("the x86 inductor quantizer's prepare_pt2e", None, exc) from exc
 
 
 def separate_stateless_calls(exported: torch.fx.GraphModule, model: nn.Module) -> set[str]:
