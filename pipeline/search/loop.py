@@ -6,7 +6,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -81,10 +80,10 @@ FIDELITY_NOTE_TAG = "fidelity_note"
 class SearchOutcome:
     """What ``optimize`` prints and tests read."""
 
-    study: Any
+    study: optuna.Study
     study_name: str
     baseline: Baseline
-    pareto: list[Any]
+    pareto: list[FrozenTrial]
     table: Table
     recipes: dict[int, Path]
     times: SearchTimes
@@ -320,7 +319,7 @@ def finished_trials(store: StudyStore, trials: int) -> int | None:
     return counted if counted >= trials else None
 
 
-def export_outcomes(study: optuna.Study) -> dict[str, Any]:
+def export_outcomes(study: optuna.Study) -> dict[str, object]:
     """The stored export outcomes (:func:`~paretorch.pipeline.search.pareto.export_attr`): did a run add any?"""
     return {k: v for k, v in study.user_attrs.items() if k.startswith(f"{ATTR_EXPORTS}.")}
 

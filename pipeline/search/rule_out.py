@@ -29,11 +29,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 import torch
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import CategoricalChoiceType, CategoricalDistribution
 from optuna.trial import FrozenTrial
 from torch import nn
 
@@ -66,7 +65,7 @@ class RuleOut:
         scripted = is_scripted(model)
         ctx = StageContext(spec=spec, device=device)
         model = move_module(model, device).eval()
-        found: dict[str, Any] = {}
+        found: dict[str, object] = {}
         unknown: dict[str, str] = {}
         for stage in {s.name: s for s in stages}.values():
             if stage.facts is None or scripted:
@@ -117,9 +116,9 @@ class RuleOut:
         return f"model facts not read (nothing ruled out for these stages): {parts}"
 
 
-def study_choices(trials: Sequence[FrozenTrial]) -> dict[str, tuple[Any, ...]]:
+def study_choices(trials: Sequence[FrozenTrial]) -> dict[str, tuple[CategoricalChoiceType, ...]]:
     """The choices each categorical param already has in the study (the first trial that has it)."""
-    choices: dict[str, tuple[Any, ...]] = {}
+    choices: dict[str, tuple[CategoricalChoiceType, ...]] = {}
     for trial in trials:
         for name, distribution in trial.distributions.items():
             if isinstance(distribution, CategoricalDistribution) and name not in choices:

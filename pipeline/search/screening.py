@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -59,6 +59,8 @@ ATTR_SCREENED_OUT = "paretorch.screened_out"
 SCREEN_RUNTIME = DEFAULT_RUNTIME
 #: How a screened-out trial's reason starts.
 SCREENED_OUT = "screened out at low fidelity"
+#: The value of a node's config in a prefix of a trial's chain (:func:`_prefix`).
+T = TypeVar("T")
 
 RunFn = Callable[[Mapping[str, StageConfig | None], str], ModelReport]
 
@@ -88,7 +90,7 @@ def low_fidelity(configs: Mapping[str, StageConfig | None], export_nodes: Collec
     return LowFidelity(lowered, tuple(names)) if names else None
 
 
-def _prefix(configs: Mapping[str, Any], last: str) -> list[tuple[str, Any]]:
+def _prefix(configs: Mapping[str, T], last: str) -> list[tuple[str, T]]:
     items = list(configs.items())
     end = next(i for i, (node, _) in enumerate(items) if node == last)
     return items[: end + 1]
@@ -227,7 +229,7 @@ class Screened:
     def passed(self) -> bool:
         return self.reason is None
 
-    def attrs(self) -> dict[str, Any]:
+    def attrs(self) -> dict[str, object]:
         """The trial's :data:`ATTR_SCREEN` user attr."""
         return {**asdict(self), "passed": self.passed}
 

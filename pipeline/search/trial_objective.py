@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from functools import partial
 
 import optuna
+from optuna.distributions import CategoricalChoiceType
 
 from paretorch.pipeline.core.stage import StageConfig, StageContext, config_from_dict
 from paretorch.pipeline.engine.recipe import configs_to_json
@@ -61,7 +62,7 @@ class TrialObjective:
         self.exports = [n.name for n in parts.pipeline.export_nodes()]
         #: The recipes the study measured (its proposals read the same index).
         self.repeats = Repeats(self.exports)
-        self._choices: dict[str, tuple[object, ...]] | None = None
+        self._choices: dict[str, tuple[CategoricalChoiceType, ...]] | None = None
         #: Costly stages at low fidelity first (paretorch.pipeline.search.screening), through the study's runner, within
         #: their share of this run's time (the clock starts now).
         clock = CostlyClock(parts.config.costly_share,
