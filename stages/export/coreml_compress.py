@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from paretorch.pipeline.core.errors import InfeasibleConfig
 from paretorch.pipeline.core.mirror import ExportMirror
@@ -33,6 +34,7 @@ from paretorch.stages.export.layer_filter import LayerFilter, module_weight_key,
 
 if TYPE_CHECKING:
     import coremltools as ct
+    from coremltools.converters.mil.mil import Operation
 
 #: Deployment targets whose opset has per-block int4 and joint compression (iOS18 opset).
 IOS18_TARGETS = frozenset({"iOS18", "macOS15"})
@@ -125,7 +127,7 @@ def select_weights(mlmodel: ct.models.MLModel, layer_filter: LayerFilter) -> Wei
     return selection
 
 
-def _feeds_output(op: Any, outputs: set[str]) -> bool:
+def _feeds_output(op: Operation, outputs: set[str]) -> bool:
     for var in op.outputs:
         if var.name in outputs:
             return True
@@ -136,7 +138,7 @@ def _feeds_output(op: Any, outputs: set[str]) -> bool:
 
 
 def _quantize(
-    cto: Any,
+    cto: ModuleType,
     mlmodel: ct.models.MLModel,
     quant: WeightQuantization,
     selection: WeightSelection,
@@ -170,7 +172,7 @@ def _skips(selection: WeightSelection) -> str:
     return ", ".join(f"{name} ({why})" for name, why in selection.skipped.items()) or "none"
 
 
-def _store_zeros_sparse(cto: Any, mlmodel: ct.models.MLModel, weight_threshold: int) -> ct.models.MLModel:
+def _store_zeros_sparse(cto: ModuleType, mlmodel: ct.models.MLModel, weight_threshold: int) -> ct.models.MLModel:
     config = cto.OpThresholdPrunerConfig(
         threshold=1e-12, minimum_sparsity_percentile=SPARSE_MIN_FRACTION, weight_threshold=weight_threshold
     )

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +32,8 @@ from paretorch.stages.export.checks import short_error
 
 if TYPE_CHECKING:
     import coremltools as ct
+    from coremltools.converters.mil.mil import Operation
+    from torch.export.decomp_utils import CustomDecompTable
 
     from paretorch.stages.export.coreml import CoreMLExportConfig
 
@@ -40,7 +43,7 @@ TRACE_ROUTE = "torch.jit.trace"
 
 
 def convert_float_graph(
-    ct: Any, model: nn.Module, inputs: Batch, config: CoreMLExportConfig, amp: ReducedPrecision | None
+    ct: ModuleType, model: nn.Module, inputs: Batch, config: CoreMLExportConfig, amp: ReducedPrecision | None
 ) -> tuple[ct.models.MLModel, list[str]]:
     """The converted ML Program and notes: the route taken (and why earlier routes failed) and the precision."""
     options = {
@@ -79,7 +82,7 @@ def convert_float_graph(
     return mlmodel, [_route_note(TRACE_ROUTE, failures), precision_note(amp, None)]
 
 
-def _core_aten_keeping_linear() -> Any:
+def _core_aten_keeping_linear() -> CustomDecompTable:
     table = torch.export.default_decompositions()
     table.pop(torch.ops.aten.linear.default, None)
     return table
@@ -90,7 +93,7 @@ def _route_note(route: str, failures: list[str]) -> str:
     return f"{note} (failed before: {'; '.join(failures)})" if failures else note
 
 
-def _traced_input_types(ct: Any, model: nn.Module, inputs: Batch) -> list[Any]:
+def _traced_input_types(ct: ModuleType, model: nn.Module, inputs: Batch) -> list[ct.TensorType]:
 
     names = [p for p in inspect.signature(model.forward).parameters if p not in ("self", "args", "kwargs")]
     if len(names) != len(inputs):
@@ -117,7 +120,7 @@ class Fp32LayerSelector:
                         self.node_layer[node.name] = layer
         self.matched: set[str] = set()
 
-    def __call__(self, op: Any) -> bool:
+    def __call__(self, op: Operation) -> bool:
         """True: cast this op to float16; False: keep it in float32."""
         if op.op_type == "const":  # constants follow the ops that read them
             return True
@@ -139,7 +142,7 @@ class Fp32LayerSelector:
         return None
 
 
-def compute_precision(ct: Any, amp: ReducedPrecision | None, selector: Fp32LayerSelector | None) -> Any:
+def compute_precision(ct: ModuleType, amp: ReducedPrecision | None, selector: Fp32LayerSelector | None) -> object:
     """FLOAT32 without AMP; FLOAT16, or float16 with an fp32 op selector, with it."""
     if amp is None:
         return ct.precision.FLOAT32

@@ -11,7 +11,9 @@ inputs and outputs checked; on macOS it is also run and compared with torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -103,7 +105,7 @@ def export_coreml(model: nn.Module, config: CoreMLExportConfig, ctx: StageContex
 # --------------------------------------------------------------------------- validation
 
 
-def _check_package(ct: Any, path: Any, inputs: Batch, reference: list[Tensor]) -> list[str]:
+def _check_package(ct: ModuleType, path: Path, inputs: Batch, reference: list[Tensor]) -> list[str]:
     """Reload without compiling and check input/output count, names, shapes and the recipe metadata."""
     try:
         reloaded = ct.models.MLModel(str(path), skip_model_load=True)
@@ -136,8 +138,8 @@ def _check_package(ct: Any, path: Any, inputs: Batch, reference: list[Tensor]) -
 
 
 def _predict_and_compare(
-    ct: Any,
-    path: Any,
+    ct: ModuleType,
+    path: Path,
     config: CoreMLExportConfig,
     inputs: Batch,
     reference: list[Tensor],

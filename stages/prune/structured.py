@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -26,11 +26,15 @@ from paretorch.stages.prune.model_checks import check_pruned_forward
 from paretorch.stages.prune.training import clear_gradients, split_steps, taylor_gradients
 
 if TYPE_CHECKING:
+    from torch_pruning.dependency.group import Group
+    from torch_pruning.pruner.algorithms.base_pruner import BasePruner
+    from torch_pruning.pruner.importance import Importance
+
     from paretorch.pipeline.core.stage import StageContext
     from paretorch.stages.prune.stage import PruneConfig
 
 
-def make_importance(name: str) -> Any:
+def make_importance(name: str) -> Importance:
     """torch-pruning's importance estimator for the config's ``importance``."""
     import torch_pruning as tp
 
@@ -114,7 +118,7 @@ def _scope(model: nn.Module, config: PruneConfig, head: nn.Module | None, protec
     return _Scope(ignored, heads, head_ratio, ffn_layers, ffn_ratio, ffn_ratios)
 
 
-def _pruner(model: nn.Module, inputs: Batch, config: PruneConfig, scope: _Scope) -> Any:
+def _pruner(model: nn.Module, inputs: Batch, config: PruneConfig, scope: _Scope) -> BasePruner:
     """torch-pruning's pruner over ``model``'s dependency graph (InfeasibleConfig: it cannot trace it)."""
     import torch_pruning as tp
 
@@ -140,7 +144,8 @@ def _pruner(model: nn.Module, inputs: Batch, config: PruneConfig, scope: _Scope)
         ) from exc
 
 
-def _step(model: nn.Module, pruner: Any, config: PruneConfig, ctx: StageContext, scope: _Scope, what: str) -> None:
+def _step(model: nn.Module, pruner: BasePruner, config: PruneConfig, ctx: StageContext, scope: _Scope,
+          what: str) -> None:
     """One pruning step, then the heads and FFN widths the model's config records brought in line."""
     if config.importance == "taylor":
         ctx.record("prune.taylor_loss", taylor_gradients(model, ctx.spec, ctx.device, ctx.calibration_batches))
@@ -178,7 +183,7 @@ def channel_multiplier_convs(model: nn.Module) -> dict[str, nn.Module]:
     }
 
 
-def _ignore_groups_touching(pruner: Any, protected: list[nn.Module]) -> None:
+def _ignore_groups_touching(pruner: BasePruner, protected: list[nn.Module]) -> None:
     """Make groups that would change a protected layer's *input* channels unprunable too.
 
     torch-pruning's ``ignored_layers`` only keeps a layer's output channels;
@@ -195,7 +200,7 @@ def _ignore_groups_touching(pruner: Any, protected: list[nn.Module]) -> None:
     pruner.ignored_layers.extend(roots)
 
 
-def _prunable_groups(pruner: Any) -> list[Any]:
+def _prunable_groups(pruner: BasePruner) -> list[Group]:
     """The dependency groups the pruner may prune (none of their outputs ignored)."""
     return list(
         pruner.DG.get_all_groups(ignored_layers=pruner.ignored_layers, root_module_types=pruner.root_module_types)
