@@ -31,7 +31,6 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
 
 
 class Interrupts:
@@ -45,7 +44,7 @@ class Interrupts:
         """Flag SIGINT for the ``with`` block; the previous handler still runs (and raises). A SIGINT that
         is ignored (a background job) stays ignored; outside the main thread nothing is installed."""
         self.requested = False
-        previous: Any = signal.getsignal(signal.SIGINT)
+        previous = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is not threading.main_thread() or not callable(previous):
             yield
             return
@@ -104,7 +103,7 @@ def stopping(grace: float = GRACE_S) -> Iterator[None]:
     record what is done (the interrupted trial FAIL and enqueued again, the MLflow parent run closed) are never cut
     short; a Ctrl-C after that raises again. An ignored SIGINT (a background job) stays ignored; outside the main
     thread nothing is installed."""
-    previous: Any = signal.getsignal(signal.SIGINT)
+    previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or previous is not signal.default_int_handler:
         yield
         return

@@ -27,7 +27,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import optuna
 from filelock import FileLock
@@ -35,6 +35,7 @@ from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrial
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import text
+from sqlalchemy.engine import Connection
 
 from paretorch.pipeline.core.errors import PipelineError
 from paretorch.pipeline.core.locks import file_lock
@@ -82,15 +83,12 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     try:
         if url.startswith(JOURNAL_PREFIX) and path is not None:
             return JournalStorage(JournalFileBackend(str(path)))
-        heartbeat: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S,
-                                     "heartbeat_stale_trial_callback": retry_callback()}
         with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             if path is not None:
                 with file_lock(path.with_name(path.name + ".lock")):  # schema creation is not safe to race
-                    return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}},
-                                      **heartbeat)
-            return RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **heartbeat)
+                    return _with_heartbeats(url, {"connect_args": {"timeout": SQLITE_TIMEOUT_S}})
+            return _with_heartbeats(url, {"pool_pre_ping": True})
     except PipelineError:
         raise
     except Exception as exc:  # a bad URL, a missing driver or an unreachable database
@@ -100,6 +98,12 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         elif "Connection refused" in str(exc) or "could not connect" in str(exc):
             hint = " (is the database server running and reachable at that host and port?)"
         raise PipelineError(mask_secrets(f"cannot open the Optuna storage {url}: {one_line(exc)}{hint}")) from exc
+
+
+def _with_heartbeats(url: str, engine_kwargs: dict[str, object]) -> RDBStorage:
+    """An RDB storage whose running trials beat every :data:`HEARTBEAT_S`; one silent for :data:`GRACE_S` is retried."""
+    return RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                      heartbeat_stale_trial_callback=retry_callback())
 
 
 # ------------------------------------------------------------------ the study lock
@@ -113,7 +117,7 @@ class StudyLock:
         self.storage = storage
         self.study_name = study_name
         self._file: FileLock | bool | None = None
-        self._connection: Any = None
+        self._connection: Connection | None = None
 
     def _key(self) -> int:
         digest = hashlib.sha256(self.study_name.encode()).digest()

@@ -4,12 +4,11 @@ the trial's MLflow child run from its record (the one the trial objective handed
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from paretorch.pipeline.core.device import describe
 from paretorch.pipeline.core.input_agreement import describe as describe_inputs
@@ -32,14 +31,14 @@ class TrialLogger:
         self.console = console
         self.device = describe(parts.device)
         self.progress: Progress | None = None
-        self.task: Any = None
+        self.task: TaskID | None = None
         self.best = ""
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
         self.log(record)
         self._update_best(study)
         self.show(record)
-        if self.progress is not None:
+        if self.progress is not None and self.task is not None:
             self.progress.update(self.task, advance=1 if record.counted else 0, best=self.best)
 
     def show(self, record: TrialRecord) -> None:
