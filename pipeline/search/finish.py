@@ -14,7 +14,6 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import optuna
 import torch
@@ -36,6 +35,7 @@ from paretorch.pipeline.search.front_rule import dominated_by, front_tags
 from paretorch.pipeline.search.objectives import ATTR_DOMINATED_BY, Baseline
 from paretorch.pipeline.search.pareto import (
     BestTrial,
+    ParetoRow,
     best_numbers,
     distinct_front,
     export_attr,
@@ -61,7 +61,8 @@ def study_dir(name: str) -> Path:
     return path
 
 
-def study_note(title: str, rows: list[Any], parts: StudyParts, baseline: Baseline, best: Sequence[BestTrial]) -> str:
+def study_note(title: str, rows: Sequence[ParetoRow], parts: StudyParts, baseline: Baseline,
+               best: Sequence[BestTrial]) -> str:
     """The parent run's Description: paretorch's best trials, the Pareto table and where to look next."""
     columns = table_columns(rows, parts.objectives)
     columns.pop("exports", None)

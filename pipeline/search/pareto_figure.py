@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 
@@ -18,6 +18,8 @@ from paretorch.pipeline.search.pareto import distinct_front, trial_row
 
 if TYPE_CHECKING:
     import optuna
+    from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
 
 
 #: The legend of trials within the allowed drop that the front left out for their timing.
@@ -119,7 +121,7 @@ def merged_labels(points: Sequence[_Point]) -> list[tuple[float, float, str]]:
     return [(x, y, ", ".join(map(str, sorted(trials)))) for (x, y), trials in groups.items()]
 
 
-def pareto_figure_png(study: optuna.Study, objectives: Objectives, baseline: Baseline | None) -> Any:
+def pareto_figure_png(study: optuna.Study, objectives: Objectives, baseline: Baseline | None) -> Figure:
     """A matplotlib figure scaled to the feasible trials (a log latency axis when their range is wide): the front
     as a step line with one label per point (repeats merged), the baseline, the allowed-drop line; trials over the
     allowed drop that fall outside the feasible region are drawn on the axes' edge (hollow triangles)."""
@@ -163,7 +165,7 @@ def pareto_figure_png(study: optuna.Study, objectives: Objectives, baseline: Bas
     return figure
 
 
-def pareto_figure_html(study: optuna.Study, objectives: Objectives, baseline: Baseline | None) -> Any:
+def pareto_figure_html(study: optuna.Study, objectives: Objectives, baseline: Baseline | None) -> PlotlyFigure:
     """The same plot in plotly, on the same axes (interactive; hover shows each trial's recipe and, for a trial
     drawn on the edge, its real latency and metric)."""
     import plotly.graph_objects as go

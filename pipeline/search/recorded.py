@@ -9,7 +9,6 @@ namesake; ``speedup`` is the search's paired speed-up over the baseline (``apply
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from paretorch.pipeline.core.evaluate import ModelReport
 
@@ -17,10 +16,11 @@ from paretorch.pipeline.core.evaluate import ModelReport
 RECORDED = "recorded"
 
 
-def recorded(report: ModelReport, metrics: Mapping[str, float], latency_batch: int, device: str) -> dict[str, Any]:
+def recorded(report: ModelReport, metrics: Mapping[str, float], latency_batch: int, device: str
+             ) -> dict[str, float | str]:
     """The trial's numbers to carry in its recipe: its metric, its p50 at the objective batch timed alone, its
     paired speed-up and drop (from its ``metrics``) and the device that measured them."""
-    numbers: dict[str, Any] = {"device": device, report.metric_name: report.metric_value}
+    numbers: dict[str, float | str] = {"device": device, report.metric_name: report.metric_value}
     if latency_batch in report.latency:
         numbers[latency_key(latency_batch)] = report.latency_p50(latency_batch)
     numbers.update({key: metrics[key] for key in ("metric_drop", "speedup") if key in metrics})
@@ -32,7 +32,7 @@ def latency_key(batch: int) -> str:
     return f"latency_ms_p50_b{batch}"
 
 
-def recorded_cells(report: ModelReport, numbers: Mapping[str, Any]) -> dict[str, str]:
+def recorded_cells(report: ModelReport, numbers: Mapping[str, float | str]) -> dict[str, str]:
     """The recorded numbers as ``apply``'s table shows them, by its row: ``{"metric": "0.9861", "latency 32":
     "0.207 ms", "speed-up": "5.08x (paired, vs the baseline)", "device": ...}`` (rows without a number are
     left out)."""
