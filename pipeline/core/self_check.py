@@ -94,7 +94,9 @@ def reference_outputs(model: nn.Module, spec: ModelSpec, device: torch.device) -
     shared = spec.unoptimized_outputs
     if device.type == "cpu" and shared.has(inputs):
         return shared.of(inputs), torch.cat([target for _, target in batches])
-    outputs, targets = evaluation_outputs(move_module(model, device).eval(), batches, device)
+    rows = sum(int(target.shape[0]) for _, target in batches)
+    with phase(f"reference: the unoptimized model over the evaluation set ({rows} rows, {len(batches)} batches)"):
+        outputs, targets = evaluation_outputs(move_module(model, device).eval(), batches, device)
     for batch, rows in zip(inputs, outputs.split([int(target.shape[0]) for _, target in batches]), strict=True):
         shared.provide(batch, rows)
     return outputs, targets
