@@ -100,6 +100,9 @@ bench: $(STAMP)
 	  $$([ -f experiments/bench/results/minilm-cpu.json ] && echo --search-result experiments/bench/results/minilm-cpu.json)
 	$(PY) -m paretorch.experiments.bench.busy --model digits --trials 20
 	$(PY) -m paretorch.experiments.bench.search_quality --model digits --device cpu --trials 100 --compare 30 --seeds 0 1
+	# A held-out CNN from packages (issue 46.6): a 20-trial search's best against the one-liners (ONNX Runtime fp32 and
+	# int8 dynamic, OpenVINO), every row in the same interleaved rounds, one thread.
+	$(PY) -m paretorch.experiments.bench.one_liners --model efficientnet_lite0 --trials 20 --threads 1
 	$(PY) -m paretorch.experiments.bench --render-only
 
 # The suite, with its 15 slowest tests at the end; test-shuffled: the same suite in a seeded random order

@@ -19,6 +19,8 @@ from paretorch.experiments.bench.fidelity_check import FIDELITY_CHECK_PREFIX
 from paretorch.experiments.bench.fidelity_check import render as render_fidelity_check
 from paretorch.experiments.bench.length_groups import LENGTH_GROUPS_PREFIX
 from paretorch.experiments.bench.length_groups import render as render_length_groups
+from paretorch.experiments.bench.one_liner_table import ONE_LINERS_PREFIX
+from paretorch.experiments.bench.one_liner_table import render as render_one_liners
 from paretorch.experiments.bench.ort_rows import ORT_ROWS_PREFIX
 from paretorch.experiments.bench.ort_rows import render as render_ort_rows
 from paretorch.experiments.bench.pack_agreement import PACK_AGREEMENT_PREFIX
@@ -199,7 +201,7 @@ SECTIONS: tuple[tuple[str, Callable[[Any], str]], ...] = (
     (SEARCH_QUALITY_PREFIX, render_search_quality), (PACK_AGREEMENT_PREFIX, render_pack_agreement),
     (PROXY_VERDICT_PREFIX, render_proxy_verdict), (LENGTH_GROUPS_PREFIX, render_length_groups),
     (PROBE_STABILITY_PREFIX, render_probe_stability), (TAIL_GUARD_PREFIX, render_tail_guard),
-    (END_TO_END_PREFIX, render_end_to_end))
+    (END_TO_END_PREFIX, render_end_to_end), (ONE_LINERS_PREFIX, render_one_liners))
 
 
 def render_markdown(folder: Path = RESULTS_DIR) -> str:

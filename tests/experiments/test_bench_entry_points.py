@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = tuple(f"paretorch.experiments.bench{name}" for name in (
-    "", ".ort_rows", ".gpu_rows", ".peers", ".pack_agreement", ".pack_b1_ab"))
+    "", ".ort_rows", ".gpu_rows", ".peers", ".pack_agreement", ".pack_b1_ab", ".one_liners"))
 
 
 @pytest.mark.parametrize("module", COMMANDS)

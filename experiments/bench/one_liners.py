@@ -1,0 +1,263 @@
+"""The search's best against the one-liners, on a held-out model (issue 46.6), in one run.
+
+    taskset -c 0 python -m paretorch.experiments.bench.one_liners --model efficientnet_lite0 --trials 20 [--threads 1]
+
+Rows, in one process, at the spec's first latency batch (the search's objective batch), one thread for torch,
+onnxruntime and OpenVINO alike:
+
+* torch fp32 eager, the baseline;
+* the one-liners: what a user gets from each library's public call on the unmodified model, without paretorch.
+  ONNX Runtime fp32 (``torch.onnx.export(model, (example,), path, dynamo=True)``), ONNX Runtime int8 dynamic
+  (``quantize_dynamic(pre, int8)`` with its defaults, after the pre-processing its warning asks for,
+  ``quant_pre_process(fp32, pre)``: on EfficientNet-Lite0's dynamo export, ``quantize_dynamic`` alone fails in ONNX
+  shape inference, "Inferred shape and existing shape differ in dimension 0: (1280) vs (1000)"), OpenVINO fp32
+  (``openvino.convert_model(model, example_input=example)``, compiled at ``INFERENCE_PRECISION_HINT`` f32) and, where
+  OpenVINO picks another precision by itself (bf16 on a CPU with AMX or AVX512-BF16), OpenVINO at its default. The
+  files are opened as paretorch's runtimes open theirs (:func:`paretorch.pipeline.core.ort_session.open_session`:
+  all graph optimizations, sequential, no spinning; :func:`paretorch.pipeline.core.ov_session.open_ir`), torch
+  tensors in and out;
+* the search's best: a fresh search of ``--trials`` trials (:func:`paretorch.experiments.bench.harness.run_search_best`:
+  the default search config, no tracking), its fastest feasible Pareto recipe replayed by the engine.
+
+Metric: the spec's, from each row's own outputs on the spec's evaluation data, with its drop from torch fp32 eager and
+whether that is within the allowed drop. Timing: every row in the same rounds, interleaved
+(:func:`paretorch.pipeline.core.timing.time_rounds`, the order reversed every other round, the bench's thorough budget
+a round); a row's speed-up is the median of its per-round ratios to torch fp32 eager with a 95 % interval, and the
+search's best is compared with the fastest one-liner within the drop the same way (that one-liner's time / the best's,
+per round). The load averages before and after are in the file and the section. One JSON file,
+``one-liners-<model>-<device>.json``; ``python -m paretorch.experiments.bench --render-only`` renders it into
+BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from paretorch.experiments.bench.harness import describe_chain, measure_recipe, run_search_best
+from paretorch.experiments.bench.isa import cpu_description
+from paretorch.experiments.bench.one_liner_table import (
+    ONE_LINERS_PREFIX,
+    BestAgainstOneLiner,
+    OneLinerResult,
+    OneLinerRow,
+    SearchSummary,
+    render,
+)
+from paretorch.experiments.bench.paths import RESULTS_DIR
+from paretorch.experiments.bench.peers import speedup
+from paretorch.experiments.bench.settings import BENCH_LATENCY
+from paretorch.pipeline.core.device import describe, resolve_device
+from paretorch.pipeline.core.evaluate import compute_metric
+from paretorch.pipeline.core.ort_session import open_session
+from paretorch.pipeline.core.ov_session import default_precision, open_ir
+from paretorch.pipeline.core.padding import latency_inputs
+from paretorch.pipeline.core.paths import results_dir
+from paretorch.pipeline.core.spec import Batch, ModelSpec, move_batch
+from paretorch.pipeline.core.timing import DeviceTimer, host_seconds, time_rounds
+from paretorch.pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
+from paretorch.pipeline.sources.resolve import resolve_spec
+
+#: The distributions whose versions the file records.
+VERSIONS = ("torch", "onnxruntime", "openvino", "onnx")
+
+
+@dataclass(frozen=True)
+class Side:
+    """A row made and ready to time: its prepared callable and the inputs it is timed on."""
+
+    name: str
+    kind: str
+    how: str
+    fn: Callable[..., Tensor]
+    inputs: Batch
+    prepare_seconds: float
+    precision: str = ""
+
+
+def _made(name: str, how: str, make: Callable[[], Callable[..., Tensor]], inputs: Batch,
+          precision: str = "") -> Side | OneLinerRow:
+    """A one-liner's side, made by ``make`` (timed), or the row that says why it could not be made."""
+    print(f"[one-liners] {name}: {how}", flush=True)
+    started = host_seconds()
+    try:
+        fn = make()
+    except Exception as exc:  # the library's own failure (each has its types): the row says it, the run goes on
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        print(f"[one-liners] {name} could not be made: {error}", flush=True)
+        return {"name": name, "kind": "one-liner", "how": how, "error": error}
+    return Side(name, "one-liner", how, fn, inputs, host_seconds() - started, precision)
+
+
+def one_liners(model: nn.Module, inputs: Batch, device: torch.device, work: Path) -> list[Side | OneLinerRow]:
+    """ONNX Runtime fp32 and int8 dynamic, OpenVINO f32 (and OpenVINO's own default precision where it differs),
+    each from the library's public call on ``model`` with ``inputs`` as the example (a static batch: ONNX Runtime
+    runs other batch sizes in chunks of it)."""
+    import onnxruntime.quantization
+    import openvino
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    work.mkdir(parents=True, exist_ok=True)
+    batch = int(inputs[0].shape[0])
+    fp32, pre, int8 = work / "model.onnx", work / "model.pre.onnx", work / "model.int8.onnx"
+    xml = work / "model.xml"
+
+    def ort_fp32() -> Callable[..., Tensor]:
+        torch.onnx.export(model, inputs, str(fp32), dynamo=True)
+        return open_session(fp32, device, fixed_batch=batch)
+
+    def ort_int8() -> Callable[..., Tensor]:
+        quant_pre_process(str(fp32), str(pre))
+        onnxruntime.quantization.quantize_dynamic(str(pre), str(int8))
+        return open_session(int8, device, fixed_batch=batch)
+
+    def ov_ir(precision: str) -> Callable[[], Callable[..., Tensor]]:
+        def make() -> Callable[..., Tensor]:
+            if not xml.is_file():
+                openvino.save_model(openvino.convert_model(model, example_input=inputs), str(xml),
+                                    compress_to_fp16=False)
+            return open_ir(xml, device, precision=precision)  # type: ignore[arg-type]  # f32 or bf16
+        return make
+
+    sides = [_made("ONNX Runtime fp32", "torch.onnx.export(model, (example,), path, dynamo=True)", ort_fp32, inputs)]
+    if isinstance(sides[0], Side):
+        sides.append(_made("ONNX Runtime int8 dynamic", "quant_pre_process(fp32, pre); quantize_dynamic(pre, int8)",
+                           ort_int8, inputs))
+    sides.append(_made("OpenVINO fp32", "openvino.convert_model(model, example_input=example)", ov_ir("f32"),
+                       inputs, "f32"))
+    chosen = default_precision(device)
+    if chosen != "f32":
+        sides.append(_made(f"OpenVINO default ({chosen})", "openvino.compile_model(converted, 'CPU')", ov_ir(chosen),
+                           inputs, chosen))
+    return sides
+
+
+def _rows(sides: list[Side], spec: ModelSpec, device: torch.device, samples: list[list[float]],
+          allowed: float) -> list[OneLinerRow]:
+    """Each side's row: its metric on the evaluation data and its speed-up over the shared rounds."""
+    rows: list[OneLinerRow] = []
+    baseline_metric = 0.0
+    for side, times in zip(sides, samples, strict=True):
+        metric = compute_metric(side.fn, spec.evaluation(), spec.metric, device)
+        baseline_metric = metric if side.kind == "baseline" else baseline_metric
+        drop = spec.metric.drop(baseline_metric, metric)
+        ratio, ci = speedup(samples[0], times)
+        row: OneLinerRow = {"name": side.name, "kind": side.kind, "how": side.how, "metric": metric, "drop": drop,
+                            "within_drop": drop <= allowed, "speedup": ratio, "ci": list(ci),
+                            "ms": statistics.median(times), "prepare_seconds": side.prepare_seconds}
+        if side.precision:
+            row["precision"] = side.precision
+        rows.append(row)
+    return rows
+
+
+def best_against_one_liner(sides: list[Side], rows: list[OneLinerRow],
+                           samples: list[list[float]]) -> BestAgainstOneLiner | None:
+    """The search's best against the fastest one-liner within the drop, per round (None: no such one-liner)."""
+    timed = {side.name: times for side, times in zip(sides, samples, strict=True)}
+    within = [row for row in rows if row["kind"] == "one-liner" and row.get("within_drop")]
+    best = next(row for row in rows if row["kind"] == "search")
+    if not within:
+        return None
+    fastest = max(within, key=lambda row: row["speedup"])
+    ratio, ci = speedup(timed[fastest["name"]], timed[best["name"]])
+    return {"one_liner": fastest["name"], "ratio": ratio, "ci": list(ci)}
+
+
+def _search_side(spec: ModelSpec, device: torch.device, trials: int, batch: int,
+                 max_drop: AllowedDrop) -> tuple[Side, SearchSummary]:
+    """A fresh search's fastest feasible Pareto recipe, replayed and prepared; what the search took."""
+    work = results_dir() / "bench"
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"[one-liners] {spec.name}: search, {trials} trials, objective latency at batch {batch}", flush=True)
+    configs, runtime, info = run_search_best(spec, device, trials, batch, max_drop, work)
+    started = host_seconds()
+    best = measure_recipe(spec, device, configs, runtime, (batch,))
+    recipe = describe_chain(configs, runtime)
+    inputs = move_batch(latency_inputs(spec, batch, runtime)[0], device)
+    side = Side(f"search best ({trials} trials)", "search", recipe, best.fn, inputs, host_seconds() - started)
+    summary: SearchSummary = {"trials": trials, "search_seconds": float(info["search_seconds"]),
+                              "best_trial": int(info["best_trial"]), "best_recipe": recipe,
+                              "runtimes": list(info["runtimes"]), "time_to_result": list(info["time_to_result"])}
+    return side, summary
+
+
+def measure(spec: ModelSpec, device: torch.device, trials: int, batch: int,
+            max_drop: AllowedDrop) -> tuple[list[OneLinerRow], SearchSummary, BestAgainstOneLiner | None]:
+    """Search, make the one-liners, time every row in the same interleaved rounds, score each."""
+    search, summary = _search_side(spec, device, trials, batch, max_drop)
+    inputs = move_batch(latency_inputs(spec, batch, "eager")[0], device)
+    started = host_seconds()
+    base = measure_recipe(spec, device, [], "eager", (batch,))
+    baseline = Side("torch fp32 eager (baseline)", "baseline", "model.eval()", base.fn, inputs,
+                    host_seconds() - started)
+    made = one_liners(spec.build().eval(), inputs, device, results_dir() / "bench" / f"one-liners-{spec.name}")
+    sides = [baseline, *(side for side in made if isinstance(side, Side)), search]
+    timer = DeviceTimer(device, BENCH_LATENCY)
+    print(f"[one-liners] timing {len(sides)} rows together, {BENCH_LATENCY.rounds} rounds", flush=True)
+    timer.warm_up([(side.fn, side.inputs) for side in sides])
+    samples = time_rounds([(side.fn, side.inputs) for side in sides], timer, BENCH_LATENCY.rounds)
+    rows = _rows(sides, spec, device, samples, max_drop.threshold(base.report.metric_value))
+    failed = [row for row in made if not isinstance(row, Side)]
+    return [*rows[:-1], *failed, rows[-1]], summary, best_against_one_liner(sides, rows, samples)
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min) on {os.cpu_count()} core(s)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.bench.one_liners",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="efficientnet_lite0")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=None, help="objective and timed batch (default: the spec's first "
+                        "latency batch)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-drop", default=DEFAULT_MAX_DROP.given())
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    spec = resolve_spec(args.model)
+    max_drop = AllowedDrop.parse(args.max_drop)
+    batch = args.batch or spec.latency_batch_sizes[0]
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    before = _load()
+    print(f"[one-liners] {spec.name} on {describe(device)}, batch {batch}, {args.threads} thread(s), CPU affinity "
+          f"{affinity}; load {before}", flush=True)
+    started = host_seconds()
+    rows, summary, best = measure(spec, device, args.trials, batch, max_drop)
+    baseline_metric = rows[0].get("metric", 0.0)
+    result: OneLinerResult = {
+        "model": spec.name, "device": describe(device), "cpu": cpu_description() or platform.machine(),
+        "batch": batch, "threads": args.threads, "affinity": affinity, "load_before": before, "load_after": _load(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "versions": {name: metadata.version(name) for name in VERSIONS}, "metric_name": spec.metric.name,
+        "max_drop": max_drop.given(), "allowed_drop": max_drop.threshold(baseline_metric),
+        "rounds": BENCH_LATENCY.rounds, "seconds": host_seconds() - started, "search": summary, "rows": rows,
+        "best_against_one_liner": best,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{ONE_LINERS_PREFIX}{spec.name}-{device.type}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(render(result))
+    print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
