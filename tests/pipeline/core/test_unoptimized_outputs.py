@@ -74,7 +74,19 @@ def test_a_reader_first_then_the_study_reads_what_it_ran() -> None:
     shared = spec.unoptimized_outputs
     assert shared.of([batch for batch, _ in spec.evaluation()]).shape[0] == len(PAIRS.first) * 2 + len(SENTENCES)
     outputs, targets = reference_outputs(load_model(spec), spec, CPU)
-    assert counted.passes_over(spec) == [1, 1] and outputs.shape[0] == targets.shape[0]
+    # The study's model runs the first batch once more: the check that it gives what the reader's copy gave.
+    assert counted.passes_over(spec) == [2, 1] and outputs.shape[0] == targets.shape[0]
+
+
+def test_a_build_that_makes_another_model_is_run_again() -> None:
+    """A spec whose ``build`` draws new weights each call: the study's model is not the reader's; it runs itself."""
+    spec = minilm_like(Counted(MODEL))
+    spec.unoptimized_outputs.of([batch for batch, _ in spec.evaluation()])
+    other = copy.deepcopy(MODEL)
+    with torch.no_grad():
+        other.embed.weight.mul_(-1.0)
+    outputs, _targets = reference_outputs(other, spec, CPU)
+    assert torch.allclose(outputs, torch.cat([other(*batch) for batch, _ in spec.evaluation()]).detach())
 
 
 def test_a_derived_spec_with_another_model_gets_its_own() -> None:
@@ -98,7 +110,8 @@ class Scorer(nn.Module):
 def test_a_search_runs_the_unoptimized_model_once_over_the_evaluation_set(tmp_path: Path) -> None:
     """A fidelity spec (the ``hf:`` and model-file path: its targets are the unoptimized outputs) searched to its
     first trial: each evaluation batch outside the self-check's subset ran once; those inside it three times (the
-    reference, then the subset twice in the same batches; the third re-scoring re-cuts them into new batches). The
+    reference, then the subset twice in the same batches; the third re-scoring re-cuts them into new batches), the
+    first once more (the study's model checked against the targets' pass). The
     noise floor's one pass under bf16 autocast is not the unoptimized float32 model and is not counted."""
     counted = Counted(Scorer())
     data = torch.randn(640, 6, generator=torch.Generator().manual_seed(1))
@@ -111,7 +124,8 @@ def test_a_search_runs_the_unoptimized_model_once_over_the_evaluation_set(tmp_pa
     with (tmp_path / "out.txt").open("w") as stream:
         run_search(search, 1, console=Console(file=stream, width=200))
     subset = SUBSET_SAMPLES // 32
-    assert counted.passes_over(spec) == [3] * subset + [1] * (len(batches) - subset)
+    # The first batch once more: the study's model checked against the targets' pass before its outputs are read.
+    assert counted.passes_over(spec) == [4] + [3] * (subset - 1) + [1] * (len(batches) - subset)
 
 
 def test_provided_outputs_are_kept_on_the_cpu_and_not_replaced() -> None:
