@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -187,7 +187,7 @@ class OvModel:
     def _run(self, inputs: Sequence[Tensor]) -> list[Tensor]:
         feed = [t.detach().cpu().numpy() for t in inputs]
         try:
-            results: Mapping[Any, Any] = self.request.infer(feed)
+            results: Mapping[object, np.ndarray] = self.request.infer(feed)
         except Exception as exc:  # OpenVINO raises RuntimeError with its own text
             raise InfeasibleConfig(f"openvino inference failed: {_message(exc)}") from exc
         # The arrays share memory with the request's output tensors: copy before the next call overwrites them.
