@@ -22,7 +22,7 @@ import random
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +45,50 @@ CPU = torch.device("cpu")
 ROUND = LatencySettings(warmup_runs=2, round_runs=7, round_seconds=0.0)
 MASK = 1
 BATCH = 32
+
+
+class Ratio(TypedDict):
+    """The median of per-round ratios and its 95% interval."""
+
+    median: float
+    ci_low: float
+    ci_high: float
+
+
+class FirstCall(TypedDict):
+    seconds: float
+    graphs: int
+    length: int
+    max_abs_vs_eager: float
+
+
+class SetTiming(TypedDict):
+    """One input set under every runtime: its length and bucket, each runtime's median ms and their ratios."""
+
+    length: int
+    bucket: int
+    mean_tokens: float
+    median_ms: dict[str, float]
+    ratios: dict[str, Ratio]
+
+
+class DtypeShapes(TypedDict):
+    """One dtype: each runtime's first call per input set, graphs for 4 more lengths, and the timed sets."""
+
+    compile: dict[str, FirstCall]
+    sets: dict[str, SetTiming]
+    dynamic_graphs_for_4_more_lengths: NotRequired[int]
+
+
+class CompileShapesReport(TypedDict, total=False):
+    """A ``compile-shapes-*.json`` file."""
+
+    threads: int
+    affinity: list[int]
+    torch: str
+    load_before: list[float]
+    load_after: list[float]
+    dtypes: dict[str, DtypeShapes]
 
 
 def load_average() -> list[float]:
@@ -90,16 +134,16 @@ def bound(fn: Callable[..., Tensor], inputs: Batch) -> Callable[..., Tensor]:
     return lambda *_: fn(*inputs)
 
 
-def ratio_line(name: str, num: list[float], den: list[float]) -> dict[str, float]:
+def ratio_line(name: str, num: list[float], den: list[float]) -> Ratio:
     ratios = sorted(n / d for n, d in zip(num, den, strict=True))
     low, high = median_ci(ratios)
     print(f"  {name}: {statistics.median(ratios):.3f} [{low:.3f}, {high:.3f}]")
     return {"median": statistics.median(ratios), "ci_low": low, "ci_high": high}
 
 
-def measure(model: nn.Module, sets: dict[str, Batch], rounds: int) -> dict[str, Any]:
+def measure(model: nn.Module, sets: dict[str, Batch], rounds: int) -> DtypeShapes:
     """One dtype: compile both runtimes, check outputs and graphs, time in interleaved rounds."""
-    result: dict[str, Any] = {"compile": {}, "sets": {}}
+    result: DtypeShapes = {"compile": {}, "sets": {}}
     eager = model
     dynamic = prepare_runtime(copy.deepcopy(model), COMPILE_DYNAMIC.name, CPU)
     static = prepare_runtime(copy.deepcopy(model), COMPILE.name, CPU)
@@ -141,7 +185,7 @@ def measure(model: nn.Module, sets: dict[str, Batch], rounds: int) -> dict[str, 
         print(f" {name}: batch {BATCH} x {length} tokens (mean {tokens:.1f}), bucket {width}")
         for key, values in samples.items():
             print(f"  {key}: median {statistics.median(values):.2f} ms")
-        summary = {
+        summary: SetTiming = {
             "length": length, "bucket": width, "mean_tokens": tokens,
             "median_ms": {k: statistics.median(v) for k, v in samples.items()},
             "ratios": {
@@ -171,8 +215,8 @@ def main() -> None:
     sets = {"pydoc": latency_inputs(spec, BATCH, "eager")[0]}
     if args.pairs is not None:
         sets["dev_pairs"] = pairs_batch(args.pairs)
-    report: dict[str, Any] = {"threads": args.threads, "affinity": sorted(os.sched_getaffinity(0)),
-                              "torch": torch.__version__, "load_before": load_average(), "dtypes": {}}
+    report: CompileShapesReport = {"threads": args.threads, "affinity": sorted(os.sched_getaffinity(0)),
+                                   "torch": torch.__version__, "load_before": load_average(), "dtypes": {}}
     print(f"threads {args.threads}, cores {report['affinity']}, load {report['load_before']}")
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)

@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import Tensor
@@ -52,12 +52,15 @@ from paretorch.pipeline.core.noise import median_ci
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.task_data import PairsData, load_task_data
 from paretorch.pipeline.core.task_spec import distinct_texts
-from paretorch.pipeline.core.text_batches import ModelEncoder
+from paretorch.pipeline.core.text_batches import ModelEncoder, TextBatches
 from paretorch.pipeline.core.timing import DeviceTimer, Timed, alternate
 from paretorch.pipeline.engine.deployment import save_deployment
 from paretorch.pipeline.engine.graph import recipe_pipeline
 from paretorch.pipeline.engine.recipe import Recipe
 from paretorch.pipeline.engine.runner import Runner
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 PREFIX = "end-to-end-"
 BASELINE = "fp32 eager"
@@ -68,6 +71,50 @@ DEV_SET, SAMPLE_SET = "dev sentences", "built-in sample"
 SERVE_B1_TEXTS = 256
 
 Variant = Callable[[Sequence[str]], Tensor]
+
+
+class EndToEndRow(TypedDict, total=False):
+    """A variant on one sentence set: each round's seconds, their median as ms a batch and sentences a second, the
+    speed-up over fp32 eager and against the fastest one-liner (with one-liners), the lowest cosine to fp32."""
+
+    seconds: list[float]
+    median_s: float
+    ms_per_batch: float
+    sentences_per_s: float
+    speedup: float
+    ci: list[float]
+    vs_one_liner: float
+    fastest_one_liner: str
+    min_cosine_to_fp32: float
+    workload: str
+    batch: int
+    end_to_end: bool
+
+
+class SentenceSetRows(TypedDict):
+    sentences: int
+    mean_tokens: float
+    rows: dict[str, EndToEndRow]
+
+
+class EndToEndResult(TypedDict, total=False):
+    """An ``end-to-end-*.json`` file."""
+
+    model: str
+    device: str
+    workload: str
+    batch: int
+    end_to_end: bool
+    device_name: str
+    torch: str
+    threads: int
+    rounds: int
+    recipes: list[str]
+    date: str
+    load_start: tuple[float, float, float]
+    load_end: tuple[float, float, float]
+    note: str
+    sets: dict[str, SentenceSetRows]
 
 
 def chunks(texts: Sequence[str], batch: int) -> list[list[str]]:
@@ -87,20 +134,24 @@ def pair_sentences(path: Path) -> list[str]:
     return distinct_texts([*data.first, *data.second])[0]
 
 
-def deployed(spec: ModelSpec, recipe: Recipe, folder: Path, device: torch.device) -> Any:
+def deployed(spec: ModelSpec, recipe: Recipe, folder: Path, device: torch.device) -> TextBatches:
     """The recipe's deployment, written as ``pipeline apply`` writes it (the runner's model, the file a file
-    runtime ran) and loaded back with :func:`paretorch.pipeline.api.load_deployment`, as a user gets it."""
+    runtime ran) and loaded back with :func:`paretorch.pipeline.api.load_deployment`, as a user gets it: an
+    encoder of strings (a deployment of another kind is an error)."""
     runner = Runner(recipe_pipeline(recipe.model_stages()), spec, device)
     result = runner.run({}, recipe.runtime, exports=False, evaluate=False)
     save_deployment(result.model, result.recipe(spec.name), folder, runner.runtime_file({}, recipe.runtime))
-    return load_deployment(folder, spec, device)
+    encoder = load_deployment(folder, spec, device)
+    if not isinstance(encoder, TextBatches):
+        raise TypeError(f"{recipe.describe()} deploys a {type(encoder).__name__}, not an encoder of strings")
+    return encoder
 
 
 def one_liners(device: torch.device, batch: int, workload: str) -> dict[str, Variant]:
     """sentence-transformers' own paths: fp32, and on an accelerator half, bf16 and half + torch.compile."""
     from sentence_transformers import SentenceTransformer  # the peer's own package, here for its one-liner
 
-    def encode_with(model: Any) -> Variant:
+    def encode_with(model: SentenceTransformer) -> Variant:
         def run(texts: Sequence[str]) -> Tensor:
             parts = chunks(texts, batch) if workload == "serve" else [list(texts)]
             return torch.cat([model.encode(part, batch_size=batch, convert_to_tensor=True).float().cpu()
@@ -122,7 +173,7 @@ def one_liners(device: torch.device, batch: int, workload: str) -> dict[str, Var
     return variants
 
 
-def encoding(encoder: Any, batch: int, sort: bool, overlap: bool | None = None) -> Variant:
+def encoding(encoder: TextBatches, batch: int, sort: bool, overlap: bool | None = None) -> Variant:
     """A deployment's ``encode`` as a variant."""
     return lambda texts: encoder.encode(texts, batch, sort=sort, overlap=overlap)
 
@@ -167,7 +218,7 @@ def _bound(run: Variant, texts: Sequence[str]) -> Callable[[], Tensor]:
 
 
 def measure(runs: dict[str, Variant], texts: Sequence[str], rounds: int, batch: int,
-            log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+            log: Callable[[str], None]) -> dict[str, EndToEndRow]:
     """Every variant once per round on the timing service's rounds (the order reversed every other round, each call on
     the host clock: the outputs end on the host); per variant its seconds and ratios to the baseline."""
     names = list(runs)
@@ -184,11 +235,11 @@ def measure(runs: dict[str, Variant], texts: Sequence[str], rounds: int, batch: 
     peers = [name for name in names if name.startswith("sentence-transformers")]
     fastest = min(peers, key=lambda name: statistics.median(seconds[name])) if peers else None
     batches = -(-len(texts) // batch)
-    rows = {}
+    rows: dict[str, EndToEndRow] = {}
     for name in names:
         ratios = [b / s for b, s in zip(seconds[BASELINE], seconds[name], strict=True)]
         median_s = statistics.median(seconds[name])
-        row: dict[str, Any] = {
+        row: EndToEndRow = {
             "seconds": seconds[name], "median_s": median_s, "ms_per_batch": 1000 * median_s / batches,
             "sentences_per_s": len(texts) / median_s, "speedup": statistics.median(ratios),
             "ci": list(median_ci(ratios))}
@@ -202,7 +253,7 @@ def measure(runs: dict[str, Variant], texts: Sequence[str], rounds: int, batch: 
     return rows
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: EndToEndResult) -> str:
     """One table per sentence set of the result."""
     workload, batch = result["workload"], result["batch"]
     how = ("in the given order, batch by batch" if workload == "serve" else "encoded whole, sorted where the variant "
@@ -250,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = {DEV_SET: pair_sentences(args.pairs), SAMPLE_SET: minilm.sentences("evaluation")}
     recipes = [Recipe.load(path) for path in args.recipe]
     load_start = os.getloadavg()
-    result: dict[str, Any] = {
+    result: EndToEndResult = {
         "model": "minilm", "device": device.type, "workload": args.workload, "batch": args.batch,
         "end_to_end": True, "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                                             else f"{cpu_description()} ({isa_info()['torch_capability']})"),

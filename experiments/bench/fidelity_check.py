@@ -30,10 +30,10 @@ import argparse
 import csv
 import json
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -58,6 +58,9 @@ from paretorch.pipeline.sources.huggingface import tokenize
 from paretorch.stages.distill.stage import DistillConfig
 from paretorch.stages.prune.stage import PruneConfig
 from paretorch.stages.quantize.stage import QuantizeConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 #: Result files of this script start so (the benchmark tables render them apart).
 FIDELITY_CHECK_PREFIX = "fidelity-check-"
@@ -105,7 +108,7 @@ def human_score(embeddings: Tensor, pairs: Pairs) -> float:
     return 100.0 * float(spearman(cosine, pairs.scores))
 
 
-def embed(model: nn.Module, tokenizer: Any, sentences: Sequence[str], batch_size: int = EMBED_BATCH,
+def embed(model: nn.Module, tokenizer: PreTrainedTokenizerBase, sentences: Sequence[str], batch_size: int = EMBED_BATCH,
           device: torch.device = CPU) -> Tensor:
     """Embeddings of ``sentences`` in their order; batches of similar length, each cut to its longest sentence."""
     input_ids, attention_mask = (t.to(device) for t in tokenize(tokenizer, list(sentences)))
@@ -149,14 +152,57 @@ def variants(distill_steps: int) -> dict[str, list[StageConfig]]:
     }
 
 
-def tracking(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, dict[str, Any]]:
+class HumanScored(TypedDict):
+    """What :func:`tracking` reads of a variant's row: its human score and its fidelity metrics by name."""
+
+    human: float
+    fidelity: dict[str, float]
+
+
+class FidelityRow(HumanScored):
+    """A variant of the check: its name and recipe, the spec's metric, and its build and embedding seconds."""
+
+    variant: str
+    recipe: list[dict[str, object]]
+    spec_metric: NotRequired[float]
+    build_s: float
+    embed_s: float
+
+
+class MetricTracking(TypedDict):
+    """How one fidelity metric tracks the human score across the optimized variants."""
+
+    spearman: float
+    pearson: float
+    lowest_as_good: float | None
+    highest_worse: float | None
+    separates: bool
+
+
+class FidelityResult(TypedDict):
+    """A ``fidelity-check-*.json`` file."""
+
+    model: str
+    device: str
+    host: str
+    torch: str
+    threads: int
+    pairs: int
+    sentences: int
+    as_good: float
+    rows: list[FidelityRow]
+    tracking: dict[str, MetricTracking]
+    note: NotRequired[str]
+
+
+def tracking(rows: Sequence[HumanScored], names: Sequence[str]) -> dict[str, MetricTracking]:
     """Per fidelity metric: its Spearman and Pearson with the human score across the optimized variants
     (``rows[1:]``: the first row is fp32, the reference, whose fidelity is perfect by construction), and
     the range it gives the variants within :data:`AS_GOOD` of fp32's human score and the others."""
     variants = rows[1:]
     human = torch.tensor([row["human"] for row in variants], dtype=torch.float64)
     good = human >= rows[0]["human"] * (1.0 - AS_GOOD)
-    result = {}
+    result: dict[str, MetricTracking] = {}
     for name in names:
         values = torch.tensor([row["fidelity"][name] for row in variants], dtype=torch.float64)
         lowest_good = float(values[good].min()) if bool(good.any()) else None
@@ -172,7 +218,7 @@ def tracking(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, 
 
 
 def run_variants(pairs: Pairs, distill_steps: int, log: Callable[[str], None] = print,
-                 device: torch.device = CPU) -> list[dict[str, Any]]:
+                 device: torch.device = CPU) -> list[FidelityRow]:
     """Build each variant with ``run_chain`` from the MiniLM spec and score it (fp32 first): the human
     score, fidelity on the pairs' sentences, the spec's own metric (word similarity) and its floor metric
     (fidelity on news sentences)."""
@@ -183,7 +229,7 @@ def run_variants(pairs: Pairs, distill_steps: int, log: Callable[[str], None] = 
     cache = NodeCache()
     reference: Tensor | None = None
     news_reference: Tensor | None = None
-    rows = []
+    rows: list[FidelityRow] = []
     for name, configs in variants(distill_steps).items():
         start = host_seconds()
         ctx = StageContext(spec, device)
@@ -194,7 +240,7 @@ def run_variants(pairs: Pairs, distill_steps: int, log: Callable[[str], None] = 
         reference = embeddings if reference is None else reference
         news_reference = news_embeddings if news_reference is None else news_reference
         own = compute_metrics(variant, spec.evaluation(), (spec.metric,), device)
-        row = {
+        row: FidelityRow = {
             "variant": name,
             "recipe": [config.to_dict() | {"stage": config.stage} for config in configs],
             "human": human_score(embeddings, pairs),
@@ -209,7 +255,7 @@ def run_variants(pairs: Pairs, distill_steps: int, log: Callable[[str], None] = 
     return rows
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: FidelityResult) -> str:
     """A Markdown section of one check file: the variants, then how each metric tracks the human score."""
     names = list(result["tracking"])
     fp32 = result["rows"][0]["human"]
@@ -262,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     rows = run_variants(pairs, args.distill_steps, device=device)
     names = [metric.name for metric in METRICS] + [f"{NEWS_PREFIX}{metric.name}" for metric in METRICS]
-    result = {
+    result: FidelityResult = {
         "model": "minilm", "device": device.type, "host": platform.node(), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "pairs": int(pairs.scores.numel()), "sentences": len(pairs.sentences),
         "as_good": AS_GOOD, "rows": rows, "tracking": tracking(rows, names),
@@ -271,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write_result(path: Path, result: dict[str, Any], rendered: str) -> None:
+def write_result(path: Path, result: Mapping[str, object], rendered: str) -> None:
     """Write ``result`` as JSON to ``path`` (its folder made if missing), then print ``rendered`` and the path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")

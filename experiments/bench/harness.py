@@ -44,7 +44,7 @@ from torch import Tensor
 
 from paretorch.experiments.bench.isa import isa_info
 from paretorch.experiments.bench.paths import MARKDOWN, RESULTS_DIR
-from paretorch.experiments.bench.render import render_markdown, render_table
+from paretorch.experiments.bench.render import HeldOutCheck, SearchInfo, render_markdown, render_table
 from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.experiments.bench.timeline import best_so_far, time_split
 from paretorch.pipeline.core.device import capabilities, describe, move_module, resolve_device
@@ -54,6 +54,7 @@ from paretorch.pipeline.core.paired import PairedLatency
 from paretorch.pipeline.core.paths import results_dir
 from paretorch.pipeline.core.runtimes.registry import available_runtimes, get_runtime, prepare_runtime
 from paretorch.pipeline.core.spec import ModelSpec
+from paretorch.pipeline.core.stage_config import StageConfig
 from paretorch.pipeline.core.task_data import load_task_data
 from paretorch.pipeline.core.task_spec import with_task_data
 from paretorch.pipeline.core.timing import host_seconds
@@ -113,11 +114,11 @@ class Row:
     model_call_speedup_ci: tuple[float, float] | None = None
 
 
-def single_technique_recipes(device: torch.device) -> list[tuple[str, list[Any], str]]:
+def single_technique_recipes(device: torch.device) -> list[tuple[str, list[StageConfig], str]]:
     """(name, stage configs, runtime) for each technique alone, as the device allows."""
 
     caps = capabilities(device)
-    rows: list[tuple[str, list[Any], str]] = [("fp32 eager (baseline)", [], "eager")]
+    rows: list[tuple[str, list[StageConfig], str]] = [("fp32 eager (baseline)", [], "eager")]
     if "int8_dynamic" in methods_on(caps):
         rows.append(("torchao int8 dynamic", [QuantizeConfig(method="int8_dynamic")], "eager"))
     dtype = caps.preferred_reduced_dtype()
@@ -157,7 +158,7 @@ class Measured(NamedTuple):
     fn: Callable[..., Tensor]
 
 
-def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[Any], runtime: str,
+def measure_recipe(spec: ModelSpec, device: torch.device, configs: list[StageConfig], runtime: str,
                    batch_sizes: tuple[int, ...]) -> Measured:
     """Apply ``configs`` (a fresh chain) and measure under the bench latency settings."""
 
@@ -215,7 +216,7 @@ def row_from_report(name: str, kind: str, recipe: str, report: ModelReport, base
 Paired = tuple[PairedLatency, PairedLatency | None]
 
 
-def measure_row(spec: ModelSpec, device: torch.device, configs: list[Any], runtime: str,
+def measure_row(spec: ModelSpec, device: torch.device, configs: list[StageConfig], runtime: str,
                 batch_sizes: tuple[int, ...], timings: tuple[StudyLatency, StudyLatency]) -> tuple[Measured, Paired]:
     """A row's recipe measured alone (:func:`measure_recipe`), then the very function measured paired with
     fp32 eager on the search's workload and as the model call alone (``timings``: :func:`paired_timing`'s)."""
@@ -226,7 +227,7 @@ def measure_row(spec: ModelSpec, device: torch.device, configs: list[Any], runti
 
 
 def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: int, max_drop: AllowedDrop,
-                    work: Path) -> tuple[list[Any], str, dict[str, Any]]:
+                    work: Path) -> tuple[list[StageConfig], str, SearchInfo]:
     """Run a fresh search (no tracking) and return the fastest feasible Pareto recipe."""
     config = SearchConfig.load(None, latency_batch=batch, max_drop=max_drop, exports="none")
     storage = f"sqlite:///{work / 'bench-study.db'}"
@@ -246,7 +247,7 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
     recipe = Recipe.from_dict(best.user_attrs[ATTR_RECIPE])
     # The peers' bench times this file by their protocol (paretorch.experiments.bench.peers --recipe).
     best_file = recipe.save(work / best_recipe_name(spec.name, device.type))
-    info = {"trials": trials, "search_seconds": seconds, "best_trial": best.number, "cache": outcome.cache,
+    info: SearchInfo = {"trials": trials, "search_seconds": seconds, "best_trial": best.number, "cache": outcome.cache,
             "best_recipe_file": str(best_file),
             "runtimes": list(search.plan.runtimes), "workload": config.workload,
             "search_latency_ms": best.user_attrs[ATTR_METRICS][key],
@@ -269,7 +270,7 @@ def best_recipe_name(model: str, device: str) -> str:
 
 
 def held_out_check(spec: ModelSpec, device: torch.device, path: Path, best: Prepare, runtime: str,
-                   batch_sizes: tuple[int, ...], max_drop: AllowedDrop) -> dict[str, Any]:
+                   batch_sizes: tuple[int, ...], max_drop: AllowedDrop) -> HeldOutCheck:
     """The baseline and the search's best model (under its runtime: ``best`` prepares it) scored on
     labelled data the search never saw (``--held-out``), with the same metric and allowed drop."""
     data = load_task_data(str(path))
@@ -285,7 +286,7 @@ def held_out_check(spec: ModelSpec, device: torch.device, path: Path, best: Prep
             "within_allowed": drop <= max_drop.threshold(baseline)}
 
 
-def describe_chain(configs: list[Any], runtime: str) -> str:
+def describe_chain(configs: list[StageConfig], runtime: str) -> str:
     parts = [c.describe() for c in configs] or ["fp32"]
     return " -> ".join(parts) + f" @ {runtime}"
 
@@ -321,8 +322,8 @@ def bench(model: str, device_name: str, trials: int, batch: int, max_drop: Allow
                                     spec, note=measured.note, paired=paired))
         if baseline_metric is None:
             baseline_metric = measured.report.metric_value
-    search_info: dict[str, Any] = {}
-    held_out_info: dict[str, Any] = {}
+    search_info: SearchInfo = {}
+    held_out_info: HeldOutCheck | None = None
     if trials > 0:
         work = results_dir() / "bench"
         work.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,50 @@ def history(points: Sequence[TrialPoint]) -> list[float]:
         if point.counted:
             volumes.append(hypervolume(seen))
     return volumes
+
+
+class FrontPoint(TypedDict):
+    """A front's point as a result file writes it: the study and trial, the drop share and speed-up, the recipe."""
+
+    study: str
+    trial: int
+    drop_share: float
+    speedup: float
+    recipe: str
+
+
+class RunVolumes(TypedDict):
+    """One study of a comparison: its trials and time, its volume trial by trial and at the compared count, those
+    against the longest run's and the union's, and its fronts (after the compared count and at the end)."""
+
+    study: str
+    seed: object
+    sampler: object
+    trials: int
+    seconds: float | None
+    feasible: int
+    unstable: int
+    history: list[float]
+    hv_at_compare: float | None
+    hv_final: float
+    vs_reference: float | None
+    vs_union: float | None
+    front_at_compare: list[FrontPoint]
+    front: list[FrontPoint]
+
+
+class VolumeAnalysis(TypedDict):
+    """Studies of one search config compared by volume (:func:`paretorch.experiments.bench.search_quality.analyse`)."""
+
+    compare: int
+    target: float
+    normalisation: str
+    reference: str
+    baseline: dict[str, float]
+    search: dict[str, object]
+    hv_reference: float
+    hv_union: float
+    union_front: list[FrontPoint]
+    runs: list[RunVolumes]
+    reached_reference: bool | None
+    reached_union: bool | None

@@ -23,7 +23,7 @@ import platform
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -44,12 +44,53 @@ ORT_ROWS_PREFIX = "ort-rows-"
 
 #: (row name, stage configs as dicts, fusions of the ONNX export, for token models only). The int8 rows
 #: keep ``auto`` fusions: BERT fusions for token models, none for others.
-ROWS: tuple[tuple[str, list[dict[str, Any]], str, bool], ...] = (
+ROWS: tuple[tuple[str, list[dict[str, object]], str, bool], ...] = (
     ("ORT fp32", [], "none", False),
     ("ORT + fusions", [], "bert", True),
     ("ORT dynamic int8", [{"stage": "quantize", "method": "int8_dynamic"}], "auto", False),
     ("ORT static int8 (QDQ)", [{"stage": "quantize", "method": "int8_static_pt2e"}], "auto", False),
 )
+
+
+class OrtRow(TypedDict, total=False):
+    """A row: the baseline's or an ORT recipe's metric, paired speed-up and size, or why it was skipped."""
+
+    name: str
+    skipped: str
+    recipe: str
+    metric: float
+    speedup: float
+    ci: list[float]
+    trial_ms: float | None
+    baseline_ms: float | None
+    size_bytes: int
+    note: str
+    session_seconds: float | None
+    prepare_seconds: float
+    unstable: str | None
+    machine: str
+    device: str
+
+
+class OrtRowsMeasured(TypedDict):
+    rows: list[OrtRow]
+    metric_name: str
+
+
+class OrtRowsResult(OrtRowsMeasured):
+    """An ``ort-rows-*.json`` file."""
+
+    model: str
+    device: str
+    cpu: str
+    batch: int
+    threads: int
+    affinity: list[int] | None
+    uptime_before: str
+    uptime_after: str
+    seconds: float
+    torch: str
+    date: str
 
 
 def _uptime() -> str:
@@ -63,7 +104,7 @@ def _is_token_model(spec: ModelSpec) -> bool:
     return any(not t.is_floating_point() and t.dim() >= 2 for t in spec.example_inputs(2))
 
 
-def measure_rows(spec: ModelSpec, device: torch.device, batch: int) -> dict[str, Any]:
+def measure_rows(spec: ModelSpec, device: torch.device, batch: int) -> OrtRowsMeasured:
     """The baseline and every ORT row: metric, file size, session seconds, paired latency."""
     inputs = move_batch(latency_inputs(spec, batch, "eager")[0], device)
     timer = DeviceTimer(device, BENCH_LATENCY)
@@ -71,9 +112,9 @@ def measure_rows(spec: ModelSpec, device: torch.device, batch: int) -> dict[str,
     base_runner = Runner(recipe_pipeline([]), spec, device)
     base = base_runner.run(runtime="eager", exports=False).report
     baseline_fn = base_runner.prepare({}, "eager")
-    rows: list[dict[str, Any]] = [{"name": "torch fp32 eager (baseline)", "metric": base.metric_value,
-                                   "speedup": 1.0, "ci": [1.0, 1.0], "trial_ms": None, "baseline_ms": None,
-                                   "size_bytes": base.size_bytes, "note": ""}]
+    rows: list[OrtRow] = [{"name": "torch fp32 eager (baseline)", "metric": base.metric_value,
+                           "speedup": 1.0, "ci": [1.0, 1.0], "trial_ms": None, "baseline_ms": None,
+                           "size_bytes": base.size_bytes, "note": ""}]
     for name, stages, fusions, token_only in ROWS:
         if token_only and not _is_token_model(spec):
             rows.append({"name": name, "skipped": "not a token model: the BERT fusions do not apply"})
@@ -122,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
           f"threads {args.threads}; CPU affinity {affinity}; {before}", flush=True)
     started = host_seconds()
     measured = measure_rows(spec, device, args.batch)
-    result = {
+    result: OrtRowsResult = {
         "model": spec.name, "device": describe(device), "cpu": platform.processor() or platform.machine(),
         "batch": args.batch, "threads": args.threads, "affinity": affinity, "uptime_before": before,
         "uptime_after": _uptime(), "seconds": host_seconds() - started,
@@ -136,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: OrtRowsResult) -> str:
     """A Markdown section of one ORT rows file."""
     lines = [
         f"### ONNX Runtime rows: {result['model']} on {result['device']}, batch {result['batch']}",

@@ -19,7 +19,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -27,7 +27,7 @@ from paretorch.experiments.bench.gpu_rows import FULL_BF16
 from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.experiments.models.minilm import spec as minilm_spec
 from paretorch.pipeline.core.padding import latency_sample, trim_to_longest
-from paretorch.pipeline.core.paired import measure_paired
+from paretorch.pipeline.core.paired import PairedLatency, measure_paired
 from paretorch.pipeline.core.spec import move_batch
 from paretorch.pipeline.core.stage import StageConfig
 from paretorch.pipeline.core.timing import DeviceTimer
@@ -37,6 +37,30 @@ from paretorch.pipeline.search.study_latency import StudyLatency
 from paretorch.stages.pack.stage import PackConfig
 from paretorch.stages.quantize.stage import QuantizeConfig
 
+
+class PairedTiming(TypedDict):
+    speedup: float
+    ci: list[float]
+    trial_ms: float
+    baseline_ms: float
+
+
+class PackAgreement(TypedDict):
+    """A ``pack-agreement-*.json`` file: the recipe, the widths each way timed, both pairings, whether they agree."""
+
+    batch: int
+    runtime: str
+    recipe: list[dict[str, object]]
+    searched_width: int
+    benched_width: int
+    load_before: tuple[float, float, float]
+    threads: int
+    search: PairedTiming
+    gpu_rows: PairedTiming
+    intervals_overlap: bool
+    load_after: tuple[float, float, float]
+
+
 RECIPES: dict[str, list[StageConfig]] = {
     "pack": [PackConfig()],
     "pack+bf16": [PackConfig(), FULL_BF16],
@@ -44,7 +68,12 @@ RECIPES: dict[str, list[StageConfig]] = {
 }
 
 
-def agreement(device: torch.device, batch: int, runtime: str, configs: list[StageConfig]) -> dict[str, Any]:
+def _timing(paired: PairedLatency) -> PairedTiming:
+    return {"speedup": paired.speedup, "ci": list(paired.ci), "trial_ms": paired.trial_ms,
+            "baseline_ms": paired.baseline_ms}
+
+
+def agreement(device: torch.device, batch: int, runtime: str, configs: list[StageConfig]) -> PackAgreement:
     """One recipe timed the search's way (:class:`~paretorch.pipeline.search.study_latency.StudyLatency`: the study's
     runner over the default pipeline, the runtime's ``latency_inputs``) and the rows' way (:func:`run`: the
     batch cut to its longest sample), each paired with fp32 eager, both with the bench's latency budget: the
@@ -59,21 +88,17 @@ def agreement(device: torch.device, batch: int, runtime: str, configs: list[Stag
     searched = study.inputs(runtime)
     benched = move_batch(trim_to_longest(latency_sample(spec, batch), mask), device)
     timer = DeviceTimer(device, BENCH_LATENCY)
-    result: dict[str, Any] = {"batch": batch, "runtime": runtime, "recipe": [c.to_dict() for c in configs],
-                              "searched_width": int(searched[mask].shape[1]),
-                              "benched_width": int(benched[mask].shape[1]),
-                              "load_before": os.getloadavg(), "threads": torch.get_num_threads()}
+    load_before = os.getloadavg()
     with torch.no_grad():
         for _ in range(3):
             fn(*searched), fn(*benched)
         search = study.pair(fn, runtime)
         rows = measure_paired((study.baseline(), benched), (fn, benched), timer, BENCH_LATENCY)
-    for name, paired in (("search", search), ("gpu_rows", rows)):
-        result[name] = {"speedup": paired.speedup, "ci": list(paired.ci), "trial_ms": paired.trial_ms,
-                        "baseline_ms": paired.baseline_ms}
-    result["intervals_overlap"] = search.ci[0] <= rows.ci[1] and rows.ci[0] <= search.ci[1]
-    result["load_after"] = os.getloadavg()
-    return result
+    return {"batch": batch, "runtime": runtime, "recipe": [c.to_dict() for c in configs],
+            "searched_width": int(searched[mask].shape[1]), "benched_width": int(benched[mask].shape[1]),
+            "load_before": load_before, "threads": torch.get_num_threads(), "search": _timing(search),
+            "gpu_rows": _timing(rows), "intervals_overlap": search.ci[0] <= rows.ci[1] and rows.ci[0] <= search.ci[1],
+            "load_after": os.getloadavg()}
 
 
 def main() -> None:
@@ -98,7 +123,7 @@ def main() -> None:
 PACK_AGREEMENT_PREFIX = "pack-agreement-"
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: PackAgreement) -> str:
     """BENCHMARKS.md: the same pack recipe timed the search's way and ``gpu_rows``' way."""
     recipe = " + ".join(str(stage["stage"]) if stage["stage"] == "pack" else str(stage.get("method", stage["stage"]))
                         for stage in result["recipe"])
@@ -107,8 +132,8 @@ def render(result: dict[str, Any]) -> str:
              f"{result['load_after'][0]:.1f}. Intervals overlap: {'yes' if result['intervals_overlap'] else 'NO'}.",
              "", "| timed as | width | speed-up [95% CI] | trial ms | fp32 eager ms |",
              "| --- | --- | --- | --- | --- |"]
-    for key, width in (("search", result["searched_width"]), ("gpu_rows", result["benched_width"])):
-        row = result[key]
+    for key, width, row in (("search", result["searched_width"], result["search"]),
+                            ("gpu_rows", result["benched_width"], result["gpu_rows"])):
         lines.append(f"| {key} | {width} | {row['speedup']:.2f}x [{row['ci'][0]:.2f}, {row['ci'][1]:.2f}] | "
                      f"{row['trial_ms']:.1f} | {row['baseline_ms']:.1f} |")
     return "\n".join(lines)

@@ -22,7 +22,6 @@ import json
 import os
 import statistics
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -78,7 +77,7 @@ def explain_graphs(model: nn.Module, inputs: tuple[Tensor, ...]) -> dict[str, in
 
 
 def row(model: nn.Module, inputs: tuple[Tensor, ...], dtype: str, runtime: str, rounds: int, calls: int,
-        device: torch.device) -> dict[str, Any]:
+        device: torch.device) -> dict[str, object]:
     padded_model = copy.deepcopy(model).to(device=device, dtype=DTYPES[dtype]).eval()
     paths = find_packable(padded_model)
     if isinstance(paths, str):
@@ -95,7 +94,7 @@ def row(model: nn.Module, inputs: tuple[Tensor, ...], dtype: str, runtime: str, 
         blocks = time_rounds([(fn, inputs) for fn in variants.values()], BlockTimer(device, calls, 0), rounds)
     times = {name: [ms / calls for ms in values] for name, values in zip(variants, blocks, strict=True)}
     padded_ms, packed_ms = (statistics.median(times[name]) for name in ("padded", "packed"))
-    result: dict[str, Any] = {
+    result: dict[str, object] = {
         "dtype": dtype, "runtime": runtime,
         "padded_ms": round(padded_ms, 4), "packed_ms": round(packed_ms, 4),
         "speedup": round(padded_ms / packed_ms, 3),
@@ -126,8 +125,9 @@ def main() -> None:
     runtimes = [r for r in args.runtimes if r != "reduce-overhead" or device.type == "cuda"]
     spec = minilm_spec()
     model = spec.build()
-    report: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                              "load_before": load_average(), "rows": []}
+    rows: list[dict[str, object]] = []
+    report: dict[str, object] = {"device": str(device), "torch": torch.__version__,
+                                 "threads": torch.get_num_threads(), "load_before": load_average(), "rows": rows}
     if device.type == "cuda":
         report["device_name"] = torch.cuda.get_device_name(device)
     for batch_size in args.batch_sizes:
@@ -141,7 +141,7 @@ def main() -> None:
         for dtype in args.dtypes:
             for runtime in runtimes:
                 entry = shape | row(model, inputs, dtype, runtime, args.rounds, args.calls, device)
-                report["rows"].append(entry)
+                rows.append(entry)
                 print(json.dumps({k: v for k, v in entry.items() if not k.endswith("_rounds")}), flush=True)
     report["load_after"] = load_average()
     print(json.dumps(report, indent=1))

@@ -38,12 +38,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import torch
 from torch import Tensor, nn
 
-from paretorch.experiments.bench.fidelity_check import METRICS, Pairs, embed, read_pairs, tracking, write_result
+from paretorch.experiments.bench.fidelity_check import (
+    METRICS,
+    HumanScored,
+    MetricTracking,
+    Pairs,
+    embed,
+    read_pairs,
+    tracking,
+    write_result,
+)
 from paretorch.experiments.data import news_sentences
 from paretorch.experiments.models import minilm
 from paretorch.pipeline.api import StageContext, load_model, run_chain
@@ -52,6 +61,7 @@ from paretorch.pipeline.core.fidelity import MEAN_COSINE, NEIGHBOUR_AGREEMENT, S
 from paretorch.pipeline.core.input_agreement import TAIL_LIMIT, InputAgreement, cell
 from paretorch.pipeline.core.proxy_metric import AS_MEASURED
 from paretorch.pipeline.core.ranking import row_spearman, spearman
+from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.stage import StageConfig
 from paretorch.pipeline.core.timing import host_seconds
 from paretorch.pipeline.engine.cache import NodeCache
@@ -62,6 +72,9 @@ from paretorch.stages.distill.stage import DistillConfig
 from paretorch.stages.pack.stage import PackConfig
 from paretorch.stages.prune.stage import PruneConfig
 from paretorch.stages.quantize.stage import QuantizeConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 CPU = torch.device("cpu")
 PROXY_VERDICT_PREFIX = "proxy-verdict-"
@@ -88,6 +101,52 @@ class Variant:
     name: str
     family: str
     chain: tuple[StageConfig, ...]
+
+
+class Verdict(TypedDict):
+    """The search's verdict on a variant at one allowed drop, and the labelled truth's at the same share."""
+
+    feasible: bool
+    reason: str | None
+    share_pct: float
+    #: ``within``, ``over`` or ``either`` (:func:`truth_at`), and whether the verdict agrees with it.
+    truth: NotRequired[str]
+    agrees: NotRequired[bool]
+
+
+class VerdictRow(HumanScored):
+    """A variant of the table: its spec metrics, the verdicts by limit, the labelled truth, fidelity, seconds."""
+
+    variant: str
+    family: str
+    recipe: list[dict[str, object]]
+    spec_metrics: dict[str, float]
+    verdicts: dict[str, Verdict]
+    truth: dict[str, float]
+    build_s: float
+    embed_s: float
+
+
+class ProxyVerdictResult(TypedDict):
+    """The ``proxy-verdict-*.json`` file."""
+
+    model: str
+    device: str
+    host: str
+    cpu: str
+    torch: str
+    threads: int
+    load: tuple[float, float, float]
+    date: str
+    pairs: int
+    sentences: int
+    resamples: int
+    metric: str
+    floor_metric: str
+    floor: float
+    floor_share: float
+    rows: list[VerdictRow]
+    tracking: dict[str, MetricTracking]
 
 
 def variants(distill_steps: int) -> list[Variant]:
@@ -133,7 +192,7 @@ def variants(distill_steps: int) -> list[Variant]:
     return [Variant(name, family, chain) for name, family, chain in rows]
 
 
-def recipe_of(chain: Sequence[StageConfig]) -> list[dict[str, Any]]:
+def recipe_of(chain: Sequence[StageConfig]) -> list[dict[str, object]]:
     return [config.to_dict() | {"stage": config.stage} for config in chain]
 
 
@@ -141,7 +200,8 @@ def cache_key(chain: Sequence[StageConfig]) -> str:
     return hashlib.sha256(json.dumps(recipe_of(chain), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def outputs_of(variant: nn.Module, spec: Any, tokenizer: Any, pairs: Pairs, news: Sequence[str]) -> dict[str, Tensor]:
+def outputs_of(variant: nn.Module, spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, pairs: Pairs,
+               news: Sequence[str]) -> dict[str, Tensor]:
     """What every score reads: the spec's evaluation outputs (word rows + floor rows), the pairs' sentences'
     and the news sentences' embeddings."""
     task, _ = evaluation_outputs(variant, spec.evaluation(), CPU)
@@ -149,8 +209,8 @@ def outputs_of(variant: nn.Module, spec: Any, tokenizer: Any, pairs: Pairs, news
             "news": embed(variant, tokenizer, news)}
 
 
-def build_outputs(entry: Variant, model: nn.Module, spec: Any, tokenizer: Any, pairs: Pairs, news: Sequence[str],
-                  cache: Path, nodes: NodeCache, log: Callable[[str], None]) -> dict[str, Any]:
+def build_outputs(entry: Variant, model: nn.Module, spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, pairs: Pairs,
+                  news: Sequence[str], cache: Path, nodes: NodeCache, log: Callable[[str], None]) -> dict[str, Tensor]:
     """The variant's outputs, from ``cache`` when a run made them before."""
     path = cache / f"{cache_key(entry.chain)}.pt"
     if path.is_file():
@@ -158,7 +218,7 @@ def build_outputs(entry: Variant, model: nn.Module, spec: Any, tokenizer: Any, p
     start = host_seconds()
     built = run_chain(model, list(entry.chain), StageContext(spec, CPU), cache=nodes).model if entry.chain else model
     built_s = host_seconds() - start
-    outputs: dict[str, Any] = outputs_of(built, spec, tokenizer, pairs, news)
+    outputs = outputs_of(built, spec, tokenizer, pairs, news)
     outputs["seconds"] = torch.tensor([built_s, host_seconds() - start - built_s])
     torch.save(outputs, path)
     log(f"{entry.name}: built in {built_s:.0f} s, embedded in {float(outputs['seconds'][1]):.0f} s")
@@ -199,11 +259,11 @@ def truth_at(labelled: dict[str, float], share_pct: float) -> str:
     return "either"
 
 
-def verdicts(spec: Any, base_metric: float, metrics: dict[str, float]) -> dict[str, dict[str, Any]]:
+def verdicts(spec: ModelSpec, base_metric: float, metrics: dict[str, float]) -> dict[str, Verdict]:
     """The search's own verdict on the variant at every limit of :data:`LIMITS`."""
     baseline = Baseline(base_metric, 1.0, 1.0)
     extras = {name: value for name, value in metrics.items() if name != spec.metric.name}
-    result = {}
+    result: dict[str, Verdict] = {}
     for limit in LIMITS:
         allowed = AllowedDrop.parse(limit)
         objectives = Objectives.create(spec, ("metric", "latency"), allowed)
@@ -213,12 +273,12 @@ def verdicts(spec: Any, base_metric: float, metrics: dict[str, float]) -> dict[s
     return result
 
 
-def score(entries: Sequence[Variant], spec: Any, pairs: Pairs,
-          outputs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def score(entries: Sequence[Variant], spec: ModelSpec, pairs: Pairs,
+          outputs: Sequence[dict[str, Tensor]]) -> list[VerdictRow]:
     """One row per variant: the spec's metrics, the built-in verdicts, the labelled truth and fidelity."""
     targets = torch.cat([t for _, t in spec.evaluation()])
     reference = outputs[0]
-    rows = []
+    rows: list[VerdictRow] = []
     metrics_of = [{m.name: float(m.compute(o["task"], targets)) for m in (spec.metric, *spec.extra_metrics)}
                   | InputAgreement.of(o["task"], reference["task"], "embedding").metrics() for o in outputs]
     for entry, own, metrics in zip(entries, outputs, metrics_of, strict=True):
@@ -239,7 +299,7 @@ def score(entries: Sequence[Variant], spec: Any, pairs: Pairs,
     return rows
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: ProxyVerdictResult) -> str:
     """The verdict table (Markdown): family, variant, word score, floor metric, built-in verdicts, truth."""
     floor = result["floor_metric"]
     lines = [
@@ -251,7 +311,7 @@ def render(result: dict[str, Any]) -> str:
         default, strict = row["verdicts"]["1%"], row["verdicts"]["0.01"]
         labelled = row["truth"]
 
-        def said(verdict: dict[str, Any]) -> str:
+        def said(verdict: Verdict) -> str:
             return ("accept" if verdict["feasible"] else "reject") + ("" if verdict["agrees"] else " **(wrong)**")
 
         measured = row["spec_metrics"].get(result["metric"] + AS_MEASURED)
@@ -289,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     outputs = [build_outputs(e, model, spec, tokenizer, pairs, news, args.cache, nodes, print) for e in entries]
     rows = score(entries, spec, pairs, outputs)
     floor = spec.fidelity_floors[0]
-    result = {
+    result: ProxyVerdictResult = {
         "model": "minilm", "device": "cpu", "host": platform.node(), "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "load": os.getloadavg(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

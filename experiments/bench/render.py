@@ -9,7 +9,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from paretorch.experiments.bench.busy import BUSY_PREFIX
 from paretorch.experiments.bench.busy import render as render_busy
@@ -46,6 +46,7 @@ from paretorch.experiments.bench.search_quality import SEARCH_QUALITY_PREFIX
 from paretorch.experiments.bench.search_quality import render as render_search_quality
 from paretorch.experiments.bench.tail_guard import TAIL_GUARD_PREFIX
 from paretorch.experiments.bench.tail_guard import render as render_tail_guard
+from paretorch.experiments.bench.timeline import SearchTimes
 from paretorch.experiments.bench.timeline import render as render_timeline
 from paretorch.pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 
@@ -53,7 +54,50 @@ from paretorch.pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 FIDELITY_COLUMNS = ("neighbour_agreement", "mean_cosine")
 
 
-def search_latency(search: dict[str, Any]) -> str:
+class FastestPeer(TypedDict):
+    name: str
+    speedup: float
+
+
+class SearchInfo(SearchTimes, total=False):
+    """A bench result's ``search``: the search's trials, time and best trial, as measured during the search
+    (keys recorded later are absent from older files); ``time_to_peer_seconds`` and ``fastest_peer`` are written
+    by the peers' bench (:func:`paretorch.experiments.bench.peers.attach_time_to_peer`)."""
+
+    trials: int
+    search_seconds: float
+    best_trial: int
+    cache: str
+    best_recipe_file: str
+    runtimes: list[str]
+    workload: str
+    search_latency_ms: float
+    #: The best trial's paired speed-up and its 95% interval (None where not recorded).
+    search_speedup: list[float | None]
+    stage_work: dict[str, str]
+    #: ``[seconds, best feasible speed-up]`` pairs: the product's own curve.
+    time_to_result: list[list[float]]
+    machine_probe: object
+    cpu_capability: str
+    time_to_peer_seconds: float | None
+    fastest_peer: FastestPeer
+
+
+class HeldOutCheck(TypedDict):
+    """A bench result's ``held_out``: the baseline and the search's best scored on data the search never saw."""
+
+    data: str
+    rows: int
+    metric: str
+    runtime: str
+    baseline: float
+    best: float
+    drop: float
+    relative_drop: float
+    within_allowed: bool
+
+
+def search_latency(search: SearchInfo) -> str:
     """The best trial's latency as the search measured it: its paired speed-up and the baseline's p50 over it
     (results written before the speed-up was recorded: the latency alone, as it was stored)."""
     speedup, low, high = search.get("search_speedup") or (None, None, None)

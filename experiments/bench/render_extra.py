@@ -5,14 +5,59 @@ with ``mlx-cuda-13`` on the device machine) and the compile-shape comparison (``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
+
+if TYPE_CHECKING:  # the file's shape alone (compile_shapes imports torch.compile's internals)
+    from paretorch.experiments.bench.compile_shapes import CompileShapesReport, Ratio
 
 GPU_ROWS_PREFIX = "gpu-rows-"
 COMPILE_SHAPES_PREFIX = "compile-shapes-"
 MLX_CUDA_PREFIX = "mlx-cuda-"
 
 
-def render_mlx_cuda(result: dict[str, Any]) -> str:
+class MlxCudaRow(TypedDict):
+    """A model at a batch: torch eager's ms, MLX's (torch tensors in and out; MLX arrays), and their output parity."""
+
+    model: str
+    batch: int
+    torch_eager_cuda_ms: float
+    mlx_cuda_from_torch_ms: float
+    mlx_cuda_arrays_ms: float
+    max_abs_err: float
+    cosine: float
+
+
+class MlxCudaResult(TypedDict):
+    device: str
+    date: str
+    what: str
+    rows: list[MlxCudaRow]
+
+
+class GpuRow(TypedDict):
+    """A row of :mod:`paretorch.experiments.bench.gpu_rows` as the table reads it (the file holds more)."""
+
+    batch: int
+    tokens: list[int]
+    real_token_fraction: float
+    runtime: str
+    row: str
+    speedup: float
+    ci: list[float]
+    metric: float
+    held_out: NotRequired[float]
+    tflops_padded: float | None
+    tflops_real: float | None
+
+
+class GpuRowsResult(TypedDict):
+    device: str
+    torch: str
+    date: NotRequired[str]
+    rows: list[GpuRow]
+
+
+def render_mlx_cuda(result: MlxCudaResult) -> str:
     """MLX's CUDA build against torch eager on the same GPU, per model and batch, with output parity."""
     lines = [f"### MLX on {result['device']} ({result['date']})", "", result["what"], "",
              "| model | batch | torch eager CUDA ms | MLX, torch tensors in and out, ms | MLX arrays on the GPU, ms "
@@ -24,7 +69,7 @@ def render_mlx_cuda(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_gpu_rows(result: dict[str, Any]) -> str:
+def render_gpu_rows(result: GpuRowsResult) -> str:
     """One table: every row paired with fp32 eager, its task metric, held-out score and achieved TFLOP/s."""
     lines = [f"### MiniLM rows on {result['device']} (torch {result['torch']}, {result.get('date', 'undated')}): "
              "the one-line cast beside the stages",
@@ -47,7 +92,7 @@ def render_gpu_rows(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_compile_shapes(result: dict[str, Any]) -> str:
+def render_compile_shapes(result: CompileShapesReport) -> str:
     """Per dtype and input set: dynamic sequence length against length buckets and the exact length."""
     lines = [f"### torch.compile shapes on MiniLM (CPU, {result['threads']} thread(s), cores {result['affinity']}, "
              f"torch {result['torch']}; load {result['load_before']} -> {result['load_after']})", "",
@@ -57,7 +102,7 @@ def render_compile_shapes(result: dict[str, Any]) -> str:
         for name, inputs in parts["sets"].items():
             ratios = inputs["ratios"]
 
-            def cell(key: str, ratios: dict[str, Any] = ratios) -> str:
+            def cell(key: str, ratios: dict[str, Ratio] = ratios) -> str:
                 r = ratios[key]
                 return f"{r['median']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
 

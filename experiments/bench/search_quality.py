@@ -25,13 +25,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 import optuna
 import torch
 from rich.console import Console
 
-from paretorch.experiments.bench.hypervolume import TrialPoint, counted_prefix, history, hypervolume, pareto_front
+from paretorch.experiments.bench.hypervolume import (
+    FrontPoint,
+    RunVolumes,
+    TrialPoint,
+    VolumeAnalysis,
+    counted_prefix,
+    history,
+    hypervolume,
+    pareto_front,
+)
 from paretorch.experiments.bench.paths import MARKDOWN, RESULTS_DIR
 from paretorch.experiments.bench.search_quality_plot import save_figure
 from paretorch.experiments.bench.study_points import StudyPoints, check_comparable, study_points
@@ -54,6 +63,26 @@ NORMALISATION = ("hypervolume over the feasible trials only, in (share of the al
                  "volume ln s. Both scales come from the study's own baseline and allowed drop, so runs of one "
                  "search config compare; a metric above the baseline counts as no drop (the search keeps the "
                  "metric, a gain on the evaluation data is mostly noise).")
+
+
+class Provenance(TypedDict):
+    commit: str
+    changed_files: int | None
+    machine: str
+    cores: list[int]
+    date: str
+
+
+class SearchQualityResult(Provenance, VolumeAnalysis):
+    """A ``search-quality-*.json`` file: the analysis, where it ran, and its figure's file name."""
+
+    model: str
+    device: str
+    mode: str
+    load_before: float
+    load_after: float
+    note: str
+    png: NotRequired[str]
 
 
 def run_study(model: str, device: torch.device, trials: int, seed: int, batch: int, storage: str) -> str:
@@ -84,7 +113,7 @@ def load_studies(storages: list[str], names: list[str]) -> list[StudyPoints]:
     return found
 
 
-def _front_rows(points: list[TrialPoint]) -> list[dict[str, Any]]:
+def _front_rows(points: list[TrialPoint]) -> list[FrontPoint]:
     return [{"study": p.study, "trial": p.number, "drop_share": p.drop_share, "speedup": p.speedup,
              "recipe": p.recipe} for p in pareto_front(points)]
 
@@ -93,14 +122,14 @@ def _ratio(part: float | None, whole: float) -> float | None:
     return part / whole if part is not None and whole > 0 else None
 
 
-def analyse(studies: list[StudyPoints], compare: int) -> dict[str, Any]:
+def analyse(studies: list[StudyPoints], compare: int) -> VolumeAnalysis:
     """Per study: its hypervolume history and fronts; the ratios of each after ``compare`` trials to the longest
     run's final volume and to the union's; the verdicts at :data:`TARGET`."""
     reference = max(studies, key=lambda s: s.trials)  # the first of the longest
     union = [p for s in studies for p in s.points]
     hv_union = hypervolume(union)
     hv_reference = hypervolume(reference.points)
-    runs: list[dict[str, Any]] = []
+    runs: list[RunVolumes] = []
     for study in studies:
         volumes = history(study.points)
         at = volumes[compare - 1] if len(volumes) >= compare else None
@@ -115,7 +144,7 @@ def analyse(studies: list[StudyPoints], compare: int) -> dict[str, Any]:
         })
     measured = [r for r in runs if r["hv_at_compare"] is not None]
 
-    def reached(key: str) -> bool | None:
+    def reached(key: Literal["vs_reference", "vs_union"]) -> bool | None:
         ratios: list[float | None] = [r[key] for r in measured]
         known = [r for r in ratios if r is not None]
         return min(known) >= TARGET if known and len(known) == len(ratios) else None
@@ -129,7 +158,7 @@ def analyse(studies: list[StudyPoints], compare: int) -> dict[str, Any]:
             "reached_reference": reached("vs_reference"), "reached_union": reached("vs_union")}
 
 
-def provenance() -> dict[str, Any]:
+def provenance() -> Provenance:
     """The commit and how many files differ from it (the search code measured), the machine and its load."""
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=RESULTS_DIR, capture_output=True, text=True, check=False)
@@ -150,15 +179,15 @@ def _yes(value: bool | None) -> str:
     return {True: "**yes**", False: "**no**", None: "-"}[value]
 
 
-def _front_text(rows: list[dict[str, Any]], recipes: bool = False) -> str:
+def _front_text(rows: list[FrontPoint], recipes: bool = False) -> str:
     """``#7 3.14x at 0 % of the drop; ...``; with ``recipes``, each point's recipe and study in brackets."""
-    def where(row: dict[str, Any]) -> str:
+    def where(row: FrontPoint) -> str:
         return " (" + ", ".join(([f"`{row['recipe']}`"] if row["recipe"] else []) + [row["study"]]) + ")"
     return "; ".join(f"#{r['trial']} {r['speedup']:.2f}x at {100 * max(r['drop_share'], 0.0):.0f} % of the drop"
                      + (where(r) if recipes else "") for r in rows) or "none feasible"
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: SearchQualityResult) -> str:
     """The BENCHMARKS.md section of one result file."""
     compare = result["compare"]
     batch = result["search"].get("latency_batch")
@@ -247,14 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    result = {"model": args.model, "device": device_text, "mode": mode, **provenance(),
+    result: SearchQualityResult = {"model": args.model, "device": device_text, "mode": mode, **provenance(),
               "load_before": load_before, "load_after": load_after, "note": args.note,
               **analyse(studies, args.compare)}
-    name = result_name(args.model, args.device, result["search"]["latency_batch"])
+    batch = result["search"]["latency_batch"]
+    name = result_name(args.model, args.device, batch if isinstance(batch, int) else None)
     args.out.mkdir(parents=True, exist_ok=True)
     png = args.out / f"{name}.png"
     result["png"] = png.name  # beside the JSON
-    save_figure(result, png)
+    save_figure(result, f"{args.model} on {device_text}", png)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
     print(render(result))
     return 0

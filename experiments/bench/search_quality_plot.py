@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from paretorch.experiments.bench.hypervolume import FrontPoint, VolumeAnalysis
 
 #: Speed-ups labelled on the fronts' log axis.
 SPEEDUP_TICKS = (0.5, 1, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 100)
 
 
-def _staircase(rows: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+def _staircase(rows: Sequence[FrontPoint]) -> tuple[list[float], list[float]]:
     """The front as a step line (speed-up, share of the allowed drop used), fastest last."""
     points = sorted((r["speedup"], min(max(r["drop_share"], 0.0), 1.0)) for r in rows)
     return [x for x, _ in points], [y for _, y in points]
 
 
-def save_figure(result: dict[str, Any], path: Path) -> None:
-    """Write the figure of a :func:`paretorch.experiments.bench.search_quality.analyse` result and labels as a PNG."""
+def save_figure(result: VolumeAnalysis, subject: str, path: Path) -> None:
+    """Write the figure of a :func:`paretorch.experiments.bench.search_quality.analyse` result as a PNG, titled
+    with ``subject`` (``digits on cpu``)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
@@ -38,7 +41,7 @@ def save_figure(result: dict[str, Any], path: Path) -> None:
     curves.axvline(compare, c="0.5", ls=":", lw=0.8)
     curves.set_xlabel("trials (repeats and ruled-out configurations not counted)")
     curves.set_ylabel("hypervolume (drop share kept x ln speed-up)")
-    curves.set_title(f"{result['model']} on {result['device']}: hypervolume against trials")
+    curves.set_title(f"{subject}: hypervolume against trials")
     curves.legend(fontsize="small", loc="lower right")
     xs, ys = _staircase(result["union_front"])
     fronts.step(xs, ys, where="pre", c="0.3", lw=2, alpha=0.4, label="union front")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 from optuna.study import StudyDirection
@@ -38,7 +37,7 @@ class StudyPoints:
     """One study's trials and what they are measured against."""
 
     name: str
-    search: dict[str, Any]
+    search: dict[str, object]
     baseline: Baseline
     #: The absolute metric drop allowed against the baseline.
     allowed: float

@@ -22,8 +22,9 @@ import argparse
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -54,13 +55,31 @@ EXTRA = (Variant("pack + int8 dynamic", "pack", (PackConfig(), QuantizeConfig(me
                  (PruneConfig(method="depth", ratio=0.1), PackConfig(), QuantizeConfig(method="int8_dynamic"))))
 
 
+class WorstText(TypedDict):
+    text: str
+    cosine: float
+
+
+class MiniLMTailRow(TypedDict):
+    """A MiniLM variant: its cosine tail against fp32 on the spec's rows (``task``) and the pairs' sentences
+    (``sts``), the labelled truth, and its five farthest sentences."""
+
+    variant: str
+    family: str
+    task: dict[str, float]
+    sts: dict[str, float]
+    truth: dict[str, float]
+    worst_sts: list[WorstText]
+
+
 def cosine_row(agreement: InputAgreement) -> dict[str, float]:
     values = agreement.values
     return {"p01": agreement.quantile(0.01), "p05": agreement.quantile(0.05), "min": float(values.min()),
             **{f"below_{floor:g}": float((values < floor).float().mean()) for floor in FLOORS}}
 
 
-def minilm_rows(pairs_path: Path, distill_steps: int, cache: Path, log: Any) -> list[dict[str, Any]]:
+def minilm_rows(pairs_path: Path, distill_steps: int, cache: Path,
+                log: Callable[[str], None]) -> list[MiniLMTailRow]:
     pairs = read_pairs(pairs_path)
     spec = minilm.spec()
     model = load_model(spec)
@@ -70,11 +89,11 @@ def minilm_rows(pairs_path: Path, distill_steps: int, cache: Path, log: Any) -> 
     entries = [*chosen, *EXTRA]
     outputs = [build_outputs(e, model, spec, tokenizer, pairs, news, cache, nodes, log) for e in entries]
     reference = outputs[0]
-    rows: list[dict[str, Any]] = []
+    rows: list[MiniLMTailRow] = []
     for entry, own in zip(entries, outputs, strict=True):
         task = InputAgreement.of(own["task"], reference["task"], "embedding")
         sts = InputAgreement.of(own["sts"], reference["sts"], "embedding")
-        worst = [{"text": pairs.sentences[int(i)], "cosine": round(float(sts.values[int(i)]), 4)}
+        worst: list[WorstText] = [{"text": pairs.sentences[int(i)], "cosine": round(float(sts.values[int(i)]), 4)}
                  for i in sts.values.argsort()[:5]]
         rows.append({"variant": entry.name, "family": entry.family, "task": cosine_row(task),
                      "sts": cosine_row(sts), "truth": truth(reference["sts"], own["sts"], pairs),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TypedDict
 
 from optuna.trial import FrozenTrial
 
@@ -21,7 +21,32 @@ from paretorch.pipeline.search.time_to_result import best_so_far as study_best_s
 EARLY_SECONDS = 600.0
 
 
-def best_so_far(trials: Sequence[FrozenTrial], started: datetime) -> list[dict[str, Any]]:
+class TimelinePoint(TypedDict):
+    """A point of the best-so-far curve: seconds since the search started, the best speed-up, its trial and recipe."""
+
+    seconds: float
+    speedup: float
+    trial: int
+    recipe: str
+
+
+class TimeSplit(TypedDict):
+    """Where a search's wall seconds went: the runner's time categories, the stages by name, and the rest."""
+
+    wall: float
+    categories: dict[str, float]
+    stages: dict[str, float]
+    other: float
+
+
+class SearchTimes(TypedDict, total=False):
+    """What :func:`render` reads of a search's summary (result files written before these were recorded lack them)."""
+
+    timeline: list[TimelinePoint]
+    time_split: TimeSplit
+
+
+def best_so_far(trials: Sequence[FrozenTrial], started: datetime) -> list[TimelinePoint]:
     """The product's best-so-far curve (:func:`paretorch.pipeline.search.time_to_result.best_so_far`: complete,
     feasible, timing-trusted trials that raised the best paired speed-up, in completion order) as the bench writes it:
     ``seconds`` since ``started``, ``speedup``, ``trial`` and the trial's ``recipe`` text."""
@@ -38,18 +63,18 @@ def _describe(recipe: Recipe) -> str:
     return f"{body} @ {recipe.runtime}"
 
 
-def time_to_best(points: Sequence[Mapping[str, Any]]) -> float | None:
+def time_to_best(points: Sequence[TimelinePoint]) -> float | None:
     """Seconds until the final best was reached (None: no feasible trial)."""
     return float(points[-1]["seconds"]) if points else None
 
 
-def best_within(points: Sequence[Mapping[str, Any]], seconds: float) -> float | None:
+def best_within(points: Sequence[TimelinePoint], seconds: float) -> float | None:
     """The best speed-up reached within ``seconds`` of the start (None: none yet)."""
     reached = [float(p["speedup"]) for p in points if float(p["seconds"]) <= seconds]
     return max(reached) if reached else None
 
 
-def time_split(wall: float, categories: Mapping[str, float], stage_seconds: Mapping[str, float]) -> dict[str, Any]:
+def time_split(wall: float, categories: Mapping[str, float], stage_seconds: Mapping[str, float]) -> TimeSplit:
     """Where the search's ``wall`` seconds went: the runner's time categories (model load, stages, evaluation,
     exports, runtime sessions), the stages by name, and the rest (search, tracking, I/O)."""
     return {"wall": wall, "categories": dict(categories), "stages": dict(stage_seconds),
@@ -60,7 +85,7 @@ def _share(seconds: float, wall: float) -> str:
     return f"{seconds:.0f} s ({100 * seconds / wall:.0f} %)" if wall else f"{seconds:.0f} s"
 
 
-def render(search: Mapping[str, Any], peer_speedup: float | None = None) -> list[str]:
+def render(search: SearchTimes, peer_speedup: float | None = None) -> list[str]:
     """BENCHMARKS.md lines for a search's timeline (``search["timeline"]``) and time split
     (``search["time_split"]``); ``peer_speedup``: the fastest peer row's speed-up, to say when the search reached it.
     Empty for result files written before these were recorded."""

@@ -30,7 +30,7 @@ import random
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -52,6 +52,9 @@ from paretorch.pipeline.sources.huggingface import (
     tokenize,
 )
 from paretorch.pipeline.sources.inputs import tile
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SETTINGS = {"seed": 0, "evaluation": 256, "calibration": 64, "min_chars": 40, "max_chars": 300}
 BATCH_SIZE = 32
@@ -85,7 +88,7 @@ def model_dir() -> Path:
 
 
 @cache
-def _tokenizer() -> Any:
+def _tokenizer() -> PreTrainedTokenizerBase:
     set_offline()
     from transformers import AutoTokenizer
 
