@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
@@ -57,6 +57,7 @@ from paretorch.pipeline.search.storage import (
 from paretorch.pipeline.search.store import Prepared, StudyStore
 from paretorch.pipeline.search.study import Search
 from paretorch.pipeline.search.time_to_result import (
+    STUDY_START,
     ResultPoint,
     SearchTimes,
     best_so_far,
@@ -187,7 +188,7 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
     title = f"{parts.spec.name}: Pareto front, {len(front.rows)} of {total} trials"
     table_notes = [f"device: {logger.device}", parts.latency.describe(), FRONT_NOTE, front.note]
     table = pareto_table(front.rows, parts.objectives, title, baseline, table_notes)
-    times = spent(parts, time.perf_counter() - wall_start)
+    times = spent(parts, time.perf_counter() - wall_start, prepared.start_seconds)
     results = best_so_far(every)
     if tracker is not None and changed:
         log_study(tracker, study, parts, baseline, front, best, total, "; ".join([title, *table_notes]),
@@ -238,10 +239,13 @@ def _run_here(search: Search, study: optuna.Study, prepared: Prepared, budget: T
     return interrupted
 
 
-def spent(parts: StudyParts, wall: float = 0.0) -> SearchTimes:
-    """Where this run's time went: the runner's tallies, with the paired latency rounds as evaluation."""
+def spent(parts: StudyParts, wall: float = 0.0, study_start: float = 0.0) -> SearchTimes:
+    """Where this run's time went: the runner's tallies, with the paired latency rounds as evaluation, and the study
+    start's own seconds (``study_start``: :attr:`Prepared.start_seconds`, where a run measured its start)."""
     by_category = dict(parts.runner.totals)
     by_category["evaluation"] += parts.latency.seconds
+    if study_start:
+        by_category[STUDY_START] = study_start
     return SearchTimes(wall, by_category)
 
 
@@ -337,8 +341,12 @@ def open_search(search: Search, running: bool = True) -> tuple[optuna.Study, Pre
     ``running=False``: no trial will run, so the parent run's status is left as it is."""
     plan, store = search.plan, search.store
     tracker = Tracker(store.tracking_uri) if store.track else None
-    search.model.runner  # noqa: B018
+    runner = search.model.runner
+    began, tallied = time.perf_counter(), sum(runner.totals.values())
     study, prepared = search.prepare()
+    # The start's own seconds (the reference pass, self-check, noise floor, probe); the baseline's run is the runner's.
+    own = time.perf_counter() - began - (sum(runner.totals.values()) - tallied)
+    prepared = replace(prepared, start_seconds=max(0.0, own))
     baseline = prepared.baseline
     if tracker is not None:
         with store.lock():  # two processes starting together: one parent run (its own-run check alone raced)

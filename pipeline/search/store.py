@@ -81,6 +81,8 @@ class Prepared:
     presets_line: str | None = None
     #: The metric at its noise floor (:mod:`paretorch.pipeline.core.noise_floor`; None: it is not).
     noise_line: str | None = None
+    #: The start's own seconds, outside the runner's tallies (the time split's study_start; set by the search loop).
+    start_seconds: float = 0.0
 
     def lines(self) -> list[str]:
         """The lines to print, in order: the self-check, the noise floor, the stages' changes, the machine probe, the

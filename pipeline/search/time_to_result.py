@@ -10,7 +10,8 @@ point values reach higher than that lead (a trial the front rule ties or beats: 
 says so. Seconds count from the study's first trial's start: a resumed study's pause between runs counts too.
 
 :class:`SearchTimes` splits the wall time by the runner's categories (model load, stages, evaluation, exports, runtime
-sessions) and the rest (search, tracking and I/O), as the end of a search prints it.
+sessions), the study start (:data:`STUDY_START`) and the rest (search, tracking and I/O), as the end of a search prints
+it.
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ def trials_seconds(trials: Sequence[FrozenTrial], started: datetime | None = Non
     started = started or study_start(trials)
     ends = [t.datetime_complete for t in trials if t.datetime_complete is not None]
     return max(0.0, (max(ends) - started).total_seconds()) if ends and started else 0.0
+
+
+#: The category of a study start's own seconds (the unoptimized model's reference pass and self-check, the noise
+#: floor's bf16 pass, the machine probe, the seeds; the baseline's own run is the runner's categories).
+STUDY_START = "study_start"
 
 
 @dataclass

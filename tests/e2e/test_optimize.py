@@ -111,7 +111,7 @@ def test_first_run_made_six_trials_baseline_first(optimized: Study) -> None:
     assert trials[0].user_attrs["paretorch.seed"] == "baseline"
     assert trials[0].state.name == "COMPLETE"
     assert "Pareto front" in optimized.optimize_output and "speed-up" in optimized.optimize_output
-    assert "search, tracking and I/O" in optimized.optimize_output
+    assert "search, tracking and I/O" in optimized.optimize_output and "study_start" in optimized.optimize_output
 
 
 def test_resume_continues_to_eight_under_the_same_parent(optimized: Study) -> None:

@@ -31,6 +31,7 @@ from paretorch.pipeline.search.objectives import (
     ATTR_TRACEBACK,
     CONSTRAINT_NAME,
 )
+from paretorch.pipeline.search.time_to_result import STUDY_START
 
 UNSTRUCTURED = {"stage": "prune", "method": "unstructured", "ratio": 0.3}
 
@@ -307,6 +308,9 @@ def test_the_time_split_counts_the_paired_rounds_as_evaluation_without_writing_t
     times = spent(parts, wall=10.0)  # type: ignore[arg-type]
     assert times.by_category == {"evaluation": 1.5, "stages": 2.0} and times.wall == 10.0
     assert totals == {"evaluation": 1.0, "stages": 2.0}, "the runner's tallies are its own"
+    started = spent(parts, wall=10.0, study_start=4.0)  # type: ignore[arg-type]
+    assert started.by_category[STUDY_START] == 4.0 and started.other == pytest.approx(2.5)
+    assert "study_start 4.0 s" in started.describe() and "search, tracking and I/O 2.5 s (25.0%)" in started.describe()
 
 
 def test_a_seed_marked_skip_where_unavailable_is_skipped_where_the_model_facts_rule_it_out(
