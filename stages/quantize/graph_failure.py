@@ -16,9 +16,8 @@ import torch
 from torch import Tensor
 
 from paretorch.pipeline.core.spec import Batch
+from paretorch.stages.quantize.integer_observers import is_observer
 
-#: The module names prepare_pt2e gives the observers it inserts.
-OBSERVER_PREFIX = "activation_post_process"
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 
 
@@ -64,7 +63,7 @@ def failing_op(graph_module: torch.nn.Module, inputs: Batch) -> str | None:
 def describe_node(node: torch.fx.Node) -> str:
     """``node``'s op (for an observer: the op whose value it observes, and the op it feeds), the value's dtype, its
     module and class, and the source line it was traced from."""
-    observed = node.args[0] if node.op == "call_module" and str(node.target).startswith(OBSERVER_PREFIX) else None
+    observed = node.args[0] if is_observer(node) and node.args else None
     op = observed if isinstance(observed, torch.fx.Node) else node
     value = op.meta.get("val")
     dtype = f", {str(value.dtype).removeprefix('torch.')}" if isinstance(value, Tensor) else ""

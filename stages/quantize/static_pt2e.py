@@ -15,6 +15,7 @@ from paretorch.pipeline.core.errors import InfeasibleConfig
 from paretorch.pipeline.core.spec import Batch
 from paretorch.pipeline.core.token_inputs import is_token_input
 from paretorch.stages.quantize.graph_failure import StaticStepError, failing_op
+from paretorch.stages.quantize.integer_observers import drop_integer_observers
 
 #: Key in ``GraphModule.meta``: True when the graph needs ``torch.compile`` with
 #: inductor freezing (``options={"freezing": True}``) to run its int8 kernels.
@@ -57,7 +58,7 @@ def quantize_static_pt2e(
 ) -> torch.fx.GraphModule:
     """Export ``model``, insert observers everywhere the default x86 inductor recipe
     quantizes (uint8 affine per-tensor activations, int8 symmetric per-channel weights)
-    except inside ``skip_layers`` and on integer tensors (:mod:`.x86_quantizer`), calibrate, and convert.
+    except inside ``skip_layers`` and on integer tensors (:mod:`.integer_observers`), calibrate, and convert.
     A failing step raises :class:`~.graph_failure.StaticStepError` naming it (and the op, where a graph ran)."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
@@ -90,20 +91,20 @@ def quantize_static_pt2e(
 
 
 def _prepare(exported: torch.fx.GraphModule, model: nn.Module, skip_layers: Iterable[str]) -> torch.fx.GraphModule:
-    """``prepare_pt2e`` with :class:`~.x86_quantizer.FloatX86Quantizer` (the default x86 config, ``skip_layers``
-    float): the observed graph."""
+    """``prepare_pt2e`` with the x86 inductor quantizer (its default config, ``skip_layers`` float), without
+    observers on integer tensors (:func:`~.integer_observers.drop_integer_observers`): the observed graph."""
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
-    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import get_default_x86_inductor_quantization_config
-
-    from paretorch.stages.quantize.x86_quantizer import FloatX86Quantizer
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
 
     shared = separate_stateless_calls(exported, model)
-    quantizer = FloatX86Quantizer()
-    quantizer.set_global(get_default_x86_inductor_quantization_config())
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
     for name in skip_layers:
         quantizer.set_module_name_qconfig(name, None)
     try:
-        return prepare_pt2e(exported, quantizer)
+        prepared = prepare_pt2e(exported, quantizer)
     except ValueError as exc:
         if "more than one output node" not in str(exc) or not shared:
             raise StaticStepError("the x86 inductor quantizer's prepare_pt2e", None, exc) from exc
@@ -113,6 +114,8 @@ def _prepare(exported: torch.fx.GraphModule, model: nn.Module, skip_layers: Iter
         ) from exc
     except Exception as exc:  # torchao raises many types
         raise StaticStepError("the x86 inductor quantizer's prepare_pt2e", None, exc) from exc
+    drop_integer_observers(prepared)
+    return prepared
 
 
 def separate_stateless_calls(exported: torch.fx.GraphModule, model: nn.Module) -> set[str]:
