@@ -3,7 +3,7 @@ section: the search's best against the one-liners on a held-out model, all timed
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 ONE_LINERS_PREFIX = "one-liners-"
 
@@ -73,6 +73,8 @@ class OneLinerResult(TypedDict):
     search: SearchSummary
     rows: list[OneLinerRow]
     best_against_one_liner: BestAgainstOneLiner | None
+    #: What the numbers cannot show by themselves (``--note``: e.g. the other work on a shared machine).
+    note: NotRequired[str]
 
 
 def _row_line(row: OneLinerRow) -> str:
@@ -128,4 +130,6 @@ def render(result: OneLinerResult) -> str:
         "",
         _verdict(result),
     ]
+    if result.get("note"):
+        lines += ["", f"Note: {result.get('note')}"]
     return "\n".join(lines)

@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-drop", default=DEFAULT_MAX_DROP.given())
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--note", default="", help="a line the section prints under the table (e.g. what else ran)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -251,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": BENCH_LATENCY.rounds, "seconds": host_seconds() - started, "search": summary, "rows": rows,
         "best_against_one_liner": best,
     }
+    if args.note:
+        result["note"] = args.note
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{ONE_LINERS_PREFIX}{spec.name}-{device.type}.json"
     path.write_text(json.dumps(result, indent=2))

@@ -78,6 +78,7 @@ def test_the_section_renders_the_rows_a_failed_one_liner_and_the_verdict(tmp_pat
         "rows": [_row("torch fp32 eager (baseline)", "baseline", 1.0), failed, _row("ORT | fp32", "one-liner", 2.5),
                  _row("search best (10 trials)", "search", 2.6)],
         "best_against_one_liner": {"one_liner": "ORT | fp32", "ratio": 1.02, "ci": [0.98, 1.05]},
+        "note": "a shared machine",
     }
     (tmp_path / "one-liners-efficientnet_lite0-cpu.json").write_text(json.dumps(result))
     text = render_markdown(tmp_path)
@@ -85,3 +86,4 @@ def test_the_section_renders_the_rows_a_failed_one_liner_and_the_verdict(tmp_pat
     assert "| ONNX Runtime int8 dynamic | - | - | - | - | did not run: InferenceError: shapes differ |" in text
     assert "| ORT \\| fp32 | 1.0000 | 2.50x [2.50, 2.50] |" in text
     assert "10 trials in 10.0 min" in text and "**level with the fastest one-liner within the drop**" in text
+    assert "Note: a shared machine" in text
