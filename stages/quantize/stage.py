@@ -8,9 +8,11 @@ runs and how exports mirror it):
   (int4 weights, per group), ``float8_weight_only``, ``float8_dynamic``: torchao
   ``quantize_`` on ``nn.Linear`` layers; convolutions stay float.
 * ``int8_static_pt2e``: ``torch.export`` + the x86 inductor quantizer, calibrated on the
-  spec's calibration batches; quantizes convolutions and linears. The result is a
+  spec's calibration batches; quantizes convolutions and linears (integer tensors, e.g. the
+  position ids MPNet and RoBERTa compute, are never observed: :mod:`.integer_observers`). The result is a
   ``GraphModule`` that is slow eager and fast under ``torch.compile`` with inductor
-  freezing (see :data:`paretorch.stages.quantize.static_pt2e.INDUCTOR_FREEZING_META_KEY`).
+  freezing (see :data:`paretorch.stages.quantize.static_pt2e.INDUCTOR_FREEZING_META_KEY`). A failing
+  step's infeasible line names it and, where a graph ran, the op that raised (:mod:`.graph_failure`).
 
 ``mapping="asymmetric"`` is accepted only where the torchao config has a choice:
 ``intx_weight_only`` (weight mapping) and ``int8_dynamic`` (activation mapping; its
