@@ -262,8 +262,8 @@ def _known_layers(layers: tuple[str, ...], selection: LayerSelection) -> dict[st
 def _why_all_float(selection: LayerSelection, config: QuantizeConfig) -> str:
     """Why a config quantized nothing: the layers its fallback budget or ``float_layers`` kept float, or the
     quantizer's own choice."""
-    for field, what in (("fallback_budget", f"the fallback budget {config.fallback_budget:g}"),
-                        ("float_layers", "float_layers")):
+    budget = "the fallback budget" + ("" if config.fallback_budget is None else f" {config.fallback_budget:g}")
+    for field, what in (("fallback_budget", budget), ("float_layers", "float_layers")):
         kept = [name for name, why in selection.skipped.items() if why == f"kept float ({field})"]
         if kept and not selection.selected:
             more = " (a larger budget quantizes some)" if field == "fallback_budget" else ""
