@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 from rich.console import Console
@@ -36,6 +36,41 @@ BUSY_PREFIX = "busy-"
 SPIN = "while True: pass"
 
 
+class FrontRow(TypedDict):
+    """A front trial: its number, paired speed-up and 95% interval (None where not recorded)."""
+
+    trial: int
+    speedup: float
+    ci: list[float | None]
+
+
+class BusyFront(TypedDict):
+    """One search's front as recipe -> row, its seconds and the 1-minute load before it."""
+
+    front: dict[str, FrontRow]
+    seconds: float
+    load_before: float
+
+
+class BusyVerdict(TypedDict):
+    same_front: bool
+    within_quiet_interval: dict[str, bool]
+    passed: bool
+
+
+class BusyResult(TypedDict):
+    """A ``busy-*.json`` file."""
+
+    model: str
+    trials: int
+    core: int
+    busy_core: int
+    machine: str
+    quiet: BusyFront
+    busy: BusyFront
+    verdict: BusyVerdict
+
+
 @contextmanager
 def spinning(core: int) -> Iterator[int]:
     """A CPU-bound process pinned to ``core`` for the duration of the block (its pid)."""
@@ -48,7 +83,7 @@ def spinning(core: int) -> Iterator[int]:
         process.wait()
 
 
-def front(model: str, trials: int, storage: Path, label: str) -> dict[str, Any]:
+def front(model: str, trials: int, storage: Path, label: str) -> BusyFront:
     """One search in a fresh study (the results folder's caches, trained weights included, are shared):
     its front as recipe -> speed-up and interval."""
     spec = resolve_spec(model)
@@ -57,7 +92,7 @@ def front(model: str, trials: int, storage: Path, label: str) -> dict[str, Any]:
                     name=f"busy-check-{model}-{label}-{int(time.time())}")
     started = host_seconds()
     outcome = run_search(search, trials, console=Console(stderr=True))
-    rows = {}
+    rows: dict[str, FrontRow] = {}
     for trial in outcome.pareto:
         metrics = trial.user_attrs[ATTR_METRICS]
         recipe = str(trial.user_attrs.get(ATTR_RECIPE_LINE, trial.number)).partition(" | -> ")[0]
@@ -66,17 +101,18 @@ def front(model: str, trials: int, storage: Path, label: str) -> dict[str, Any]:
     return {"front": rows, "seconds": host_seconds() - started, "load_before": os.getloadavg()[0]}
 
 
-def verdict(quiet: dict[str, Any], busy: dict[str, Any]) -> dict[str, Any]:
+def verdict(quiet: BusyFront, busy: BusyFront) -> BusyVerdict:
     """Same recipes on both fronts, and each busy speed-up inside the quiet interval of its recipe."""
     same = set(quiet["front"]) == set(busy["front"])
-    inside = {}
+    inside: dict[str, bool] = {}
     for recipe, row in busy["front"].items():
-        low, high = (quiet["front"].get(recipe) or {}).get("ci", [None, None])
+        quiet_row = quiet["front"].get(recipe)
+        low, high = quiet_row["ci"] if quiet_row else (None, None)
         inside[recipe] = low is not None and high is not None and low <= row["speedup"] <= high
     return {"same_front": same, "within_quiet_interval": inside, "passed": same and all(inside.values())}
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: BusyResult) -> str:
     lines = [f"## Busy-machine check: {result['model']} on CPU ({result['trials']} trials, one thread pinned to core "
              f"{result['core']}; busy = a spinning process on core {result['busy_core']})", "",
              f"Machine: {result['machine']}; load before the quiet run {result['quiet']['load_before']:.2f}, "
@@ -112,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         with spinning(busy_core):
             time.sleep(2.0)  # let the load average see it
             busy = front(args.model, args.trials, Path(tmp) / "busy.db", "busy")
-    result = {"model": args.model, "trials": args.trials, "core": core, "busy_core": busy_core,
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-                         f"{torch.__version__}", "quiet": quiet, "busy": busy, "verdict": verdict(quiet, busy)}
+    result: BusyResult = {"model": args.model, "trials": args.trials, "core": core, "busy_core": busy_core,
+                          "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+                                     f"{torch.__version__}", "quiet": quiet, "busy": busy,
+                          "verdict": verdict(quiet, busy)}
     path = args.out / f"{BUSY_PREFIX}{args.model}-cpu.json"
     path.write_text(json.dumps(result, indent=2))
     print(render(result))

@@ -40,7 +40,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy
 import torch
@@ -65,6 +65,52 @@ from paretorch.stages.pack.packed import PackedBert
 from paretorch.stages.pack.stage import PackConfig
 
 FULL_BF16 = AmpConfig(dtype="bfloat16", fp32_layers=())
+
+
+class Scores(TypedDict):
+    """A row's model scored: the spec's metric, and the held-out one where given."""
+
+    metric: float
+    held_out: NotRequired[float]
+
+
+class GpuRow(Scores):
+    """A row at a batch, input kind and runtime, paired with fp32 eager: the speed-up, achieved TFLOP/s (padded
+    work, real tokens only), and its output's largest difference from its own model in eager and from fp32."""
+
+    batch: int
+    tokens: list[int]
+    real_token_fraction: float
+    input: str
+    runtime: str
+    row: str
+    speedup: float
+    ci: list[float]
+    trial_ms: float
+    baseline_ms: float
+    unstable: str | None
+    tflops_padded: float | None
+    tflops_real: float | None
+    timing_seconds: float
+    #: The packed rows' real tokens (pack rows only), and whether their call syncs with the host (host rows).
+    packed_tokens: NotRequired[int]
+    max_abs_diff_vs_eager: float
+    max_abs_diff_vs_fp32: float
+    sync_free: NotRequired[str]
+
+
+class GpuRowsResult(TypedDict):
+    """A ``gpu-rows-*.json`` file."""
+
+    device: str
+    torch: str
+    python: str
+    load: tuple[float, float, float]
+    #: Absent from files written before the date was recorded.
+    date: NotRequired[str]
+    baseline_scores: Scores
+    rounds: int
+    rows: list[GpuRow]
 
 
 def staged(model: nn.Module, configs: list[StageConfig], spec: ModelSpec, device: torch.device) -> nn.Module:
@@ -136,9 +182,9 @@ def sync_free(encoder: PackedEncoder, lists: Sequence[Sequence[int]]) -> str:
     return "yes" if not syncs else f"no: {syncs[0]}"
 
 
-def score(model: nn.Module, spec: ModelSpec, device: torch.device, held: ModelSpec | None) -> dict[str, float]:
+def score(model: nn.Module, spec: ModelSpec, device: torch.device, held: ModelSpec | None) -> Scores:
     with torch.no_grad():
-        values = {"metric": compute_metrics(model, spec.evaluation(), (spec.metric,), device)[spec.metric.name]}
+        values: Scores = {"metric": compute_metrics(model, spec.evaluation(), (spec.metric,), device)[spec.metric.name]}
         if held is not None:
             values["held_out"] = compute_metrics(model, held.evaluation(), (held.metric,), device)[held.metric.name]
     return values
@@ -146,12 +192,12 @@ def score(model: nn.Module, spec: ModelSpec, device: torch.device, held: ModelSp
 
 def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
         compiled: tuple[str, ...] = ("compile", "compile_cudagraphs"), only: Sequence[str] = (),
-        end_to_end_rows: bool = True, rounds: int | None = None) -> dict[str, Any]:
+        end_to_end_rows: bool = True, rounds: int | None = None) -> GpuRowsResult:
     spec = minilm_spec()
     held = with_task_data(spec, load_task_data(str(held_out))) if held_out is not None else None
     mask = spec.padding_mask
     assert mask is not None
-    rows: list[dict[str, Any]] = []
+    rows: list[GpuRow] = []
     models = [(name, model) for name, model in variants(spec, device)
               if name == "fp32" or not only or any(word in name for word in only)]
     scores = {name: score(model, spec, device, held) for name, model in models}
@@ -161,27 +207,30 @@ def run(device: torch.device, batch_sizes: list[int], held_out: Path | None,
     timer = DeviceTimer(device, settings)
 
     def timed(batch: int, tokens: list[int], input_kind: str, runtime: str, name: str, baseline: Any, trial: Any,
-              real: float, padded_flops: float, reference: Tensor, **extra: Any) -> None:
+              real: float, padded_flops: float, reference: Tensor, packed_tokens: int | None = None) -> None:
         with torch.no_grad():
             for _ in range(3):  # compile / record outside the timed rounds
                 output = trial[0](*trial[1])
             # against the row's own model in eager on the padded batch: the compiled and packed paths compute it
             output = output.to("cpu", torch.float32)
-            extra["max_abs_diff_vs_eager"] = float((output - reference).abs().max())
-            extra["max_abs_diff_vs_fp32"] = float((output - references["fp32"]).abs().max())
+            vs_eager = float((output - reference).abs().max())
+            vs_fp32 = float((output - references["fp32"]).abs().max())
             started = host_seconds()
             paired = measure_paired(baseline, trial, timer, settings)
         seconds = paired.trial_ms / 1000.0
-        rows.append({
+        row: GpuRow = {
             "batch": batch, "tokens": tokens, "real_token_fraction": real, "input": input_kind,
             "runtime": runtime, "row": name, **scores[name],
             "speedup": paired.speedup, "ci": list(paired.ci), "trial_ms": paired.trial_ms,
             "baseline_ms": paired.baseline_ms, "unstable": paired.unstable,
             "tflops_padded": padded_flops / seconds / 1e12 if seconds else None,
             "tflops_real": real * padded_flops / seconds / 1e12 if seconds else None,
-            "timing_seconds": host_seconds() - started, **extra,
-        })
-        print(json.dumps(rows[-1]), flush=True)
+            "timing_seconds": host_seconds() - started, "max_abs_diff_vs_eager": vs_eager,
+            "max_abs_diff_vs_fp32": vs_fp32}
+        if packed_tokens is not None:
+            row["packed_tokens"] = packed_tokens
+        rows.append(row)
+        print(json.dumps(row), flush=True)
 
     for batch in batch_sizes:
         host_inputs = trim_to_longest(latency_sample(spec, batch), mask)

@@ -24,12 +24,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import torch
 from torch import Tensor
 
-from paretorch.experiments.bench.isa import isa_info
+from paretorch.experiments.bench.isa import IsaInfo, isa_info
 from paretorch.experiments.bench.ov_int8 import PlainIr
 from paretorch.experiments.bench.paths import RESULTS_DIR
 from paretorch.experiments.bench.recipe_rows import replay
@@ -46,8 +46,46 @@ from paretorch.pipeline.sources.resolve import resolve_spec
 LENGTH_GROUPS_PREFIX = "length-groups-"
 
 
+class GroupRow(TypedDict):
+    """Groups of ``rows_per_group`` rows against the padded call: paired speed-up, medians, largest output change."""
+
+    rows_per_group: NotRequired[int]
+    groups: int
+    speedup_over_padded: float
+    ci: list[float]
+    grouped_ms: float
+    padded_ms: float
+    max_abs_change: float
+    unstable: str | None
+    machine: str
+
+
+class Named(TypedDict):
+    """What a result names its call by: the recipe (or the peer IR) and its runtime."""
+
+    recipe: str
+    runtime: str
+
+
+class GroupsMeasured(TypedDict):
+    model: str
+    batch: int
+    longest: int
+    mean_tokens: float
+    rows: list[GroupRow]
+
+
+class LengthGroupsResult(Named, GroupsMeasured):
+    """A ``length-groups-*.json`` file."""
+
+    threads: int
+    isa: IsaInfo
+    seconds: float
+    date: str
+
+
 def measure(fn: Callable[..., Tensor], spec: ModelSpec, rows: Sequence[int], batch: int,
-            device: torch.device) -> dict[str, Any]:
+            device: torch.device) -> GroupsMeasured:
     """``fn`` padded and grouped in groups of each of ``rows``: paired speed-up and largest output change."""
     if spec.padding_mask is None:
         raise SystemExit(f"error: {spec.name} takes no padding mask: length groups do not apply")
@@ -56,7 +94,7 @@ def measure(fn: Callable[..., Tensor], spec: ModelSpec, rows: Sequence[int], bat
     timer = DeviceTimer(device, BENCH_LATENCY)
     with torch.no_grad():
         padded = fn(*inputs)
-    measured = []
+    measured: list[GroupRow] = []
     for size in rows:
         call = LengthGrouped(fn, spec.padding_mask, size)
         with torch.no_grad():
@@ -73,7 +111,7 @@ def measure(fn: Callable[..., Tensor], spec: ModelSpec, rows: Sequence[int], bat
             "mean_tokens": float(lengths.float().mean()), "rows": measured}
 
 
-def recipe_call(recipe_path: Path, device: torch.device) -> tuple[Callable[..., Tensor], ModelSpec, dict[str, str]]:
+def recipe_call(recipe_path: Path, device: torch.device) -> tuple[Callable[..., Tensor], ModelSpec, Named]:
     """A recipe's prepared call (its runtime's), its spec, and what the result names it by."""
     recipe = Recipe.load(recipe_path)
     if recipe.model is None:
@@ -109,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         fn, spec = PlainIr(args.peer_ir, args.threads, None), resolve_spec("minilm")
         names = {"recipe": f"peer IR {args.peer_ir.name}", "runtime": "peer-openvino"}
-    result = names | measure(fn, spec, args.rows, args.batch, device)
-    result |= {"threads": args.threads, "isa": isa_info(), "seconds": host_seconds() - started,
-               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    result: LengthGroupsResult = {**names, **measure(fn, spec, args.rows, args.batch, device),
+                                  "threads": args.threads, "isa": isa_info(), "seconds": host_seconds() - started,
+                                  "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{LENGTH_GROUPS_PREFIX}{result['model']}-{result['runtime']}-b{args.batch}.json"
     path.write_text(json.dumps(result, indent=2, default=str))
@@ -119,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: LengthGroupsResult) -> str:
     """A Markdown section of one length-groups file."""
     lines = [f"### Length-grouped calls: {result['model']} `{result['recipe']}`, batch {result['batch']}", "",
              f"`python -m paretorch.experiments.bench.length_groups` ({result['date']}, "

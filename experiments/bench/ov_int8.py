@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 from paretorch.pipeline.core.latency import LATENCY_BUDGETS
 from paretorch.pipeline.core.names import DEFAULT_LATENCY_BUDGET
 from paretorch.pipeline.core.ov_core import shared_core
-from paretorch.pipeline.core.ov_session import InferencePrecision, open_ir
+from paretorch.pipeline.core.ov_session import InferencePrecision, OvModel, open_ir
 from paretorch.pipeline.core.padding import latency_inputs
 from paretorch.pipeline.core.paired import measure_paired
 from paretorch.pipeline.core.stage import ExportResult, StageContext, apply_stage
@@ -76,7 +76,7 @@ def _rt(model: openvino.Model, path: list[str]) -> str | None:
     return str(model.get_rt_info(path).astype(str)) if model.has_rt_info(path) else None
 
 
-def ir_facts(xml: Path) -> dict[str, Any]:
+def ir_facts(xml: Path) -> dict[str, object]:
     """What NNCF did to the IR at ``xml``: op counts, MatMuls by precision, the recorded NNCF parameters."""
     model = shared_core().read_model(str(xml))
     fake_quantize, int8_constants = count_int8(model)
@@ -133,7 +133,7 @@ class PlainIr:
         return torch.nn.functional.normalize(pooled, dim=1)
 
 
-def rows(ours: Path, peer: Path | None, threads: int, budget: str) -> list[dict[str, Any]]:
+def rows(ours: Path, peer: Path | None, threads: int, budget: str) -> list[dict[str, object]]:
     """Each IR under each compile setting, paired with torch fp32 eager."""
     spec = minilm.spec()
     baseline = spec.build()
@@ -143,18 +143,18 @@ def rows(ours: Path, peer: Path | None, threads: int, budget: str) -> list[dict[
     # Under the emulation OpenVINO still picks bf16 (from CPUID), which does not compile under the oneDNN cap: f32 is
     # what it picks, and what our export records, on a real AVX2 CPU.
     default_precision: InferencePrecision | None = "f32" if os.environ.get("ONEDNN_MAX_CPU_ISA") else None
-    candidates: list[tuple[str, Path, Callable[[], Any]]] = [
+    candidates: list[tuple[str, Path, Callable[[], OvModel | PlainIr]]] = [
         ("ours, ov_session", ours, lambda: open_ir(ours, CPU, threads, default_precision))]
     candidates.append(("ours, peer's compile", ours, lambda: PlainIr(ours, threads, default_precision)))
     if peer is not None:
         candidates.append(("peer, peer's compile", peer, lambda: PlainIr(peer, threads, default_precision)))
         candidates.append(("peer, f32 hint", peer, lambda: PlainIr(peer, threads, "f32")))
-    found = []
+    found: list[dict[str, object]] = []
     with torch.no_grad():
         reference = baseline(*inputs)
     for name, xml, make in candidates:
         fn = make()
-        how = fn.describe() if hasattr(fn, "describe") else f"threads {threads}, 1 stream, {fn.precision}"
+        how = f"threads {threads}, 1 stream, {fn.precision}" if isinstance(fn, PlainIr) else fn.describe()
         with torch.no_grad():
             cosine = float(torch.nn.functional.cosine_similarity(fn(*inputs), reference).min())
         paired = measure_paired((baseline, inputs), (fn, inputs), timer, settings, cpu_clock=process_clock)

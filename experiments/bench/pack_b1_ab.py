@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -88,7 +88,20 @@ def host_times(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...], calls: int
     return {"issue_us": (issued - start) / calls * 1e6, "per_call_us": (done - start) / calls * 1e6}
 
 
-def profiled(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...], calls: int = 50) -> dict[str, Any]:
+class AbPair(TypedDict):
+    """Row ``a`` paired with row ``b``: the median ratio a / b of their times, its 95% interval, both medians."""
+
+    a: str
+    b: str
+    a_over_b: float
+    ci: list[float]
+    a_ms: float
+    b_ms: float
+    rounds: int
+    unstable: str | None
+
+
+def profiled(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...], calls: int = 50) -> dict[str, object]:
     """Kernels and GPU kernel time per call, and the 12 host ops with the most self time, under torch.profiler."""
     device = inputs[0].device
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -126,8 +139,10 @@ def main() -> None:
         fp32 = models.pop("fp32")(*inputs).float()
     fns: dict[str, Callable[..., Tensor]] = {}
     name = torch.cuda.get_device_name() if device.type == "cuda" else device.type
-    result: dict[str, Any] = {"device": name, "torch": torch.__version__, "runtime": args.runtime,
-                              "batch": list(inputs[0].shape), "rows": {}, "pairs": []}
+    rows: dict[str, dict[str, object]] = {}
+    pairs: list[AbPair] = []
+    result: dict[str, object] = {"device": name, "torch": torch.__version__, "runtime": args.runtime,
+                                 "batch": list(inputs[0].shape), "rows": rows, "pairs": pairs}
     for row_name, model in models.items():
         fn = prepare_runtime(model, args.runtime, device)
         with torch.no_grad():
@@ -135,25 +150,24 @@ def main() -> None:
                 out = fn(*inputs)
             diff = float((out.float() - fp32).abs().max())
         fns[row_name] = fn
-        result["rows"][row_name] = {"max_abs_diff_vs_fp32": diff, **host_times(fn, inputs, args.calls),
-                                 **profiled(fn, inputs)}
-        row = result["rows"][row_name]
+        row = rows[row_name] = {"max_abs_diff_vs_fp32": diff, **host_times(fn, inputs, args.calls),
+                                **profiled(fn, inputs)}
         print(json.dumps({"row": row_name, **{k: v for k, v in row.items() if k not in ("kernels", "host_ops")}}),
               flush=True)
     settings = replace(BENCH_LATENCY, rounds=args.rounds)
     timer = DeviceTimer(device, settings)
     for a, b in PAIRS:
         paired = measure_paired((fns[a], inputs), (fns[b], inputs), timer, settings)
-        entry = {"a": a, "b": b, "a_over_b": paired.speedup, "ci": list(paired.ci), "a_ms": paired.baseline_ms,
-                 "b_ms": paired.trial_ms, "rounds": paired.rounds, "unstable": paired.unstable}
-        result["pairs"].append(entry)
+        entry: AbPair = {"a": a, "b": b, "a_over_b": paired.speedup, "ci": list(paired.ci), "a_ms": paired.baseline_ms,
+                         "b_ms": paired.trial_ms, "rounds": paired.rounds, "unstable": paired.unstable}
+        pairs.append(entry)
         print(json.dumps(entry), flush=True)
     args.out.write_text(json.dumps(result, indent=1))
-    for row_name, row in result["rows"].items():
+    for row_name, row in rows.items():
         print(f"{row_name:<26} issue {row['issue_us']:7.1f} us  full queue {row['per_call_us']:7.1f} us  "
               f"kernels {row['kernels_per_call']:5.1f}  GPU {row['gpu_kernel_us_per_call']:6.1f} us  "
               f"diff {row['max_abs_diff_vs_fp32']:.4f}")
-    for entry in result["pairs"]:
+    for entry in pairs:
         low, high = entry["ci"]
         print(f"{entry['a']:>10} / {entry['b']:<26} {entry['a_over_b']:.3f} [{low:.3f}, {high:.3f}]"
               f"  {entry['a_ms']:.3f} vs {entry['b_ms']:.3f} ms")

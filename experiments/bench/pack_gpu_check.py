@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -81,7 +80,7 @@ class OldRead(nn.Module):
         return self.packed.head(self.packed.encode(ids, layout), layout)
 
 
-def read_ab(packed: PackedBert, inputs: tuple[Tensor, ...]) -> dict[str, Any]:
+def read_ab(packed: PackedBert, inputs: tuple[Tensor, ...]) -> dict[str, object]:
     """The shipped read over the old one on the same device-padded batch, paired (speed-up > 1: faster)."""
     device = inputs[0].device
     torch.compiler.reset()

@@ -17,11 +17,11 @@ import json
 import os
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 
-from paretorch.experiments.bench.isa import isa_info
+from paretorch.experiments.bench.isa import IsaInfo, isa_info
 from paretorch.pipeline.core.machine_probe import probe_machine, probe_reason
 from paretorch.pipeline.core.runtimes.registry import available_runtimes, declared_probes
 from paretorch.pipeline.search.config import SearchConfig
@@ -29,6 +29,34 @@ from paretorch.pipeline.search.presets import preset_seeds
 
 #: Result files of this benchmark start with this (BENCHMARKS.md renders them: :func:`render`).
 PROBE_STABILITY_PREFIX = "probe-stability-"
+
+
+class ProbeRepeat(TypedDict):
+    """One probe: per engine and precision its median speed against fp32 and range, its seconds, and the preset
+    order it gives (the first seeds, every seed, the presets dropped)."""
+
+    gains: dict[str, dict[str, float]]
+    spreads: dict[str, dict[str, list[float]]]
+    seconds: float
+    first: list[str]
+    order: list[str]
+    dropped: list[str]
+
+
+class ProbeStabilityResult(TypedDict):
+    """A ``probe-stability-*.json`` file."""
+
+    device: str
+    device_name: str
+    isa: IsaInfo
+    threads: int
+    runtimes: list[str]
+    torch: str
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+    repeats: list[ProbeRepeat]
+    distinct_orders: int
+    same_order_every_time: bool
 
 
 def main() -> None:
@@ -43,7 +71,7 @@ def main() -> None:
     runtimes = available_runtimes(device)
     presets = SearchConfig.load().presets
     load_before = os.getloadavg()
-    repeats: list[dict[str, Any]] = []
+    repeats: list[ProbeRepeat] = []
     for index in range(args.repeats):
         probe = probe_machine(device, *declared_probes(runtimes, device))
         plan = preset_seeds(presets, runtimes, partial(probe_reason, probe), probe)
@@ -53,16 +81,17 @@ def main() -> None:
                         "dropped": sorted(plan.skipped)})
         print(f"[{index + 1}/{args.repeats}] {probe.describe()}\n    first: {', '.join(first)}")
     orders = sorted({json.dumps(r["order"]) for r in repeats})
-    result = {"device": str(device), "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "",
-              "isa": isa_info(), "threads": args.threads, "runtimes": runtimes, "torch": torch.__version__,
-              "load_before": load_before, "load_after": os.getloadavg(), "repeats": repeats,
-              "distinct_orders": len(orders), "same_order_every_time": len(orders) == 1}
+    result: ProbeStabilityResult = {
+        "device": str(device), "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "",
+        "isa": isa_info(), "threads": args.threads, "runtimes": runtimes, "torch": torch.__version__,
+        "load_before": load_before, "load_after": os.getloadavg(), "repeats": repeats,
+        "distinct_orders": len(orders), "same_order_every_time": len(orders) == 1}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{len(orders)} distinct preset order(s) in {args.repeats} repeats -> {args.out}")
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: ProbeStabilityResult) -> str:
     """The BENCHMARKS.md section of one result: per engine and precision, the medians' range over the repeats,
     and whether every repeat gave the same preset order."""
     repeats = result["repeats"]

@@ -16,7 +16,7 @@ import argparse
 import json
 import platform
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import torch
 
@@ -63,6 +63,34 @@ def metric_of(model: torch.nn.Module, spec: ModelSpec, device: torch.device) -> 
 DEFAULT_NOTE = "prune once, then distill from scratch per step count"
 
 
+class RecoveryRow(TypedDict):
+    """One prune, distilled for ``steps`` at ``lr`` (0 steps: pruned alone): the metric, its drop, the time."""
+
+    prune: dict[str, object]
+    steps: int
+    lr: float
+    hidden_layers: int
+    metric: float
+    drop: float
+    seconds: float
+    teacher_passes: int
+
+
+class RecoveryResult(TypedDict):
+    """A ``recovery-*.json`` file."""
+
+    model: str
+    device: str
+    host: str
+    torch: str
+    metric: str
+    baseline: float
+    batch_size: int
+    threads: int
+    rows: list[RecoveryRow]
+    note: NotRequired[str]
+
+
 def describe_prune(prune: dict[str, object]) -> str:
     """``depth 0.17``, ``FFN 0.25``, ``heads 0.25`` or ``heads+FFN 0.3`` for a prune config dict."""
     if prune.get("method") == "depth":
@@ -75,7 +103,7 @@ def describe_prune(prune: dict[str, object]) -> str:
     return f"heads+FFN {prune['ratio']}"
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: RecoveryResult) -> str:
     """A Markdown table of one recovery file: per prune, the metric after each distillation run."""
     lines = [
         f"### Recovery by distillation: {result['model']} on {result['device']}",
@@ -110,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     model = load_model(spec)
     baseline = metric_of(model, spec, device)
-    rows = []
+    rows: list[RecoveryRow] = []
     for prune in args.prune:
         ctx = StageContext(spec, device)
         pruned = transform(model, prune, ctx).cpu()
@@ -126,18 +154,20 @@ def main(argv: list[str] | None = None) -> int:
                 distilled = transform(pruned, config, dctx)
                 seconds, passes = host_seconds() - start, int(dctx.records["distill.teacher_passes"])
             value = metric_of(distilled, spec, device)
-            row = {"prune": prune.to_dict(), "steps": steps, "lr": lr, "hidden_layers": len(layer_map),
-                   "metric": value, "drop": baseline - value, "seconds": round(seconds, 2), "teacher_passes": passes}
+            row: RecoveryRow = {"prune": prune.to_dict(), "steps": steps, "lr": lr, "hidden_layers": len(layer_map),
+                                "metric": value, "drop": baseline - value, "seconds": round(seconds, 2),
+                                "teacher_passes": passes}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "prune"} | {"prune": str(prune.to_dict())[:90]}),
                   flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{RECOVERY_PREFIX}{spec.name}-{device.type}.json"
-    path.write_text(json.dumps({
+    result: RecoveryResult = {
         "model": spec.name, "device": device.type, "host": platform.node(), "torch": torch.__version__,
         "metric": spec.metric.name, "baseline": baseline, "batch_size": args.batch_size,
         "threads": torch.get_num_threads(), "rows": rows,
-    }, indent=1) + "\n")
+    }
+    path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
 

@@ -5,10 +5,11 @@ with ``mlx-cuda-13`` on the device machine) and the compile-shape comparison (``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NotRequired, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
-if TYPE_CHECKING:  # the file's shape alone (compile_shapes imports torch.compile's internals)
+if TYPE_CHECKING:  # the files' shapes alone (their modules import torch.compile's internals and the stages)
     from paretorch.experiments.bench.compile_shapes import CompileShapesReport, Ratio
+    from paretorch.experiments.bench.gpu_rows import GpuRowsResult
 
 GPU_ROWS_PREFIX = "gpu-rows-"
 COMPILE_SHAPES_PREFIX = "compile-shapes-"
@@ -32,29 +33,6 @@ class MlxCudaResult(TypedDict):
     date: str
     what: str
     rows: list[MlxCudaRow]
-
-
-class GpuRow(TypedDict):
-    """A row of :mod:`paretorch.experiments.bench.gpu_rows` as the table reads it (the file holds more)."""
-
-    batch: int
-    tokens: list[int]
-    real_token_fraction: float
-    runtime: str
-    row: str
-    speedup: float
-    ci: list[float]
-    metric: float
-    held_out: NotRequired[float]
-    tflops_padded: float | None
-    tflops_real: float | None
-
-
-class GpuRowsResult(TypedDict):
-    device: str
-    torch: str
-    date: NotRequired[str]
-    rows: list[GpuRow]
 
 
 def render_mlx_cuda(result: MlxCudaResult) -> str:
