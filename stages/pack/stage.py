@@ -94,7 +94,7 @@ def rules_out(config: PackConfig, facts: ModelFacts) -> str | None:
         return scripted
     known = facts.of(PackConfig.stage)
     if isinstance(known, PackFacts) and known.problem is not None:
-        return f"packing: {known.problem}"
+        return known.problem  # the search says "pack: <problem>"
     return None
 
 
