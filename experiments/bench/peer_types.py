@@ -39,7 +39,7 @@ class RunnerJob(TypedDict):
     encode: dict[str, list[str]]
     calibration: list[str]
     corpus: CorpusJob | None
-    #: The dynamic-int8 configuration (absent or None: :func:`cpu_isa`'s).
+    #: The dynamic-int8 configuration (absent or None: :func:`~paretorch.experiments.bench.peers_runner.cpu_isa`'s).
     isa: NotRequired[str | None]
 
 
@@ -53,7 +53,7 @@ class PeerInfo(TypedDict, total=False):
     prepare_seconds: float
     #: The ``.npy`` file of each ``encode`` text list's embeddings.
     embeddings: dict[str, str]
-    #: Per sentence set: :func:`time_rounds`'s seconds.
+    #: Per sentence set: :func:`~paretorch.experiments.bench.peers_runner.time_rounds`'s seconds.
     timings: dict[str, dict[str, list[float]]]
     corpus: dict[str, list[float]]
     error: str
@@ -129,7 +129,8 @@ class PeerRow(TypedDict, total=False):
 
 
 class PeersMeasured(TypedDict):
-    """What :func:`measure` gives: every row, each family's environment, the metric's name, the held-out file."""
+    """What :func:`paretorch.experiments.bench.peers.measure` gives: every row, each family's environment, the
+    metric's name, the held-out file."""
 
     rows: list[PeerRow]
     runs: dict[str, RunnerFacts]
