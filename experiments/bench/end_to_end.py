@@ -168,7 +168,9 @@ def one_liners(device: torch.device, batch: int, workload: str) -> dict[str, Var
         variants["sentence-transformers .half() encode()"] = encode_with(loaded().half())
         variants["sentence-transformers bf16 encode()"] = encode_with(loaded().to(torch.bfloat16))
         compiled = loaded().half()
-        compiled[0].auto_model = torch.compile(compiled[0].auto_model, dynamic=True)
+        # The Transformer module's model is its submodule ``model`` (``auto_model`` is a read-only property in
+        # sentence-transformers 6: an assignment to it registered a second, unused submodule and ran uncompiled).
+        compiled[0].model = torch.compile(compiled[0].model, dynamic=True)
         variants["sentence-transformers .half() + torch.compile encode()"] = encode_with(compiled)
     return variants
 
