@@ -53,13 +53,18 @@ class SearchSummary(TypedDict):
     time_to_result: list[list[float]]
 
 
-class OneLinerResult(TypedDict):
+class RowsMachine(TypedDict):
+    """What every rows file of a model records of its run: the model, the device and CPU, batch, threads, pinning."""
+
     model: str
     device: str
     cpu: str
     batch: int
     threads: int
     affinity: list[int] | None
+
+
+class OneLinerResult(RowsMachine):
     #: The 1-, 5- and 15-minute load averages before and after, and the cores the machine has.
     load_before: str
     load_after: str

@@ -27,6 +27,7 @@ from typing import TypedDict
 
 import torch
 
+from paretorch.experiments.bench.one_liner_table import RowsMachine
 from paretorch.experiments.bench.paths import RESULTS_DIR
 from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.pipeline.core.device import capabilities, describe, resolve_device
@@ -77,15 +78,9 @@ class OrtRowsMeasured(TypedDict):
     metric_name: str
 
 
-class OrtRowsResult(OrtRowsMeasured):
+class OrtRowsResult(OrtRowsMeasured, RowsMachine):
     """An ``ort-rows-*.json`` file."""
 
-    model: str
-    device: str
-    cpu: str
-    batch: int
-    threads: int
-    affinity: list[int] | None
     uptime_before: str
     uptime_after: str
     seconds: float
