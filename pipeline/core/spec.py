@@ -169,6 +169,9 @@ class ModelSpec:
     unoptimized: UnoptimizedOutputs | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.output_kind not in OUTPUT_KINDS:
+            raise SpecError(f"model '{self.name}': unknown output_kind '{self.output_kind}': "
+                            f"choose one of {', '.join(OUTPUT_KINDS)}")
         if self.unoptimized is None or self.unoptimized.build is not self.build:
             object.__setattr__(self, "unoptimized", UnoptimizedOutputs(self.build))
 
@@ -178,9 +181,6 @@ class ModelSpec:
         if self.unoptimized is None:
             raise AssertionError("ModelSpec.__post_init__ sets unoptimized")
         return self.unoptimized
-        if self.output_kind not in OUTPUT_KINDS:
-            raise SpecError(f"model '{self.name}': unknown output_kind '{self.output_kind}': "
-                            f"choose one of {', '.join(OUTPUT_KINDS)}")
 
 
 #: Rows per evaluation / calibration batch where the data does not say.
