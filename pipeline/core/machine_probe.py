@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+from paretorch.pipeline.core.progress import phase
 from paretorch.pipeline.core.stage import config_from_dict, registered_stages
 from paretorch.pipeline.core.timing import BlockTimer, Timed, alternate, clock_for
 
@@ -218,7 +219,8 @@ def probe_machine(device: torch.device, engines: Mapping[str, EngineProbe] | Non
         engines = {DEFAULT_ENGINE: lambda: torch_gains(device)}
     gains: dict[str, dict[str, float]] = {}
     spreads: dict[str, dict[str, list[float]]] = {}
-    with torch.no_grad():
+    with torch.no_grad(), phase(f"machine probe: int8, bf16 and fp16 against float32 on {device.type} "
+                                f"({', '.join(engines)})"):
         for engine, measure in engines.items():
             measured = {p: g if isinstance(g, Gain) else Gain.exact(float(g)) for p, g in measure().items()}
             gains[engine] = {p: round(g.ratio, 3) for p, g in measured.items()}
