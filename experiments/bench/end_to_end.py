@@ -114,7 +114,13 @@ class EndToEndResult(TypedDict, total=False):
     load_start: tuple[float, float, float]
     load_end: tuple[float, float, float]
     note: str
+    #: How the rounds ordered the variants (files before the timing service rotated them: read as "order rotated").
+    order: str
     sets: dict[str, SentenceSetRows]
+
+
+#: The round order of this bench's runs (:func:`paretorch.pipeline.core.timing.alternate`).
+ROUND_ORDER = "the order reversed every other round"
 
 
 def chunks(texts: Sequence[str], batch: int) -> list[list[str]]:
@@ -262,7 +268,7 @@ def render(result: EndToEndResult) -> str:
            "sorts")
     lines = [f"### End to end, `{workload}` b{batch}: MiniLM on {result['device_name']}, strings to host embeddings",
              "", f"{result['date']}; {result['threads']} thread(s); {result['rounds']} rounds, every variant once a "
-             f"round, the order reversed every other round; load {result['load_start'][0]:.1f} before, "
+             f"round, {result.get('order', 'order rotated')}; load {result['load_start'][0]:.1f} before, "
              f"{result['load_end'][0]:.1f} after "
              f"({result['note']}). Each set {how}, tokenization included; speed-up: median of per-round ratios to fp32 "
              "eager run the same way [95 % CI]; `vs one-liner`: against the fastest sentence-transformers variant in "
@@ -309,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                                             else f"{cpu_description()} ({isa_info()['torch_capability']})"),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": args.rounds,
         "recipes": [r.describe() for r in recipes], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "load_start": load_start, "note": args.note or "nothing else stated", "sets": {}}
+        "load_start": load_start, "note": args.note or "nothing else stated", "order": ROUND_ORDER, "sets": {}}
     with tempfile.TemporaryDirectory() as folder:
         runs = variants(spec, recipes, Path(folder), device, args.batch, args.workload, not args.no_one_liners)
         for name, texts in sets.items():
