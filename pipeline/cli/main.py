@@ -41,11 +41,24 @@ def run(argv: Sequence[str] | None = None, started: float | None = None) -> NoRe
 OPTIONAL_KERNEL_LOGGERS = ("torchao",)
 
 
+#: torch's pytree logger and the note it writes for each Enum that torchao registers at import (a deprecation in
+#: torchao's code, not the user's): dropped; the logger's other warnings still show.
+ENUM_CONSTANT_NOTE = ("torch.utils._pytree", "Calling register_constant() on Enum subclasses is deprecated")
+
+
+def _not_enum_constant_note(record: logging.LogRecord) -> bool:
+    return ENUM_CONSTANT_NOTE[1] not in record.getMessage()
+
+
 def quiet_optional_kernels() -> None:
-    """Raise :data:`OPTIONAL_KERNEL_LOGGERS` to errors only, before anything imports them (the ``hf:`` path imports
-    torchao while resolving the model, before a study points standard error at its third-party log)."""
+    """Raise :data:`OPTIONAL_KERNEL_LOGGERS` to errors only, and drop :data:`ENUM_CONSTANT_NOTE`, before anything
+    imports them (the ``hf:`` path imports torchao while resolving the model, before a study points standard error
+    at its third-party log)."""
     for name in OPTIONAL_KERNEL_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    pytree = logging.getLogger(ENUM_CONSTANT_NOTE[0])
+    if _not_enum_constant_note not in pytree.filters:
+        pytree.addFilter(_not_enum_constant_note)
 
 
 def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:

@@ -23,3 +23,4 @@ def test_the_optional_kernel_loggers_are_quiet_before_anything_imports_them() ->
     quieted = stderr_of("from paretorch.pipeline.cli.main import quiet_optional_kernels; "
                         f"quiet_optional_kernels(); {IMPORT}")
     assert "Failed to load" not in quieted
+    assert "register_constant() on Enum subclasses" not in quieted  # torch's note on torchao's enums, at import
