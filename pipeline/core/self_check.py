@@ -7,7 +7,8 @@ would put unchanged copies on the Pareto front. :func:`self_check` takes the mod
 one reference pass over the evaluation data, or one pass here), then re-scores a leading subset of
 :data:`SUBSET_SAMPLES` samples three ways: at the evaluation's own batching, again at it (a move between those
 two is state or randomness), and re-cut at another batch size (a move there only is a batch-size dependence).
-It compares the metric on those rows and, on the CPU, the raw outputs; :func:`require_stable` turns a moving
+It compares the metric (always over the whole set, those rows taken from the pass: a pairs or retrieval metric
+names rows by index) and, on the CPU, the raw outputs; :func:`require_stable` turns a moving
 metric into a :class:`SpecError` unless the user allows it.
 """
 
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 
 from paretorch.pipeline.core.device import move_module
 from paretorch.pipeline.core.errors import SpecError
-from paretorch.pipeline.core.evaluate import compute_metrics, evaluation_outputs
+from paretorch.pipeline.core.evaluate import evaluation_outputs
 from paretorch.pipeline.core.names import ALLOW_FLAG
 from paretorch.pipeline.core.progress import phase
 from paretorch.pipeline.core.spec import LabelledBatch, ModelSpec
@@ -133,22 +134,18 @@ def self_check(model: nn.Module, spec: ModelSpec, device: torch.device, stream: 
     if reference is None:
         reference = evaluation_outputs(model, batches, device)
     known_outputs, known_targets = reference
-    first = float(spec.metric.compute(known_outputs[:samples], known_targets[:samples]).item())
+    # The metric is always read over the whole set, the subset's rows taken from the pass: a metric of the set (pairs
+    # or retrieval rows named by their index, a rank correlation) cannot be scored on a subset alone.
+    first = float(spec.metric.compute(known_outputs, known_targets).item())
     passes: list[tuple[float, Tensor]] = [(first, known_outputs.float()[:samples])]
     sizes = (None, None, rebatch_size)
     # A long step says so when it starts (a large model's passes take minutes on a loaded CPU).
     with phase(f"self-check: scoring {spec.name} again on {samples} samples, twice and at batch {rebatch_size}",
                total=len(sizes), stream=stream) as shown:
         for size in sizes:
-            outputs: list[Tensor] = []
-
-            def recording(*inputs: Tensor, store: list[Tensor] = outputs) -> Tensor:
-                output = model(*inputs)
-                store.append(output.detach().float().clone())
-                return output
-
-            metrics = compute_metrics(recording, subset, (spec.metric,), device, size, spec.padding_mask)
-            passes.append((metrics[spec.metric.name], torch.cat(outputs)[:samples]))
+            outputs, _ = evaluation_outputs(model, subset, device, size, spec.padding_mask)
+            spliced = torch.cat([outputs.to(known_outputs.device, known_outputs.dtype), known_outputs[samples:]])
+            passes.append((float(spec.metric.compute(spliced, known_targets).item()), outputs.float()))
             shown.advance()
     (_, first_outputs), *others = passes
     changes = [_largest_change(first_outputs, later) for _, later in others]

@@ -8,6 +8,7 @@ the first pass identical to the reference, so only a second pass shows the state
 
 from __future__ import annotations
 
+import copy
 import io
 from pathlib import Path
 
@@ -22,9 +23,12 @@ from paretorch.pipeline.core.fidelity import MEAN_ABS_ERROR, OUTPUT_R2, R2_FLOOR
 from paretorch.pipeline.core.progress import say
 from paretorch.pipeline.core.self_check import SUBSET_SAMPLES, reference_outputs, require_stable, self_check
 from paretorch.pipeline.core.spec import ModelSpec, load_model
+from paretorch.pipeline.core.task_data import PairsData
+from paretorch.pipeline.core.task_spec import with_task_data
 from paretorch.pipeline.search import Search, SearchConfig, run_search
 from paretorch.pipeline.search.store import ATTR_SELF_CHECK
 from paretorch.pipeline.sources.resolve import resolve_spec
+from tests.pipeline.core.test_fidelity_floor import MODEL, encode
 
 CPU = torch.device("cpu")
 
@@ -241,3 +245,18 @@ def test_a_prose_line_wraps_between_words_at_80_columns() -> None:
     assert len(shown) > 1 and all(len(row) <= 80 for row in shown)
     assert " ".join(shown).split() == line.split(), "every word whole"
     assert log.file.getvalue() == line + "\n", "a log file keeps the line whole"  # type: ignore[attr-defined]
+
+
+def test_a_pairs_task_over_more_rows_than_the_subset_is_checked() -> None:
+    """``--eval-data`` sentence pairs (a metric over the whole set, rows named by index) with more rows than the
+    subset: the self-check scores the whole set with the subset's rows from each pass (it raised "expected the 400
+    evaluation rows in order, got 256" on a real MPNet study)."""
+    words = [f"w{i}" for i in range(400)]
+    pairs = PairsData("toy", tuple(words[:200]), tuple(words[200:]), tuple(float(i % 7) for i in range(200)))
+    base = ModelSpec(name="toy", build=lambda: copy.deepcopy(MODEL), example_inputs=lambda n: encode(["w1"] * n),
+                     calibration=list, evaluation=list, metric=MEAN_ABS_ERROR, padding_mask=1, encode_text=encode,
+                     output_kind="embedding")
+    spec = with_task_data(base, pairs)
+    assert sum(int(t.shape[0]) for _, t in spec.evaluation()) == 400 > SUBSET_SAMPLES
+    check = self_check(load_model(spec), spec, CPU)
+    assert check.stable and check.samples == SUBSET_SAMPLES and check.first == check.second == check.rebatched
