@@ -22,7 +22,8 @@ from paretorch.pipeline.core.stage import Stage, StageConfig, StageContext, regi
 from paretorch.pipeline.engine.graph import default_pipeline, load_pipeline
 from paretorch.pipeline.search import Search, SearchConfig, SeedRecipe, run_search, study_name
 from paretorch.pipeline.search.config import LEGACY_DEFAULT_RUNTIMES, legacy_study_name
-from paretorch.pipeline.search.objectives import ATTR_SEED, Baseline
+from paretorch.pipeline.search.objectives import ATTR_INFEASIBLE, ATTR_SEED, Baseline
+from paretorch.pipeline.search.probe import BEHIND_FRONT
 from paretorch.pipeline.search.store import ATTR_RUNTIMES, ATTR_STAGES, ATTR_STUDY_KEY, Prepared
 
 CPU = torch.device("cpu")
@@ -100,8 +101,13 @@ def test_a_resumed_study_takes_the_new_stage_into_its_search_space(residual_spec
     assert f"study {first.store.study_name}: {FOLD} joined its search space" in output
     assert FOLD in study.user_attrs[ATTR_STAGES]
     trials = study.get_trials(deepcopy=False)
-    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"], "resumed: one more trial, the new stage's"
+    assert len(trials) == 2 and trials[0].state.name == "COMPLETE", "resumed: one more trial, the new stage's"
     assert trials[1].user_attrs[ATTR_SEED] == "fold"
+    # The fold stage is the identity: it is scored, or (on a busy machine, timed as slower than the baseline with
+    # confidence) stopped by the latency probe; either way it ran under the resumed study, and did not fail.
+    if trials[1].state.name != "COMPLETE":
+        assert trials[1].state.name == "PRUNED", trials[1].state.name
+        assert trials[1].user_attrs[ATTR_INFEASIBLE].startswith(BEHIND_FRONT), trials[1].user_attrs
 
     # Uninstalled again: the trial that used it cannot be read back, and the run says so before any trial.
     with pytest.raises(ConfigError, match=rf"^study {first.store.study_name} has trials with stage\(s\) {FOLD}, which "
