@@ -105,9 +105,11 @@ def test_peak_memory_sees_a_large_allocation() -> None:
     device = torch.device("cpu")
     reset_peak_memory(device)
     before = peak_memory_bytes(device)
-    block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
+    # 256 MiB, touched: after a long suite the process holds freed pages that a smaller block may partly reuse
+    # (a 64 MiB block raised the peak by only 32 MiB at 1.9 GB resident, late in a full run).
+    block = torch.ones(256 * 1024 * 1024 // 4)
     after = peak_memory_bytes(device)
-    assert after - before >= 48 * 1024 * 1024
+    assert after - before >= 128 * 1024 * 1024
     del block
 
 
