@@ -108,22 +108,28 @@ class TextBatches:
             batch = encode_text([texts[i] for i in chunk])
             return self.prepare(batch[0], batch[1])
 
-        outputs: list[Tensor] = []
         with self.host_threads():
             if overlap and len(chunks) > 1:
-                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="paretorch-tokenize") as pool:
-                    ahead = pool.submit(prepared, chunks[0])
-                    for number in range(len(chunks)):
-                        batch = ahead.result()
-                        if number + 1 < len(chunks):
-                            ahead = pool.submit(prepared, chunks[number + 1])
-                        outputs.append(self.run_prepared(batch))
+                outputs = self.run_ahead(prepared, chunks)
             else:
                 outputs = [self.run_prepared(prepared(chunk)) for chunk in chunks]
         ordered = torch.cat(outputs)
         result = torch.empty_like(ordered)
         result[torch.tensor(order)] = ordered
         return result
+
+
+    def run_ahead(self, prepared: Callable[[list[int]], Any], chunks: list[list[int]]) -> list[Tensor]:
+        """Each chunk's outputs, its host work (``prepared``) done in a worker while the model runs the one before."""
+        outputs: list[Tensor] = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="paretorch-tokenize") as pool:
+            ahead = pool.submit(prepared, chunks[0])
+            for number in range(len(chunks)):
+                batch = ahead.result()
+                if number + 1 < len(chunks):
+                    ahead = pool.submit(prepared, chunks[number + 1])
+                outputs.append(self.run_prepared(batch))
+        return outputs
 
 
 def to_host(output: object) -> Tensor:
