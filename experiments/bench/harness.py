@@ -68,7 +68,7 @@ from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
 from paretorch.pipeline.search.store import ATTR_MACHINE_PROBE
 from paretorch.pipeline.search.study_latency import StudyLatency
 from paretorch.pipeline.search.time_to_result import best_so_far as study_best_so_far
-from paretorch.pipeline.search.time_to_result import time_to_result
+from paretorch.pipeline.search.time_to_result import completed_after, time_to_result
 from paretorch.pipeline.sources.resolve import resolve_spec
 from paretorch.stages.amp.stage import AmpConfig
 from paretorch.stages.distill.stage import DistillConfig
@@ -257,6 +257,9 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
             "timeline": best_so_far(outcome.study.trials, started_at),
             # [seconds since the bench started the search, best feasible speed-up]: the product's own curve
             "time_to_result": time_to_result(study_best_so_far(outcome.study.trials, started_at)),
+            # seconds since the bench started the search (the study's start included) to each trial's end, by number
+            "trials_completed": [completed_after(outcome.study.trials, t.number, started_at)
+                                 for t in outcome.study.trials if t.state.is_finished()],
             "machine_probe": outcome.study.user_attrs.get(ATTR_MACHINE_PROBE),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "time_split": time_split(outcome.times.wall, outcome.times.by_category,

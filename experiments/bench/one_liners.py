@@ -35,7 +35,9 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +68,7 @@ from paretorch.pipeline.core.padding import latency_inputs
 from paretorch.pipeline.core.paths import results_dir
 from paretorch.pipeline.core.spec import Batch, ModelSpec, move_batch
 from paretorch.pipeline.core.timing import DeviceTimer, host_seconds, time_rounds
+from paretorch.pipeline.core.user_files import SourceOptions
 from paretorch.pipeline.search.allowed_drop import DEFAULT_MAX_DROP, AllowedDrop
 from paretorch.pipeline.sources.resolve import resolve_spec
 
@@ -189,7 +192,8 @@ def _search_side(spec: ModelSpec, device: torch.device, trials: int, batch: int,
     side = Side(f"search best ({trials} trials)", "search", recipe, best.fn, inputs, host_seconds() - started)
     summary: SearchSummary = {"trials": trials, "search_seconds": float(info["search_seconds"]),
                               "best_trial": int(info["best_trial"]), "best_recipe": recipe,
-                              "runtimes": list(info["runtimes"]), "time_to_result": list(info["time_to_result"])}
+                              "runtimes": list(info["runtimes"]), "time_to_result": list(info["time_to_result"]),
+                              "trials_completed": list(info["trials_completed"])}
     return side, summary
 
 
@@ -221,7 +225,10 @@ def _load() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m paretorch.experiments.bench.one_liners",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="efficientnet_lite0")
+    parser.add_argument("--model", default="efficientnet_lite0", help="a built-in name or any --model form of "
+                        "paretorch optimize (hf:DIR, file.py:attr, model.pt2, ...)")
+    parser.add_argument("--eval-data", default=None, help="labelled data of the task, as paretorch optimize takes it")
+    parser.add_argument("--inputs-file", default=None, help="inputs of an hf:, TorchScript or .pt2 model")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--batch", type=int, default=None, help="objective and timed batch (default: the spec's first "
@@ -233,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    spec = resolve_spec(args.model)
+    spec = resolve_spec(args.model, SourceOptions(inputs_file=args.inputs_file, eval_data=args.eval_data))
     max_drop = AllowedDrop.parse(args.max_drop)
     batch = args.batch or spec.latency_batch_sizes[0]
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
@@ -247,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": spec.name, "device": describe(device), "cpu": cpu_description() or platform.machine(),
         "batch": batch, "threads": args.threads, "affinity": affinity, "load_before": before, "load_after": _load(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "command": shlex.join(["python", "-m", "paretorch.experiments.bench.one_liners", *(argv or sys.argv[1:])]),
         "versions": {name: metadata.version(name) for name in VERSIONS}, "metric_name": spec.metric.name,
         "max_drop": max_drop.given(), "allowed_drop": max_drop.threshold(baseline_metric),
         "rounds": BENCH_LATENCY.rounds, "seconds": host_seconds() - started, "search": summary, "rows": rows,
