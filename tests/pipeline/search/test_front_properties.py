@@ -135,6 +135,7 @@ def test_a_tie_is_listed_only_under_a_lead_whose_intervals_reach_it() -> None:
         for group in front_groups(pool):
             for member in (by_number[n] for n in (*group.repeats, *group.tied)):
                 assert group.lead.speed.high >= member.speedup
+                assert member.speed.low <= group.lead.speedup, "a trial clear above the lead's value is its own row"
                 assert max(group.lead.metric, *group.lead.metric_ci) >= member.metric
                 assert tied(group.lead, member)
             assert all(group.lead.simplicity < member.simplicity for member in group.folded), "the simplest leads"

@@ -92,6 +92,23 @@ def test_ties_go_to_the_simplest_recipe_whose_interval_reaches_them(int8_ci: tup
     assert tags[plain] == {"pareto": "false", "dominated_by": str(winner)}
 
 
+def test_a_wide_lead_does_not_fold_a_trial_measured_clear_above_its_value() -> None:
+    """The H200 MiniLM study (b256, serve): bf16 | compile timed 6 rounds, 2.33x [1.81, 3.33], and pack + fp16 |
+    cudagraphs 2.85x [2.53, 3.01]. Neither is better with confidence (tied), and the simpler one's interval reaches
+    2.85x; but the faster one's whole interval is above 2.33x, so it leads its own row and comes first (the bench
+    and the console named bf16 | compile best while the best-so-far curve named the other)."""
+    study = new_study()
+    add(study, 44.33, 1.00, (1.00, 1.00), recipe="baseline")
+    bf16 = add(study, 44.33, 2.33, (1.81, 3.33), stages=1, runtime="compile", recipe="bf16 | compile")
+    packed = add(study, 44.33, 2.85, (2.53, 3.01), stages=2, runtime="compile_cudagraphs",
+                 recipe="pack + fp16 | cudagraphs")
+    lead, other = (c for c in candidates(study) if c.trial.number in (bf16, packed))
+    assert tied(lead, other)
+    groups = front_groups(candidates(study))
+    assert [(g.lead.trial.number, g.tied) for g in groups if g.lead.trial.number != 0] == [(bf16, []), (packed, [])]
+    assert study.trials[packed] in pareto_trials(study), "a lead of its own: on the front's list, ships deploy/"
+
+
 def test_the_fewest_stages_lead_and_eager_before_another_runtime() -> None:
     study = new_study()
     ort = add(study, 0.98, 2.00, (1.90, 2.10), stages=0, runtime="onnxruntime")
