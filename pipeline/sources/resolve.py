@@ -34,7 +34,7 @@ from paretorch.pipeline.core.errors import SpecError
 from paretorch.pipeline.core.names import model_entry_points
 from paretorch.pipeline.core.spec import ModelSpec
 from paretorch.pipeline.core.task_data import load_task_data
-from paretorch.pipeline.core.task_spec import with_task_data
+from paretorch.pipeline.core.task_spec import given_texts, with_task_data
 from paretorch.pipeline.core.user_files import check_model_reference, module_not_found, names_a_file
 from paretorch.pipeline.sources import SourceOptions, resolve_source
 
@@ -60,9 +60,10 @@ def attach_eval_data(spec: ModelSpec, options: SourceOptions) -> ModelSpec:
     """``spec`` scored on ``--eval-data`` when given (every model form), else as it is."""
     if not options.eval_data:
         return spec
-    scored = with_task_data(spec, load_task_data(options.eval_data), spec.label_names)
+    data = load_task_data(options.eval_data)
+    scored = with_task_data(spec, data, spec.label_names)
     if scored.evaluation_texts:  # the workload is timed on the user's own texts (paretorch.pipeline.core.workload)
-        texts = tuple(dict.fromkeys(scored.evaluation_texts))
+        texts = given_texts(data)  # in the file's order: the evaluation's rows may be sorted by length
         scored = dataclasses.replace(scored, latency_texts=lambda: texts)
     # The source names the data too: a study scored on labels is not the fidelity study of the same model.
     object.__setattr__(scored, "source", f"{spec.source or spec.name} --eval-data {options.eval_data}")

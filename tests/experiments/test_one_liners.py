@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from paretorch.experiments.bench.one_liner_table import OneLinerResult, OneLinerRow
+from paretorch.experiments.bench.one_liner_table import OneLinerResult, OneLinerRow, render
 from paretorch.experiments.bench.one_liners import Side, best_against_one_liner, one_liners
 from paretorch.experiments.bench.render import render_markdown
 
@@ -87,3 +87,41 @@ def test_the_section_renders_the_rows_a_failed_one_liner_and_the_verdict(tmp_pat
     assert "| ORT \\| fp32 | 1.0000 | 2.50x [2.50, 2.50] |" in text
     assert "10 trials in 10.0 min" in text and "**level with the fastest one-liner within the drop**" in text
     assert "Note: a shared machine" in text
+
+
+def test_a_non_bert_encoder_from_its_own_directory_is_searched_against_the_one_liners(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46.6 in small: what ``make bench`` runs on all-mpnet-base-v2 (``--model hf:DIR --eval-data PAIRS``), on
+    a project-made two-layer MPNet (no small non-BERT encoder ships on PyPI) and 40 labelled pairs, two trials, the
+    quick latency budget: the one-liner rows are made
+    from the user's directory, the search's best is scored on the labels, and the file says when each trial ended."""
+    from paretorch.experiments.bench import one_liners as bench
+    from paretorch.pipeline.core.latency import LATENCY_BUDGETS
+    from paretorch.pipeline.core.task_metrics import PAIRS_METRIC
+    from paretorch.testing.text_encoders import save_text_encoder
+
+    directory = save_text_encoder("mpnet", tmp_path / "mpnet")
+    pairs = tmp_path / "pairs.tsv"
+    words = ["cat", "dog", "car", "tree", "river", "city", "song", "book"]
+    pairs.write_text("sentence1\tsentence2\tscore\n" + "".join(
+        f"a {words[i % 8]} near the {words[(i * 3) % 8]}\tthe {words[i % 8]} by a {words[(i * 5) % 8]}\t"
+        f"{(i * 7) % 50 / 10:.1f}\n" for i in range(40)))
+    monkeypatch.setattr(bench, "BENCH_LATENCY", LATENCY_BUDGETS["quick"])
+    monkeypatch.setenv("PARETORCH_RESULTS_DIR", str(tmp_path / "runs"))
+    out = tmp_path / "out"
+    args = ["--model", f"hf:{directory}", "--eval-data", str(pairs), "--trials", "2", "--max-drop", "5",
+            "--out", str(out)]  # an absolute drop: a random encoder scores near zero
+    assert bench.main(args) == 0
+    result: OneLinerResult = json.loads(next(out.glob("one-liners-*-cpu.json")).read_text())
+    assert result["metric_name"] == PAIRS_METRIC
+    assert "--eval-data" in result["command"] and f"hf:{directory}" in result["command"]
+    rows = {row["name"]: row for row in result["rows"]}
+    for name in ("ONNX Runtime fp32", "OpenVINO fp32"):
+        assert "error" not in rows[name], rows[name]
+        assert abs(rows[name]["drop"]) < 0.5, "the library's fp32 file scores as torch does on the labels"
+    assert "search best (2 trials)" in rows
+    ended = result["search"]["trials_completed"]
+    assert len(ended) >= 2 and all(seconds is not None and seconds > 0 for seconds in ended)
+    section = render(result)
+    assert "`python -m paretorch.experiments.bench.one_liners --model hf:" in section
+    assert "trial 0 ended after" in section

@@ -144,6 +144,38 @@ def test_hf_embedding_model_is_scored_on_pairs(tiny_hf_dir: Path, pairs_file: Pa
     assert targets.tolist() == list(range(len(targets)))
 
 
+def test_pairs_rows_are_batched_by_length_and_scored_as_in_the_files_order(
+        tiny_hf_dir: Path, pairs_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46.1 (the first trial within minutes): the distinct texts of labelled pairs are sorted by length within
+    windows and every batch is cut to its longest, so no batch pays for the longest sentence of the set; the metric
+    is the one of the file's order (the pairs name their texts), and the workload still times the file's order."""
+    from paretorch.pipeline.core import task_spec
+    from paretorch.pipeline.core.spec import load_model
+
+    spec = resolve_spec(f"hf:{tiny_hf_dir}", SourceOptions(eval_data=str(pairs_file)))
+    monkeypatch.setattr(task_spec, "LENGTH_WINDOW", 1)  # a window of one row: the file's order
+    in_file_order = resolve_spec(f"hf:{tiny_hf_dir}", SourceOptions(eval_data=str(pairs_file)))
+    texts = list(dict.fromkeys([a for a, _, _ in PAIRS] + [b for _, b, _ in PAIRS]))
+    assert list(in_file_order.evaluation_texts) == texts
+    assert sorted(spec.evaluation_texts) == sorted(texts) and list(spec.evaluation_texts) != texts
+    assert spec.latency_texts is not None and list(spec.latency_texts()) == texts, "served in the file's order"
+    mask = spec.padding_mask or 1
+    lengths = [int(batch[mask].sum(dim=1).max()) for batch, _ in spec.evaluation()]
+    assert [int(batch[mask].shape[1]) for batch, _ in spec.evaluation()] == lengths, "each batch cut to its longest"
+    model = load_model(spec)
+    sorted_metric = compute_metric(model, spec.evaluation(), spec.metric, CPU)
+    assert sorted_metric == pytest.approx(compute_metric(model, in_file_order.evaluation(), in_file_order.metric,
+                                                         CPU), abs=1e-4)
+
+
+def test_windowed_length_order_keeps_each_window_its_own_rows() -> None:
+    from paretorch.pipeline.core.task_spec import windowed_length_order
+
+    lengths = torch.tensor([5, 1, 3, 3, 9, 2, 7])
+    order = windowed_length_order(lengths, window=3)
+    assert order.tolist() == [1, 2, 0, 5, 3, 4, 6]  # stable within a window, windows in place
+
+
 def test_hf_latency_sample_is_the_eval_texts_at_their_own_lengths(tiny_hf_dir: Path, pairs_file: Path) -> None:
     """Without --inputs-file the --eval-data texts are the latency sample; each batch is cut to its longest
     text (a bucket for static shapes), with the outputs of full padding."""
