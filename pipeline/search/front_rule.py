@@ -30,13 +30,13 @@ zero-width one) is not no worse on the metric, so a faster speed-up does not bea
 
 A and B are **tied** when neither is better on any objective. Front trials are grouped by simplicity
 (:attr:`Candidate.simplicity`: fewest stages, counting a runtime other than eager as one, then eager before any
-other runtime, then the earlier trial): the simplest leads, and a front trial tied with a lead **within reach**
-of it (on every objective the lead's high end at or above the trial's point, and the trial's low end at or below
-the lead's point: each could be the other) is listed after it; any other front trial leads a group of its own,
-so the fastest feasible trial is always shown, leading or tied with a lead whose interval reaches its speed-up.
-A feasible trial off the front tied with a lead that reaches it is listed with it too. The baseline is the simplest recipe of all: a stage that
-changes nothing (within 3 %) is never faster, so it ties the baseline and never displaces it (it is listed with the
-baseline where the baseline's interval reaches it, else it leads its own row beside it).
+other runtime, then the earlier trial): the simplest leads, and a front trial tied with a lead **within reach** of
+it (on every objective the lead's high end at or above the trial's point, and the trial's low end at or below the
+lead's point: each could be the other) is listed after it; any other front trial leads a group of its own, so the
+fastest feasible trial is always shown, leading or tied with a lead whose interval reaches its speed-up. A feasible
+trial off the front tied with a lead that reaches it is listed with it too. The baseline is the simplest recipe of
+all: a stage that changes nothing (within 3 %) is never faster, so it ties the baseline and never displaces it (it
+is listed with the baseline where the baseline's interval reaches it, else it leads its own row beside it).
 
 **Why each trial is where it is** (on the front, tied with a front trial, or beaten by which front trial) is written
 when a study ends (the front is known only then) as MLflow tags on each trial's run and as one study user attribute
