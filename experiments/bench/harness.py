@@ -46,7 +46,7 @@ from paretorch.experiments.bench.isa import isa_info
 from paretorch.experiments.bench.paths import MARKDOWN, RESULTS_DIR
 from paretorch.experiments.bench.render import HeldOutCheck, SearchInfo, render_markdown, render_table
 from paretorch.experiments.bench.settings import BENCH_LATENCY
-from paretorch.experiments.bench.timeline import best_so_far, time_split
+from paretorch.experiments.bench.timeline import best_so_far, time_split, trial_ends
 from paretorch.pipeline.core.device import capabilities, describe, move_module, resolve_device
 from paretorch.pipeline.core.errors import ConfigError
 from paretorch.pipeline.core.evaluate import ModelReport, task_metric
@@ -68,7 +68,7 @@ from paretorch.pipeline.search.objectives import ATTR_METRICS, ATTR_RECIPE
 from paretorch.pipeline.search.store import ATTR_MACHINE_PROBE
 from paretorch.pipeline.search.study_latency import StudyLatency
 from paretorch.pipeline.search.time_to_result import best_so_far as study_best_so_far
-from paretorch.pipeline.search.time_to_result import completed_after, time_to_result
+from paretorch.pipeline.search.time_to_result import time_to_result
 from paretorch.pipeline.sources.resolve import resolve_spec
 from paretorch.stages.amp.stage import AmpConfig
 from paretorch.stages.distill.stage import DistillConfig
@@ -255,11 +255,8 @@ def run_search_best(spec: ModelSpec, device: torch.device, trials: int, batch: i
                                                                             "speedup_ci_high")],
             "stage_work": {name: tally.describe() for name, tally in stage_tallies.items() if name in COSTLY_STAGES},
             "timeline": best_so_far(outcome.study.trials, started_at),
-            # [seconds since the bench started the search, best feasible speed-up]: the product's own curve
             "time_to_result": time_to_result(study_best_so_far(outcome.study.trials, started_at)),
-            # seconds since the bench started the search (the study's start included) to each trial's end, by number
-            "trials_completed": [completed_after(outcome.study.trials, t.number, started_at)
-                                 for t in outcome.study.trials if t.state.is_finished()],
+            "trials_completed": trial_ends(outcome.study.trials, started_at),
             "machine_probe": outcome.study.user_attrs.get(ATTR_MACHINE_PROBE),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "time_split": time_split(outcome.times.wall, outcome.times.by_category,

@@ -51,8 +51,8 @@ class SearchSummary(TypedDict):
     runtimes: list[str]
     #: ``[seconds since the search started, best feasible speed-up so far]``: the search's own curve.
     time_to_result: list[list[float]]
-    #: Seconds from the search's start (the study's start included) to each trial's end, by trial number.
-    trials_completed: NotRequired[list[float | None]]
+    #: Seconds from the search's start (the study's start included) to each finished trial's end, by trial number.
+    trials_completed: NotRequired[list[float]]
 
 
 class RowsMachine(TypedDict):
@@ -124,11 +124,11 @@ def _command(result: OneLinerResult) -> str:
 
 
 def _trial_times(search: SearchSummary) -> str:
-    """``; trial 0 ended after 4.2 min, trial 9 after 41.0 min`` (the study's start included), where recorded."""
+    """``; trial 0 ended after 3.5 min, all 10 after 30.2 min`` (the study's start included), where recorded."""
     ended = search.get("trials_completed") or []
-    marks = [(number, ended[number]) for number in sorted({0, len(ended) - 1}) if ended and ended[number] is not None]
-    return "".join(f"{'; ' if i == 0 else ', '}trial {number} {'ended ' if i == 0 else ''}after "
-                   f"{seconds / 60:.1f} min" for i, (number, seconds) in enumerate(marks))
+    if not ended:
+        return ""
+    return f"; trial 0 ended after {ended[0] / 60:.1f} min, all {len(ended)} after {ended[-1] / 60:.1f} min"
 
 
 def render(result: OneLinerResult) -> str:

@@ -77,8 +77,8 @@ class SearchInfo(SearchTimes, total=False):
     stage_work: dict[str, str]
     #: ``[seconds, best feasible speed-up]`` pairs: the product's own curve.
     time_to_result: list[list[float]]
-    #: Seconds from the search's start (the study's start included) to each trial's end, by trial number.
-    trials_completed: list[float | None]
+    #: Seconds from the search's start (the study's start included) to each finished trial's end, by trial number.
+    trials_completed: list[float]
     machine_probe: object
     cpu_capability: str
     time_to_peer_seconds: float | None

@@ -57,6 +57,12 @@ def best_so_far(trials: Sequence[FrozenTrial], started: datetime) -> list[Timeli
             for p in study_best_so_far(trials, started)]
 
 
+def trial_ends(trials: Sequence[FrozenTrial], started: datetime) -> list[float]:
+    """Seconds from ``started`` to each finished trial's end, by trial number (the study's start inside the first)."""
+    return [max(0.0, (t.datetime_complete - started).total_seconds())
+            for t in sorted(trials, key=lambda t: t.number) if t.datetime_complete is not None]
+
+
 def _describe(recipe: Recipe) -> str:
     """``amp(dtype=bfloat16, ...) @ compile`` (no ``|``: the text goes into a Markdown table)."""
     body = " + ".join(describe_config(c, brief=True) for c in recipe.model_stages()) or "fp32"
