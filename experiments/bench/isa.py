@@ -9,6 +9,8 @@ from typing import NotRequired, TypedDict
 
 import torch
 
+from paretorch.pipeline.core.device import cpu_flags
+
 #: The variables that make a wider CPU run as an AVX2-only one, and what each reaches.
 ISA_CAPS = {"ATEN_CPU_CAPABILITY": "torch's aten kernels (and the matmuls torch.compile calls)",
             "MKL_ENABLE_INSTRUCTIONS": "MKL (torch's float32 GEMMs)",
@@ -32,12 +34,7 @@ def isa_info() -> IsaInfo:
     """This CPU's instruction-set flags and any emulated cap (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``): a
     row measured under a cap says what the cap does not reach (ONNX Runtime's MLAS, and OpenVINO's own MLAS GEMMs
     and MVN kernels, dispatch on the real CPU)."""
-    flags = set()
-    if Path("/proc/cpuinfo").is_file():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+    flags = cpu_flags()
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
     caps = {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
     info: IsaInfo = {"flags": [f for f in wanted if f in flags], "torch_capability":

@@ -202,6 +202,31 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """This CPU's instruction-set flags (``/proc/cpuinfo``'s first ``flags`` line; empty where there is none)."""
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+#: x86 instruction sets with an int8 dot product that accumulates u8 x s8 in int32 (no int16 step).
+INT8_DOT_PRODUCT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def int8_products_saturate(flags: frozenset[str] | None = None, machine: str | None = None) -> bool:
+    """Whether ONNX Runtime's u8 x s8 kernels (MLAS) saturate here: an x86 CPU without VNNI or AMX adds pairs of
+    products in int16 (``vpmaddubsw``), which full 8-bit weights overflow. On an AVX2-only AMD EPYC (Zen 3) that
+    turned all-mpnet-base-v2's dynamic int8 into noise (cosine to fp32 0.02); onnxruntime's ``reduce_range``
+    (7-bit weights) brought it to 0.92, the VNNI machine's level. Arm and VNNI CPUs do not saturate."""
+    machine = (machine or platform.machine()).lower()
+    if machine not in ("x86_64", "amd64", "i386", "i686"):
+        return False
+    flags = cpu_flags() if flags is None else flags
+    return bool(flags) and not any(flag in flags for flag in INT8_DOT_PRODUCT_FLAGS)
+
+
 def host_facts_file() -> Path:
     return results_dir() / "cache" / HOST_FACTS_FILE
 

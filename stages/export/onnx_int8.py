@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from paretorch.pipeline.core.device import int8_products_saturate
 from paretorch.pipeline.core.errors import InfeasibleConfig
 from paretorch.pipeline.core.mirror import ExportMirror
 from paretorch.pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
@@ -155,6 +156,8 @@ def quantize_int8(graph: onnx.ModelProto, plan: Int8Plan, nodes: list[str], outp
     prepared = output.with_name("prepared.onnx")
     onnx.save(graph, str(prepared))
     options: dict[str, Any] = {"WeightSymmetric": plan.symmetric}
+    # 7-bit weights where u8 x s8 products saturate (an x86 CPU without VNNI: int8_products_saturate).
+    reduce_range = int8_products_saturate()
     try:
         if plan.mode == "static":
             if not calibration:
@@ -173,10 +176,12 @@ def quantize_int8(graph: onnx.ModelProto, plan: Int8Plan, nodes: list[str], outp
                 quantize_static(str(prepared), str(output), reader, quant_format=QuantFormat.QDQ,
                                 op_types_to_quantize=op_types, nodes_to_quantize=nodes, per_channel=True,
                                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                                calibrate_method=CalibrationMethod.Percentile, extra_options=options)
+                                calibrate_method=CalibrationMethod.Percentile, reduce_range=reduce_range,
+                                extra_options=options)
         else:
             quantize_dynamic(str(prepared), str(output), op_types_to_quantize=op_types, nodes_to_quantize=nodes,
-                             per_channel=True, weight_type=QuantType.QInt8, extra_options=options)
+                             per_channel=True, weight_type=QuantType.QInt8, reduce_range=reduce_range,
+                             extra_options=options)
         return onnx.load(str(output))
     except InfeasibleConfig:
         raise

@@ -3,49 +3,29 @@ quantized, its output stays float (onnxruntime's QDQ would otherwise also round 
 per-tensor uint8, which cost MiniLM cosine 0.912 against torch).
 
 The recipe is judged on every CPU by the QDQ graph run node by node (no fusion: float math on the
-quantized values, what exact int8 arithmetic gives); onnxruntime's fused int8 kernels are judged
-against that by what the CPU's int8 path can do (:func:`int8_kernel_bound`)."""
+quantized values, what exact int8 arithmetic gives); onnxruntime's fused int8 kernels match that on every
+CPU: where u8 x s8 products would saturate (x86 without VNNI), the stage takes 7-bit weights
+(:func:`int8_products_saturate`)."""
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from paretorch.pipeline.core.device import int8_products_saturate
 from paretorch.stages.export.layer_filter import LayerFilter
 from paretorch.stages.export.onnx_int8 import Int8Plan, count_int8_ops, quantize_int8
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The CPU's feature flags (Linux); empty where /proc/cpuinfo is absent."""
-    if not cpuinfo.exists():
-        return set()
-    for line in cpuinfo.read_text(errors="replace").splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
-
-
-def int8_kernel_bound(machine: str, flags: set[str]) -> tuple[float, str]:
-    """The lowest cosine of onnxruntime's fused int8 output to the exact QDQ arithmetic on this CPU, and why.
-
-    x86 with VNNI (avx512_vnni, avx_vnni) and ARM accumulate u8 x s8 products exactly in int32. x86
-    without VNNI (AVX2, AVX-512 before VNNI) multiplies pairs with VPMADDUBSW into int16, which saturates
-    (onnxruntime's quantization docs: "reduce_range" on such CPUs): measured 0.99857 to float on an AVX2
-    Xeon on every run, 0.99999970 to the exact arithmetic on an AVX512-VNNI EPYC."""
-    if machine.lower() in ("x86_64", "amd64", "i686", "x86") and not flags & {"avx512_vnni", "avx_vnni"}:
-        return 0.998, "x86 without VNNI: u8 x s8 pairs saturate in int16 (VPMADDUBSW)"
-    return 0.99999, "exact int32 accumulation (x86 VNNI or ARM)"
-
-
-def test_the_int8_kernel_bound_names_the_cpus_it_covers() -> None:
-    assert int8_kernel_bound("x86_64", {"avx2", "fma"})[0] == 0.998
-    assert int8_kernel_bound("x86_64", {"avx2", "avx512f", "avx512_vnni"})[0] == 0.99999
-    assert int8_kernel_bound("x86_64", {"avx2", "avx_vnni"})[0] == 0.99999
-    assert int8_kernel_bound("arm64", set())[0] == 0.99999
+def test_only_x86_without_vnni_or_amx_saturates() -> None:
+    assert int8_products_saturate(frozenset({"avx2", "fma"}), "x86_64")
+    assert not int8_products_saturate(frozenset({"avx2", "avx512f", "avx512_vnni"}), "x86_64")
+    assert not int8_products_saturate(frozenset({"avx2", "avx_vnni"}), "x86_64")
+    assert not int8_products_saturate(frozenset({"amx_int8", "amx_tile"}), "x86_64")
+    assert not int8_products_saturate(frozenset(), "arm64")
 
 
 def _cosine(got: np.ndarray, want: np.ndarray) -> float:
@@ -102,5 +82,20 @@ def test_static_qdq_quantizes_layer_inputs_and_weights_not_outputs(tmp_path: Pat
         None, {"x": x})
     (want,) = onnxruntime.InferenceSession(graph.SerializeToString(), providers=cpu).run(None, {"x": x})
     assert _cosine(exact, want) > 0.999  # the recipe, on any CPU
-    bound, path = int8_kernel_bound(platform.machine(), cpu_flags())
-    assert _cosine(fused, exact) > bound, f"onnxruntime's int8 kernels on this CPU ({path})"
+    assert _cosine(fused, exact) > 0.99999, (f"onnxruntime's fused int8 kernels on this CPU "
+                                             f"(saturating: {int8_products_saturate()})")
+
+
+@pytest.mark.parametrize("saturates", [False, True])
+def test_weights_take_7_bits_where_int8_products_saturate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          saturates: bool) -> None:
+    from onnx import numpy_helper
+
+    monkeypatch.setattr("paretorch.stages.export.onnx_int8.int8_products_saturate", lambda: saturates)
+    plan = Int8Plan(layer_filter=LayerFilter(kinds=("linear",), min_weight_elements=0, skip_head=False,
+                                             protected=()), mode="dynamic")
+    quantized = quantize_int8(_two_layer_graph(), plan, ["fc1", "fc2"], tmp_path / "block.onnx", [])  # type: ignore[arg-type]
+    weights = [numpy_helper.to_array(t) for t in quantized.graph.initializer if t.data_type == 3]  # int8
+    assert weights
+    largest = max(int(np.abs(w.astype(np.int32)).max()) for w in weights)
+    assert largest <= 64 if saturates else largest == 127
