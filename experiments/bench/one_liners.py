@@ -61,6 +61,7 @@ from paretorch.experiments.bench.paths import RESULTS_DIR
 from paretorch.experiments.bench.peers import speedup
 from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.pipeline.core.device import describe, resolve_device
+from paretorch.pipeline.core.errors import InfeasibleConfig
 from paretorch.pipeline.core.evaluate import compute_metric
 from paretorch.pipeline.core.ort_session import open_session
 from paretorch.pipeline.core.ov_session import default_precision, open_ir
@@ -117,7 +118,12 @@ def one_liners(model: nn.Module, inputs: Batch, device: torch.device, work: Path
     xml = work / "model.xml"
 
     def ort_fp32() -> Callable[..., Tensor]:
-        torch.onnx.export(model, inputs, str(fp32), dynamo=True)
+        # The batch axis, and a token axis (an integer input's second), are dynamic: a text model's
+        # evaluation batches are padded to their own longest sentence.
+        names = [f"input_{i}" for i in range(len(inputs))]
+        axes = {name: {0: "batch"} | ({1: "tokens"} if not x.is_floating_point() and x.dim() > 1 else {})
+                for name, x in zip(names, inputs, strict=True)}
+        torch.onnx.export(model, inputs, str(fp32), dynamo=True, input_names=names, dynamic_axes=axes)
         return open_session(fp32, device, fixed_batch=batch)
 
     def ort_int8() -> Callable[..., Tensor]:
@@ -152,7 +158,14 @@ def _rows(sides: list[Side], spec: ModelSpec, device: torch.device, samples: lis
     rows: list[OneLinerRow] = []
     baseline_metric = 0.0
     for side, times in zip(sides, samples, strict=True):
-        metric = compute_metric(side.fn, spec.evaluation(), spec.metric, device)
+        try:
+            metric = compute_metric(side.fn, spec.evaluation(), spec.metric, device)
+        except InfeasibleConfig as exc:  # a one-liner that cannot score the evaluation data: its row says why
+            if side.kind == "baseline":
+                raise
+            print(f"[one-liners] {side.name} could not be scored: {exc}", flush=True)
+            rows.append({"name": side.name, "kind": side.kind, "how": side.how, "error": str(exc)[:300]})
+            continue
         baseline_metric = metric if side.kind == "baseline" else baseline_metric
         drop = spec.metric.drop(baseline_metric, metric)
         ratio, ci = speedup(samples[0], times)
