@@ -44,6 +44,7 @@ class SearchTimes(TypedDict, total=False):
 
     timeline: list[TimelinePoint]
     time_split: TimeSplit
+    best_trial: int
 
 
 def best_so_far(trials: Sequence[FrozenTrial], started: datetime) -> list[TimelinePoint]:
@@ -104,6 +105,11 @@ def render(search: SearchTimes, peer_speedup: float | None = None) -> list[str]:
                 + (f"{points[-1]['speedup']:.2f}x reached after {final:.0f} s (trial {points[-1]['trial']}); "
                    if final is not None else "none; ")
                 + f"best within the first {EARLY_SECONDS:.0f} s: " + (f"{early:.2f}x" if early else "none"))
+        lead = search.get("best_trial")
+        if points and lead is not None and points[-1]["trial"] != lead:  # the curve reads point values
+            head += (f"; the search's best is trial {lead}, the front's lead: trial {points[-1]['trial']}'s point "
+                     "value is higher, but the front rule does not rank it above (tied within their intervals, or "
+                     "a lower metric), so it is not named best")
         if peer_speedup:
             reached = next((p for p in points if float(p["speedup"]) >= peer_speedup), None)
             head += (f"; the fastest peer's {peer_speedup:.2f}x reached after {reached['seconds']:.0f} s"

@@ -59,3 +59,12 @@ def test_the_timeline_and_the_time_split_render_for_benchmarks_md() -> None:
     assert "Where the search's 1000 s went: model_load 10 s (1 %), stages 300 s (30 %), evaluation 500 s (50 %)" in text
     assert "Stages (low-fidelity screens included): distill 250 s (25 %), amp 50 s (5 %)." in text
     assert render({}) == [], "a result file written before the timeline renders as before"
+
+
+def test_a_point_best_the_front_rule_ties_is_not_called_the_search_best() -> None:
+    points = best_so_far([trial(0, 10, 100.0, paired=1.0), trial(3, 100, 30.0, paired=2.99),
+                          trial(4, 200, 30.0, paired=3.20)], START)
+    tied = "\n".join(render({"timeline": points, "best_trial": 3}))
+    assert "final best 3.20x reached after 200 s (trial 4)" in tied
+    assert "the search's best is trial 3, the front's lead" in tied
+    assert "the front's lead" not in "\n".join(render({"timeline": points, "best_trial": 4}))
