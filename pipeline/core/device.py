@@ -202,8 +202,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@cache
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """This CPU's instruction-set flags (``/proc/cpuinfo``'s first ``flags`` line; empty where there is none)."""
+    """This CPU's instruction-set flags (``/proc/cpuinfo``'s first ``flags`` line, read once; empty where none)."""
     if cpuinfo.is_file():
         for line in cpuinfo.read_text(errors="replace").splitlines():
             if line.startswith("flags"):

@@ -10,13 +10,14 @@ outputs) plus one bf16 pass over an evaluation of at most :data:`BF16_MAX_ROWS` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from paretorch.pipeline.core.device import capabilities
+from paretorch.pipeline.core.device import capabilities, cpu_bf16_is_fast
 from paretorch.pipeline.core.evaluate import evaluation_outputs
 from paretorch.pipeline.core.progress import phase
 from paretorch.pipeline.core.spec import LabelledBatch, Metric, ModelSpec
@@ -40,12 +41,36 @@ def near_tie_share(logits: Tensor) -> float:
 
 
 def bf16_metric(model: nn.Module, batches: Sequence[LabelledBatch], metric: Metric, device: torch.device) -> float:
-    """``metric`` of ``model`` run under bf16 autocast on ``device`` (the unoptimized model, rounded only)."""
+    """``metric`` of ``model`` run under bf16 autocast on ``device`` (the unoptimized model, rounded only). On a CPU
+    where bf16 math is slow (:func:`~paretorch.pipeline.core.device.cpu_bf16_is_fast`: emulated without AVX512-BF16
+    or AMX) its weights are rounded to bf16 and it runs in float32 instead: autocast there took all-mpnet-base-v2
+    over 15 minutes on an AVX2 EPYC (one thread; its fp32 reference pass 2 minutes), all before trial 0."""
     rows = sum(int(target.shape[0]) for _, target in batches)
-    with (phase(f"noise floor: the unoptimized model once under bf16 rounding ({rows} rows)"),
-          torch.autocast(device_type=device.type, dtype=torch.bfloat16)):
-        outputs, targets = evaluation_outputs(model, batches, device)
+    if device.type == "cpu" and not cpu_bf16_is_fast():
+        with phase(f"noise floor: the unoptimized model once with its weights rounded to bf16, in float32 ({rows} "
+                   "rows; bf16 math is slow on this CPU)"), bf16_rounded_weights(model):
+            outputs, targets = evaluation_outputs(model, batches, device)
+    else:
+        with (phase(f"noise floor: the unoptimized model once under bf16 rounding ({rows} rows)"),
+              torch.autocast(device_type=device.type, dtype=torch.bfloat16)):
+            outputs, targets = evaluation_outputs(model, batches, device)
     return float(metric.compute(outputs.float(), targets).item())
+
+
+@contextlib.contextmanager
+def bf16_rounded_weights(model: nn.Module) -> Iterator[None]:
+    """``model``'s floating-point parameters rounded to bf16 (kept float32) inside the block, restored after."""
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    saved = [p.detach().clone() for p in params]
+    try:
+        with torch.no_grad():
+            for param in params:
+                param.copy_(param.to(torch.bfloat16))
+        yield
+    finally:
+        with torch.no_grad():
+            for param, kept in zip(params, saved, strict=True):
+                param.copy_(kept)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from paretorch.pipeline.core.device import int8_products_saturate
 from paretorch.pipeline.core.errors import PipelineError
 from paretorch.pipeline.core.names import RUNTIME_ENTRY_POINT_GROUP as RUNTIME_GROUP
 from paretorch.pipeline.core.processes import process_exists
@@ -120,11 +121,15 @@ def library_versions(libraries: Iterable[str] = ()) -> dict[str, str]:
 def node_key(op: str, config: Mapping[str, object] | None, input_keys: tuple[str, ...], device_type: str,
              libraries: Iterable[str] = ()) -> str:
     """The content key of one node output: its operation, config, inputs' keys (which hold the chain's own
-    libraries), device type, and the versions of the ``libraries`` the node itself depends on (its stage's or
-    runtime's declaration) plus :data:`ALWAYS_KEYED`, so an unrelated installed plugin changes no key."""
+    libraries), device type (on a CPU, whether its int8 products saturate:
+    :func:`~paretorch.pipeline.core.device.int8_products_saturate`), and the versions of the ``libraries`` the node
+    itself depends on (its stage's or runtime's declaration) plus :data:`ALWAYS_KEYED`, so an unrelated installed
+    plugin changes no key."""
     payload = json.dumps(
         {"op": op, "config": config, "inputs": list(input_keys), "device": device_type,
-         "versions": library_versions(libraries)},
+         "versions": library_versions(libraries),
+         # ONNX Runtime int8 takes 7-bit weights on such CPUs: an export made on one host is not another's.
+         "int8_products_saturate": device_type == "cpu" and int8_products_saturate()},
         sort_keys=True,
         default=str,
     )

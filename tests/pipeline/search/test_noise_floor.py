@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 import torch
 from torch import Tensor, nn
 
-from paretorch.pipeline.core.noise_floor import LABELLED_DATA_HINT, NoiseFloor, near_tie_share
+from paretorch.pipeline.core.noise_floor import LABELLED_DATA_HINT, NoiseFloor, bf16_metric, near_tie_share
 from paretorch.pipeline.core.spec import ModelSpec, load_model
 from paretorch.pipeline.search import Search, SearchConfig
 from paretorch.pipeline.search.store import ATTR_NOISE_FLOOR
@@ -59,3 +60,17 @@ def test_near_ties_are_the_top_two_classes_within_the_margin() -> None:
     logits = torch.tensor([[5.0, 0.0, 0.0], [1.0, 0.99, 0.0], [0.0, 0.0, 0.0], [0.2, 0.0, 0.0]])
     assert near_tie_share(logits) == 0.75
     assert near_tie_share(torch.zeros(4, 1)) == 0.0
+
+
+def test_where_cpu_bf16_is_slow_the_noise_pass_rounds_the_weights_and_restores_them(
+        digits_spec: ModelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARETORCH_CPU_BF16", "slow")
+    model = load_model(digits_spec)
+    before = [p.detach().clone() for p in model.parameters()]
+    seen: list[torch.dtype] = []
+    model.register_forward_pre_hook(lambda m, args: seen.extend(
+        p.dtype for p in m.parameters()) if torch.is_autocast_enabled("cpu") else None)
+    rounded = bf16_metric(model, digits_spec.evaluation(), digits_spec.metric, torch.device("cpu"))
+    assert 0.5 < rounded <= 1.0
+    assert not seen, "no autocast on a CPU where bf16 is slow"
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True)), "weights restored"
