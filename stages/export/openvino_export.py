@@ -51,6 +51,7 @@ from paretorch.stages.export.openvino_nncf import (
     OvQuantMode,
     compress_weights,
     count_int8,
+    overflow_fix_on,
     quantize_static,
     select_ops,
 )
@@ -204,7 +205,8 @@ def _quantize(graph: openvino.Model, plan: OvPlan, upstream: ExportMirror, ctx: 
                                     ctx.spec.padding_mask)
         samples = sum(int(batch[0].shape[0]) for batch in calibration)
         how = (f"{quant.method} mirrored: NNCF static int8 (preset MIXED: asymmetric activations, "
-               f"symmetric per-channel weights; model type {plan.model_type}; overflow fix off), calibrated on "
+               f"symmetric per-channel weights; model type {plan.model_type}; overflow fix "
+               f"{'on: 7-bit weights, int8 products saturate on this CPU' if overflow_fix_on() else 'off'}), calibrated on "
                f"the spec's {samples} calibration samples, one per NNCF item")
     else:
         quantized = compress_weights(graph, list(selection.ignored), quant.symmetric)
