@@ -152,6 +152,25 @@ def cpu_isa() -> str:
     return "avx512" if "avx512f" in flags else "avx2"
 
 
+#: Characters of a peer's error kept for its row (the whole traceback stays in the result's ``traceback``).
+ERROR_CHARS = 300
+
+
+def short_error(exc: BaseException) -> str:
+    """``Type: message`` cut to :data:`ERROR_CHARS` (transformers lists every model type it knows)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
+
+
+def dynamic_int8_weights(isa: str) -> str:
+    """The weight type ``export_dynamic_quantized_onnx_model(model, isa, path)`` names its file with
+    (``onnx/model_<weights>_<isa>.onnx``): optimum's dynamic config for ``isa`` decides it (``quint8`` for
+    ``avx2``, ``qint8`` for the others)."""
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    return str(getattr(AutoQuantizationConfig, isa)(is_static=False).weights_dtype.name.lower())
+
+
 def load_onnx_peer(name: str, directory: Path, threads: int, isa: str) -> tuple[SentenceTransformer, PeerInfo]:
     """An ONNX peer: exported (once) into ``directory`` by sentence-transformers, then loaded with threads set."""
     from sentence_transformers import (
@@ -172,7 +191,8 @@ def load_onnx_peer(name: str, directory: Path, threads: int, isa: str) -> tuple[
                                          model_kwargs={"file_name": "onnx/model.onnx"})
             export_optimized_onnx_model(source, "O3", str(directory))
     elif name == "ONNX dynamic int8":
-        file_name, how = f"onnx/model_qint8_{isa}.onnx", f'export_dynamic_quantized_onnx_model(model, "{isa}", path)'
+        file_name = f"onnx/model_{dynamic_int8_weights(isa)}_{isa}.onnx"
+        how = f'export_dynamic_quantized_onnx_model(model, "{isa}", path)'
         if not (directory / file_name).is_file():
             source = SentenceTransformer(str(directory), device="cpu", backend="onnx",
                                          model_kwargs={"file_name": "onnx/model.onnx"})
@@ -305,8 +325,8 @@ def main(argv: Sequence[str]) -> int:
         try:
             info = run_peer(name, job, directory, baseline, timed, out)
         except Exception as exc:  # recorded in the peer's row: the bench shows why it did not run
-            info = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-            print(f"{name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            info = {"error": short_error(exc), "traceback": traceback.format_exc()}
+            print(f"{name}: failed: {info['error']}", file=sys.stderr, flush=True)
         else:
             print(f"{name}: done in {info['prepare_seconds']:.1f} s to prepare", flush=True)
         result["peers"].append({"name": name, **info})
