@@ -7,8 +7,9 @@ NNCF item (token samples cut to their own length: no padding token's activation 
 sample used, preset MIXED (asymmetric activations, symmetric per-channel weights: the x86 PT2E recipe's
 uint8 affine activations and int8 symmetric weights), NNCF's overflow fix off (the PT2E recipe's full 8-bit
 weights) except where u8 x s8 products saturate (an x86 CPU without VNNI or AMX,
-:func:`~paretorch.pipeline.core.device.int8_products_saturate`: there 7-bit weights on every layer), with NNCF's transformer model type for token models: the parameters sentence-transformers'
-OpenVINO backend (optimum-intel's ``OVQuantizationConfig``) quantizes with; int8
+:func:`~paretorch.pipeline.core.device.int8_products_saturate`: there 7-bit weights on every layer), with NNCF's
+transformer model type for token models: the parameters sentence-transformers' OpenVINO backend (optimum-intel's
+``OVQuantizationConfig``) quantizes with; int8
 weight-only -> ``nncf.compress_weights`` (INT8, per output channel) with the CPU plugin's dynamic
 activation quantization off. The layers are the ones the torch side quantized: the quantize stage's layer
 filter (:class:`~paretorch.stages.export.layer_filter.LayerFilter`) read on each weighted op of the IR, every other
