@@ -128,7 +128,7 @@ def node_key(op: str, config: Mapping[str, object] | None, input_keys: tuple[str
     payload = json.dumps(
         {"op": op, "config": config, "inputs": list(input_keys), "device": device_type,
          "versions": library_versions(libraries),
-         # ONNX Runtime int8 and NNCF take 7-bit weights on such CPUs: an export made on one host is not another's.
+         # ONNX Runtime int8 takes 7-bit weights on such CPUs: an export made on one host is not another's.
          "int8_products_saturate": device_type == "cpu" and int8_products_saturate()},
         sort_keys=True,
         default=str,

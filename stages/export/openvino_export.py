@@ -51,7 +51,6 @@ from paretorch.stages.export.openvino_nncf import (
     OvQuantMode,
     compress_weights,
     count_int8,
-    overflow_fix_on,
     quantize_static,
     select_ops,
 )
@@ -204,9 +203,8 @@ def _quantize(graph: openvino.Model, plan: OvPlan, upstream: ExportMirror, ctx: 
         quantized = quantize_static(graph, list(selection.ignored), calibration, plan.model_type,
                                     ctx.spec.padding_mask)
         samples = sum(int(batch[0].shape[0]) for batch in calibration)
-        overflow = "on: 7-bit weights, int8 products saturate on this CPU" if overflow_fix_on() else "off"
         how = (f"{quant.method} mirrored: NNCF static int8 (preset MIXED: asymmetric activations, "
-               f"symmetric per-channel weights; model type {plan.model_type}; overflow fix {overflow}), calibrated on "
+               f"symmetric per-channel weights; model type {plan.model_type}; overflow fix off), calibrated on "
                f"the spec's {samples} calibration samples, one per NNCF item")
     else:
         quantized = compress_weights(graph, list(selection.ignored), quant.symmetric)

@@ -24,6 +24,7 @@ import pytest
 import torch
 from torch import nn
 
+from paretorch.pipeline.core.device import int8_products_saturate
 from paretorch.pipeline.core.errors import InfeasibleConfig
 from paretorch.pipeline.core.evaluate import LatencySettings
 from paretorch.pipeline.core.runtimes.registry import available_runtimes
@@ -42,6 +43,11 @@ from paretorch.testing.text_encoders import ARCHITECTURES, save_text_encoder, to
 CPU = torch.device("cpu")
 MIN_COSINE = 0.998
 MAX_COSINE = 0.999995
+#: OpenVINO static int8 on a CPU whose u8 x s8 products saturate (x86 without VNNI or AMX:
+#: :func:`~paretorch.pipeline.core.device.int8_products_saturate`): these encoders' random weights reach the int16
+#: limit that real weights rarely do (NNCF's overflow fix stays off: ``stages/export/openvino_nncf.py`` says why);
+#: measured 0.9971-0.9973 on an AVX2-only EPYC (Zen 3), so the bound allows a drop of 4e-3 there.
+MIN_COSINE_SATURATING = 0.996
 #: The architectures the presets run on (XLM-R's model is RoBERTa's: the same graph, its numbers identical).
 ENCODERS = ("mpnet", "roberta", "distilbert")
 #: The torch runtime the int8 graph of a ``compile`` preset is scored under here (see the module docstring).
@@ -98,8 +104,10 @@ def test_every_int8_preset_runs_close_to_fp32(encoder: tuple[str, ModelSpec], tm
             assert len(layers) == 3 * 4 - 1, f"{preset.name}: every Linear but the head is int8: {layers}"
             scores[f"{preset.name}@{runtime}"] = result.report.metric_value
     assert len(scores) == 4, scores
-    out_of_range = {pair: score for pair, score in scores.items() if not MIN_COSINE <= score <= MAX_COSINE}
-    assert not out_of_range, f"{architecture}: mean cosine to fp32 out of [{MIN_COSINE}, {MAX_COSINE}]: {scores}"
+    lowest = {pair: MIN_COSINE_SATURATING if pair.endswith("@openvino") and int8_products_saturate() else MIN_COSINE
+              for pair in scores}
+    out_of_range = {pair: score for pair, score in scores.items() if not lowest[pair] <= score <= MAX_COSINE}
+    assert not out_of_range, f"{architecture}: mean cosine to fp32 out of [{lowest}, {MAX_COSINE}]: {scores}"
 
 
 def test_a_blocking_op_is_named_with_its_stage(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, lines: Path) -> None:
