@@ -119,9 +119,11 @@ SEED ?= 20261128
 # The suite runs in a shuffled order (an order dependence fails), with a seed a maintainer rotates once a run with
 # the new seed passed (last: 7, on 2026-11-29); `make test TEST_SEED=` runs it in file order.
 TEST_SEED   ?= 7
-# Test processes (pytest-xdist): one per CPU by default, each test file whole in one process (its module fixtures
-# built once); TEST_WORKERS=0 runs the suite in this process.
-TEST_WORKERS ?= auto
+# Test processes (pytest-xdist): 0 runs the suite in this process (the default, what CI runs); TEST_WORKERS=auto
+# runs one per CPU, each test file whole in one process (its module fixtures built once): on the 2-core AVX2 EPYC
+# 20 min instead of about 30, but then timing tests share the CPU with another worker and may read it as busy (a
+# short EfficientNet search once flagged its own baseline's timing unstable and had no front).
+TEST_WORKERS ?= 0
 PYTEST = $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
 test: $(STAMP)
 	$(PYTEST) $(if $(TEST_SEED),--shuffle $(TEST_SEED)) tests
