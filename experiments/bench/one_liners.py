@@ -10,7 +10,9 @@ onnxruntime and OpenVINO alike:
   ONNX Runtime fp32 (``torch.onnx.export(model, (example,), path, dynamo=True)``), ONNX Runtime int8 dynamic
   (``quantize_dynamic(pre, int8)`` with its defaults, after the pre-processing its warning asks for,
   ``quant_pre_process(fp32, pre)``: on EfficientNet-Lite0's dynamo export, ``quantize_dynamic`` alone fails in ONNX
-  shape inference, "Inferred shape and existing shape differ in dimension 0: (1280) vs (1000)"), OpenVINO fp32
+  shape inference, "Inferred shape and existing shape differ in dimension 0: (1280) vs (1000)"; where the
+  pre-processing itself fails, as on all-mpnet-base-v2's export, ``quantize_dynamic`` alone, and the row says so),
+  OpenVINO fp32
   (``openvino.convert_model(model, example_input=example)``, compiled at ``INFERENCE_PRECISION_HINT`` f32) and, where
   OpenVINO picks another precision by itself (bf16 on a CPU with AMX or AVX512-BF16), OpenVINO at its default. The
   files are opened as paretorch's runtimes open theirs (:func:`paretorch.pipeline.core.ort_session.open_session`:
@@ -40,7 +42,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -90,6 +92,13 @@ class Side:
     precision: str = ""
 
 
+#: How the ONNX Runtime int8 one-liner is made: with the pre-processing its warning asks for, or, where that fails
+#: (ONNX Runtime 1.31's symbolic shape inference on all-mpnet-base-v2's dynamo export: "TypeError: object of type
+#: 'NoneType' has no len()" in an Expand), ``quantize_dynamic`` on the fp32 file alone.
+ORT_INT8_HOW = "quant_pre_process(fp32, pre); quantize_dynamic(pre, int8)"
+ORT_INT8_UNPROCESSED_HOW = "quantize_dynamic(fp32, int8) (quant_pre_process failed on this export)"
+
+
 def _made(name: str, how: str, make: Callable[[], Callable[..., Tensor]], inputs: Batch,
           precision: str = "") -> Side | OneLinerRow:
     """A one-liner's side, made by ``make`` (timed), or the row that says why it could not be made."""
@@ -126,9 +135,17 @@ def one_liners(model: nn.Module, inputs: Batch, device: torch.device, work: Path
         torch.onnx.export(model, inputs, str(fp32), dynamo=True, input_names=names, dynamic_axes=axes)
         return open_session(fp32, device, fixed_batch=batch)
 
+    int8_how = [ORT_INT8_HOW]
+
     def ort_int8() -> Callable[..., Tensor]:
-        quant_pre_process(str(fp32), str(pre))
-        onnxruntime.quantization.quantize_dynamic(str(pre), str(int8))
+        source = pre
+        try:
+            quant_pre_process(str(fp32), str(pre))
+        except Exception as exc:  # its symbolic shape inference does not cover every export: quantize without it
+            print(f"[one-liners] quant_pre_process failed ({type(exc).__name__}: {str(exc)[:120]}): "
+                  "quantize_dynamic on the fp32 file, as ONNX Runtime itself allows", flush=True)
+            source, int8_how[0] = fp32, ORT_INT8_UNPROCESSED_HOW
+        onnxruntime.quantization.quantize_dynamic(str(source), str(int8))
         return open_session(int8, device, fixed_batch=batch)
 
     def ov_ir(precision: str) -> Callable[[], Callable[..., Tensor]]:
@@ -141,8 +158,8 @@ def one_liners(model: nn.Module, inputs: Batch, device: torch.device, work: Path
 
     sides = [_made("ONNX Runtime fp32", "torch.onnx.export(model, (example,), path, dynamo=True)", ort_fp32, inputs)]
     if isinstance(sides[0], Side):
-        sides.append(_made("ONNX Runtime int8 dynamic", "quant_pre_process(fp32, pre); quantize_dynamic(pre, int8)",
-                           ort_int8, inputs))
+        made = _made("ONNX Runtime int8 dynamic", ORT_INT8_HOW, ort_int8, inputs)
+        sides.append(replace(made, how=int8_how[0]) if isinstance(made, Side) else made)
     sides.append(_made("OpenVINO fp32", "openvino.convert_model(model, example_input=example)", ov_ir("f32"),
                        inputs, "f32"))
     chosen = default_precision(device)

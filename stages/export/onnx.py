@@ -27,6 +27,8 @@ class ONNXExportConfig(ExportConfig):
       validation text, or the export is ``infeasible`` (what the ``onnxruntime`` runtime asks).
     * ``measure_latency``: onnxruntime latency per batch size in the metrics (the spec's batch sizes, or the
       run's: a search's ``--latency-batch``), timed with the user's ``--latency-budget``.
+    * ``measure_metric``: the spec metric of the file over the evaluation split, with onnxruntime, in the metrics
+      (``<prefix>_<metric>``).
     """
 
     stage = "export.onnx"
@@ -38,6 +40,7 @@ class ONNXExportConfig(ExportConfig):
     fusions: Literal["auto", "bert", "none"] = "auto"
     unmirrored: Literal["note", "infeasible"] = "note"
     measure_latency: bool = True
+    measure_metric: bool = True
 
 
 def apply(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -> ExportResult:

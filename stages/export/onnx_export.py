@@ -21,12 +21,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from paretorch.pipeline.core.evaluate import compute_metric
 from paretorch.pipeline.core.mirror import ExportMirror
 from paretorch.pipeline.core.ort_session import OrtModel, open_session
 from paretorch.pipeline.core.spec import Batch
 from paretorch.pipeline.core.stage import ExportResult, StageContext, export_mirror
-from paretorch.pipeline.core.timing import measure_latency
 from paretorch.pipeline.core.token_inputs import is_token_input
 from paretorch.stages.common.mirror_facts import ReducedPrecision, Sparsity
 from paretorch.stages.export.atomic import artifact_size_bytes, atomic_artifact
@@ -35,6 +33,7 @@ from paretorch.stages.export.checks import (
     compare_outputs,
     converter_failure,
     cpu_inputs,
+    file_measures,
     float_graph_on_cpu,
     grouped_mask_input,
     grouped_note,
@@ -100,7 +99,8 @@ def export_onnx(model: nn.Module, config: ONNXExportConfig, ctx: StageContext) -
         comparison = compare_outputs(reference, runner.outputs(inputs))
         notes.append(require_close(comparison, lossy=quantized, what="onnxruntime (CPU)", spec=ctx.spec))
         metrics = {"onnx_max_abs_error": comparison.max_abs_error, "onnx_cosine": comparison.cosine}
-        metrics.update(_measure(runner, ctx, config, fixed_batch))
+        metrics.update(file_measures(runner, ctx, "onnx", config.measure_metric, config.measure_latency,
+                                     ctx.timed_batch_sizes() if fixed_batch is None else (fixed_batch,)))
     path = output_dir / name
     return ExportResult(
         format="onnx",
@@ -183,18 +183,3 @@ def _save_with_metadata(graph: onnx.ModelProto, path: Path, metadata: dict[str, 
 def _session(path: Path) -> OrtModel:
     """The file in onnxruntime on the CPU (the export's check; the runtime opens its own session)."""
     return open_session(path, CPU)
-
-
-def _measure(
-    runner: OrtModel, ctx: StageContext, config: ONNXExportConfig, fixed_batch: int | None
-) -> dict[str, float]:
-    """The spec metric over the evaluation split and latency p50 per batch size (the context's: the user's batch and
-    budget; a fixed-batch file at its batch), with onnxruntime."""
-    metric = ctx.spec.metric
-    metrics = {f"onnx_{metric.name}": compute_metric(runner, ctx.spec.evaluation(), metric, CPU)}
-    if config.measure_latency:
-        batch_sizes = ctx.timed_batch_sizes() if fixed_batch is None else (fixed_batch,)
-        for batch_size in batch_sizes:
-            stats = measure_latency(runner, cpu_inputs(ctx.spec, batch_size), CPU, ctx.latency)
-            metrics[f"onnx_latency_ms_p50_b{batch_size}"] = stats.p50_ms
-    return metrics

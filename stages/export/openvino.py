@@ -28,6 +28,8 @@ class OpenVINOExportConfig(ExportConfig):
       text, or the export is ``infeasible`` (what the ``openvino`` runtime asks).
     * ``measure_latency``: OpenVINO latency per batch size in the metrics (the spec's batch sizes, or the
       run's: a search's ``--latency-batch``), timed with the user's ``--latency-budget``.
+    * ``measure_metric``: the spec metric of the file over the evaluation split, with OpenVINO, in the metrics
+      (``<prefix>_<metric>``).
     """
 
     stage = "export.openvino"
@@ -37,6 +39,7 @@ class OpenVINOExportConfig(ExportConfig):
     model_type: Literal["auto", "transformer", "default"] = "auto"
     unmirrored: Literal["note", "infeasible"] = "note"
     measure_latency: bool = True
+    measure_metric: bool = True
 
 
 def apply(model: nn.Module, config: OpenVINOExportConfig, ctx: StageContext) -> ExportResult:

@@ -22,14 +22,12 @@ import torch
 from torch import nn
 
 from paretorch.pipeline.core.errors import InfeasibleConfig
-from paretorch.pipeline.core.evaluate import compute_metric
 from paretorch.pipeline.core.mirror import ExportMirror
-from paretorch.pipeline.core.ov_session import InferencePrecision, OvModel, default_precision, open_ir, record_settings
+from paretorch.pipeline.core.ov_session import InferencePrecision, default_precision, open_ir, record_settings
 from paretorch.pipeline.core.padding import cut_to, longest, trim_to_longest
 from paretorch.pipeline.core.runtimes.openvino import OPENVINO
 from paretorch.pipeline.core.spec import Batch, ModelSpec
 from paretorch.pipeline.core.stage import ExportResult, StageContext, export_mirror
-from paretorch.pipeline.core.timing import measure_latency
 from paretorch.pipeline.core.token_inputs import is_token_input
 from paretorch.stages.common.mirror_facts import ReducedPrecision, WeightQuantization
 from paretorch.stages.export.atomic import artifact_size_bytes, atomic_artifact
@@ -38,6 +36,7 @@ from paretorch.stages.export.checks import (
     compare_outputs,
     converter_failure,
     cpu_inputs,
+    file_measures,
     float_graph_on_cpu,
     grouped_mask_input,
     grouped_note,
@@ -153,7 +152,8 @@ def export_openvino(model: nn.Module, config: OpenVINOExportConfig, ctx: StageCo
         notes.append(require_close(worst, lossy=lossy, what=f"OpenVINO ({runner.describe()}), at 2 shapes,",
                                    spec=ctx.spec))
         metrics = {f"{PREFIX}_max_abs_error": worst.max_abs_error, f"{PREFIX}_cosine": worst.cosine}
-        metrics.update(_measure(runner, ctx, config))
+        metrics.update(file_measures(runner, ctx, PREFIX, config.measure_metric, config.measure_latency,
+                                     ctx.timed_batch_sizes()))
     path = output_dir / name
     grouped_input = grouped_mask_input(upstream, ctx.spec)
     return ExportResult(format="openvino", path=path, size_bytes=artifact_size_bytes(path),
@@ -215,16 +215,4 @@ def _quantize(graph: openvino.Model, plan: OvPlan, upstream: ExportMirror, ctx: 
     notes.append(f"{how}: {len(selection.selected)} layers int8 ({fake_quantize} FakeQuantize, {int8_constants} int8 "
                  f"constants), {len(selection.ignored)} weighted ops float")
     return quantized
-
-
-def _measure(runner: OvModel, ctx: StageContext, config: OpenVINOExportConfig) -> dict[str, float]:
-    """The spec metric over the evaluation split and latency p50 per batch size (the context's: the user's batch and
-    budget), with OpenVINO."""
-    metric = ctx.spec.metric
-    metrics = {f"{PREFIX}_{metric.name}": compute_metric(runner, ctx.spec.evaluation(), metric, CPU)}
-    if config.measure_latency:
-        for batch_size in ctx.timed_batch_sizes():
-            stats = measure_latency(runner, cpu_inputs(ctx.spec, batch_size), CPU, ctx.latency)
-            metrics[f"{PREFIX}_latency_ms_p50_b{batch_size}"] = stats.p50_ms
-    return metrics
 

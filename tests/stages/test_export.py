@@ -440,3 +440,23 @@ def test_a_not_mirrored_stage_is_recorded_by_the_export(
                            float_model=copy.deepcopy(digits_model))
         result = apply(digits_model, ONNXExportConfig(measure_latency=False), ctx)
     assert "not mirrored: toy.shift: its offsets have no ONNX counterpart" in result.validation
+
+
+def test_the_onnxruntime_runtimes_export_leaves_evaluation_to_its_trial(
+    tmp_path: Path, digits_spec: ModelSpec, digits_model: nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file a runtime runs is evaluated and timed by that runtime's trial: its export makes no pass of its own
+    over the evaluation split (a second full pass per ONNX Runtime or OpenVINO trial), a plain export still does."""
+    from paretorch.pipeline.core.runtimes.onnxruntime import ONNXRUNTIME
+    from paretorch.stages.export import checks
+
+    assert ONNXRUNTIME.export is not None
+    config = ONNXExportConfig(**ONNXRUNTIME.export.settings)
+    passes: list[int] = []
+    real = checks.compute_metric
+    monkeypatch.setattr(checks, "compute_metric", lambda *a, **k: passes.append(1) or real(*a, **k))
+    result = apply(digits_model, config, StageContext(spec=digits_spec, device=CPU, output_dir=tmp_path / "runtime"))
+    assert passes == [] and not [k for k in result.metrics if k == "onnx_accuracy" or "latency" in k]
+    assert result.metrics["onnx_max_abs_error"] <= 1e-4  # the file is still checked against torch
+    plain = apply(digits_model, ONNXExportConfig(), StageContext(spec=digits_spec, device=CPU, output_dir=tmp_path))
+    assert passes == [1] and "onnx_accuracy" in plain.metrics

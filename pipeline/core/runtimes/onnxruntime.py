@@ -49,7 +49,8 @@ class OnnxRuntime(Runtime):
     """ONNX Runtime over the ONNX export, wherever the installed onnxruntime has a provider for the device."""
 
     name = "onnxruntime"
-    export = RuntimeExport("export.onnx", {"measure_latency": False, "unmirrored": "infeasible"})
+    export = RuntimeExport("export.onnx", {"measure_latency": False, "measure_metric": False,
+                                                      "unmirrored": "infeasible"})
     reproduces = REPRODUCES
     engine = "onnxruntime"
     short_label = "ort"

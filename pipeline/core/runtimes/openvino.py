@@ -56,7 +56,8 @@ class OpenVINORuntime(Runtime):
     """OpenVINO over the OpenVINO export, wherever the installed openvino has a device for the torch device."""
 
     name = "openvino"
-    export = RuntimeExport("export.openvino", {"measure_latency": False, "unmirrored": "infeasible"})
+    export = RuntimeExport("export.openvino", {"measure_latency": False, "measure_metric": False,
+                                                      "unmirrored": "infeasible"})
     reproduces = REPRODUCES
     engine = "openvino"
     short_label = "ov"
