@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import NotRequired, TypedDict
 
+from paretorch.pipeline.core.input_agreement import cell
+
 ONE_LINERS_PREFIX = "one-liners-"
 
 
@@ -22,6 +24,11 @@ class OneLinerRow(_RowBase, total=False):
     metric: float
     drop: float
     within_drop: bool
+    #: Its inputs against torch fp32 eager's outputs (:meth:`~paretorch.pipeline.core.input_agreement.InputAgreement.
+    #: metrics`), whether they pass the search's per-input guard, and why not (absent from older files).
+    inputs: dict[str, float]
+    within_tail: bool
+    tail: str
     #: Median over the rounds of the per-round ratio torch fp32 eager / this row, with its 95 % interval.
     speedup: float
     ci: list[float]
@@ -90,11 +97,14 @@ def _row_line(row: OneLinerRow) -> str:
     name = row["name"].replace("|", "\\|")
     how = row["how"].replace("|", "\\|")
     if "error" in row:
-        return f"| {name} | - | - | - | - | did not run: {row['error']} | `{how}` |"
+        return f"| {name} | - | - | - | - | - | did not run: {row['error']} | `{how}` |"
     low, high = row["ci"]
     within = "" if row["within_drop"] else " (over the drop)"
     precision = f", {row['precision']}" if row.get("precision") else ""
-    return (f"| {name} | {row['metric']:.4f}{within} | {row['speedup']:.2f}x [{low:.2f}, {high:.2f}] | "
+    inputs = cell(row["inputs"]) if "inputs" in row else "-"
+    if not row.get("within_tail", True):
+        inputs += " (over the tail limit)"
+    return (f"| {name} | {row['metric']:.4f}{within} | {inputs} | {row['speedup']:.2f}x [{low:.2f}, {high:.2f}] | "
             f"{row['ms']:.2f} | {row['prepare_seconds']:.1f} | {row['kind']}{precision} | `{how}` |")
 
 
@@ -106,7 +116,8 @@ def _verdict(result: OneLinerResult) -> str:
     timing += "a CNN, 20 trials within 30 minutes on a quiet core; a 100M-parameter text encoder, trial 0 within 10 "
     timing += "and 10 trials within 60 minutes)."
     if best is None:
-        return timing + " No one-liner stayed within the allowed drop: nothing to compare the best with."
+        return timing + (" No one-liner stayed within the allowed drop and the per-input guard: nothing to compare the "
+                         "best with.")
     low, high = best["ci"]
     if low > 1.0:
         level = "faster than"
@@ -114,7 +125,8 @@ def _verdict(result: OneLinerResult) -> str:
         level = "slower than"
     else:
         level = "level with"
-    return (timing + f" Its best is **{level} the fastest one-liner within the drop** ({best['one_liner']}): "
+    return (timing + f" Its best is **{level} the fastest one-liner within the drop and the per-input guard** "
+            f"({best['one_liner']}): "
             f"{best['ratio']:.2f}x [{low:.2f}, {high:.2f}] (that one-liner's time / the best's, per round).")
 
 
@@ -143,11 +155,14 @@ def render(result: OneLinerResult) -> str:
         f"{result['load_before']}, after: {result['load_after']}. Every row in the same {result['rounds']} "
         "rounds, interleaved (the order reversed every other round); speed-up: the median of the per-round ratios to "
         f"torch fp32 eager [95% CI]. Metric: {result['metric_name']} on the spec's evaluation data, from each row's "
-        f"own outputs; allowed drop {result['max_drop']} = {result['allowed_drop']:g}. The search's best: "
+        f"own outputs; allowed drop {result['max_drop']} = {result['allowed_drop']:g}. Inputs: each row's outputs "
+        "against torch fp32 eager's, input by input, under the search's own per-input guard (the best is compared "
+        "with the fastest one-liner that passes both, as the search itself would judge it). The search's best: "
         f"`{result['search']['best_recipe']}` (trial {result['search']['best_trial']}).",
         "",
-        f"| row | {result['metric_name']} | speed-up vs torch fp32 eager | ms a call | made in s | kind | how |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        f"| row | {result['metric_name']} | inputs vs torch fp32 | speed-up vs torch fp32 eager | ms a call "
+        "| made in s | kind | how |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
         *(_row_line(row) for row in result["rows"]),
         "",
         _verdict(result),

@@ -64,7 +64,8 @@ from paretorch.experiments.bench.peers import speedup
 from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.pipeline.core.device import describe, resolve_device
 from paretorch.pipeline.core.errors import InfeasibleConfig
-from paretorch.pipeline.core.evaluate import compute_metric
+from paretorch.pipeline.core.evaluate import evaluation_outputs
+from paretorch.pipeline.core.input_agreement import Reference, TailGuard
 from paretorch.pipeline.core.ort_session import open_session
 from paretorch.pipeline.core.ov_session import default_precision, open_ir
 from paretorch.pipeline.core.padding import latency_inputs
@@ -171,24 +172,35 @@ def one_liners(model: nn.Module, inputs: Batch, device: torch.device, work: Path
 
 def _rows(sides: list[Side], spec: ModelSpec, device: torch.device, samples: list[list[float]],
           allowed: float) -> list[OneLinerRow]:
-    """Each side's row: its metric on the evaluation data and its speed-up over the shared rounds."""
+    """Each side's row: its metric on the evaluation data, its inputs against torch fp32 eager's outputs by the
+    search's own per-input guard (:class:`~paretorch.pipeline.core.input_agreement.TailGuard`, its defaults), and
+    its speed-up over the shared rounds. The baseline comes first."""
     rows: list[OneLinerRow] = []
     baseline_metric = 0.0
+    reference: Reference | None = None
+    guard = TailGuard()
     for side, times in zip(sides, samples, strict=True):
         try:
-            metric = compute_metric(side.fn, spec.evaluation(), spec.metric, device)
+            outputs, targets = evaluation_outputs(side.fn, spec.evaluation(), device)
         except InfeasibleConfig as exc:  # a one-liner that cannot score the evaluation data: its row says why
             if side.kind == "baseline":
                 raise
             print(f"[one-liners] {side.name} could not be scored: {exc}", flush=True)
             rows.append({"name": side.name, "kind": side.kind, "how": side.how, "error": str(exc)[:300]})
             continue
-        baseline_metric = metric if side.kind == "baseline" else baseline_metric
+        metric = float(spec.metric.compute(outputs, targets).item())
+        if reference is None:
+            baseline_metric, reference = metric, Reference.of(outputs, spec.output_kind)
         drop = spec.metric.drop(baseline_metric, metric)
+        inputs = reference.compare(outputs).metrics()
+        tail = guard.failure(inputs)
         ratio, ci = speedup(samples[0], times)
         row: OneLinerRow = {"name": side.name, "kind": side.kind, "how": side.how, "metric": metric, "drop": drop,
-                            "within_drop": drop <= allowed, "speedup": ratio, "ci": list(ci),
-                            "ms": statistics.median(times), "prepare_seconds": side.prepare_seconds}
+                            "within_drop": drop <= allowed, "inputs": inputs, "within_tail": tail is None,
+                            "speedup": ratio, "ci": list(ci), "ms": statistics.median(times),
+                            "prepare_seconds": side.prepare_seconds}
+        if tail is not None:
+            row["tail"] = tail
         if side.precision:
             row["precision"] = side.precision
         rows.append(row)
@@ -197,9 +209,11 @@ def _rows(sides: list[Side], spec: ModelSpec, device: torch.device, samples: lis
 
 def best_against_one_liner(sides: list[Side], rows: list[OneLinerRow],
                            samples: list[list[float]]) -> BestAgainstOneLiner | None:
-    """The search's best against the fastest one-liner within the drop, per round (None: no such one-liner)."""
+    """The search's best against the fastest one-liner that the search's own constraints would keep (within the drop
+    and the per-input guard), per round (None: no such one-liner)."""
     timed = {side.name: times for side, times in zip(sides, samples, strict=True)}
-    within = [row for row in rows if row["kind"] == "one-liner" and row.get("within_drop")]
+    within = [row for row in rows if row["kind"] == "one-liner" and row.get("within_drop")
+              and row.get("within_tail", True)]
     best = next(row for row in rows if row["kind"] == "search")
     if not within:
         return None

@@ -2,15 +2,19 @@
 standard error (torchao's ``.so`` load failures, coremltools' version warnings and MIL progress
 bars, inductor and ONNX exporter warnings, Python warnings, Optuna's failed-trial tracebacks)
 goes to a per-study log file. The console (standard output) keeps one line per trial and the
-progress bar."""
+progress bar. A logging handler made during the block (``logging.warning`` with no handler configured makes one on
+the root logger, as ONNX Runtime's quantizer does) writes to the console's standard error again after it: left on the
+closed log file, each later record printed "--- Logging error --- ... I/O operation on closed file"."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 
 @contextlib.contextmanager
@@ -30,5 +34,16 @@ def stderr_to(path: Path) -> Iterator[Path]:
                 log.flush()
                 sys.stderr = previous
                 os.dup2(saved, 2)
+                _repoint_handlers(log, previous)
     finally:
         os.close(saved)
+
+
+def _repoint_handlers(old: object, new: TextIO) -> None:
+    """Every logger's stream handler that writes to ``old`` writes to ``new`` from now on."""
+    loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(logger, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+                handler.setStream(new)

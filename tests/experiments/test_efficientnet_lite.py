@@ -19,6 +19,9 @@ from paretorch.pipeline.core.spec import load_model
 from paretorch.pipeline.search import Search, SearchConfig, run_search
 from paretorch.pipeline.search.objectives import ATTR_REASON, ATTR_SEED
 
+#: Run alone (make test's serial pass): a short search's front rests on measured speed.
+pytestmark = pytest.mark.serial
+
 CPU = torch.device("cpu")
 #: ImageNet's classes of the centre crops of scikit-learn's china.jpg and flower.jpg and matplotlib's
 #: grace_hopper.jpg: palace, daisy, military uniform (as at the checkpoint's own 224 x 224).

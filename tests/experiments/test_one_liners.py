@@ -49,9 +49,10 @@ def _side(name: str, kind: str) -> Side:
     return Side(name, kind, "call", fn, (torch.zeros(1),), 0.0)
 
 
-def _row(name: str, kind: str, speedup: float, within: bool = True) -> OneLinerRow:
+def _row(name: str, kind: str, speedup: float, within: bool = True, tail: bool = True) -> OneLinerRow:
     return {"name": name, "kind": kind, "how": "call", "metric": 1.0, "drop": 0.0, "within_drop": within,
-            "speedup": speedup, "ci": [speedup, speedup], "ms": 1.0, "prepare_seconds": 0.0}
+            "inputs": {"input_cosine_p01": 0.99 if tail else 0.5, "inputs_broken_share": 0.0 if tail else 0.4},
+            "within_tail": tail, "speedup": speedup, "ci": [speedup, speedup], "ms": 1.0, "prepare_seconds": 0.0}
 
 
 def test_the_best_is_compared_per_round_with_the_fastest_one_liner_within_the_drop() -> None:
@@ -64,6 +65,10 @@ def test_the_best_is_compared_per_round_with_the_fastest_one_liner_within_the_dr
     compared = best_against_one_liner(sides, rows, samples)
     assert compared is not None and compared["one_liner"] == "ort" and compared["ratio"] == pytest.approx(2.0)
     assert best_against_one_liner(sides, [rows[0], _row("ort", "one-liner", 2.2, False), rows[3]], samples) is None
+    # a one-liner within the drop whose inputs break past the search's tail limit is not what the best is held to
+    tailed = [rows[0], rows[1], _row("ov int8", "one-liner", 10.0, tail=False), rows[3]]
+    compared = best_against_one_liner(sides, tailed, samples)
+    assert compared is not None and compared["one_liner"] == "ort"
 
 
 def test_the_section_renders_the_rows_a_failed_one_liner_and_the_verdict(tmp_path: Path) -> None:
@@ -76,16 +81,18 @@ def test_the_section_renders_the_rows_a_failed_one_liner_and_the_verdict(tmp_pat
         "search": {"trials": 10, "search_seconds": 600.0, "best_trial": 3, "best_recipe": "fp32 @ onnxruntime",
                    "runtimes": ["eager"], "time_to_result": [[10.0, 2.5]]},
         "rows": [_row("torch fp32 eager (baseline)", "baseline", 1.0), failed, _row("ORT | fp32", "one-liner", 2.5),
-                 _row("search best (10 trials)", "search", 2.6)],
+                 _row("ORT int8", "one-liner", 5.0, tail=False), _row("search best (10 trials)", "search", 2.6)],
         "best_against_one_liner": {"one_liner": "ORT | fp32", "ratio": 1.02, "ci": [0.98, 1.05]},
         "note": "a shared machine",
     }
     (tmp_path / "one-liners-efficientnet_lite0-cpu.json").write_text(json.dumps(result))
     text = render_markdown(tmp_path)
     assert "### The search's best against the one-liners: efficientnet_lite0 on cpu (AVX512, 1 threads)" in text
-    assert "| ONNX Runtime int8 dynamic | - | - | - | - | did not run: InferenceError: shapes differ |" in text
-    assert "| ORT \\| fp32 | 1.0000 | 2.50x [2.50, 2.50] |" in text
-    assert "10 trials in 10.0 min" in text and "**level with the fastest one-liner within the drop**" in text
+    assert "| ONNX Runtime int8 dynamic | - | - | - | - | - | did not run: InferenceError: shapes differ |" in text
+    assert "| ORT \\| fp32 | 1.0000 | p01 cos 0.990, 0.0 % broken | 2.50x [2.50, 2.50] |" in text
+    assert "| ORT int8 | 1.0000 | p01 cos 0.500, 40.0 % broken (over the tail limit) | 5.00x" in text
+    assert "10 trials in 10.0 min" in text
+    assert "**level with the fastest one-liner within the drop and the per-input guard** (ORT | fp32)" in text
     assert "Note: a shared machine" in text
 
 
@@ -121,6 +128,10 @@ def test_a_non_bert_encoder_from_its_own_directory_is_searched_against_the_one_l
         assert abs(rows[name]["drop"]) < 0.5, "the library's fp32 file scores as torch does on the labels"
     int8 = rows["ONNX Runtime int8 dynamic"]  # made, even where quant_pre_process fails on MPNet's export
     assert "error" not in int8 and int8["how"] in (bench.ORT_INT8_HOW, bench.ORT_INT8_UNPROCESSED_HOW), int8
+    baseline = rows["torch fp32 eager (baseline)"]  # each row's inputs against it, by the search's own guard
+    assert baseline["inputs"]["input_cosine_p01"] == pytest.approx(1.0) and baseline["within_tail"]
+    assert rows["ONNX Runtime fp32"]["inputs"]["input_cosine_p01"] > 0.999
+    assert int8["inputs"]["input_cosine_p01"] < baseline["inputs"]["input_cosine_p01"]
     assert "search best (2 trials)" in rows
     ended = result["search"]["trials_completed"]
     assert len(ended) >= 2 and all(seconds is not None and seconds > 0 for seconds in ended)

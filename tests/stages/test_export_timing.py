@@ -15,7 +15,7 @@ from paretorch.pipeline.core.stage import StageContext, apply_stage
 from paretorch.pipeline.engine.cache import NodeCache
 from paretorch.pipeline.engine.graph import recipe_pipeline
 from paretorch.pipeline.engine.runner import Runner
-from paretorch.stages.export import onnx_export
+from paretorch.stages.export import checks
 from paretorch.stages.export.onnx import ONNXExportConfig
 
 CPU = torch.device("cpu")
@@ -27,14 +27,14 @@ OWN = LatencySettings(warmup_runs=1, min_runs=3, min_seconds=0.0)
 def timed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[LatencySettings, int]]:
     """The settings and batch size of every latency the ONNX export times (timed for real)."""
     seen: list[tuple[LatencySettings, int]] = []
-    real = onnx_export.measure_latency
+    real = checks.measure_latency
 
     def recording(fn: Callable[..., object], inputs: Batch, device: torch.device,
                   settings: LatencySettings) -> LatencyStats:
         seen.append((settings, batch_size_of(inputs)))
         return real(fn, inputs, device, settings)
 
-    monkeypatch.setattr(onnx_export, "measure_latency", recording)
+    monkeypatch.setattr(checks, "measure_latency", recording)
     return seen
 
 

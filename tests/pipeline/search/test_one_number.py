@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import optuna
+import pytest
 import torch
 from torch import Tensor, nn
 
@@ -31,6 +32,9 @@ from paretorch.pipeline.engine.graph import EVALUATE_OP, Node, Pipeline
 from paretorch.pipeline.engine.recipe import Recipe
 from paretorch.pipeline.engine.runner import Runner
 from paretorch.pipeline.search.study_latency import StudyLatency
+
+#: Run alone (make test's serial pass): three measurements of one speed-up must agree within their intervals.
+pytestmark = pytest.mark.serial
 
 CPU = torch.device("cpu")
 TEXTS = [f"request {i}: " + "token " * (i % 5) for i in range(16)]
