@@ -88,3 +88,39 @@ def test_the_composition_of_the_winners_runs_before_the_sweep(residual_spec: Mod
     assert seeds_run[3].startswith(COMPOSED_PREFIX), f"the composition comes first: {seeds_run}"
     assert trials[3].user_attrs["paretorch.metrics"]["speedup"] == pytest.approx(3.0)
     assert seeds_run[4].startswith("runtime-sweep-of-trial-"), f"then the sweep: {seeds_run}"
+
+
+class _Step:
+    """One proposal source of :class:`Proposals`: records its call, enqueues ``count``."""
+
+    def __init__(self, calls: list[str], name: str, count: int) -> None:
+        self.calls, self.name, self.count = calls, name, count
+
+    def __call__(self, study: object, unoptimized: bool = True) -> int:
+        self.calls.append(self.name if unoptimized else f"{self.name} (optimized lists)")
+        return self.count
+
+
+@pytest.mark.parametrize(("enqueued", "expected"), [
+    ({"compose": 1}, ["compose"]),
+    ({"sweep": 1}, ["compose", "sweep (optimized lists)"]),
+    ({"later": 2}, ["compose", "sweep (optimized lists)", "later"]),
+    ({}, ["compose", "sweep (optimized lists)", "later", "sweep"]),
+])
+def test_the_held_back_seeds_come_before_the_unoptimized_models_sweep(enqueued: dict[str, int],
+                                                                      expected: list[str]) -> None:
+    """Once nothing waits: compositions, the sweep of the measured stage lists, the held-back seeds (the fp32 and
+    undecided reduced-precision presets), and only then the unoptimized model's list under the other runtimes."""
+    from paretorch.pipeline.search.proposals import Proposals
+
+    calls: list[str] = []
+    proposals = object.__new__(Proposals)
+    proposals.compose = _Step(calls, "compose", enqueued.get("compose", 0))  # type: ignore[method-assign]
+    proposals.sweep = _Step(calls, "sweep", enqueued.get("sweep", 0))  # type: ignore[method-assign]
+    proposals.release_later = _Step(calls, "later", enqueued.get("later", 0))  # type: ignore[method-assign]
+    proposals.feasible_latency = lambda record: None  # type: ignore[method-assign]
+    proposals.sweep_index = lambda study: type("Index", (), {"add": lambda *a: None})()  # type: ignore[method-assign]
+    proposals.gains = lambda study: type("Gains", (), {"add": lambda *a: None})()  # type: ignore[method-assign]
+    study = type("Study", (), {"get_trials": lambda self, **kw: []})()
+    proposals(study, None, type("Record", (), {"seed": None})())  # type: ignore[arg-type]
+    assert calls == expected
