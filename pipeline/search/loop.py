@@ -152,7 +152,7 @@ def _searched(search: Search, study: optuna.Study, prepared: Prepared, tracker: 
         if line:
             say(console, line)
     parent = tracker.parent_run_id if tracker is not None else None
-    logger = TrialLogger(parts, tracker, console)
+    logger = TrialLogger(parts, tracker, console, search.store.lock)
     console.print(f"allowed drop: {parts.objectives.describe_drop(baseline)}", highlight=False)
     say(console, parts.latency.describe(baseline.latency_ms, baseline.model_call_ms))
     done = catch_up(search.store, study, tracker, logger)
@@ -310,7 +310,7 @@ def catch_up(store: StudyStore, study: optuna.Study, tracker: Tracker | None,
             tracker.refresh_children()
             for trial in done:
                 if trial.number not in tracker.children and trial.number not in again:
-                    logger.log(TrialRecord.from_trial(trial))
+                    logger.write(TrialRecord.from_trial(trial))  # the lock held: the trial's own log waits
     return done
 
 
@@ -373,7 +373,7 @@ def run_worker(search: Search, trials: int, timeout: float | None = None, consol
     """One worker of a study that another process prepared (``--workers N``): run and log trials until the
     study has ``trials``; True if interrupted. The preparing process exports and logs the front."""
     study, prepared, tracker = open_search(search)
-    logger = TrialLogger(search.model.parts(), tracker, console or Console())
+    logger = TrialLogger(search.model.parts(), tracker, console or Console(), search.store.lock)
     with stopping():
         return trial_loop(search, study, prepared, TrialBudget(trials, finished_states()), timeout, logger)
 

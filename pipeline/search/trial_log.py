@@ -3,7 +3,8 @@ the trial's MLflow child run from its record (the one the trial objective handed
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -25,9 +26,15 @@ from paretorch.pipeline.tracking.tracker import Tracker
 class TrialLogger:
     """Study callback: logs each finished trial to MLflow and moves the progress bar."""
 
-    def __init__(self, parts: StudyParts, tracker: Tracker | None, console: Console) -> None:
+    def __init__(self, parts: StudyParts, tracker: Tracker | None, console: Console,
+                 lock: Callable[[], contextlib.AbstractContextManager[object]] | None = None) -> None:
         self.parts = parts
         self.tracker = tracker
+        #: The study's lock (:meth:`paretorch.pipeline.search.store.StudyStore.lock`), held while a trial's run is
+        #: written: the catch-up of another process (:func:`paretorch.pipeline.search.loop.catch_up`, under the same
+        #: lock) logs a finished trial no process logged, and without it both could write trial 2's run (two
+        #: commands and two workers on digits once left two child runs of one trial).
+        self.lock = lock or contextlib.nullcontext
         self.console = console
         self.device = describe(parts.device)
         self.progress: Progress | None = None
@@ -47,9 +54,16 @@ class TrialLogger:
         self.console.print(self._line(record), soft_wrap=not self.console.is_terminal, highlight=False)
 
     def log(self, record: TrialRecord) -> None:
-        """Write the trial's child run from its record, in one call (params = the resolved recipe).
-        A repeat gets no run: its recipe's numbers are on the original trial's run; nor does a ruled-out
-        configuration (not a trial: the study's summary counts them)."""
+        """Write the trial's child run from its record, under the study's lock (:meth:`write`)."""
+        if self.tracker is None or not record.counted:
+            return
+        with self.lock():
+            self.write(record)
+
+    def write(self, record: TrialRecord) -> None:
+        """Write the trial's child run from its record, in one call (params = the resolved recipe), the study's
+        lock held by the caller. A repeat gets no run: its recipe's numbers are on the original trial's run; nor does
+        a ruled-out configuration (not a trial: the study's summary counts them)."""
         if self.tracker is None or not record.counted:
             return
         common = {"device": self.device, "sampler": self.parts.config.sampler}

@@ -69,7 +69,7 @@ class SamePaddedConv(nn.Conv2d):
 
 def test_convolutions_called_from_a_subclass_forward_are_quantized(monkeypatch: pytest.MonkeyPatch) -> None:
     """The x86 quantizer finds convolutions by their source; a subclass's own ``F.conv2d`` call has none until
-    :func:`static_pt2e.tag_weighted_calls` gives it one (EfficientNet-Lite0: 0 of 49 convolutions were int8)."""
+    :func:`static_pt2e.tag_weighted_calls` gives it one (EfficientNet-Lite0: no layer was int8, 50 with the tags)."""
     model = nn.Sequential(SamePaddedConv(3, 8, 3), nn.ReLU6(), SamePaddedConv(8, 8, 3)).eval()
     batches = [(torch.randn(4, 3, 12, 12),) for _ in range(3)]
     converted = static_pt2e.quantize_static_pt2e(model, batches[0], batches, [])

@@ -29,7 +29,8 @@ def record() -> TrialRecord:
 
 
 def logger(spec: ModelSpec, console: Console) -> TrialLogger:
-    search = SimpleNamespace(device=torch.device("cpu"), spec=spec, config=SimpleNamespace(exports="pareto"),
+    config = SimpleNamespace(exports="pareto", sampler="tpe")
+    search = SimpleNamespace(device=torch.device("cpu"), spec=spec, config=config,
                              objectives=Objectives.create(spec, ["metric", "latency"], "1%", 8))
     return TrialLogger(search, None, console)  # type: ignore[arg-type]
 
@@ -66,3 +67,27 @@ def test_an_infeasible_or_failed_trial_names_the_recipe_it_tried(residual_spec: 
                                                         configs={"prune": None, "distill": distill}, **fields))
         line = console.file.getvalue()  # type: ignore[attr-defined]
         assert line.startswith(f"trial  11 {state:8s} distill 200 | eager {cause}"), line
+
+
+def test_a_trials_run_is_written_under_the_study_lock(residual_spec: ModelSpec) -> None:
+    """Another process's catch-up logs, under the same lock, a finished trial no process logged: the trial's own
+    write holds the lock too, so one of the two sees the other's run and one child run is written."""
+    import contextlib
+
+    held: list[bool] = [False]
+    written: list[tuple[int, bool]] = []
+
+    @contextlib.contextmanager
+    def lock():  # type: ignore[no-untyped-def]
+        held[0] = True
+        try:
+            yield
+        finally:
+            held[0] = False
+
+    tracker = SimpleNamespace(log_trial=lambda number, *args, **kwargs: written.append((number, held[0])))
+    base = logger(residual_spec, Console(file=io.StringIO()))
+    locked = TrialLogger(base.parts, tracker, base.console, lock)  # type: ignore[arg-type]
+    locked.log(record())
+    locked.write(record())  # the catch-up's call: its caller holds the lock
+    assert written == [(16, True), (16, False)]
