@@ -64,8 +64,9 @@ from paretorch.experiments.bench.peers import speedup
 from paretorch.experiments.bench.settings import BENCH_LATENCY
 from paretorch.pipeline.core.device import describe, resolve_device
 from paretorch.pipeline.core.errors import InfeasibleConfig
-from paretorch.pipeline.core.evaluate import evaluation_outputs
+from paretorch.pipeline.core.evaluate import evaluation_outputs, scoring_chunks
 from paretorch.pipeline.core.input_agreement import Reference, TailGuard
+from paretorch.pipeline.core.latency import batch_size_of
 from paretorch.pipeline.core.ort_session import open_session
 from paretorch.pipeline.core.ov_session import default_precision, open_ir
 from paretorch.pipeline.core.padding import latency_inputs
@@ -91,6 +92,10 @@ class Side:
     inputs: Batch
     prepare_seconds: float
     precision: str = ""
+    #: The engine runtime it runs under (the search's best: scored in the chunks the search scores it in,
+    #: :func:`~paretorch.pipeline.core.evaluate.scoring_chunks`: one shape for a compiled runtime, not a graph per
+    #: evaluation batch); empty: per evaluation batch.
+    runtime: str = ""
 
 
 #: How the ONNX Runtime int8 one-liner is made: with the pre-processing its warning asks for, or, where that fails
@@ -181,7 +186,9 @@ def _rows(sides: list[Side], spec: ModelSpec, device: torch.device, samples: lis
     guard = TailGuard()
     for side, times in zip(sides, samples, strict=True):
         try:
-            outputs, targets = evaluation_outputs(side.fn, spec.evaluation(), device)
+            chunk, mask = (scoring_chunks(spec, side.runtime, (batch_size_of(side.inputs),)) if side.runtime
+                           else (None, None))
+            outputs, targets = evaluation_outputs(side.fn, spec.evaluation(), device, chunk, mask)
         except InfeasibleConfig as exc:  # a one-liner that cannot score the evaluation data: its row says why
             if side.kind == "baseline":
                 raise
@@ -233,7 +240,8 @@ def _search_side(spec: ModelSpec, device: torch.device, trials: int, batch: int,
     best = measure_recipe(spec, device, configs, runtime, (batch,))
     recipe = describe_chain(configs, runtime)
     inputs = move_batch(latency_inputs(spec, batch, runtime)[0], device)
-    side = Side(f"search best ({trials} trials)", "search", recipe, best.fn, inputs, host_seconds() - started)
+    side = Side(f"search best ({trials} trials)", "search", recipe, best.fn, inputs, host_seconds() - started,
+                runtime=runtime)
     summary: SearchSummary = {"trials": trials, "search_seconds": float(info["search_seconds"]),
                               "best_trial": int(info["best_trial"]), "best_recipe": recipe,
                               "runtimes": list(info["runtimes"]), "time_to_result": list(info["time_to_result"]),
