@@ -141,16 +141,17 @@ def one_liners(model: nn.Module, inputs: Batch, device: torch.device, work: Path
         torch.onnx.export(model, inputs, str(fp32), dynamo=True, input_names=names, dynamic_axes=axes)
         return open_session(fp32, device, fixed_batch=batch)
 
-    int8_how = [ORT_INT8_HOW]
+    int8_how = ORT_INT8_HOW
 
     def ort_int8() -> Callable[..., Tensor]:
+        nonlocal int8_how
         source = pre
         try:
             quant_pre_process(str(fp32), str(pre))
         except Exception as exc:  # its symbolic shape inference does not cover every export: quantize without it
             print(f"[one-liners] quant_pre_process failed ({type(exc).__name__}: {str(exc)[:120]}): "
                   "quantize_dynamic on the fp32 file, as ONNX Runtime itself allows", flush=True)
-            source, int8_how[0] = fp32, ORT_INT8_UNPROCESSED_HOW
+            source, int8_how = fp32, ORT_INT8_UNPROCESSED_HOW
         onnxruntime.quantization.quantize_dynamic(str(source), str(int8))
         return open_session(int8, device, fixed_batch=batch)
 
@@ -165,7 +166,7 @@ def one_liners(model: nn.Module, inputs: Batch, device: torch.device, work: Path
     sides = [_made("ONNX Runtime fp32", "torch.onnx.export(model, (example,), path, dynamo=True)", ort_fp32, inputs)]
     if isinstance(sides[0], Side):
         made = _made("ONNX Runtime int8 dynamic", ORT_INT8_HOW, ort_int8, inputs)
-        sides.append(replace(made, how=int8_how[0]) if isinstance(made, Side) else made)
+        sides.append(replace(made, how=int8_how) if isinstance(made, Side) else made)
     sides.append(_made("OpenVINO fp32", "openvino.convert_model(model, example_input=example)", ov_ir("f32"),
                        inputs, "f32"))
     chosen = default_precision(device)
